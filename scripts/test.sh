@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The README's second command (and CI's): installs what is missing, builds,
+# and runs the whole suite twice: a normal build (with the CUDA backend when
+# the toolkit is present; GPU tests skip without a GPU), then a build under
+# AddressSanitizer + UndefinedBehaviorSanitizer. Warnings are errors in both.
+#   FSDP_TEST_SANITIZE=0 scripts/test.sh   skips the sanitizer pass
+set -euo pipefail
+cd "$(dirname "$0")/.."
+jobs=$(nproc)
+
+echo "== build (build/)"
+scripts/build.sh build
+echo "== tests (build/)"
+ctest --test-dir build --output-on-failure -j"$jobs"
+
+if [ "${FSDP_TEST_SANITIZE:-1}" != 0 ]; then
+  echo "== build with ASan + UBSan (build-asan/, CPU backend)"
+  # The CUDA runtime and ASan do not mix well on machines without a GPU;
+  # the CUDA code is compiled and linked by the first build.
+  scripts/build.sh build-asan -DFSDP_SANITIZE=ON -DFSDP_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug
+  echo "== tests under ASan + UBSan (build-asan/)"
+  ASAN_OPTIONS=allocator_may_return_null=1:detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+    ctest --test-dir build-asan --output-on-failure -j"$jobs"
+fi

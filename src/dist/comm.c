@@ -1,0 +1,131 @@
+/* comm.c: the collectives' public entry points. Arguments are checked here,
+ * once for every transport, so that a caller's mistake gets the same message
+ * on CPU and GPU; the backend (comm_shm.c, comm_nccl.c) only moves bytes. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../base/error.h"
+#include "../device/device_impl.h"
+#include "comm_impl.h"
+
+double fsdp_comm_default_timeout(void) {
+  const char *v = getenv("FSDP_COMM_TIMEOUT");
+  if (v) {
+    char *end;
+    double s = strtod(v, &end);
+    if (end != v && s > 0) return s;
+  }
+  return 300.0;
+}
+
+int fsdp_comm_init_common(fsdp_comm *c, const comm_group_spec *spec, int device, const comm_ops *ops) {
+  c->ops = ops;
+  snprintf(c->name, sizeof c->name, "%s", spec->name);
+  c->rank = spec->my_index;
+  c->size = spec->size;
+  c->device = device;
+  c->timeout_s = fsdp_comm_default_timeout();
+  c->members = malloc(sizeof(int) * (size_t)spec->size);
+  if (!c->members) return fsdp_fail(FSDP_ENOMEM, "comm '%s': out of memory", spec->name);
+  memcpy(c->members, spec->members, sizeof(int) * (size_t)spec->size);
+  return FSDP_OK;
+}
+
+void fsdp_comm_free(fsdp_comm *c) {
+  if (!c) return;
+  if (c->ops && c->ops->destroy) c->ops->destroy(c);
+  free(c->members);
+  free(c);
+}
+
+int fsdp_comm_rank(const fsdp_comm *c) { return c ? c->rank : fsdp_fail(FSDP_EINVAL, "comm_rank: NULL comm"); }
+int fsdp_comm_size(const fsdp_comm *c) { return c ? c->size : fsdp_fail(FSDP_EINVAL, "comm_size: NULL comm"); }
+int fsdp_comm_device(const fsdp_comm *c) { return c ? c->device : fsdp_fail(FSDP_EINVAL, "comm_device: NULL comm"); }
+const char *fsdp_comm_name(const fsdp_comm *c) { return c ? c->name : "(null)"; }
+fsdp_stream *fsdp_comm_stream(fsdp_comm *c) { return c ? c->stream : NULL; }
+
+int fsdp_comm_member(const fsdp_comm *c, int i) {
+  if (!c) return fsdp_fail(FSDP_EINVAL, "comm_member: NULL comm");
+  if (i < 0 || i >= c->size)
+    return fsdp_fail(FSDP_EINVAL, "comm '%s': member %d out of range [0, %d)", c->name, i, c->size);
+  return c->members[i];
+}
+
+int fsdp_comm_set_timeout(fsdp_comm *c, double seconds) {
+  if (!c) return fsdp_fail(FSDP_EINVAL, "comm_set_timeout: NULL comm");
+  if (!(seconds > 0)) return fsdp_fail(FSDP_EINVAL, "comm '%s': timeout must be > 0 seconds", c->name);
+  c->timeout_s = seconds;
+  return FSDP_OK;
+}
+
+/* dtype known, and count * elements * size fits in size_t */
+static int check_buffer(const fsdp_comm *c, const char *op, const char *which, const void *p, size_t count,
+                        size_t mult, int dtype) {
+  size_t es = fsdp_dtype_size(dtype);
+  if (!es || dtype == FSDP_FP64)
+    return fsdp_fail(FSDP_EINVAL, "%s on '%s': %s dtype %d is not one of fp32, bf16, fp16", op, c->name,
+                     which, dtype);
+  if (count && mult && count > SIZE_MAX / mult / es)
+    return fsdp_fail(FSDP_EINVAL, "%s on '%s': %zu x %zu elements overflow", op, c->name, count, mult);
+  if (count && !p) return fsdp_fail(FSDP_EINVAL, "%s on '%s': %s is NULL", op, c->name, which);
+  return FSDP_OK;
+}
+
+static int check_op(const fsdp_comm *c, const char *name, int op) {
+  if (op != FSDP_SUM && op != FSDP_AVG)
+    return fsdp_fail(FSDP_EINVAL, "%s on '%s': unknown reduction %d (expected sum or avg)", name, c->name, op);
+  return FSDP_OK;
+}
+
+#define NEED_COMM(c, op) \
+  if (!(c)) return fsdp_fail(FSDP_EINVAL, "%s: NULL comm", op)
+
+int fsdp_comm_all_gather(fsdp_comm *c, void *out, const void *in, size_t count, int dtype) {
+  NEED_COMM(c, "all_gather");
+  FSDP_CHECK(check_buffer(c, "all_gather", "in", in, count, 1, dtype));
+  FSDP_CHECK(check_buffer(c, "all_gather", "out", out, count, (size_t)c->size, dtype));
+  return c->ops->all_gather(c, out, in, count, dtype);
+}
+
+int fsdp_comm_reduce_scatter(fsdp_comm *c, void *out, int out_dtype, const void *in, int in_dtype,
+                             size_t count, int op) {
+  NEED_COMM(c, "reduce_scatter");
+  FSDP_CHECK(check_buffer(c, "reduce_scatter", "in", in, count, (size_t)c->size, in_dtype));
+  FSDP_CHECK(check_buffer(c, "reduce_scatter", "out", out, count, 1, out_dtype));
+  FSDP_CHECK(check_op(c, "reduce_scatter", op));
+  if (in_dtype != out_dtype && !(out_dtype == FSDP_FP32 && (in_dtype == FSDP_BF16 || in_dtype == FSDP_FP16)))
+    return fsdp_fail(FSDP_EINVAL,
+                     "reduce_scatter on '%s': %s in, %s out is not supported (same dtype, or bf16/fp16 in "
+                     "with fp32 out)", c->name, fsdp_dtype_name(in_dtype), fsdp_dtype_name(out_dtype));
+  return c->ops->reduce_scatter(c, out, out_dtype, in, in_dtype, count, op);
+}
+
+int fsdp_comm_all_reduce(fsdp_comm *c, void *out, const void *in, size_t count, int dtype, int op) {
+  NEED_COMM(c, "all_reduce");
+  FSDP_CHECK(check_buffer(c, "all_reduce", "in", in, count, 1, dtype));
+  FSDP_CHECK(check_buffer(c, "all_reduce", "out", out, count, 1, dtype));
+  FSDP_CHECK(check_op(c, "all_reduce", op));
+  return c->ops->all_reduce(c, out, in, count, dtype, op);
+}
+
+int fsdp_comm_broadcast(fsdp_comm *c, void *buf, size_t count, int dtype, int root) {
+  NEED_COMM(c, "broadcast");
+  FSDP_CHECK(check_buffer(c, "broadcast", "buf", buf, count, 1, dtype));
+  if (root < 0 || root >= c->size)
+    return fsdp_fail(FSDP_EINVAL, "broadcast on '%s': root %d out of range [0, %d)", c->name, root, c->size);
+  return c->ops->broadcast(c, buf, count, dtype, root);
+}
+
+int fsdp_comm_barrier(fsdp_comm *c) {
+  NEED_COMM(c, "barrier");
+  return c->ops->barrier(c);
+}
+
+int fsdp_comm_synchronize(fsdp_comm *c) {
+  NEED_COMM(c, "comm_synchronize");
+  int rc = c->ops->synchronize ? c->ops->synchronize(c) : fsdp_stream_synchronize(c->stream);
+  if (rc < 0) return fsdp_fail_context(rc, "comm '%s'", c->name);
+  return FSDP_OK;
+}

@@ -1,0 +1,54 @@
+/* comm_impl.h: what a collective transport implements. comm.c checks the
+ * arguments once for every backend; a backend only moves bytes. */
+#ifndef FSDP_DIST_COMM_IMPL_H
+#define FSDP_DIST_COMM_IMPL_H
+
+#include "../fsdp.h"
+
+typedef struct comm_ops {
+  const char *transport; /* "shm", "nccl" */
+  /* All enqueue on c->stream and return; arguments are already checked. */
+  int (*all_gather)(fsdp_comm *c, void *out, const void *in, size_t count, int dtype);
+  int (*reduce_scatter)(fsdp_comm *c, void *out, int out_dtype, const void *in, int in_dtype,
+                        size_t count, int op);
+  int (*all_reduce)(fsdp_comm *c, void *out, const void *in, size_t count, int dtype, int op);
+  int (*broadcast)(fsdp_comm *c, void *buf, size_t count, int dtype, int root);
+  int (*barrier)(fsdp_comm *c);
+  /* Optional: wait for the comm's pending work with a bounded wait (NCCL polls
+   * for async errors). NULL: fsdp_stream_synchronize(c->stream). */
+  int (*synchronize)(fsdp_comm *c);
+  /* Waits for pending work and frees impl (and the stream). */
+  void (*destroy)(fsdp_comm *c);
+} comm_ops;
+
+struct fsdp_comm {
+  const comm_ops *ops;
+  char name[128];   /* e.g. "dp_shard[2]": the dims and which group */
+  int rank, size;   /* position in the group, group size */
+  int *members;     /* global ranks, in group order */
+  int device;
+  double timeout_s;
+  fsdp_stream *stream;
+  void *impl;
+};
+
+/* Group construction. Collective over the whole world: every rank calls it
+ * at the same time (each with its own group's members); the transport's
+ * rendezvous data travels through the PMIx fence. tag is unique per group. */
+typedef struct comm_group_spec {
+  const char *name;
+  const char *tag;
+  const int *members;
+  int size;
+  int my_index;
+} comm_group_spec;
+
+int fsdp_comm_shm_create(const comm_group_spec *spec, fsdp_comm **out);
+int fsdp_comm_nccl_create(const comm_group_spec *spec, fsdp_comm **out);
+void fsdp_comm_free(fsdp_comm *c);
+
+/* Shared by the backends: fills the common fields of a new comm. */
+int fsdp_comm_init_common(fsdp_comm *c, const comm_group_spec *spec, int device, const comm_ops *ops);
+double fsdp_comm_default_timeout(void);
+
+#endif

@@ -1,0 +1,185 @@
+/* fsdp.h: the one public header of the fsdp engine.
+ *
+ * FFI-clean on purpose: no macros inside declarations, no bit-fields, no
+ * varargs, so that lua/fsdp/ffi.lua can hand this file (preprocessor lines and
+ * the __cplusplus block stripped) straight to ffi.cdef. tests/lua/test_ffi.lua
+ * checks the Lua view against the C one.
+ *
+ * Conventions
+ * - Every call that can fail returns int: 0 (FSDP_OK) or a negative FSDP_E*
+ *   status; fsdp_last_error() then holds a message (thread-local). The library
+ *   never exits or aborts on a caller's mistake.
+ * - Handles are opaque; *_destroy(NULL) is a no-op.
+ * - Asynchronous work is enqueued on a stream and ordered by events, with the
+ *   same meaning on CPU and CUDA: an event wait captures the event's most
+ *   recent record at the time of the wait; waiting on a never-recorded event
+ *   does not block.
+ */
+#ifndef FSDP_H
+#define FSDP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- status codes ---------------------------------------------------- */
+enum {
+  FSDP_OK = 0,
+  FSDP_EINVAL = -1,      /* a bad argument from the caller */
+  FSDP_ENOMEM = -2,      /* host or device allocation failed */
+  FSDP_EIO = -3,         /* file or OS error */
+  FSDP_ECOMM = -4,       /* a collective failed or ranks disagree */
+  FSDP_ETIMEOUT = -5,    /* a bounded wait ran out */
+  FSDP_EPEER = -6,       /* a peer rank died */
+  FSDP_EUNSUPPORTED = -7,/* not built in, or no such device */
+  FSDP_EDEVICE = -8,     /* the device runtime reported an error */
+  FSDP_ESTATE = -9,      /* call out of order (e.g. before fsdp_init) */
+  FSDP_ELAUNCH = -10     /* the launcher (PMIx) failed */
+};
+
+/* ---- dtypes, devices, reductions ------------------------------------- */
+typedef enum { FSDP_FP32 = 0, FSDP_BF16 = 1, FSDP_FP16 = 2, FSDP_FP64 = 3 } fsdp_dtype;
+typedef enum { FSDP_CPU = 0, FSDP_CUDA = 1 } fsdp_device;
+typedef enum { FSDP_SUM = 0, FSDP_AVG = 1 } fsdp_redop;
+typedef enum { FSDP_LOG_ERROR = 0, FSDP_LOG_WARN = 1, FSDP_LOG_INFO = 2, FSDP_LOG_DEBUG = 3 } fsdp_log_level;
+
+/* ---- base ------------------------------------------------------------ */
+const char *fsdp_version(void);
+const char *fsdp_last_error(void);
+const char *fsdp_status_name(int status);
+void fsdp_clear_error(void);
+double fsdp_time_now(void);                /* monotonic seconds */
+void fsdp_log_set_level(int level);
+int fsdp_log_get_level(void);
+
+size_t fsdp_dtype_size(int dtype);         /* 0 for an unknown dtype */
+const char *fsdp_dtype_name(int dtype);    /* "?" for an unknown dtype */
+int fsdp_dtype_from_name(const char *name); /* dtype, or FSDP_EINVAL */
+float fsdp_bf16_to_f32(uint16_t h);
+uint16_t fsdp_f32_to_bf16(float f);        /* round to nearest even; NaN kept */
+float fsdp_fp16_to_f32(uint16_t h);
+uint16_t fsdp_f32_to_fp16(float f);
+/* Element-wise conversion between any two dtypes (CPU memory). */
+int fsdp_convert(void *dst, int dst_dtype, const void *src, int src_dtype, size_t n);
+
+/* ---- process: boot, identity, key/value exchange ---------------------- */
+typedef struct fsdp_proc_info {
+  int32_t rank;        /* in the job */
+  int32_t size;        /* ranks in the job */
+  int32_t local_rank;  /* on this node */
+  int32_t local_size;
+  int32_t node_rank;
+  int32_t num_nodes;
+  int32_t singleton;   /* 1: no launcher was found, world of one */
+  int32_t device_count;/* CUDA devices visible (0 without CUDA) */
+  char nspace[256];    /* PMIx namespace of the job */
+} fsdp_proc_info;
+
+/* Connects to the launcher (PMIx client) or becomes a singleton. Idempotent. */
+int fsdp_init(fsdp_proc_info *info);
+int fsdp_finalize(void);
+int fsdp_initialized(void);
+/* Publish a key for the other ranks; visible after the next fsdp_kv_fence. */
+int fsdp_kv_put(const char *key, const void *data, size_t len);
+/* Commit and wait for every rank (collective); timeout_ms <= 0: default. */
+int fsdp_kv_fence(int timeout_ms);
+/* Read a key another rank published. *len is set to the full length. */
+int fsdp_kv_get(int rank, const char *key, void *data, size_t cap, size_t *len);
+/* Ask the launcher to end the whole job with this status. */
+int fsdp_abort(int status, const char *message);
+
+/* ---- device memory, streams, events ---------------------------------- */
+typedef struct fsdp_stream fsdp_stream;
+typedef struct fsdp_event fsdp_event;
+
+int fsdp_device_available(int device);     /* 1 when usable here */
+int fsdp_device_count(int device);
+int fsdp_device_set(int device, int index);/* CUDA: select the GPU */
+
+int fsdp_alloc(int device, size_t bytes, void **out);   /* 256-byte aligned */
+int fsdp_alloc_host_pinned(size_t bytes, void **out);
+int fsdp_free(int device, void *ptr);
+int fsdp_free_host_pinned(void *ptr);
+
+/* A stream runs enqueued work in order. CPU: a worker thread. */
+int fsdp_stream_create(int device, fsdp_stream **out);
+int fsdp_stream_destroy(fsdp_stream *s);   /* waits for pending work */
+int fsdp_stream_device(const fsdp_stream *s);
+/* Wait for everything enqueued; reports the first asynchronous error. */
+int fsdp_stream_synchronize(fsdp_stream *s);
+/* The stream waits (without blocking the caller) for the event's last record.
+ * s == NULL: the calling thread blocks instead. */
+int fsdp_stream_wait_event(fsdp_stream *s, fsdp_event *e);
+/* Enqueue a pause (testing aid for ordering and overlap). */
+int fsdp_stream_delay(fsdp_stream *s, int64_t microseconds);
+
+int fsdp_event_create(int device, fsdp_event **out);
+int fsdp_event_destroy(fsdp_event *e);
+/* Marks the point in s; s == NULL: completes now (host). */
+int fsdp_event_record(fsdp_event *e, fsdp_stream *s);
+int fsdp_event_query(fsdp_event *e);       /* 1 done, 0 pending, <0 error */
+int fsdp_event_synchronize(fsdp_event *e);
+
+/* Copies and fills; s == NULL: synchronous. */
+int fsdp_memcpy(void *dst, const void *src, size_t bytes, fsdp_stream *s);
+int fsdp_memset(void *dst, int value, size_t bytes, fsdp_stream *s);
+
+/* ---- mesh and collectives -------------------------------------------- */
+typedef struct fsdp_mesh fsdp_mesh;
+typedef struct fsdp_comm fsdp_comm;
+
+/* Collective over all ranks. names/sizes give the dimensions, outermost
+ * first; one size may be -1 (the rest). Product must equal the world size.
+ * device selects the transport: FSDP_CPU (shared memory) or FSDP_CUDA (NCCL). */
+int fsdp_mesh_create(int ndims, const char *const *names, const int64_t *sizes,
+                     int device, fsdp_mesh **out);
+int fsdp_mesh_destroy(fsdp_mesh *m);
+int fsdp_mesh_ndims(const fsdp_mesh *m);
+const char *fsdp_mesh_dim_name(const fsdp_mesh *m, int dim);
+int64_t fsdp_mesh_dim_size(const fsdp_mesh *m, int dim);
+int fsdp_mesh_dim_index(const fsdp_mesh *m, const char *name); /* or FSDP_EINVAL */
+int64_t fsdp_mesh_coord(const fsdp_mesh *m, int dim);          /* this rank's */
+int fsdp_mesh_device(const fsdp_mesh *m);
+/* The communicator of this rank's group along the named dimensions:
+ * "dp_shard", "dp_outer,dp_shard" (flattened), or "" / "world" for all.
+ * Collective over the whole mesh the first time a set is asked for (every
+ * rank must ask for the same sets in the same order); later calls are local.
+ * The mesh owns the comm. */
+int fsdp_mesh_group(fsdp_mesh *m, const char *dims, fsdp_comm **out);
+/* Human-readable description into buf (always NUL-terminated). */
+int fsdp_mesh_describe(const fsdp_mesh *m, char *buf, size_t cap);
+
+int fsdp_comm_rank(const fsdp_comm *c);
+int fsdp_comm_size(const fsdp_comm *c);
+int fsdp_comm_device(const fsdp_comm *c);
+const char *fsdp_comm_name(const fsdp_comm *c);
+/* Global rank of the comm's member at position i. */
+int fsdp_comm_member(const fsdp_comm *c, int i);
+/* The comm's own stream: every collective below is enqueued on it and
+ * returns at once. Order it against other streams with events. */
+fsdp_stream *fsdp_comm_stream(fsdp_comm *c);
+
+/* out[r*count .. (r+1)*count) = in of member r.  in may alias its own slot. */
+int fsdp_comm_all_gather(fsdp_comm *c, void *out, const void *in, size_t count, int dtype);
+/* out = op over members of in[my*count .. (my+1)*count).
+ * in_dtype == out_dtype, or bf16/fp16 in with fp32 out (fp32 accumulation). */
+int fsdp_comm_reduce_scatter(fsdp_comm *c, void *out, int out_dtype, const void *in,
+                             int in_dtype, size_t count, int op);
+/* out = op over members of in (count elements); out may equal in. */
+int fsdp_comm_all_reduce(fsdp_comm *c, void *out, const void *in, size_t count, int dtype,
+                         int op);
+int fsdp_comm_broadcast(fsdp_comm *c, void *buf, size_t count, int dtype, int root);
+int fsdp_comm_barrier(fsdp_comm *c);
+/* Wait for all enqueued collectives; returns the first failure, if any. */
+int fsdp_comm_synchronize(fsdp_comm *c);
+/* Seconds a collective may wait for its peers before failing (default 300,
+ * or FSDP_COMM_TIMEOUT in the environment). */
+int fsdp_comm_set_timeout(fsdp_comm *c, double seconds);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FSDP_H */

@@ -1,0 +1,132 @@
+/* test_device: CPU memory, streams and events. Ordering is checked against
+ * the obvious reference (a sequential run) with deliberate delays that make
+ * any reordering visible. */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "base/error.h"
+#include "check.h"
+#include "device/device_impl.h"
+#include "fsdp.h"
+
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void test_memory(void) {
+  void *p = NULL;
+  CHECK_OK(fsdp_alloc(FSDP_CPU, 1000, &p));
+  CHECK(p && ((uintptr_t)p % 256) == 0);
+  memset(p, 1, 1000);
+  CHECK_OK(fsdp_free(FSDP_CPU, p));
+  CHECK_OK(fsdp_free(FSDP_CPU, NULL));
+  CHECK_OK(fsdp_alloc(FSDP_CPU, 0, &p));
+  CHECK_OK(fsdp_free(FSDP_CPU, p));
+  CHECK_FAILS(fsdp_alloc(7, 10, &p), FSDP_EINVAL, "unknown device 7");
+  CHECK(p == NULL);
+  CHECK_FAILS(fsdp_alloc(FSDP_CPU, SIZE_MAX - 1000, &p), FSDP_ENOMEM, "bytes of host memory");
+  if (!fsdp_device_available(FSDP_CUDA)) {
+    CHECK_FAILS(fsdp_alloc(FSDP_CUDA, 10, &p), FSDP_EUNSUPPORTED, "CUDA");
+    CHECK(fsdp_device_count(FSDP_CUDA) == 0);
+  }
+  CHECK_OK(fsdp_alloc_host_pinned(4096, &p));
+  CHECK_OK(fsdp_free_host_pinned(p));
+}
+
+static void test_stream_order(void) {
+  fsdp_stream *a = NULL, *b = NULL;
+  fsdp_event *e = NULL;
+  CHECK_OK(fsdp_stream_create(FSDP_CPU, &a));
+  CHECK_OK(fsdp_stream_create(FSDP_CPU, &b));
+  CHECK_OK(fsdp_event_create(FSDP_CPU, &e));
+  CHECK(fsdp_stream_device(a) == FSDP_CPU);
+  enum { N = 1 << 20 };
+  char *x = malloc(N), *y = malloc(N), *z = malloc(N);
+  memset(x, 0, N);
+  memset(y, 7, N);
+  memset(z, 0, N);
+  CHECK(fsdp_event_query(e) == 1); /* never recorded: complete */
+  /* a: sleep, then x = y; record e.  b: wait e, then z = x. */
+  double t0 = now();
+  CHECK_OK(fsdp_stream_delay(a, 150000));
+  CHECK_OK(fsdp_memcpy(x, y, N, a));
+  CHECK_OK(fsdp_event_record(e, a));
+  CHECK_OK(fsdp_stream_wait_event(b, e));
+  CHECK_OK(fsdp_memcpy(z, x, N, b));
+  CHECK(now() - t0 < 0.1); /* enqueueing did not block */
+  CHECK(fsdp_event_query(e) == 0);
+  CHECK(z[0] == 0 && x[N - 1] == 0);
+  CHECK_OK(fsdp_stream_synchronize(b));
+  CHECK(now() - t0 >= 0.14);
+  CHECK(z[0] == 7 && z[N - 1] == 7);
+  CHECK(fsdp_event_query(e) == 1);
+  /* a wait captures the record at wait time: a later re-record is not waited for */
+  CHECK_OK(fsdp_event_record(e, NULL));
+  CHECK_OK(fsdp_stream_wait_event(b, e));
+  CHECK_OK(fsdp_stream_delay(a, 300000));
+  CHECK_OK(fsdp_event_record(e, a));
+  t0 = now();
+  CHECK_OK(fsdp_stream_synchronize(b));
+  CHECK(now() - t0 < 0.2);
+  CHECK_OK(fsdp_event_synchronize(e));
+  /* host waits */
+  CHECK_OK(fsdp_memset(x, 3, N, a));
+  CHECK_OK(fsdp_event_record(e, a));
+  CHECK_OK(fsdp_stream_wait_event(NULL, e));
+  CHECK(x[0] == 3 && x[N - 1] == 3);
+  CHECK_OK(fsdp_memset(y, 9, N, NULL));
+  CHECK(y[5] == 9);
+  CHECK_FAILS(fsdp_stream_delay(a, -1), FSDP_EINVAL, "negative");
+  /* many tasks, in order */
+  int counter_ok = 1;
+  for (int i = 0; i < 1000; i++) CHECK_OK(fsdp_memset(x + i, i & 0x7f, 1, a));
+  CHECK_OK(fsdp_stream_synchronize(a));
+  for (int i = 0; i < 1000; i++) counter_ok &= x[i] == (i & 0x7f);
+  CHECK(counter_ok);
+  fsdp_event_destroy(e);
+  fsdp_stream_destroy(a);
+  fsdp_stream_destroy(b);
+  free(x);
+  free(y);
+  free(z);
+}
+
+static int failing_task(void *arg) { return fsdp_fail(FSDP_ECOMM, "task %d broke", *(int *)arg); }
+static int flag_task(void *arg) {
+  *(int *)arg = 1;
+  return FSDP_OK;
+}
+
+static void test_stream_failure(void) {
+  fsdp_stream *s = NULL, *w = NULL;
+  fsdp_event *e = NULL;
+  CHECK_OK(fsdp_stream_create(FSDP_CPU, &s));
+  CHECK_OK(fsdp_stream_create(FSDP_CPU, &w));
+  CHECK_OK(fsdp_event_create(FSDP_CPU, &e));
+  static int id = 5, ran = 0;
+  CHECK_OK(fsdp_stream_delay(s, 100000)); /* so that all three are queued before the failure */
+  CHECK_OK(fsdp_cpu_stream_enqueue(s, failing_task, &id, NULL));
+  CHECK_OK(fsdp_cpu_stream_enqueue(s, flag_task, &ran, NULL));
+  CHECK_OK(fsdp_event_record(e, s));
+  CHECK_OK(fsdp_stream_wait_event(w, e));
+  CHECK_FAILS(fsdp_stream_synchronize(s), FSDP_ECOMM, "task 5 broke");
+  CHECK(ran == 0);                                     /* skipped after the failure */
+  CHECK_FAILS(fsdp_event_synchronize(e), FSDP_ECOMM, "task 5 broke"); /* record completed, with the error */
+  CHECK_FAILS(fsdp_stream_synchronize(w), FSDP_ECOMM, "task 5 broke"); /* and it propagates */
+  CHECK_FAILS(fsdp_cpu_stream_enqueue(s, flag_task, &ran, NULL), FSDP_ECOMM, "task 5 broke");
+  fsdp_event_destroy(e);
+  fsdp_stream_destroy(s);
+  fsdp_stream_destroy(w);
+}
+
+int main(void) {
+  test_memory();
+  test_stream_order();
+  test_stream_failure();
+  return fsdp_test_summary("test_device");
+}

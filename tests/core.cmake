@@ -1,0 +1,22 @@
+# Engine tests: one C binary per layer, and the multi-rank collectives test
+# started through fsdprun on 1 to 4 CPU ranks.
+fsdp_c_test(test_base)
+fsdp_c_test(test_device)
+fsdp_c_test(test_collectives)
+
+add_test(NAME base COMMAND test_base)
+add_test(NAME device COMMAND test_device)
+set_tests_properties(base device PROPERTIES LABELS unit TIMEOUT 60)
+
+foreach(n 1 2 3 4)
+  add_test(NAME collectives_np${n}
+           COMMAND $<TARGET_FILE:fsdprun> -n ${n} --timeout 400 --host $<TARGET_FILE:test_collectives>)
+  set_tests_properties(collectives_np${n} PROPERTIES LABELS multirank TIMEOUT 450 RUN_SERIAL ON)
+endforeach()
+# A peer that vanishes, and one that is late past the timeout: the others
+# must fail with a message naming it, within seconds, never hang.
+add_test(NAME collectives_dead_peer
+         COMMAND $<TARGET_FILE:fsdprun> -n 3 --timeout 60 --host $<TARGET_FILE:test_collectives> --dead-peer)
+add_test(NAME collectives_late_peer
+         COMMAND $<TARGET_FILE:fsdprun> -n 3 --timeout 60 --host $<TARGET_FILE:test_collectives> --late-peer)
+set_tests_properties(collectives_dead_peer collectives_late_peer PROPERTIES LABELS multirank TIMEOUT 90 RUN_SERIAL ON)
