@@ -65,6 +65,16 @@ uint16_t fsdp_f32_to_fp16(float f);
 /* Element-wise conversion between any two dtypes (CPU memory). */
 int fsdp_convert(void *dst, int dst_dtype, const void *src, int src_dtype, size_t n);
 
+/* ---- counter-based RNG (Philox-4x32-10) ------------------------------ */
+typedef enum { FSDP_RNG_UNIFORM = 0, FSDP_RNG_NORMAL = 1 } fsdp_rng_dist;
+void fsdp_philox4x32_10(const uint32_t counter[4], const uint32_t key[2], uint32_t out[4]);
+/* A stream id for a name (FNV-1a), e.g. a parameter's. */
+uint32_t fsdp_rng_stream_id(const char *name);
+/* dst[i] = draw(seed, stream, first_index + i) for i < n (CPU memory);
+ * uniform on (a, b), or normal with mean a and std b. See philox.c. */
+int fsdp_rng_fill(void *dst, int dtype, int64_t n, uint64_t seed, uint32_t stream, int64_t first_index, int dist,
+                  double a, double b);
+
 /* ---- process: boot, identity, key/value exchange ---------------------- */
 typedef struct fsdp_proc_info {
   int32_t rank;        /* in the job */
@@ -178,6 +188,29 @@ int fsdp_comm_synchronize(fsdp_comm *c);
 /* Seconds a collective may wait for its peers before failing (default 300,
  * or FSDP_COMM_TIMEOUT in the environment). */
 int fsdp_comm_set_timeout(fsdp_comm *c, double seconds);
+
+/* ---- layout: parameters in a unit's flat buffer, and their owners ------ */
+typedef struct fsdp_layout fsdp_layout;
+typedef struct fsdp_layout_piece {
+  int32_t param;        /* index in the unit */
+  int32_t rank;         /* owner, in the shard group */
+  int64_t begin, end;   /* element range of the parameter */
+  int64_t shard_offset; /* where begin sits in the owner's shard */
+} fsdp_layout_piece;
+
+/* Parameters packed in order, each starting at a multiple of param_align
+ * elements; padded to group_size equal shards, each a multiple of
+ * shard_align elements (see src/shard/layout.c). */
+int fsdp_layout_create(int nparams, const int64_t *numels, int group_size, int64_t param_align,
+                       int64_t shard_align, fsdp_layout **out);
+int fsdp_layout_destroy(fsdp_layout *l);
+int64_t fsdp_layout_numel_used(const fsdp_layout *l);   /* sum of parameter sizes */
+int64_t fsdp_layout_numel_total(const fsdp_layout *l);  /* with padding: group_size * shard */
+int64_t fsdp_layout_shard_numel(const fsdp_layout *l);
+int64_t fsdp_layout_param_offset(const fsdp_layout *l, int param);
+/* Pieces rank owns, in parameter order; returns how many (may exceed cap). */
+int fsdp_layout_rank_pieces(const fsdp_layout *l, int rank, fsdp_layout_piece *out, int cap);
+int fsdp_layout_owner(const fsdp_layout *l, int param, int64_t index, fsdp_layout_piece *out);
 
 #ifdef __cplusplus
 }

@@ -3,10 +3,14 @@
 fsdp_c_test(test_base)
 fsdp_c_test(test_device)
 fsdp_c_test(test_collectives)
+fsdp_c_test(test_philox)
+fsdp_c_test(test_layout)
 
 add_test(NAME base COMMAND test_base)
 add_test(NAME device COMMAND test_device)
-set_tests_properties(base device PROPERTIES LABELS unit TIMEOUT 60)
+add_test(NAME philox COMMAND test_philox)
+add_test(NAME layout COMMAND test_layout)
+set_tests_properties(base device philox layout PROPERTIES LABELS unit TIMEOUT 60)
 
 foreach(n 1 2 3 4)
   add_test(NAME collectives_np${n}
