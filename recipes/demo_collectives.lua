@@ -9,10 +9,9 @@ local info = fsdp.init()
 local W, R = info.size, info.rank
 local dims = (W % 2 == 0 and W >= 4) and { { "dp_outer", 2 }, { "dp_shard", -1 } } or { { "dp_shard", -1 } }
 local mesh = fsdp.mesh(dims, { device = "cpu" })
-if R == 0 then print(mesh:describe()) end
-
 local shard = mesh:group("dp_shard")
 local world = mesh:group("world")
+if R == 0 then print(mesh:describe()) end
 print(string.format("rank %d of %d: local rank %d, mesh coordinates %s, dp_shard group %s = {%s}",
   R, W, info.local_rank,
   #dims == 2 and string.format("(dp_outer=%d, dp_shard=%d)", mesh:coord("dp_outer"), mesh:coord("dp_shard"))

@@ -1,0 +1,224 @@
+/* fsdp: the rank host. LuaJIT with the engine: runs a Lua file (what
+ * fsdprun starts on every rank), a string (-e), or an interactive prompt. */
+#include <lauxlib.h>
+#include <lua.h>
+#include <lualib.h>
+#include <readline/history.h>
+#include <readline/readline.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "fsdp.h"
+
+static const char *usage_text =
+    "usage: fsdp FILE.lua [args...]     run a job file (arg[0] = FILE, arg[1..] = args)\n"
+    "       fsdp -e 'lua code' [args...] run a string\n"
+    "       fsdp [repl]                  interactive prompt with the engine loaded as `fsdp`\n"
+    "       fsdp --help | --version\n"
+    "\n"
+    "Ranks are normally started by the launcher: `fsdprun -n 4 FILE.lua`. Started\n"
+    "alone, `fsdp FILE.lua` is a singleton (rank 0 of 1). Jobs use `require \"fsdp\"`.\n"
+    "\n"
+    "At the prompt: expressions are printed (`1+1`, `fsdp.init()`), statements run,\n"
+    "an unfinished statement continues on the next line, errors are shown without\n"
+    "leaving, Ctrl-D leaves. History is kept in ~/.fsdp_history.\n"
+    "\n"
+    "Environment:\n"
+    "  FSDP_LUA_PATH  directory holding the fsdp Lua package (default: the source tree's lua/)\n"
+    "  FSDP_LIB       path of libfsdp.so (default: the one this binary was built with)\n"
+    "  FSDP_HEADER    path of fsdp.h, read for the FFI declarations\n"
+    "  FSDP_LOG       error | warn | info | debug\n"
+    "  FSDP_COMM_TIMEOUT  seconds a collective waits for its peers (default 300)\n";
+
+static void set_default_env(const char *name, const char *value) {
+  if (!getenv(name)) setenv(name, value, 1);
+}
+
+/* package.path gets the fsdp Lua directory first. */
+static void setup_paths(lua_State *L) {
+  const char *dir = getenv("FSDP_LUA_PATH");
+  if (!dir) dir = FSDP_LUA_DIR;
+  lua_getglobal(L, "package");
+  lua_getfield(L, -1, "path");
+  lua_pushfstring(L, "%s/?.lua;%s/?/init.lua;%s", dir, dir, lua_tostring(L, -1));
+  lua_setfield(L, -3, "path");
+  lua_pop(L, 2);
+}
+
+static int traceback(lua_State *L) {
+  const char *msg = lua_tostring(L, 1);
+  if (!msg) msg = "(error object is not a string)";
+  luaL_traceback(L, L, msg, 1);
+  return 1;
+}
+
+/* Runs the chunk on the stack top with `nargs` already pushed; prints errors. */
+static int call(lua_State *L, int nargs, int nresults) {
+  int base = lua_gettop(L) - nargs;
+  lua_pushcfunction(L, traceback);
+  lua_insert(L, base);
+  int rc = lua_pcall(L, nargs, nresults, base);
+  lua_remove(L, base);
+  if (rc) {
+    fprintf(stderr, "fsdp: %s\n", lua_tostring(L, -1));
+    lua_pop(L, 1);
+  }
+  return rc;
+}
+
+static void set_arg_table(lua_State *L, char **argv, int argc, int script_index) {
+  lua_createtable(L, argc, 0);
+  for (int i = 0; i < argc; i++) {
+    lua_pushstring(L, argv[i]);
+    lua_rawseti(L, -2, i - script_index);
+  }
+  lua_setglobal(L, "arg");
+}
+
+static int run_file(lua_State *L, const char *file, int argc, char **argv, int script_index) {
+  set_arg_table(L, argv, argc, script_index);
+  if (luaL_loadfile(L, file)) {
+    fprintf(stderr, "fsdp: %s\n", lua_tostring(L, -1));
+    return 1;
+  }
+  int nargs = argc - script_index - 1;
+  for (int i = script_index + 1; i < argc; i++) lua_pushstring(L, argv[i]);
+  return call(L, nargs, 0) ? 1 : 0;
+}
+
+/* "<eof>" at the end of the message: the chunk is unfinished. */
+static int incomplete(lua_State *L, int status) {
+  if (status != LUA_ERRSYNTAX) return 0;
+  size_t len;
+  const char *msg = lua_tolstring(L, -1, &len);
+  return len >= 5 && !strcmp(msg + len - 5, "<eof>");
+}
+
+static char *read_line(int tty, const char *prompt) {
+  if (tty) return readline(prompt);
+  static char buf[65536];
+  if (!fgets(buf, sizeof buf, stdin)) return NULL;
+  buf[strcspn(buf, "\n")] = '\0';
+  return strdup(buf);
+}
+
+static void repl(lua_State *L) {
+  int tty = isatty(0);
+  char hist[1024] = "";
+  if (tty && getenv("HOME")) {
+    snprintf(hist, sizeof hist, "%s/.fsdp_history", getenv("HOME"));
+    read_history(hist);
+    printf("fsdp %s REPL (LuaJIT); `fsdp` is loaded; Ctrl-D to leave\n", fsdp_version());
+  }
+  lua_getglobal(L, "require");
+  lua_pushstring(L, "fsdp");
+  if (call(L, 1, 1) == 0)
+    lua_setglobal(L, "fsdp");
+  /* the pretty printer lives in Lua: fsdp.pretty.show(...) */
+  for (;;) {
+    char *line = read_line(tty, "fsdp> ");
+    if (!line) break;
+    size_t cap = strlen(line) + 1;
+    char *chunk = malloc(cap);
+    memcpy(chunk, line, cap);
+    if (tty && line[0]) add_history(line);
+    free(line);
+    int status;
+    for (;;) {
+      /* expression first, then statement */
+      size_t n = strlen(chunk) + 8;
+      char *expr = malloc(n);
+      snprintf(expr, n, "return %s", chunk);
+      status = luaL_loadbuffer(L, expr, strlen(expr), "=stdin");
+      free(expr);
+      if (status) {
+        lua_pop(L, 1);
+        status = luaL_loadbuffer(L, chunk, strlen(chunk), "=stdin");
+      }
+      if (!incomplete(L, status)) break;
+      lua_pop(L, 1);
+      char *more = read_line(tty, ">> ");
+      if (!more) break;
+      if (tty && more[0]) add_history(more);
+      size_t len = strlen(chunk) + strlen(more) + 2;
+      chunk = realloc(chunk, len);
+      strcat(chunk, "\n");
+      strcat(chunk, more);
+      free(more);
+    }
+    free(chunk);
+    if (status) {
+      fprintf(stderr, "%s\n", lua_tostring(L, -1));
+      lua_pop(L, 1);
+      continue;
+    }
+    int top = lua_gettop(L) - 1;
+    if (call(L, 0, LUA_MULTRET)) continue;
+    int nres = lua_gettop(L) - top;
+    if (nres > 0) {
+      /* print through fsdp.show (tables readably), else plain print */
+      lua_getglobal(L, "fsdp");
+      if (lua_istable(L, -1)) lua_getfield(L, -1, "show");
+      else lua_pushnil(L);
+      lua_remove(L, -2);
+      if (!lua_isfunction(L, -1)) {
+        lua_pop(L, 1);
+        lua_getglobal(L, "print");
+      }
+      lua_insert(L, top + 1);
+      call(L, nres, 0);
+    }
+    fflush(stdout);
+  }
+  if (tty) {
+    printf("\n");
+    if (hist[0]) write_history(hist);
+  }
+}
+
+static void finalize_at_exit(void) { fsdp_finalize(); }
+
+int main(int argc, char **argv) {
+  atexit(finalize_at_exit); /* os.exit() from a job leaves through exit() too */
+  if (argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
+    fputs(usage_text, stdout);
+    return 0;
+  }
+  if (argc > 1 && !strcmp(argv[1], "--version")) {
+    printf("fsdp %s\n", fsdp_version());
+    return 0;
+  }
+  set_default_env("FSDP_LIB", FSDP_LIB_PATH);
+  set_default_env("FSDP_HEADER", FSDP_HEADER_PATH);
+  lua_State *L = luaL_newstate();
+  if (!L) {
+    fprintf(stderr, "fsdp: cannot create a Lua state\n");
+    return 1;
+  }
+  luaL_openlibs(L);
+  setup_paths(L);
+  int rc = 0;
+  if (argc > 1 && !strcmp(argv[1], "-e")) {
+    if (argc < 3) {
+      fprintf(stderr, "fsdp: -e needs a string of Lua code\n");
+      rc = 2;
+    } else {
+      set_arg_table(L, argv, argc, 2);
+      rc = luaL_loadstring(L, argv[2]) ? (fprintf(stderr, "fsdp: %s\n", lua_tostring(L, -1)), 1)
+                                       : (call(L, 0, 0) ? 1 : 0);
+    }
+  } else if (argc > 1 && strcmp(argv[1], "repl")) {
+    if (argv[1][0] == '-') {
+      fprintf(stderr, "fsdp: unknown option '%s' (fsdp --help)\n", argv[1]);
+      rc = 2;
+    } else {
+      rc = run_file(L, argv[1], argc, argv, 1);
+    }
+  } else {
+    repl(L);
+  }
+  lua_close(L);
+  return rc; /* fsdp_finalize runs at exit: idempotent, a no-op without init */
+}

@@ -1,0 +1,59 @@
+-- fsdp.ffi: loads libfsdp and declares its API to the FFI from the public
+-- header itself (preprocessor lines and the __cplusplus block stripped), so
+-- the Lua view cannot drift from C. check() is the one place where C status
+-- codes become Lua errors.
+local ffi = require "ffi"
+
+local M = { ffi = ffi }
+
+local here = (debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or ".")
+local root = here .. "/../.."
+
+local function readable(path)
+  local f = io.open(path, "r")
+  if f then f:close() return true end
+  return false
+end
+
+local function find(env, candidates, what)
+  local tried = {}
+  local v = os.getenv(env)
+  if v then
+    if readable(v) then return v end
+    error(string.format("fsdp: %s=%s is not readable", env, v), 3)
+  end
+  for _, p in ipairs(candidates) do
+    if readable(p) then return p end
+    tried[#tried + 1] = p
+  end
+  error(string.format("fsdp: cannot find %s; tried %s (set %s)", what, table.concat(tried, ", "), env), 3)
+end
+
+-- The header minus what ffi.cdef cannot read.
+function M.declarations(path)
+  local out, skip = {}, false
+  for line in io.lines(path) do
+    if line:match("^%s*#%s*ifdef%s+__cplusplus") then
+      skip = true
+    elseif skip and line:match("^%s*#%s*endif") then
+      skip = false
+    elseif not skip and not line:match("^%s*#") then
+      out[#out + 1] = line
+    end
+  end
+  return table.concat(out, "\n")
+end
+
+M.header = find("FSDP_HEADER", { root .. "/src/fsdp.h", root .. "/include/fsdp.h" }, "the header fsdp.h")
+ffi.cdef(M.declarations(M.header))
+M.C = ffi.load(find("FSDP_LIB", { root .. "/build/libfsdp.so", root .. "/lib/libfsdp.so" }, "libfsdp.so"))
+
+function M.check(rc, what)
+  if rc < 0 then
+    error(string.format("%s: %s (%s)", what, ffi.string(M.C.fsdp_last_error()),
+      ffi.string(M.C.fsdp_status_name(rc))), 3)
+  end
+  return rc
+end
+
+return M

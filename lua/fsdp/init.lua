@@ -1,0 +1,57 @@
+-- fsdp: the Lua front end of the engine. `local fsdp = require "fsdp"` in
+-- the rank host (`fsdp`, `fsdprun`) or any LuaJIT (with FSDP_LIB and
+-- FSDP_HEADER set when the package is used outside the source tree).
+local base = require "fsdp.ffi"
+local tensor = require "fsdp.tensor"
+local stream = require "fsdp.stream"
+local mesh = require "fsdp.mesh"
+local pretty = require "fsdp.pretty"
+local ffi, C, check = base.ffi, base.C, base.check
+
+local fsdp = {
+  C = C, ffi = ffi, check = check,
+  tensor = tensor.new, dtype = tensor.dtype, dtype_name = tensor.dtype_name,
+  stream = stream.stream, event = stream.event, memcpy = stream.memcpy,
+  mesh = mesh.new, show = pretty.show, render = pretty.render,
+}
+
+local info
+
+-- Boots the rank (PMIx, or a singleton); idempotent.
+function fsdp.init()
+  if info then return info end
+  local p = ffi.new("fsdp_proc_info")
+  check(C.fsdp_init(p), "fsdp.init")
+  info = { rank = p.rank, size = p.size, local_rank = p.local_rank, local_size = p.local_size,
+    node_rank = p.node_rank, num_nodes = p.num_nodes, singleton = p.singleton ~= 0,
+    device_count = p.device_count, nspace = ffi.string(p.nspace) }
+  return info
+end
+
+function fsdp.rank() return fsdp.init().rank end
+function fsdp.size() return fsdp.init().size end
+function fsdp.finalize()
+  info = nil
+  check(C.fsdp_finalize(), "fsdp.finalize")
+end
+
+function fsdp.kv_put(key, value)
+  check(C.fsdp_kv_put(key, value, #value), "fsdp.kv_put '" .. tostring(key) .. "'")
+end
+
+function fsdp.kv_fence(timeout_ms) check(C.fsdp_kv_fence(timeout_ms or 0), "fsdp.kv_fence") end
+
+function fsdp.kv_get(rank, key)
+  local len = ffi.new("size_t[1]")
+  local rc = C.fsdp_kv_get(rank, key, nil, 0, len)
+  if rc < 0 and len[0] == 0 then check(rc, "fsdp.kv_get '" .. tostring(key) .. "'") end
+  local buf = ffi.new("char[?]", math.max(tonumber(len[0]), 1))
+  check(C.fsdp_kv_get(rank, key, buf, len[0], len), "fsdp.kv_get '" .. tostring(key) .. "'")
+  return ffi.string(buf, len[0])
+end
+
+function fsdp.abort(status, msg) C.fsdp_abort(status or 1, msg or "fsdp.abort") end
+function fsdp.now() return C.fsdp_time_now() end
+function fsdp.version() return ffi.string(C.fsdp_version()) end
+
+return fsdp

@@ -1,0 +1,197 @@
+-- fsdp.mesh: named dimensions over the ranks, and a communicator per group.
+--   fsdp.mesh({{"dp_outer", 2}, {"dp_shard", -1}}, {device = "cpu"})
+--   fsdp.mesh("dp_outer=2,dp_shard=-1")          (the CLI's --mesh form)
+--   fsdp.mesh({dp = 4})                          (one dimension)
+local base = require "fsdp.ffi"
+local tensor = require "fsdp.tensor"
+local stream = require "fsdp.stream"
+local ffi, C, check = base.ffi, base.C, base.check
+
+local M = {}
+local Mesh, Comm = {}, {}
+Mesh.__index, Comm.__index = Mesh, Comm
+
+local function parse_dims(spec)
+  local dims = {}
+  if type(spec) == "string" then
+    for item in spec:gmatch("[^,%s]+") do
+      local name, size = item:match("^([%a_][%w_]*)=(%-?%d+)$")
+      if not name then error(string.format("fsdp.mesh: '%s' is not name=size (e.g. dp_outer=2,dp_shard=-1)", item), 3) end
+      dims[#dims + 1] = { name, tonumber(size) }
+    end
+  elseif type(spec) == "table" and #spec > 0 then
+    for i, d in ipairs(spec) do
+      if type(d) ~= "table" or type(d[1]) ~= "string" or type(d[2]) ~= "number" then
+        error(string.format("fsdp.mesh: dimension %d must be {name, size}, e.g. {'dp_shard', 4}", i), 3)
+      end
+      dims[#dims + 1] = { d[1], d[2] }
+    end
+  elseif type(spec) == "table" then
+    for name, size in pairs(spec) do dims[#dims + 1] = { name, size } end
+    if #dims > 1 then
+      error("fsdp.mesh: give dimensions as an ordered list, e.g. {{'dp_outer',2},{'dp_shard',4}} " ..
+        "(Lua tables with names as keys have no order)", 3)
+    end
+  end
+  if #dims == 0 then error("fsdp.mesh: no dimensions given", 3) end
+  return dims
+end
+
+function M.new(spec, opts)
+  opts = opts or {}
+  local dims = parse_dims(spec)
+  local names = ffi.new("const char *[?]", #dims)
+  local sizes = ffi.new("int64_t[?]", #dims)
+  local keep = {}
+  for i, d in ipairs(dims) do
+    keep[i] = d[1]
+    names[i - 1] = d[1]
+    sizes[i - 1] = d[2]
+  end
+  local p = ffi.new("fsdp_mesh *[1]")
+  check(C.fsdp_mesh_create(#dims, names, sizes, tensor.device(opts.device or "cpu"), p), "fsdp.mesh")
+  return setmetatable({ handle = ffi.gc(p[0], C.fsdp_mesh_destroy), device = opts.device or "cpu", comms = {},
+    names = keep }, Mesh)
+end
+
+local function live(m, what)
+  if m.handle == nil then error(what .. ": mesh used after free()", 3) end
+  return m.handle
+end
+
+function Mesh:free()
+  if self.handle ~= nil then
+    for _, c in pairs(self.comms) do c.handle = nil end
+    C.fsdp_mesh_destroy(ffi.gc(self.handle, nil))
+    self.handle = nil
+  end
+end
+
+function Mesh:ndims() return C.fsdp_mesh_ndims(live(self, "mesh:ndims")) end
+
+function Mesh:dims()
+  local h, out = live(self, "mesh:dims"), {}
+  for i = 0, C.fsdp_mesh_ndims(h) - 1 do
+    out[#out + 1] = { name = ffi.string(C.fsdp_mesh_dim_name(h, i)), size = tonumber(C.fsdp_mesh_dim_size(h, i)) }
+  end
+  return out
+end
+
+local function dim_index(m, name, what)
+  return check(C.fsdp_mesh_dim_index(live(m, what), name), what)
+end
+
+function Mesh:size(name) return tonumber(C.fsdp_mesh_dim_size(self.handle, dim_index(self, name, "mesh:size"))) end
+function Mesh:coord(name) return tonumber(C.fsdp_mesh_coord(self.handle, dim_index(self, name, "mesh:coord"))) end
+
+-- mesh:group("dp_shard"), mesh:group("dp_outer,dp_shard"), mesh:group({"dp_outer", "dp_shard"}), mesh:group("world")
+function Mesh:group(names)
+  if type(names) == "table" then names = table.concat(names, ",") end
+  names = names or "world"
+  local h = live(self, "mesh:group")
+  local p = ffi.new("fsdp_comm *[1]")
+  check(C.fsdp_mesh_group(h, names, p), "mesh:group")
+  local key = tostring(ffi.cast("uintptr_t", p[0]))
+  local c = self.comms[key]
+  if not c then
+    c = setmetatable({ handle = p[0], mesh = self, device = self.device }, Comm)
+    self.comms[key] = c
+  end
+  return c
+end
+
+function Mesh:describe()
+  local buf = ffi.new("char[?]", 8192)
+  check(C.fsdp_mesh_describe(live(self, "mesh:describe"), buf, 8192), "mesh:describe")
+  return ffi.string(buf)
+end
+Mesh.__tostring = Mesh.describe
+
+-- ---- communicators ----
+local function comm(c, what)
+  if c.handle == nil then error(what .. ": the mesh of this comm was freed", 3) end
+  return c.handle
+end
+
+function Comm:rank() return C.fsdp_comm_rank(comm(self, "comm:rank")) end
+function Comm:size() return C.fsdp_comm_size(comm(self, "comm:size")) end
+function Comm:name() return ffi.string(C.fsdp_comm_name(comm(self, "comm:name"))) end
+function Comm:members()
+  local h, out = comm(self, "comm:members"), {}
+  for i = 0, C.fsdp_comm_size(h) - 1 do out[#out + 1] = C.fsdp_comm_member(h, i) end
+  return out
+end
+function Comm:stream() return stream.borrow(C.fsdp_comm_stream(comm(self, "comm:stream")), self.device) end
+function Comm:__tostring() return string.format("comm(%s: member %d of %d)", self:name(), self:rank(), self:size()) end
+
+local ops = { sum = C.FSDP_SUM, avg = C.FSDP_AVG }
+local function op_of(op, what)
+  local v = ops[op or "sum"]
+  if not v then error(string.format("%s: op '%s' (expected 'sum' or 'avg')", what, tostring(op)), 3) end
+  return v
+end
+
+local function need_tensor(t, what, which)
+  if type(t) ~= "table" or t.data == nil then error(string.format("%s: %s must be a live fsdp.tensor", what, which), 3) end
+end
+
+-- Buffers of collectives still in flight stay referenced (so the collector
+-- cannot free them under the comm's worker) until comm:synchronize().
+local function hold(c, a, b)
+  local f = c.inflight
+  if not f then f = {}; c.inflight = f end
+  f[#f + 1] = a
+  if b then f[#f + 1] = b end
+end
+
+function Comm:all_gather(out, inp)
+  local h = comm(self, "comm:all_gather")
+  need_tensor(out, "comm:all_gather", "out"); need_tensor(inp, "comm:all_gather", "in")
+  local n, size = inp:numel(), C.fsdp_comm_size(h)
+  if out:numel() ~= n * size then
+    error(string.format("comm:all_gather: out has %d elements, expected %d (count %d x %d ranks)", out:numel(), n * size, n, size), 2)
+  end
+  if out.dtype ~= inp.dtype then error("comm:all_gather: out is " .. out.dtype .. ", in is " .. inp.dtype, 2) end
+  check(C.fsdp_comm_all_gather(h, out.data, inp.data, n, inp.dtype_id), "comm:all_gather")
+  hold(self, out, inp)
+end
+
+function Comm:reduce_scatter(out, inp, op)
+  local h = comm(self, "comm:reduce_scatter")
+  need_tensor(out, "comm:reduce_scatter", "out"); need_tensor(inp, "comm:reduce_scatter", "in")
+  local n, size = out:numel(), C.fsdp_comm_size(h)
+  if inp:numel() ~= n * size then
+    error(string.format("comm:reduce_scatter: in has %d elements, expected %d (count %d x %d ranks)", inp:numel(), n * size, n, size), 2)
+  end
+  check(C.fsdp_comm_reduce_scatter(h, out.data, out.dtype_id, inp.data, inp.dtype_id, n, op_of(op, "comm:reduce_scatter")),
+    "comm:reduce_scatter")
+  hold(self, out, inp)
+end
+
+function Comm:all_reduce(out, inp, op)
+  local h = comm(self, "comm:all_reduce")
+  need_tensor(out, "comm:all_reduce", "out"); need_tensor(inp, "comm:all_reduce", "in")
+  if out:numel() ~= inp:numel() or out.dtype ~= inp.dtype then
+    error(string.format("comm:all_reduce: out is %d x %s, in is %d x %s; they must match", out:numel(), out.dtype, inp:numel(), inp.dtype), 2)
+  end
+  check(C.fsdp_comm_all_reduce(h, out.data, inp.data, inp:numel(), inp.dtype_id, op_of(op, "comm:all_reduce")), "comm:all_reduce")
+  hold(self, out, inp)
+end
+
+function Comm:broadcast(t, root)
+  local h = comm(self, "comm:broadcast")
+  need_tensor(t, "comm:broadcast", "t")
+  check(C.fsdp_comm_broadcast(h, t.data, t:numel(), t.dtype_id, root or 0), "comm:broadcast")
+  hold(self, t)
+end
+
+function Comm:barrier() check(C.fsdp_comm_barrier(comm(self, "comm:barrier")), "comm:barrier") end
+function Comm:synchronize()
+  local rc = C.fsdp_comm_synchronize(comm(self, "comm:synchronize"))
+  self.inflight = nil
+  check(rc, "comm:synchronize")
+end
+function Comm:set_timeout(s) check(C.fsdp_comm_set_timeout(comm(self, "comm:set_timeout"), s), "comm:set_timeout") end
+
+M.Mesh, M.Comm = Mesh, Comm
+return M

@@ -1,0 +1,38 @@
+-- fsdp.show: prints values readably at the prompt (tables as nested fields,
+-- sorted keys, cycles marked), one line per value.
+local M = {}
+
+local function is_ident(k) return type(k) == "string" and k:match("^[%a_][%w_]*$") end
+
+local function render(v, depth, seen)
+  if type(v) == "string" then return string.format("%q", v) end
+  if type(v) ~= "table" then return tostring(v) end
+  local mt = getmetatable(v)
+  if mt and mt.__tostring then return tostring(v) end
+  if seen[v] then return "<cycle>" end
+  if depth > 3 then return "{...}" end
+  seen[v] = true
+  local parts, n = {}, #v
+  for i = 1, n do parts[#parts + 1] = render(v[i], depth + 1, seen) end
+  local keys = {}
+  for k in pairs(v) do
+    if not (type(k) == "number" and k >= 1 and k <= n and k % 1 == 0) then keys[#keys + 1] = k end
+  end
+  table.sort(keys, function(a, b) return tostring(a) < tostring(b) end)
+  for _, k in ipairs(keys) do
+    local key = is_ident(k) and k or ("[" .. render(k, depth + 1, seen) .. "]")
+    parts[#parts + 1] = key .. " = " .. render(v[k], depth + 1, seen)
+  end
+  seen[v] = nil
+  return "{" .. table.concat(parts, ", ") .. "}"
+end
+
+function M.render(v) return render(v, 0, {}) end
+
+function M.show(...)
+  local out = {}
+  for i = 1, select("#", ...) do out[#out + 1] = render(select(i, ...), 0, {}) end
+  print(table.concat(out, "\t"))
+end
+
+return M

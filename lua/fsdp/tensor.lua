@@ -1,0 +1,137 @@
+-- fsdp.tensor: contiguous buffers of fp32/bf16/fp16/fp64 elements, 1 to 4-D,
+-- on the CPU or a GPU, allocated by the engine. Freed by the garbage
+-- collector or, at once, by t:free() (idempotent).
+local base = require "fsdp.ffi"
+local ffi, C, check = base.ffi, base.C, base.check
+
+local M = {}
+local Tensor = {}
+Tensor.__index = Tensor
+
+local dtypes = { fp32 = C.FSDP_FP32, bf16 = C.FSDP_BF16, fp16 = C.FSDP_FP16, fp64 = C.FSDP_FP64 }
+local dtype_names = {}
+for k, v in pairs(dtypes) do dtype_names[tonumber(v)] = k end
+local ctypes = { fp32 = "float *", bf16 = "uint16_t *", fp16 = "uint16_t *", fp64 = "double *" }
+local devices = { cpu = C.FSDP_CPU, cuda = C.FSDP_CUDA }
+
+function M.dtype(name)
+  local v = dtypes[name]
+  if not v then error(string.format("unknown dtype '%s' (expected fp32, bf16, fp16 or fp64)", tostring(name)), 2) end
+  return v
+end
+
+function M.dtype_name(v) return dtype_names[tonumber(v)] end
+
+function M.device(name)
+  local v = devices[name]
+  if not v then error(string.format("unknown device '%s' (expected cpu or cuda)", tostring(name)), 2) end
+  return v
+end
+
+local function release(t)
+  if t.data ~= nil then
+    C.fsdp_free(t.device_id, t.data)
+    t.data = nil
+  end
+end
+
+-- fsdp.tensor(n | {d1, d2, ...}, dtype = "fp32", device = "cpu")
+function M.new(shape, dtype, device)
+  dtype, device = dtype or "fp32", device or "cpu"
+  if type(shape) == "number" then shape = { shape } end
+  if type(shape) ~= "table" or #shape < 1 or #shape > 4 then
+    error("fsdp.tensor: shape must be a size or a list of 1 to 4 sizes", 2)
+  end
+  local numel = 1
+  for i, d in ipairs(shape) do
+    if type(d) ~= "number" or d < 0 or d % 1 ~= 0 then
+      error(string.format("fsdp.tensor: dimension %d is %s; expected an integer >= 0", i, tostring(d)), 2)
+    end
+    numel = numel * d
+  end
+  local t = setmetatable({ shape = shape, dtype = dtype, device = device, n = numel,
+    dtype_id = M.dtype(dtype), device_id = M.device(device) }, Tensor)
+  t.esize = tonumber(C.fsdp_dtype_size(t.dtype_id))
+  local p = ffi.new("void *[1]")
+  check(C.fsdp_alloc(t.device_id, numel * t.esize, p), "fsdp.tensor")
+  t.data = p[0]
+  -- a proxy cdata carries the finalizer, so gc frees what :free() did not
+  t.gc = ffi.gc(ffi.new("char[1]"), function() release(t) end)
+  return t
+end
+
+function Tensor:free() release(self) end
+function Tensor:numel() return self.n end
+function Tensor:nbytes() return self.n * self.esize end
+
+function Tensor:ptr()
+  if self.data == nil then error("tensor used after free()", 2) end
+  return ffi.cast(ctypes[self.dtype], self.data)
+end
+
+local function host_only(t, what)
+  if t.device ~= "cpu" then error(what .. ": the tensor is on " .. t.device .. "; copy it to the cpu first", 3) end
+  if t.data == nil then error(what .. ": tensor used after free()", 3) end
+end
+
+local function bounds(t, i, what)
+  if type(i) ~= "number" or i < 0 or i >= t.n or i % 1 ~= 0 then
+    error(string.format("%s: index %s out of range [0, %d)", what, tostring(i), t.n), 3)
+  end
+end
+
+function Tensor:get(i)
+  host_only(self, "tensor:get")
+  bounds(self, i, "tensor:get")
+  local p = self:ptr()
+  if self.dtype == "bf16" then return C.fsdp_bf16_to_f32(p[i]) end
+  if self.dtype == "fp16" then return C.fsdp_fp16_to_f32(p[i]) end
+  return tonumber(p[i])
+end
+
+function Tensor:set(i, v)
+  host_only(self, "tensor:set")
+  bounds(self, i, "tensor:set")
+  local p = self:ptr()
+  if self.dtype == "bf16" then p[i] = C.fsdp_f32_to_bf16(v)
+  elseif self.dtype == "fp16" then p[i] = C.fsdp_f32_to_fp16(v)
+  else p[i] = v end
+end
+
+function Tensor:fill(v)
+  host_only(self, "tensor:fill")
+  local p = self:ptr()
+  local bits = v
+  if self.dtype == "bf16" then bits = C.fsdp_f32_to_bf16(v) elseif self.dtype == "fp16" then bits = C.fsdp_f32_to_fp16(v) end
+  for i = 0, self.n - 1 do p[i] = bits end
+  return self
+end
+
+function Tensor:to_table()
+  local out = {}
+  for i = 0, self.n - 1 do out[i + 1] = self:get(i) end
+  return out
+end
+
+-- self <- src (same number of bytes), on stream s or at once
+function Tensor:copy_from(src, s)
+  if src:nbytes() ~= self:nbytes() then
+    error(string.format("tensor:copy_from: %d bytes into %d bytes", src:nbytes(), self:nbytes()), 2)
+  end
+  check(C.fsdp_memcpy(self.data, src.data, self:nbytes(), s and s.handle or nil), "tensor:copy_from")
+  return self
+end
+
+function Tensor:__tostring()
+  local dims = table.concat(self.shape, "x")
+  local head = {}
+  if self.device == "cpu" and self.data ~= nil then
+    for i = 0, math.min(self.n, 6) - 1 do head[#head + 1] = string.format("%.6g", self:get(i)) end
+    if self.n > 6 then head[#head + 1] = "..." end
+  end
+  return string.format("tensor(%s, %s, %s)%s", dims, self.dtype, self.device,
+    #head > 0 and (" [" .. table.concat(head, ", ") .. "]") or "")
+end
+
+M.Tensor = Tensor
+return M
