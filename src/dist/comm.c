@@ -125,7 +125,6 @@ int fsdp_comm_barrier(fsdp_comm *c) {
 
 int fsdp_comm_synchronize(fsdp_comm *c) {
   NEED_COMM(c, "comm_synchronize");
-  int rc = c->ops->synchronize ? c->ops->synchronize(c) : fsdp_stream_synchronize(c->stream);
-  if (rc < 0) return fsdp_fail_context(rc, "comm '%s'", c->name);
-  return FSDP_OK;
+  /* the transports' messages already name the comm */
+  return c->ops->synchronize ? c->ops->synchronize(c) : fsdp_stream_synchronize(c->stream);
 }

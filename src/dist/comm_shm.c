@@ -53,6 +53,7 @@ typedef struct shm_header {
   uint64_t chunk;
   shm_barrier bar;
   _Atomic int32_t failed;
+  _Atomic int32_t msg_claimed; /* first failure writes fail_msg, then sets failed */
   char fail_msg[512];
   _Atomic int32_t pids[SHM_MAX_MEMBERS];
   _Atomic uint64_t arrived[SHM_MAX_MEMBERS];
@@ -129,28 +130,41 @@ static void reduce_members(shm_comm *s, uint64_t half, size_t src_off_bytes, int
 
 /* ---- synchronisation with error reporting ---- */
 
+/* Tells the other members why the group failed; the first failure wins. */
+static void mark_failed(shm_comm *s, const char *msg) {
+  if (!atomic_exchange(&s->hdr->msg_claimed, 1)) {
+    snprintf(s->hdr->fail_msg, sizeof s->hdr->fail_msg, "%s", msg);
+    shm_fail_wake(&s->hdr->bar, &s->hdr->failed);
+  }
+}
+
 static int group_failed(fsdp_comm *c, shm_comm *s, int status, const char *msg) {
-  if (!atomic_exchange(&s->hdr->failed, 1)) snprintf(s->hdr->fail_msg, sizeof s->hdr->fail_msg, "%s", msg);
-  return fsdp_fail(status, "comm '%s': %s", c->name, msg);
+  int rc = fsdp_fail(status, "comm '%s': %s", c->name, msg);
+  mark_failed(s, fsdp_last_error());
+  return rc;
 }
 
 static int step_barrier(fsdp_comm *c, shm_comm *s, const char *what) {
   shm_watch w = {s->hdr->pids, s->hdr->arrived, &s->hdr->failed, (int)s->hdr->n, c->rank, s->spin,
                  shm_now() + c->timeout_s};
-  int culprit = -1;
+  int culprit = -1, rc;
   switch (shm_barrier_wait(&s->hdr->bar, &w, &culprit)) {
     case SHM_WAIT_OK: return FSDP_OK;
     case SHM_WAIT_DEAD:
-      return fsdp_fail(FSDP_EPEER, "comm '%s': rank %d (member %d, pid %d) died during %s", c->name,
-                       c->members[culprit], culprit, (int)s->hdr->pids[culprit], what);
+      rc = fsdp_fail(FSDP_EPEER, "comm '%s': rank %d (member %d, pid %d) died during %s", c->name,
+                     c->members[culprit], culprit, (int)s->hdr->pids[culprit], what);
+      break;
     case SHM_WAIT_TIMEOUT:
-      return fsdp_fail(FSDP_ETIMEOUT,
-                       "comm '%s': %s waited %.0f s for rank %d (member %d), which never arrived (it may be "
-                       "stuck, or calling collectives in another order)",
-                       c->name, what, c->timeout_s, culprit >= 0 ? c->members[culprit] : -1, culprit);
+      rc = fsdp_fail(FSDP_ETIMEOUT,
+                     "comm '%s': %s waited %.0f s for rank %d (member %d), which never arrived (it may be "
+                     "stuck, or calling collectives in another order)",
+                     c->name, what, c->timeout_s, culprit >= 0 ? c->members[culprit] : -1, culprit);
+      break;
     default:
-      return fsdp_fail(FSDP_ECOMM, "comm '%s': the group failed: %s", c->name, s->hdr->fail_msg);
+      return fsdp_fail(FSDP_ECOMM, "%s (seen first by another member)", s->hdr->fail_msg);
   }
+  mark_failed(s, fsdp_last_error());
+  return rc;
 }
 
 static void describe(char *buf, size_t cap, const op_desc *d) {
@@ -256,8 +270,7 @@ static int coll_task(void *arg) {
   coll *a = arg;
   shm_comm *s = a->c->impl;
   int rc = s->hdr ? run_group(a, s) : run_single(a, s);
-  if (rc < 0 && s->hdr && !atomic_exchange(&s->hdr->failed, 1))
-    snprintf(s->hdr->fail_msg, sizeof s->hdr->fail_msg, "%s", fsdp_last_error());
+  if (rc < 0 && s->hdr) mark_failed(s, fsdp_last_error());
   return rc;
 }
 

@@ -2,7 +2,10 @@
 #include "shm_sync.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
+#include <stdio.h>
+#include <string.h>
 #include <linux/futex.h>
 #include <signal.h>
 #include <sys/syscall.h>
@@ -15,10 +18,22 @@ double shm_now(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* A zombie (exited, not yet reaped by its parent) counts as dead. */
 int shm_pid_alive(int32_t pid) {
   if (pid <= 0) return 1;
-  return !(kill(pid, 0) < 0 && errno == ESRCH);
+  if (kill(pid, 0) < 0 && errno == ESRCH) return 0;
+  char path[64], buf[256];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  int fd = open(path, O_RDONLY);
+  if (fd < 0) return 1; /* no /proc: trust kill() */
+  ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (n <= 0) return 1;
+  buf[n] = '\0';
+  const char *paren = strrchr(buf, ')'); /* "pid (comm) S ..." */
+  return !(paren && paren[1] == ' ' && (paren[2] == 'Z' || paren[2] == 'X'));
 }
+
 
 static void futex_wait(_Atomic uint32_t *word, uint32_t expect, long timeout_ns) {
   struct timespec ts = {0, timeout_ns};
@@ -60,8 +75,6 @@ shm_wait_result shm_barrier_wait(shm_barrier *b, const shm_watch *w, int *culpri
       if (atomic_load_explicit(&w->arrived[j], memory_order_relaxed) >= mine) continue;
       if (!shm_pid_alive(atomic_load_explicit(&w->pids[j], memory_order_relaxed))) {
         *culprit = j;
-        atomic_store_explicit(w->failed, 1, memory_order_release);
-        futex_wake_all(&b->gen);
         return SHM_WAIT_DEAD;
       }
     }
@@ -72,9 +85,12 @@ shm_wait_result shm_barrier_wait(shm_barrier *b, const shm_watch *w, int *culpri
           *culprit = j;
           break;
         }
-      atomic_store_explicit(w->failed, 1, memory_order_release);
-      futex_wake_all(&b->gen);
       return SHM_WAIT_TIMEOUT;
     }
   }
+}
+
+void shm_fail_wake(shm_barrier *b, _Atomic int32_t *failed) {
+  atomic_store_explicit(failed, 1, memory_order_release);
+  futex_wake_all(&b->gen);
 }

@@ -24,9 +24,12 @@ typedef struct shm_watch {
 
 typedef enum { SHM_WAIT_OK = 0, SHM_WAIT_DEAD = 1, SHM_WAIT_FAILED = 2, SHM_WAIT_TIMEOUT = 3 } shm_wait_result;
 
-/* Returns SHM_WAIT_OK, or why not; *culprit is the dead member's index or,
+/* Returns SHM_WAIT_OK, or why not (the caller reports it and calls
+ * shm_fail_wake so that the others stop waiting); *culprit is the dead member's index or,
  * for a timeout, the first member that had not arrived. */
 shm_wait_result shm_barrier_wait(shm_barrier *b, const shm_watch *w, int *culprit);
+/* Marks the group failed (after the message is written) and wakes waiters. */
+void shm_fail_wake(shm_barrier *b, _Atomic int32_t *failed);
 double shm_now(void);
 int shm_pid_alive(int32_t pid);
 
