@@ -1,0 +1,22 @@
+/* kernels.h: C entry points of the CUDA kernels (the .cu files here). Each takes
+ * the cudaStream_t as void * so that C files need no CUDA headers, and
+ * returns a cudaError_t as int (0 = success). */
+#ifndef FSDP_KERNELS_H
+#define FSDP_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* dst[i] = (float)src[i]; src_dtype is FSDP_BF16 or FSDP_FP16 (cast.cu) */
+int fsdp_kernel_cast_to_f32(float *dst, const void *src, int src_dtype, size_t n, void *stream);
+/* Occupies the stream for about `microseconds` (delay.cu): a testing aid. */
+int fsdp_kernel_delay(int64_t microseconds, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

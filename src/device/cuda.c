@@ -1,0 +1,178 @@
+/* cuda.c: the CUDA device backend: memory (cudaMalloc for now; the caching
+ * allocator comes with the CUDA issue), pinned host memory, non-blocking
+ * streams, events without timing, async copies. Every CUDA error becomes
+ * FSDP_EDEVICE with the call, the CUDA message, file and line. */
+#include <cuda_runtime_api.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "../../kernels/kernels.h"
+#include "../base/error.h"
+#include "device_impl.h"
+
+static int cuda_check(cudaError_t e, const char *call, const char *file, int line) {
+  if (e == cudaSuccess) return FSDP_OK;
+  cudaGetLastError(); /* clear the sticky-free error so later calls are not blamed */
+  return fsdp_fail(FSDP_EDEVICE, "%s: %s (%s:%d)", call, cudaGetErrorString(e), file, line);
+}
+#define CU(call) cuda_check((call), #call, __FILE__, __LINE__)
+
+typedef struct cuda_stream {
+  struct fsdp_stream base;
+  cudaStream_t s;
+} cuda_stream;
+
+typedef struct cuda_event {
+  struct fsdp_event base;
+  cudaEvent_t e;
+} cuda_event;
+
+static pthread_once_t probe_once = PTHREAD_ONCE_INIT;
+static int probe_count;
+static char probe_reason[256];
+
+static void probe(void) {
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    snprintf(probe_reason, sizeof probe_reason, "no usable CUDA device: %s", cudaGetErrorString(e));
+    cudaGetLastError();
+    n = 0;
+  } else if (n == 0) {
+    snprintf(probe_reason, sizeof probe_reason, "no CUDA device is visible");
+  }
+  probe_count = n;
+}
+
+int fsdp_cuda_available(void) {
+  pthread_once(&probe_once, probe);
+  if (!probe_count) fsdp_fail(FSDP_EUNSUPPORTED, "%s", probe_reason);
+  return probe_count > 0;
+}
+
+int fsdp_cuda_device_count(void) {
+  pthread_once(&probe_once, probe);
+  return probe_count;
+}
+
+int fsdp_cuda_set_device(int index) {
+  if (index < 0 || index >= fsdp_cuda_device_count())
+    return fsdp_fail(FSDP_EINVAL, "device_set: GPU %d out of range [0, %d)", index, fsdp_cuda_device_count());
+  return CU(cudaSetDevice(index));
+}
+
+int fsdp_cuda_alloc(size_t bytes, void **out) {
+  if (!bytes) bytes = 1;
+  cudaError_t e = cudaMalloc(out, bytes);
+  if (e == cudaErrorMemoryAllocation) {
+    cudaGetLastError();
+    size_t free_b = 0, total = 0;
+    cudaMemGetInfo(&free_b, &total);
+    return fsdp_fail(FSDP_ENOMEM, "alloc: %zu bytes on the GPU failed (%zu of %zu bytes free)", bytes, free_b, total);
+  }
+  return CU(e);
+}
+
+int fsdp_cuda_free(void *ptr) { return CU(cudaFree(ptr)); }
+
+int fsdp_cuda_alloc_host_pinned(size_t bytes, void **out) {
+  cudaError_t e = cudaMallocHost(out, bytes ? bytes : 1);
+  if (e == cudaErrorMemoryAllocation) {
+    cudaGetLastError();
+    return fsdp_fail(FSDP_ENOMEM, "alloc_host_pinned: %zu bytes failed", bytes);
+  }
+  return CU(e);
+}
+
+int fsdp_cuda_free_host_pinned(void *ptr) { return ptr ? CU(cudaFreeHost(ptr)) : FSDP_OK; }
+
+int fsdp_cuda_stream_create(fsdp_stream **out) {
+  cuda_stream *s = calloc(1, sizeof *s);
+  if (!s) return fsdp_fail(FSDP_ENOMEM, "stream_create: out of memory");
+  s->base.device = FSDP_CUDA;
+  int rc = CU(cudaStreamCreateWithFlags(&s->s, cudaStreamNonBlocking));
+  if (rc < 0) {
+    free(s);
+    return rc;
+  }
+  *out = &s->base;
+  return FSDP_OK;
+}
+
+int fsdp_cuda_stream_destroy(fsdp_stream *base) {
+  cuda_stream *s = (cuda_stream *)base;
+  int rc = CU(cudaStreamSynchronize(s->s));
+  cudaStreamDestroy(s->s);
+  free(s);
+  return rc;
+}
+
+void *fsdp_cuda_stream_handle(fsdp_stream *base) { return base ? (void *)((cuda_stream *)base)->s : NULL; }
+
+static cudaStream_t handle(fsdp_stream *base) { return base ? ((cuda_stream *)base)->s : (cudaStream_t)0; }
+
+int fsdp_cuda_stream_synchronize(fsdp_stream *s) { return CU(cudaStreamSynchronize(handle(s))); }
+
+int fsdp_cuda_stream_wait_event(fsdp_stream *s, fsdp_event *e) {
+  return CU(cudaStreamWaitEvent(handle(s), ((cuda_event *)e)->e, 0));
+}
+
+int fsdp_cuda_stream_delay(fsdp_stream *s, int64_t microseconds) {
+  return CU((cudaError_t)fsdp_kernel_delay(microseconds, handle(s)));
+}
+
+int fsdp_cuda_event_create(fsdp_event **out) {
+  cuda_event *e = calloc(1, sizeof *e);
+  if (!e) return fsdp_fail(FSDP_ENOMEM, "event_create: out of memory");
+  e->base.device = FSDP_CUDA;
+  int rc = CU(cudaEventCreateWithFlags(&e->e, cudaEventDisableTiming));
+  if (rc < 0) {
+    free(e);
+    return rc;
+  }
+  *out = &e->base;
+  return FSDP_OK;
+}
+
+int fsdp_cuda_event_destroy(fsdp_event *base) {
+  cuda_event *e = (cuda_event *)base;
+  int rc = CU(cudaEventDestroy(e->e));
+  free(e);
+  return rc;
+}
+
+/* s == NULL records on the default stream. */
+int fsdp_cuda_event_record(fsdp_event *e, fsdp_stream *s) {
+  return CU(cudaEventRecord(((cuda_event *)e)->e, handle(s)));
+}
+
+int fsdp_cuda_event_query(fsdp_event *base) {
+  cudaError_t e = cudaEventQuery(((cuda_event *)base)->e);
+  if (e == cudaErrorNotReady) {
+    cudaGetLastError();
+    return 0;
+  }
+  return e == cudaSuccess ? 1 : CU(e);
+}
+
+int fsdp_cuda_event_synchronize(fsdp_event *e) { return CU(cudaEventSynchronize(((cuda_event *)e)->e)); }
+
+int fsdp_cuda_memcpy(void *dst, const void *src, size_t bytes, fsdp_stream *s) {
+  if (!s) return CU(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
+  return CU(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, handle(s)));
+}
+
+int fsdp_cuda_memset(void *dst, int value, size_t bytes, fsdp_stream *s) {
+  if (!s) return CU(cudaMemset(dst, value, bytes));
+  return CU(cudaMemsetAsync(dst, value, bytes, handle(s)));
+}
+
+int fsdp_cuda_is_device_ptr(const void *ptr) {
+  struct cudaPointerAttributes a;
+  if (cudaPointerGetAttributes(&a, ptr) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+}

@@ -1,0 +1,176 @@
+/* comm_nccl.c: collectives between GPU ranks through NCCL, one communicator
+ * per group, each on its own CUDA stream.
+ *
+ * Bootstrap: the group's leader makes an NCCL unique id and publishes it
+ * through the PMIx fence (the same rendezvous as the shared-memory
+ * transport), the members read it and join with ncclCommInitRank.
+ * bf16/fp16 in with fp32 out (fp32 accumulation) casts into a stream-ordered
+ * fp32 buffer and reduce-scatters that: NCCL reduces in its input type.
+ * Waits are bounded: synchronize polls the stream and NCCL's asynchronous
+ * error, and aborts the communicator after the comm's timeout instead of
+ * hanging on a dead peer. */
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../../kernels/kernels.h"
+#include "../base/error.h"
+#include "../device/device_impl.h"
+#include "comm_impl.h"
+#include "shm_sync.h"
+
+typedef struct nccl_comm {
+  ncclComm_t comm;
+  int *scratch; /* device int for the barrier */
+  int aborted;
+} nccl_comm;
+
+static int nccl_check(ncclResult_t r, ncclComm_t comm, const char *call, const char *name) {
+  if (r == ncclSuccess || r == ncclInProgress) return FSDP_OK;
+  const char *detail = comm ? ncclGetLastError(comm) : ncclGetLastError(NULL);
+  return fsdp_fail(FSDP_ECOMM, "comm '%s': %s: %s%s%s", name, call, ncclGetErrorString(r),
+                   detail && detail[0] ? ": " : "", detail ? detail : "");
+}
+#define NC(c, call) nccl_check((call), ((nccl_comm *)(c)->impl)->comm, #call, (c)->name)
+
+static ncclDataType_t nccl_type(int dtype) {
+  return dtype == FSDP_BF16 ? ncclBfloat16 : dtype == FSDP_FP16 ? ncclFloat16 : ncclFloat32;
+}
+
+static ncclRedOp_t nccl_op(int op) { return op == FSDP_AVG ? ncclAvg : ncclSum; }
+
+static cudaStream_t stream_of(fsdp_comm *c) { return (cudaStream_t)fsdp_cuda_stream_handle(c->stream); }
+
+static ncclComm_t comm_of(fsdp_comm *c) { return ((nccl_comm *)c->impl)->comm; }
+
+static int cuda_fail(cudaError_t e, fsdp_comm *c, const char *what) {
+  cudaGetLastError();
+  return fsdp_fail(FSDP_EDEVICE, "comm '%s': %s: %s", c->name, what, cudaGetErrorString(e));
+}
+
+static int nccl_all_gather(fsdp_comm *c, void *out, const void *in, size_t count, int dtype) {
+  return NC(c, ncclAllGather(in, out, count, nccl_type(dtype), comm_of(c), stream_of(c)));
+}
+
+static int nccl_reduce_scatter(fsdp_comm *c, void *out, int out_dtype, const void *in, int in_dtype, size_t count,
+                               int op) {
+  if (in_dtype == out_dtype)
+    return NC(c, ncclReduceScatter(in, out, count, nccl_type(in_dtype), nccl_op(op), comm_of(c), stream_of(c)));
+  size_t n = count * (size_t)c->size;
+  float *tmp = NULL;
+  cudaError_t e = cudaMallocAsync((void **)&tmp, n * sizeof(float) + 1, stream_of(c));
+  if (e != cudaSuccess) return cuda_fail(e, c, "fp32 staging buffer for the reduce-scatter");
+  e = (cudaError_t)fsdp_kernel_cast_to_f32(tmp, in, in_dtype, n, stream_of(c));
+  int rc = e == cudaSuccess ? FSDP_OK : cuda_fail(e, c, "cast to fp32");
+  if (rc == FSDP_OK)
+    rc = NC(c, ncclReduceScatter(tmp, out, count, ncclFloat32, nccl_op(op), comm_of(c), stream_of(c)));
+  cudaFreeAsync(tmp, stream_of(c)); /* stream-ordered: freed after the collective */
+  return rc;
+}
+
+static int nccl_all_reduce(fsdp_comm *c, void *out, const void *in, size_t count, int dtype, int op) {
+  return NC(c, ncclAllReduce(in, out, count, nccl_type(dtype), nccl_op(op), comm_of(c), stream_of(c)));
+}
+
+static int nccl_broadcast(fsdp_comm *c, void *buf, size_t count, int dtype, int root) {
+  return NC(c, ncclBroadcast(buf, buf, count, nccl_type(dtype), root, comm_of(c), stream_of(c)));
+}
+
+static int nccl_barrier(fsdp_comm *c) {
+  nccl_comm *nc = c->impl;
+  return NC(c, ncclAllReduce(nc->scratch, nc->scratch, 1, ncclInt32, ncclSum, nc->comm, stream_of(c)));
+}
+
+/* Poll instead of cudaStreamSynchronize, which would wait forever for a
+ * peer that never joins the collective. */
+static int nccl_synchronize(fsdp_comm *c) {
+  nccl_comm *nc = c->impl;
+  if (nc->aborted) return fsdp_fail(FSDP_ECOMM, "comm '%s': aborted after an earlier failure", c->name);
+  double deadline = shm_now() + c->timeout_s;
+  for (;;) {
+    cudaError_t e = cudaStreamQuery(stream_of(c));
+    if (e == cudaSuccess) return FSDP_OK;
+    if (e != cudaErrorNotReady) return cuda_fail(e, c, "waiting for the comm's stream");
+    ncclResult_t async = ncclSuccess;
+    ncclCommGetAsyncError(nc->comm, &async);
+    if (async != ncclSuccess && async != ncclInProgress) {
+      int rc = nccl_check(async, nc->comm, "asynchronous error", c->name);
+      ncclCommAbort(nc->comm);
+      nc->aborted = 1;
+      return rc;
+    }
+    if (shm_now() > deadline) {
+      ncclCommAbort(nc->comm);
+      nc->aborted = 1;
+      return fsdp_fail(FSDP_ETIMEOUT,
+                       "comm '%s': collectives did not finish within %.0f s (a peer died or is calling collectives "
+                       "in another order); the communicator was aborted", c->name, c->timeout_s);
+    }
+    usleep(100);
+  }
+}
+
+static void nccl_destroy(fsdp_comm *c) {
+  nccl_comm *nc = c->impl;
+  if (nc) {
+    if (nc->comm) {
+      if (!nc->aborted && nccl_synchronize(c) == FSDP_OK)
+        ncclCommDestroy(nc->comm);
+      else if (!nc->aborted)
+        ncclCommAbort(nc->comm);
+    }
+    if (nc->scratch) cudaFree(nc->scratch);
+    free(nc);
+  }
+  if (c->stream) fsdp_stream_destroy(c->stream);
+}
+
+static const comm_ops nccl_ops = {"nccl",         nccl_all_gather, nccl_reduce_scatter, nccl_all_reduce,
+                                  nccl_broadcast, nccl_barrier,    nccl_synchronize,    nccl_destroy};
+
+int fsdp_comm_nccl_create(const comm_group_spec *spec, fsdp_comm **out) {
+  *out = NULL;
+  fsdp_comm *c = calloc(1, sizeof *c);
+  nccl_comm *nc = calloc(1, sizeof *nc);
+  if (!c || !nc) {
+    free(c);
+    free(nc);
+    return fsdp_fail(FSDP_ENOMEM, "comm '%s': out of memory", spec->name);
+  }
+  c->impl = nc;
+  int rc = fsdp_comm_init_common(c, spec, FSDP_CUDA, &nccl_ops);
+  char key[256];
+  snprintf(key, sizeof key, "fsdp.nccl.%s", spec->tag);
+  ncclUniqueId id;
+  memset(&id, 0, sizeof id);
+  if (rc == FSDP_OK && !fsdp_cuda_available()) rc = FSDP_EUNSUPPORTED; /* message set by the probe */
+  if (rc == FSDP_OK && spec->my_index == 0) {
+    rc = nccl_check(ncclGetUniqueId(&id), NULL, "ncclGetUniqueId", spec->name);
+    if (rc == FSDP_OK) rc = fsdp_kv_put(key, &id, sizeof id);
+  }
+  int frc = fsdp_kv_fence(0); /* every rank fences once per group, even after a local failure */
+  if (rc == FSDP_OK) rc = frc;
+  if (rc == FSDP_OK && spec->my_index != 0) {
+    size_t len = 0;
+    rc = fsdp_kv_get(spec->members[0], key, &id, sizeof id, &len);
+  }
+  if (rc == FSDP_OK) rc = nccl_check(ncclCommInitRank(&nc->comm, spec->size, id, spec->my_index), NULL,
+                                     "ncclCommInitRank", spec->name);
+  if (rc == FSDP_OK) {
+    cudaError_t e = cudaMalloc((void **)&nc->scratch, sizeof(int));
+    if (e != cudaSuccess) rc = cuda_fail(e, c, "barrier scratch");
+  }
+  if (rc == FSDP_OK) rc = fsdp_cuda_stream_create(&c->stream);
+  if (rc < 0) {
+    int keep = rc;
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", fsdp_last_error());
+    fsdp_comm_free(c);
+    return fsdp_fail(keep, "%s", msg);
+  }
+  *out = c;
+  return FSDP_OK;
+}
