@@ -68,7 +68,7 @@ static const char *usage_text =
     "variables; FSDP_LOG, FSDP_COMM_TIMEOUT and the rest pass through.\n";
 
 static job J;
-static volatile sig_atomic_t got_signal;
+static volatile sig_atomic_t got_signal, signal_count;
 
 void fsdprun_wake(job *j) {
   char c = 1;
@@ -77,7 +77,10 @@ void fsdprun_wake(job *j) {
 }
 
 static void on_signal(int sig) {
-  if (sig == SIGINT || sig == SIGTERM) got_signal = sig;
+  if (sig == SIGINT || sig == SIGTERM) {
+    got_signal = sig;
+    signal_count++;
+  }
   fsdprun_wake(&J);
 }
 
@@ -260,7 +263,10 @@ static int run(void) {
       char sink[64];
       while (read(J.signal_pipe[0], sink, sizeof sink) > 0) {
       }
-      if (got_signal && stopping) procs_signal(&J, SIGKILL); /* asked twice */
+      if (signal_count > 1 && stopping < 3) { /* asked twice: no more grace */
+        procs_signal(&J, SIGKILL);
+        stopping = 3;
+      }
     }
     for (int k = 1; k < nfd; k++)
       if (fds[k].revents) procs_forward(&J, owner[k], fds[k].fd == owner[k]->err_fd);
