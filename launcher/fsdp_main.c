@@ -88,12 +88,12 @@ static int run_file(lua_State *L, const char *file, int argc, char **argv, int s
   return call(L, nargs, 0) ? 1 : 0;
 }
 
-/* "<eof>" at the end of the message: the chunk is unfinished. */
+/* "near '<eof>'" ends the message: the chunk is unfinished. */
 static int incomplete(lua_State *L, int status) {
   if (status != LUA_ERRSYNTAX) return 0;
   size_t len;
   const char *msg = lua_tolstring(L, -1, &len);
-  return len >= 5 && !strcmp(msg + len - 5, "<eof>");
+  return len >= 7 && !strcmp(msg + len - 7, "'<eof>'");
 }
 
 static char *read_line(int tty, const char *prompt) {

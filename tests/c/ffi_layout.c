@@ -1,0 +1,60 @@
+/* ffi_layout: prints, as a Lua table, what C knows about the public header's
+ * structs and constants, for tests/lua/test_ffi.lua to compare with the FFI's
+ * view. A constant added to fsdp.h but not here makes that test fail. */
+#include <stddef.h>
+#include <stdio.h>
+
+#include "fsdp.h"
+
+#define SIZE(t) printf("  sizeof_%s = %zu,\n", #t, sizeof(t))
+#define OFF(t, f) printf("  {\"%s\", \"%s\", %zu},\n", #t, #f, offsetof(t, f))
+#define CONST(c) printf("  %s = %d,\n", #c, (int)(c))
+
+int main(void) {
+  printf("return {\nsizes = {\n");
+  SIZE(fsdp_proc_info);
+  SIZE(fsdp_layout_piece);
+  printf("},\noffsets = {\n");
+  OFF(fsdp_proc_info, rank);
+  OFF(fsdp_proc_info, size);
+  OFF(fsdp_proc_info, local_rank);
+  OFF(fsdp_proc_info, local_size);
+  OFF(fsdp_proc_info, node_rank);
+  OFF(fsdp_proc_info, num_nodes);
+  OFF(fsdp_proc_info, singleton);
+  OFF(fsdp_proc_info, device_count);
+  OFF(fsdp_proc_info, nspace);
+  OFF(fsdp_layout_piece, param);
+  OFF(fsdp_layout_piece, rank);
+  OFF(fsdp_layout_piece, begin);
+  OFF(fsdp_layout_piece, end);
+  OFF(fsdp_layout_piece, shard_offset);
+  printf("},\nconstants = {\n");
+  CONST(FSDP_OK);
+  CONST(FSDP_EINVAL);
+  CONST(FSDP_ENOMEM);
+  CONST(FSDP_EIO);
+  CONST(FSDP_ECOMM);
+  CONST(FSDP_ETIMEOUT);
+  CONST(FSDP_EPEER);
+  CONST(FSDP_EUNSUPPORTED);
+  CONST(FSDP_EDEVICE);
+  CONST(FSDP_ESTATE);
+  CONST(FSDP_ELAUNCH);
+  CONST(FSDP_FP32);
+  CONST(FSDP_BF16);
+  CONST(FSDP_FP16);
+  CONST(FSDP_FP64);
+  CONST(FSDP_CPU);
+  CONST(FSDP_CUDA);
+  CONST(FSDP_SUM);
+  CONST(FSDP_AVG);
+  CONST(FSDP_LOG_ERROR);
+  CONST(FSDP_LOG_WARN);
+  CONST(FSDP_LOG_INFO);
+  CONST(FSDP_LOG_DEBUG);
+  CONST(FSDP_RNG_UNIFORM);
+  CONST(FSDP_RNG_NORMAL);
+  printf("},\n}\n");
+  return 0;
+}

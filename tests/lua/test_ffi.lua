@@ -1,0 +1,39 @@
+-- test_ffi.lua: the FFI's view of fsdp.h (built from the header itself)
+-- must equal C's: struct sizes, field offsets, every constant.
+--   fsdp tests/lua/test_ffi.lua PATH/TO/ffi_layout
+local fsdp = require "fsdp"
+local ffi = fsdp.ffi
+local passed, failed = 0, 0
+local function check(ok, what)
+  if ok then passed = passed + 1 else failed = failed + 1; print("FAILED: " .. what) end
+end
+
+if not arg[1] then error("usage: test_ffi.lua FFI_LAYOUT_BINARY") end
+local p = assert(io.popen(arg[1]))
+local c = assert(loadstring(p:read("*a")))()
+p:close()
+
+for name, size in pairs(c.sizes) do
+  local t = name:gsub("^sizeof_", "")
+  check(ffi.sizeof(t) == size, string.format("sizeof(%s): C %d, FFI %d", t, size, ffi.sizeof(t)))
+end
+for _, o in ipairs(c.offsets) do
+  local t, f, off = o[1], o[2], o[3]
+  local okf, got = pcall(ffi.offsetof, t, f)
+  check(okf and got == off, string.format("offsetof(%s, %s): C %d, FFI %s", t, f, off, tostring(got)))
+end
+
+-- every FSDP_* constant declared in the header is known to C's list, and
+-- the FFI gives it the same value
+local header = io.open(require("fsdp.ffi").header):read("*a")
+local names = {}
+for name in header:gmatch("(FSDP_[A-Z0-9_]+)%s*=") do names[#names + 1] = name end
+check(#names >= 20, "found the header's constants (" .. #names .. ")")
+for _, name in ipairs(names) do
+  check(c.constants[name] ~= nil, name .. " is missing from tests/c/ffi_layout.c")
+  local okv, v = pcall(function() return fsdp.C[name] end)
+  check(okv and tonumber(v) == c.constants[name],
+    string.format("%s: C %s, FFI %s", name, tostring(c.constants[name]), tostring(v)))
+end
+print(string.format("test_ffi: %d passed, %d failed", passed, failed))
+os.exit(failed == 0 and 0 or 1)
