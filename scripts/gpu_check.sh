@@ -14,6 +14,8 @@ if [ -z "$nccl_dir" ] || [ "$nccl_dir" = . ]; then
   nccl_dir=$(dirname "$(find / -name 'libnccl.so.2' -not -path '/proc/*' 2>/dev/null | head -1)")
 fi
 export LD_LIBRARY_PATH="$PWD/$build:$PWD/.devlibs:$nccl_dir:${LD_LIBRARY_PATH:-}"
+# the GPU machine may have another PMIx whose plugins do not load into ours
+export PMIX_MCA_mca_base_component_show_load_errors=0
 export FSDP_LIB="$PWD/$build/libfsdp.so" FSDP_HEADER="$PWD/src/fsdp.h" FSDP_LUA_PATH="$PWD/lua"
 status=0
 {

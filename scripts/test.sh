@@ -19,6 +19,9 @@ if [ "${FSDP_TEST_SANITIZE:-1}" != 0 ]; then
   # the CUDA code is compiled and linked by the first build.
   scripts/build.sh build-asan -DFSDP_SANITIZE=ON -DFSDP_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug
   echo "== tests under ASan + UBSan (build-asan/)"
-  ASAN_OPTIONS=allocator_may_return_null=1:detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+  # lsan.supp: allocations PMIx and LuaJIT keep for the process's life
+  ASAN_OPTIONS=allocator_may_return_null=1:detect_leaks=1 \
+  LSAN_OPTIONS=suppressions=$PWD/tests/lsan.supp:print_suppressions=0 \
+  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     ctest --test-dir build-asan --output-on-failure -j"$jobs"
 fi

@@ -3,6 +3,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "bf16.h"
 #include "error.h"
 
 size_t fsdp_dtype_size(int dtype) {
@@ -47,14 +48,9 @@ static float bits_f32(uint32_t u) {
   return f;
 }
 
-float fsdp_bf16_to_f32(uint16_t h) { return bits_f32((uint32_t)h << 16); }
+float fsdp_bf16_to_f32(uint16_t h) { return fsdp_bf16_load(h); }
 
-uint16_t fsdp_f32_to_bf16(float f) {
-  uint32_t u = f32_bits(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (uint16_t)(u >> 16);
-}
+uint16_t fsdp_f32_to_bf16(float f) { return fsdp_bf16_round(f); }
 
 float fsdp_fp16_to_f32(uint16_t h) {
   uint32_t sign = (uint32_t)(h & 0x8000u) << 16;

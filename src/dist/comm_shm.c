@@ -30,6 +30,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "../base/bf16.h"
 #include "../base/error.h"
 #include "../base/log.h"
 #include "../device/device_impl.h"
@@ -85,47 +86,52 @@ static char *slot(shm_comm *s, int member, uint64_t half) {
 
 /* ---- element conversion and reduction ---- */
 
-static inline float load_f(const void *p, int dt, size_t i) {
-  if (dt == FSDP_FP32) return ((const float *)p)[i];
-  uint16_t h = ((const uint16_t *)p)[i];
-  return dt == FSDP_BF16 ? fsdp_bf16_to_f32(h) : fsdp_fp16_to_f32(h);
-}
 
 static void store_block(void *dst, int dt, size_t off, const float *acc, size_t len) {
   if (dt == FSDP_FP32) {
     memcpy((float *)dst + off, acc, len * sizeof(float));
   } else if (dt == FSDP_BF16) {
     uint16_t *d = (uint16_t *)dst + off;
-    for (size_t i = 0; i < len; i++) d[i] = fsdp_f32_to_bf16(acc[i]);
+    for (size_t i = 0; i < len; i++) d[i] = fsdp_bf16_round(acc[i]);
   } else {
     uint16_t *d = (uint16_t *)dst + off;
     for (size_t i = 0; i < len; i++) d[i] = fsdp_f32_to_fp16(acc[i]);
   }
 }
 
-static void accumulate(float *acc, const void *src, int dt, size_t len, int first) {
+static void accumulate(float *restrict acc, const void *restrict src, int dt, size_t len, int first) {
   if (dt == FSDP_FP32) {
     const float *s = src;
     if (first)
       memcpy(acc, s, len * sizeof(float));
     else
       for (size_t i = 0; i < len; i++) acc[i] += s[i];
-  } else {
+  } else if (dt == FSDP_BF16) {
+    const uint16_t *s = src;
     if (first)
-      for (size_t i = 0; i < len; i++) acc[i] = load_f(src, dt, i);
+      for (size_t i = 0; i < len; i++) acc[i] = fsdp_bf16_load(s[i]);
     else
-      for (size_t i = 0; i < len; i++) acc[i] += load_f(src, dt, i);
+      for (size_t i = 0; i < len; i++) acc[i] += fsdp_bf16_load(s[i]);
+  } else {
+    const uint16_t *s = src;
+    for (size_t i = 0; i < len; i++) acc[i] = (first ? 0.0f : acc[i]) + fsdp_fp16_to_f32(s[i]);
   }
 }
 
-/* dst[dst_off ..+len) = op over members j of (slot j + src_off)[0..len) */
+/* dst[dst_off ..+len) = op over members j of (slot j + src_off)[0..len).
+ * Blocked so the fp32 accumulator stays in L1 while every member is added. */
 static void reduce_members(shm_comm *s, uint64_t half, size_t src_off_bytes, int in_dt, void *dst, int out_dt,
                            size_t dst_off, size_t len, int op) {
+  enum { BLOCK = 4096 };
   int n = (int)s->hdr->n;
-  for (int j = 0; j < n; j++) accumulate(s->acc, slot(s, j, half) + src_off_bytes, in_dt, len, j == 0);
-  if (op == FSDP_AVG)
-    for (size_t i = 0; i < len; i++) s->acc[i] /= (float)n;
-  store_block(dst, out_dt, dst_off, s->acc, len);
+  size_t es = fsdp_dtype_size(in_dt);
+  for (size_t b = 0; b < len; b += BLOCK) {
+    size_t m = len - b < BLOCK ? len - b : BLOCK;
+    for (int j = 0; j < n; j++) accumulate(s->acc, slot(s, j, half) + src_off_bytes + b * es, in_dt, m, j == 0);
+    if (op == FSDP_AVG)
+      for (size_t i = 0; i < m; i++) s->acc[i] /= (float)n;
+    store_block(dst, out_dt, dst_off + b, s->acc, m);
+  }
 }
 
 /* ---- synchronisation with error reporting ---- */
@@ -405,7 +411,7 @@ int fsdp_comm_shm_create(const comm_group_spec *spec, fsdp_comm **out) {
     }
   }
   if (rc == FSDP_OK && s->hdr) {
-    s->acc = malloc(s->hdr->chunk / 2 * sizeof(float));
+    s->acc = malloc(4096 * sizeof(float));
     if (!s->acc) rc = fsdp_fail(FSDP_ENOMEM, "comm '%s': out of memory", spec->name);
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     s->spin = cpus > 0 && spec->size < cpus ? 2000 : 0; /* oversubscribed: sleep at once */
