@@ -13,3 +13,13 @@ foreach(n 1 2 3 4)
 endforeach()
 add_test(NAME demo_collectives COMMAND $<TARGET_FILE:fsdprun> -n 4 --timeout 120 ${CMAKE_SOURCE_DIR}/recipes/demo_collectives.lua)
 set_tests_properties(demo_collectives PROPERTIES LABELS multirank TIMEOUT 150 RUN_SERIAL ON)
+
+# `require "fsdp"` from a plain LuaJIT, not only from the fsdp host
+find_program(LUAJIT_EXE luajit)
+if(LUAJIT_EXE)
+  add_test(NAME lua_plain_luajit
+           COMMAND ${LUAJIT_EXE} -e "local f = require 'fsdp'; local i = f.init(); assert(i.size == 1); local t = f.tensor(3, 'bf16'):fill(1.5); assert(t:get(2) == 1.5); print('plain luajit: ok')")
+  set_tests_properties(lua_plain_luajit PROPERTIES LABELS unit TIMEOUT 30
+    PASS_REGULAR_EXPRESSION "plain luajit: ok"
+    ENVIRONMENT "FSDP_LIB=$<TARGET_FILE:fsdp>;LUA_PATH=${CMAKE_SOURCE_DIR}/lua/?.lua\\;${CMAKE_SOURCE_DIR}/lua/?/init.lua\\;\\;")
+endif()
