@@ -212,6 +212,22 @@ int64_t fsdp_layout_param_offset(const fsdp_layout *l, int param);
 int fsdp_layout_rank_pieces(const fsdp_layout *l, int rank, fsdp_layout_piece *out, int cap);
 int fsdp_layout_owner(const fsdp_layout *l, int param, int64_t index, fsdp_layout_piece *out);
 
+/* ---- optimizers on flat fp32 shards (src/shard/adamw.c) --------------- */
+typedef struct fsdp_adamw_config {
+  float lr, beta1, beta2, eps, weight_decay;
+} fsdp_adamw_config;
+
+/* One AdamW step over n elements; step counts from 1. param_bf16 (may be
+ * NULL) receives the new values rounded to bf16 in the same pass. The
+ * gradient is multiplied by grad_scale first (averaging, clipping). */
+int fsdp_adamw_step(float *param, uint16_t *param_bf16, const float *grad, float *m, float *v, int64_t n,
+                    int64_t step, const fsdp_adamw_config *cfg, float grad_scale);
+/* SGD with momentum mu (0: plain SGD), coupled weight decay. */
+int fsdp_sgd_step(float *param, uint16_t *param_bf16, const float *grad, float *momentum, int64_t n, int64_t step,
+                  float lr, float mu, float weight_decay, float grad_scale);
+/* Sum of squares (float64) of the finite elements, and how many were not. */
+int fsdp_sum_squares(const float *x, int64_t n, double *sum, int64_t *nonfinite);
+
 #ifdef __cplusplus
 }
 #endif

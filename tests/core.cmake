@@ -5,12 +5,14 @@ fsdp_c_test(test_device)
 fsdp_c_test(test_collectives)
 fsdp_c_test(test_philox)
 fsdp_c_test(test_layout)
+fsdp_c_test(test_optim)
 
 add_test(NAME base COMMAND test_base)
 add_test(NAME device COMMAND test_device)
 add_test(NAME philox COMMAND test_philox)
 add_test(NAME layout COMMAND test_layout)
-set_tests_properties(base device philox layout PROPERTIES LABELS unit TIMEOUT 60)
+add_test(NAME optim COMMAND test_optim)
+set_tests_properties(base device philox layout optim PROPERTIES LABELS unit TIMEOUT 60)
 
 foreach(n 1 2 3 4)
   add_test(NAME collectives_np${n}

@@ -5,6 +5,7 @@
 #define FSDP_TEST_CHECK_H
 
 #include <stdio.h>
+#include <string.h>
 
 extern int fsdp_test_passed, fsdp_test_failed;
 

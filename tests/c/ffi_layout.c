@@ -14,6 +14,7 @@ int main(void) {
   printf("return {\nsizes = {\n");
   SIZE(fsdp_proc_info);
   SIZE(fsdp_layout_piece);
+  SIZE(fsdp_adamw_config);
   printf("},\noffsets = {\n");
   OFF(fsdp_proc_info, rank);
   OFF(fsdp_proc_info, size);
@@ -29,6 +30,11 @@ int main(void) {
   OFF(fsdp_layout_piece, begin);
   OFF(fsdp_layout_piece, end);
   OFF(fsdp_layout_piece, shard_offset);
+  OFF(fsdp_adamw_config, lr);
+  OFF(fsdp_adamw_config, beta1);
+  OFF(fsdp_adamw_config, beta2);
+  OFF(fsdp_adamw_config, eps);
+  OFF(fsdp_adamw_config, weight_decay);
   printf("},\nconstants = {\n");
   CONST(FSDP_OK);
   CONST(FSDP_EINVAL);

@@ -1,0 +1,81 @@
+/* adamw.c: AdamW on a flat fp32 shard (Loshchilov & Hutter: decoupled
+ * weight decay), with bias correction from a step counter that starts at 1
+ * on the first real step (a step 0 is refused: the silent 1.3-2x too-small
+ * updates of an off-by-one counter are a known peer bug). Optionally writes
+ * the new values rounded to bf16 in the same pass (the compute-dtype copy).
+ *
+ *   p <- p - lr * wd * p
+ *   m <- b1 m + (1 - b1) g          g = grad * grad_scale
+ *   v <- b2 v + (1 - b2) g^2
+ *   p <- p - lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
+ */
+#include <math.h>
+
+#include "../base/bf16.h"
+#include "../base/error.h"
+
+int fsdp_adamw_step(float *param, uint16_t *param_bf16, const float *grad, float *m, float *v, int64_t n,
+                    int64_t step, const fsdp_adamw_config *cfg, float grad_scale) {
+  if (!cfg) return fsdp_fail(FSDP_EINVAL, "adamw: NULL config");
+  if (n < 0) return fsdp_fail(FSDP_EINVAL, "adamw: negative length %lld", (long long)n);
+  if (n && (!param || !grad || !m || !v)) return fsdp_fail(FSDP_EINVAL, "adamw: NULL buffer");
+  if (step < 1)
+    return fsdp_fail(FSDP_EINVAL, "adamw: step %lld; the first real step is 1 (bias correction divides by "
+                     "1 - beta^step)", (long long)step);
+  if (!(cfg->beta1 >= 0 && cfg->beta1 < 1 && cfg->beta2 >= 0 && cfg->beta2 < 1 && cfg->eps > 0 && cfg->lr >= 0 &&
+        cfg->weight_decay >= 0))
+    return fsdp_fail(FSDP_EINVAL, "adamw: expected 0 <= beta1, beta2 < 1, eps > 0, lr >= 0, weight_decay >= 0 "
+                     "(got %g, %g, %g, %g, %g)", cfg->beta1, cfg->beta2, cfg->eps, cfg->lr, cfg->weight_decay);
+  /* the corrections in double: 1 - 0.999^t loses digits in float for small t */
+  const float c1 = (float)(1.0 / (1.0 - pow(cfg->beta1, (double)step)));
+  const float c2 = (float)(1.0 / (1.0 - pow(cfg->beta2, (double)step)));
+  const float b1 = cfg->beta1, b2 = cfg->beta2, lr = cfg->lr, eps = cfg->eps;
+  const float decay = 1.0f - cfg->lr * cfg->weight_decay;
+  for (int64_t i = 0; i < n; i++) {
+    float g = grad[i] * grad_scale;
+    float mi = b1 * m[i] + (1.0f - b1) * g;
+    float vi = b2 * v[i] + (1.0f - b2) * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    float p = param[i] * decay - lr * (mi * c1) / (sqrtf(vi * c2) + eps);
+    param[i] = p;
+    if (param_bf16) param_bf16[i] = fsdp_bf16_round(p);
+  }
+  return FSDP_OK;
+}
+
+/* SGD with momentum (PyTorch's form, coupled weight decay):
+ *   g <- grad * grad_scale + wd * p;  buf <- mu * buf + g (buf = g on step 1);  p <- p - lr * buf */
+int fsdp_sgd_step(float *param, uint16_t *param_bf16, const float *grad, float *momentum, int64_t n, int64_t step,
+                  float lr, float mu, float weight_decay, float grad_scale) {
+  if (n < 0 || (n && (!param || !grad || (mu != 0 && !momentum)))) return fsdp_fail(FSDP_EINVAL, "sgd: bad buffers");
+  if (step < 1) return fsdp_fail(FSDP_EINVAL, "sgd: step %lld; the first real step is 1", (long long)step);
+  for (int64_t i = 0; i < n; i++) {
+    float g = grad[i] * grad_scale + weight_decay * param[i];
+    if (mu != 0) {
+      momentum[i] = step == 1 ? g : mu * momentum[i] + g;
+      g = momentum[i];
+    }
+    param[i] -= lr * g;
+    if (param_bf16) param_bf16[i] = fsdp_bf16_round(param[i]);
+  }
+  return FSDP_OK;
+}
+
+/* Sum of squares in double (for the global grad norm: local sum, then one
+ * all-reduce), and the count of non-finite elements. */
+int fsdp_sum_squares(const float *x, int64_t n, double *sum, int64_t *nonfinite) {
+  if (n < 0 || (n && !x) || !sum) return fsdp_fail(FSDP_EINVAL, "sum_squares: bad arguments");
+  double s = 0;
+  int64_t bad = 0;
+  for (int64_t i = 0; i < n; i++) {
+    if (!isfinite(x[i])) {
+      bad++;
+      continue;
+    }
+    s += (double)x[i] * x[i];
+  }
+  *sum = s;
+  if (nonfinite) *nonfinite = bad;
+  return FSDP_OK;
+}
