@@ -212,6 +212,19 @@ int64_t fsdp_layout_param_offset(const fsdp_layout *l, int param);
 int fsdp_layout_rank_pieces(const fsdp_layout *l, int rank, fsdp_layout_piece *out, int cap);
 int fsdp_layout_owner(const fsdp_layout *l, int param, int64_t index, fsdp_layout_piece *out);
 
+/* Meta init: fill rank's shard (shard_numel elements of dtype) with the
+ * values its pieces have in the full model: element i of a parameter named
+ * N is draw(seed, fsdp_rng_stream_id(N), i) under that parameter's rule.
+ * Padding is zero. Independent of world size and grouping by construction. */
+typedef enum { FSDP_INIT_NORMAL = 0, FSDP_INIT_UNIFORM = 1, FSDP_INIT_CONSTANT = 2 } fsdp_init_kind;
+typedef struct fsdp_init_rule {
+  int32_t kind;
+  int32_t pad;
+  double a, b; /* normal: mean, std; uniform: low, high; constant: value */
+} fsdp_init_rule;
+int fsdp_layout_init_shard(const fsdp_layout *l, int rank, const char *const *param_names,
+                           const fsdp_init_rule *rules, uint64_t seed, void *shard, int dtype);
+
 /* ---- optimizers on flat fp32 shards (src/shard/adamw.c) --------------- */
 typedef struct fsdp_adamw_config {
   float lr, beta1, beta2, eps, weight_decay;

@@ -6,6 +6,7 @@ fsdp_c_test(test_collectives)
 fsdp_c_test(test_philox)
 fsdp_c_test(test_layout)
 fsdp_c_test(test_optim)
+fsdp_c_test(test_meta_init)
 
 add_test(NAME base COMMAND test_base)
 add_test(NAME device COMMAND test_device)
@@ -26,3 +27,11 @@ add_test(NAME collectives_dead_peer
 add_test(NAME collectives_late_peer
          COMMAND $<TARGET_FILE:fsdprun> -n 3 --timeout 60 --host $<TARGET_FILE:test_collectives> --late-peer)
 set_tests_properties(collectives_dead_peer collectives_late_peer PROPERTIES LABELS multirank TIMEOUT 90 RUN_SERIAL ON)
+
+# Meta init: the gathered shards equal the full model drawn on one rank, for
+# any world size and unit grouping.
+foreach(n 1 2 3 4)
+  add_test(NAME meta_init_np${n}
+           COMMAND $<TARGET_FILE:fsdprun> -n ${n} --timeout 60 --host $<TARGET_FILE:test_meta_init>)
+  set_tests_properties(meta_init_np${n} PROPERTIES LABELS multirank TIMEOUT 90 RUN_SERIAL ON)
+endforeach()

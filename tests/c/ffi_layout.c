@@ -15,6 +15,7 @@ int main(void) {
   SIZE(fsdp_proc_info);
   SIZE(fsdp_layout_piece);
   SIZE(fsdp_adamw_config);
+  SIZE(fsdp_init_rule);
   printf("},\noffsets = {\n");
   OFF(fsdp_proc_info, rank);
   OFF(fsdp_proc_info, size);
@@ -35,6 +36,9 @@ int main(void) {
   OFF(fsdp_adamw_config, beta2);
   OFF(fsdp_adamw_config, eps);
   OFF(fsdp_adamw_config, weight_decay);
+  OFF(fsdp_init_rule, kind);
+  OFF(fsdp_init_rule, a);
+  OFF(fsdp_init_rule, b);
   printf("},\nconstants = {\n");
   CONST(FSDP_OK);
   CONST(FSDP_EINVAL);
@@ -61,6 +65,9 @@ int main(void) {
   CONST(FSDP_LOG_DEBUG);
   CONST(FSDP_RNG_UNIFORM);
   CONST(FSDP_RNG_NORMAL);
+  CONST(FSDP_INIT_NORMAL);
+  CONST(FSDP_INIT_UNIFORM);
+  CONST(FSDP_INIT_CONSTANT);
   printf("},\n}\n");
   return 0;
 }
