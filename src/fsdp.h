@@ -241,6 +241,58 @@ int fsdp_sgd_step(float *param, uint16_t *param_bf16, const float *grad, float *
 /* Sum of squares (float64) of the finite elements, and how many were not. */
 int fsdp_sum_squares(const float *x, int64_t n, double *sum, int64_t *nonfinite);
 
+/* ---- FSDP units: flat param/grad buffers and their state machine ------ */
+typedef struct fsdp_pool fsdp_pool;
+typedef struct fsdp_unit fsdp_unit;
+
+/* max_live buffers of `bytes` each (default use: 2, double buffering). */
+int fsdp_pool_create(int device, size_t bytes, int max_live, fsdp_pool **out);
+void fsdp_pool_destroy(fsdp_pool *p);
+int fsdp_pool_live(const fsdp_pool *p);
+int fsdp_pool_peak(const fsdp_pool *p);
+
+typedef struct fsdp_unit_config {
+  int32_t zero;          /* 0..3, see docs/ARCHITECTURE.md */
+  int32_t compute_dtype; /* fp32 or bf16: params as used by compute, and grads */
+  int32_t reduce_dtype;  /* fp32 (accumulate in fp32) or the compute dtype */
+  int32_t grad_op;       /* FSDP_AVG or FSDP_SUM over the data-parallel ranks */
+  int64_t param_align, shard_align; /* elements; see fsdp_layout_create */
+} fsdp_unit_config;
+
+/* A unit of parameters sharded over `shard` (and, HSDP, replicated over
+ * `outer`, may be NULL). Materialises only this rank's shard (meta init).
+ * zero 3 takes full param buffers from param_pool; zero 2/3 take full grad
+ * buffers from grad_pool. */
+int fsdp_unit_create(const char *name, int nparams, const char *const *param_names, const int64_t *numels,
+                     const fsdp_init_rule *rules, const uint8_t *no_decay, uint64_t seed, fsdp_comm *shard,
+                     fsdp_comm *outer, const fsdp_unit_config *cfg, fsdp_pool *param_pool, fsdp_pool *grad_pool,
+                     fsdp_unit **out);
+int fsdp_unit_destroy(fsdp_unit *u);
+const fsdp_layout *fsdp_unit_layout(const fsdp_unit *u);
+/* Start gathering the full params (zero 3; no-op otherwise). 1: not started,
+ * the pool is at its bound (prefetch stops there). */
+int fsdp_unit_unshard(fsdp_unit *u);
+/* compute (NULL: the calling thread) waits until the full params are there. */
+int fsdp_unit_wait(fsdp_unit *u, fsdp_stream *compute);
+/* The full compute-dtype params (after wait), or NULL while sharded. */
+void *fsdp_unit_params(fsdp_unit *u);
+/* Give the full buffer back once compute's work so far is done (zero 3). */
+int fsdp_unit_reshard(fsdp_unit *u, fsdp_stream *compute);
+/* The full grad buffer to accumulate into (zeroed when first handed out). */
+int fsdp_unit_grads(fsdp_unit *u, fsdp_stream *compute, void **out);
+/* Reduce the grads written by compute so far: sync = 0 for a micro-batch
+ * that is not the last (zero 0/1 then wait; zero 2/3 reduce-scatter and
+ * accumulate into the fp32 shard), 1 for the last. Asynchronous. */
+int fsdp_unit_reduce(fsdp_unit *u, fsdp_stream *compute, int sync);
+int fsdp_unit_synchronize(fsdp_unit *u);
+/* This rank's part of the squared grad norm (sum over the shard group gives
+ * the unit's total) and its non-finite count. Call after synchronize. */
+int fsdp_unit_grad_sumsq(fsdp_unit *u, double *sum, int64_t *nonfinite);
+/* AdamW on the owned fp32 main params, write back to the compute params
+ * (zero 3: the shard; zero 1/2: all-gathered into the full params), zero
+ * the grads. */
+int fsdp_unit_step(fsdp_unit *u, int64_t step, const fsdp_adamw_config *cfg, float grad_scale);
+
 #ifdef __cplusplus
 }
 #endif

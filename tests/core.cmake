@@ -7,6 +7,7 @@ fsdp_c_test(test_philox)
 fsdp_c_test(test_layout)
 fsdp_c_test(test_optim)
 fsdp_c_test(test_meta_init)
+fsdp_c_test(test_units)
 
 add_test(NAME base COMMAND test_base)
 add_test(NAME device COMMAND test_device)
@@ -34,4 +35,12 @@ foreach(n 1 2 3 4)
   add_test(NAME meta_init_np${n}
            COMMAND $<TARGET_FILE:fsdprun> -n ${n} --timeout 60 --host $<TARGET_FILE:test_meta_init>)
   set_tests_properties(meta_init_np${n} PROPERTIES LABELS multirank TIMEOUT 90 RUN_SERIAL ON)
+endforeach()
+
+# Units: 20 training steps on 1 to 4 ranks, zero 0-3, HSDP 2x2, with and
+# without gradient accumulation, against a float64 single-model reference.
+foreach(n 1 2 3 4)
+  add_test(NAME units_np${n}
+           COMMAND $<TARGET_FILE:fsdprun> -n ${n} --timeout 200 --host $<TARGET_FILE:test_units>)
+  set_tests_properties(units_np${n} PROPERTIES LABELS multirank TIMEOUT 240 RUN_SERIAL ON)
 endforeach()

@@ -46,4 +46,8 @@ extern int fsdp_test_passed, fsdp_test_failed;
 
 int fsdp_test_summary(const char *name);
 
+#include "fsdp.h"
+/* A 1-D mesh "dp" over every rank and its comm (NULL on failure, counted). */
+fsdp_comm *fsdp_test_world(int device, fsdp_mesh **mesh);
+
 #endif

@@ -311,12 +311,9 @@ static void suite_errors(void) {
 }
 
 static int dead_or_late(int late) {
-  const char *names[] = {"dp"};
-  int64_t sizes[] = {-1};
   fsdp_mesh *m = NULL;
-  fsdp_comm *c = NULL;
-  CHECK_OK(fsdp_mesh_create(1, names, sizes, FSDP_CPU, &m));
-  CHECK_OK(fsdp_mesh_group(m, "dp", &c));
+  fsdp_comm *c = fsdp_test_world(FSDP_CPU, &m);
+  if (!c) return 1;
   CHECK_OK(fsdp_comm_set_timeout(c, late ? 1.0 : 30.0));
   float x[16] = {0};
   if (R == 1) {
@@ -356,12 +353,8 @@ int main(int argc, char **argv) {
   if (argc > 1 && !strcmp(argv[1], "--late-peer")) return dead_or_late(1);
   int large = !(argc > 1 && !strcmp(argv[1], "--no-large"));
 
-  const char *names[] = {"dp"};
-  int64_t sizes[] = {-1};
   fsdp_mesh *m = NULL;
-  fsdp_comm *c = NULL;
-  CHECK_OK(fsdp_mesh_create(1, names, sizes, FSDP_CPU, &m));
-  CHECK_OK(fsdp_mesh_group(m, "dp", &c));
+  fsdp_comm *c = fsdp_test_world(FSDP_CPU, &m);
   if (c) {
     CHECK(fsdp_comm_size(c) == W && fsdp_comm_rank(c) == R);
     suite_on(c);

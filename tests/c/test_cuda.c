@@ -124,12 +124,8 @@ int main(void) {
   CHECK_OK(fsdp_init(&info));
   printf("test_cuda: %d GPU(s), rank %d of %d\n", info.device_count, info.rank, info.size);
   test_memory_streams();
-  const char *names[] = {"dp"};
-  int64_t sizes[] = {-1};
   fsdp_mesh *m = NULL;
-  fsdp_comm *c = NULL;
-  CHECK_OK(fsdp_mesh_create(1, names, sizes, FSDP_CUDA, &m));
-  CHECK_OK(fsdp_mesh_group(m, "dp", &c));
+  fsdp_comm *c = fsdp_test_world(FSDP_CUDA, &m);
   if (c) {
     CHECK(fsdp_comm_size(c) == info.size);
     float x = 0;

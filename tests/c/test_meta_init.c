@@ -66,12 +66,8 @@ int main(void) {
   rules[1] = (fsdp_init_rule){FSDP_INIT_CONSTANT, 0, 1.0, 0};
   rules[3] = (fsdp_init_rule){FSDP_INIT_CONSTANT, 0, 0.0, 0};
   rules[4] = (fsdp_init_rule){FSDP_INIT_UNIFORM, 0, -0.1, 0.1};
-  const char *dims[] = {"dp"};
-  int64_t sizes[] = {-1};
   fsdp_mesh *m = NULL;
-  fsdp_comm *c = NULL;
-  CHECK_OK(fsdp_mesh_create(1, dims, sizes, FSDP_CPU, &m));
-  CHECK_OK(fsdp_mesh_group(m, "dp", &c));
+  fsdp_comm *c = fsdp_test_world(FSDP_CPU, &m);
   static const int all[NP] = {0, 1, 2, 3, 4, 5, 6};
   static const int a[] = {0, 1, 2}, b[] = {3, 4}, d[] = {5, 6};
   int dtypes[] = {FSDP_FP32, FSDP_BF16};

@@ -1,0 +1,341 @@
+/* unit.c: an FSDP unit: its parameters packed in one flat buffer (layout.c),
+ * the buffers each ZeRO level keeps, and the unshard / reshard / reduce /
+ * step state machine. Collectives run on the shard group's stream; host
+ * work that must follow them (accumulating, casting, zeroing) is enqueued on
+ * that same stream, so nothing here blocks the caller except step().
+ *
+ *   zero | full params | grads                         | fp32 main + AdamW state
+ *   0    | resident    | full, all-reduced at sync     | full
+ *   1    | resident    | full, reduce-scattered at sync| shard
+ *   2    | resident    | shard (full buffer transient) | shard
+ *   3    | gathered    | shard (full buffer transient) | shard
+ *
+ * CPU ranks for now: the CUDA path (kernels for the host steps) comes with
+ * the CUDA issue. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../base/bf16.h"
+#include "../base/error.h"
+#include "../device/device_impl.h"
+#include "../dist/comm_impl.h"
+#include "pool.h"
+
+struct fsdp_unit {
+  char name[128];
+  fsdp_unit_config cfg;
+  fsdp_layout *layout;
+  int np;
+  int64_t *numels;
+  uint8_t *no_decay;
+  fsdp_comm *shard, *outer;
+  fsdp_pool *ppool, *gpool;
+  int W, r;
+  int64_t S, T, n_opt; /* n_opt: elements the optimizer owns (T for zero 0, S otherwise) */
+  size_t ces;
+  float *main, *m, *v, *gmain, *tmp;
+  void *cshard, *cfull, *gfull;
+  int pslot, gslot;
+  void *pbuf, *gbuf;
+  fsdp_event *gathered, *ready;
+};
+
+/* ---- host steps enqueued behind collectives ---- */
+
+typedef struct host_op {
+  int kind; /* 0: dst(fp32) += src(dtype); 1: dst(fp32) = src(dtype); 2: zero dst bytes */
+  float *dst;
+  const void *src;
+  int dtype;
+  int64_t n;
+} host_op;
+
+static int run_host_op(void *arg) {
+  host_op *o = arg;
+  if (o->kind == 2) {
+    memset(o->dst, 0, (size_t)o->n);
+    return FSDP_OK;
+  }
+  if (o->dtype == FSDP_FP32) {
+    const float *s = o->src;
+    if (o->kind == 0)
+      for (int64_t i = 0; i < o->n; i++) o->dst[i] += s[i];
+    else
+      memcpy(o->dst, s, (size_t)o->n * 4);
+  } else {
+    const uint16_t *s = o->src;
+    if (o->kind == 0)
+      for (int64_t i = 0; i < o->n; i++) o->dst[i] += fsdp_bf16_load(s[i]);
+    else
+      for (int64_t i = 0; i < o->n; i++) o->dst[i] = fsdp_bf16_load(s[i]);
+  }
+  return FSDP_OK;
+}
+
+static int enqueue_host(fsdp_stream *s, int kind, void *dst, const void *src, int dtype, int64_t n) {
+  host_op *o = malloc(sizeof *o);
+  if (!o) return fsdp_fail(FSDP_ENOMEM, "unit: out of memory");
+  *o = (host_op){kind, dst, src, dtype, n};
+  return fsdp_cpu_stream_enqueue(s, run_host_op, o, free);
+}
+
+static void cast_out(void *dst, int dtype, const float *src, int64_t n) {
+  if (dtype == FSDP_FP32) {
+    memcpy(dst, src, (size_t)n * 4);
+  } else {
+    uint16_t *d = dst;
+    for (int64_t i = 0; i < n; i++) d[i] = fsdp_bf16_round(src[i]);
+  }
+}
+
+/* ---- creation ---- */
+
+static int check_config(const char *name, const fsdp_unit_config *c) {
+  if (c->zero < 0 || c->zero > 3) return fsdp_fail(FSDP_EINVAL, "unit '%s': zero = %d; expected 0, 1, 2 or 3", name, c->zero);
+  if (c->compute_dtype != FSDP_FP32 && c->compute_dtype != FSDP_BF16)
+    return fsdp_fail(FSDP_EINVAL, "unit '%s': compute dtype must be fp32 or bf16", name);
+  if (c->reduce_dtype != FSDP_FP32 && c->reduce_dtype != c->compute_dtype)
+    return fsdp_fail(FSDP_EINVAL, "unit '%s': reduce dtype must be fp32 or the compute dtype", name);
+  if (c->grad_op != FSDP_AVG && c->grad_op != FSDP_SUM)
+    return fsdp_fail(FSDP_EINVAL, "unit '%s': grad_op must be avg or sum", name);
+  return FSDP_OK;
+}
+
+static int alloc0(size_t bytes, void **out) {
+  FSDP_CHECK(fsdp_alloc(FSDP_CPU, bytes, out));
+  memset(*out, 0, bytes ? bytes : 1);
+  return FSDP_OK;
+}
+
+int fsdp_unit_create(const char *name, int nparams, const char *const *param_names, const int64_t *numels,
+                     const fsdp_init_rule *rules, const uint8_t *no_decay, uint64_t seed, fsdp_comm *shard,
+                     fsdp_comm *outer, const fsdp_unit_config *cfg, fsdp_pool *param_pool, fsdp_pool *grad_pool,
+                     fsdp_unit **out) {
+  if (!out || !cfg || !shard || !name) return fsdp_fail(FSDP_EINVAL, "unit_create: NULL argument");
+  *out = NULL;
+  FSDP_CHECK(check_config(name, cfg));
+  if (shard->device != FSDP_CPU || (outer && outer->device != FSDP_CPU))
+    return fsdp_fail(FSDP_EUNSUPPORTED, "unit '%s': units run on CPU ranks for now (CUDA comes with the CUDA issue)", name);
+  if (cfg->zero == 3 && !param_pool) return fsdp_fail(FSDP_EINVAL, "unit '%s': zero 3 needs a param pool", name);
+  if (cfg->zero >= 2 && !grad_pool) return fsdp_fail(FSDP_EINVAL, "unit '%s': zero 2 and 3 need a grad pool", name);
+  fsdp_unit *u = calloc(1, sizeof *u);
+  if (!u) return fsdp_fail(FSDP_ENOMEM, "unit '%s': out of memory", name);
+  snprintf(u->name, sizeof u->name, "%s", name);
+  u->cfg = *cfg;
+  u->np = nparams;
+  u->shard = shard;
+  u->outer = outer;
+  u->ppool = param_pool;
+  u->gpool = grad_pool;
+  u->W = shard->size;
+  u->r = shard->rank;
+  u->pslot = u->gslot = -1;
+  u->ces = fsdp_dtype_size(cfg->compute_dtype);
+  int rc = fsdp_layout_create(nparams, numels, u->W, cfg->param_align, cfg->shard_align, &u->layout);
+  if (rc == FSDP_OK) {
+    u->S = fsdp_layout_shard_numel(u->layout);
+    u->T = u->S * u->W;
+    u->n_opt = cfg->zero == 0 ? u->T : u->S;
+    u->no_decay = calloc((size_t)(nparams ? nparams : 1), 1);
+    u->numels = calloc((size_t)(nparams ? nparams : 1), sizeof(int64_t));
+    if (!u->no_decay || !u->numels) {
+      rc = fsdp_fail(FSDP_ENOMEM, "unit '%s': out of memory", name);
+    } else {
+      if (no_decay) memcpy(u->no_decay, no_decay, (size_t)nparams);
+      if (nparams) memcpy(u->numels, numels, sizeof(int64_t) * (size_t)nparams);
+    }
+  }
+  size_t f = sizeof(float);
+  if (rc == FSDP_OK) rc = alloc0((size_t)u->n_opt * f, (void **)&u->main);
+  if (rc == FSDP_OK) rc = alloc0((size_t)u->n_opt * f, (void **)&u->m);
+  if (rc == FSDP_OK) rc = alloc0((size_t)u->n_opt * f, (void **)&u->v);
+  if (rc == FSDP_OK) rc = alloc0((size_t)u->n_opt * f, (void **)&u->gmain);
+  if (rc == FSDP_OK) rc = alloc0((size_t)u->S * f, (void **)&u->tmp);
+  if (rc == FSDP_OK && cfg->zero >= 1) rc = alloc0((size_t)u->S * u->ces, &u->cshard);
+  if (rc == FSDP_OK && cfg->zero <= 2) rc = alloc0((size_t)u->T * u->ces, &u->cfull);
+  if (rc == FSDP_OK && cfg->zero <= 1) rc = alloc0((size_t)u->T * u->ces, &u->gfull);
+  if (rc == FSDP_OK) rc = fsdp_event_create(FSDP_CPU, &u->gathered);
+  if (rc == FSDP_OK) rc = fsdp_event_create(FSDP_CPU, &u->ready);
+  /* meta init: only the owned shard is drawn (zero 0 draws every shard) */
+  for (int q = 0; rc == FSDP_OK && q < (cfg->zero == 0 ? u->W : 1); q++) {
+    int owner = cfg->zero == 0 ? q : u->r;
+    rc = fsdp_layout_init_shard(u->layout, owner, param_names, rules, seed, u->main + (cfg->zero == 0 ? q * u->S : 0),
+                                FSDP_FP32);
+  }
+  if (rc == FSDP_OK) {
+    if (cfg->zero == 0) cast_out(u->cfull, cfg->compute_dtype, u->main, u->T);
+    if (cfg->zero >= 1) cast_out(u->cshard, cfg->compute_dtype, u->main, u->S);
+    if (cfg->zero == 1 || cfg->zero == 2) {
+      rc = fsdp_comm_all_gather(shard, u->cfull, u->cshard, (size_t)u->S, cfg->compute_dtype);
+      if (rc == FSDP_OK) rc = fsdp_event_record(u->gathered, shard->stream);
+    }
+  }
+  if (rc < 0) {
+    fsdp_unit_destroy(u);
+    return fsdp_fail_context(rc, "unit '%s'", name);
+  }
+  *out = u;
+  return FSDP_OK;
+}
+
+int fsdp_unit_destroy(fsdp_unit *u) {
+  if (!u) return FSDP_OK;
+  if (u->shard) fsdp_stream_synchronize(u->shard->stream);
+  if (u->outer) fsdp_stream_synchronize(u->outer->stream);
+  if (u->pslot >= 0) fsdp_pool_release(u->ppool, u->pslot, NULL);
+  if (u->gslot >= 0) fsdp_pool_release(u->gpool, u->gslot, NULL);
+  void *bufs[] = {u->main, u->m, u->v, u->gmain, u->tmp, u->cshard, u->cfull, u->gfull};
+  for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) fsdp_free(FSDP_CPU, bufs[i]);
+  fsdp_event_destroy(u->gathered);
+  fsdp_event_destroy(u->ready);
+  fsdp_layout_destroy(u->layout);
+  free(u->no_decay);
+  free(u->numels);
+  free(u);
+  return FSDP_OK;
+}
+
+const fsdp_layout *fsdp_unit_layout(const fsdp_unit *u) { return u ? u->layout : NULL; }
+
+/* ---- forward: params ---- */
+
+int fsdp_unit_unshard(fsdp_unit *u) {
+  if (u->cfg.zero != 3 || u->pslot >= 0) return FSDP_OK;
+  fsdp_stream *cs = u->shard->stream;
+  int rc = fsdp_pool_acquire(u->ppool, (size_t)u->T * u->ces, cs, &u->pslot, &u->pbuf);
+  if (rc != FSDP_OK) return rc; /* 1: at the bound */
+  FSDP_CHECK(fsdp_comm_all_gather(u->shard, u->pbuf, u->cshard, (size_t)u->S, u->cfg.compute_dtype));
+  return fsdp_event_record(u->gathered, cs);
+}
+
+int fsdp_unit_wait(fsdp_unit *u, fsdp_stream *compute) {
+  if (u->cfg.zero == 3 && u->pslot < 0)
+    return fsdp_fail(FSDP_ESTATE, "unit '%s': wait() before unshard() (or unshard was deferred at the pool's bound)",
+                     u->name);
+  return fsdp_stream_wait_event(compute, u->gathered);
+}
+
+void *fsdp_unit_params(fsdp_unit *u) { return u->cfg.zero == 3 ? (u->pslot >= 0 ? u->pbuf : NULL) : u->cfull; }
+
+int fsdp_unit_reshard(fsdp_unit *u, fsdp_stream *compute) {
+  if (u->cfg.zero != 3 || u->pslot < 0) return FSDP_OK;
+  int rc = fsdp_pool_release(u->ppool, u->pslot, compute);
+  u->pslot = -1;
+  u->pbuf = NULL;
+  return rc;
+}
+
+/* ---- backward: grads ---- */
+
+int fsdp_unit_grads(fsdp_unit *u, fsdp_stream *compute, void **out) {
+  if (u->cfg.zero <= 1) {
+    *out = u->gfull;
+    return FSDP_OK;
+  }
+  if (u->gslot < 0) {
+    int rc = fsdp_pool_acquire(u->gpool, (size_t)u->T * u->ces, compute, &u->gslot, &u->gbuf);
+    if (rc == 1)
+      return fsdp_fail(FSDP_ESTATE, "unit '%s': every grad buffer is in use (raise max_live_units, or reduce units "
+                       "before taking more)", u->name);
+    FSDP_CHECK(rc);
+    FSDP_CHECK(fsdp_memset(u->gbuf, 0, (size_t)u->T * u->ces, compute));
+  }
+  *out = u->gbuf;
+  return FSDP_OK;
+}
+
+/* reduce-scatter `full` into fp32 `dst`; accumulate adds instead of writing */
+static int reduce_scatter_into(fsdp_unit *u, float *dst, const void *full, int accumulate) {
+  fsdp_comm *c = u->shard;
+  int cd = u->cfg.compute_dtype, rd = u->cfg.reduce_dtype;
+  if (!accumulate && rd == FSDP_FP32)
+    return fsdp_comm_reduce_scatter(c, dst, FSDP_FP32, full, cd, (size_t)u->S, u->cfg.grad_op);
+  FSDP_CHECK(fsdp_comm_reduce_scatter(c, u->tmp, rd, full, cd, (size_t)u->S, u->cfg.grad_op));
+  return enqueue_host(c->stream, accumulate ? 0 : 1, dst, u->tmp, rd, u->S);
+}
+
+int fsdp_unit_reduce(fsdp_unit *u, fsdp_stream *compute, int sync) {
+  fsdp_comm *c = u->shard;
+  int z = u->cfg.zero;
+  if (z <= 1 && !sync) return FSDP_OK; /* accumulate in the full grads */
+  if (z >= 2 && u->gslot < 0) return fsdp_fail(FSDP_ESTATE, "unit '%s': reduce() without grads()", u->name);
+  FSDP_CHECK(fsdp_event_record(u->ready, compute));
+  FSDP_CHECK(fsdp_stream_wait_event(c->stream, u->ready));
+  size_t gbytes = (size_t)u->T * u->ces;
+  if (z == 0) {
+    if (u->cfg.reduce_dtype == FSDP_FP32) {
+      FSDP_CHECK(enqueue_host(c->stream, 1, u->gmain, u->gfull, u->cfg.compute_dtype, u->T));
+      FSDP_CHECK(fsdp_comm_all_reduce(c, u->gmain, u->gmain, (size_t)u->T, FSDP_FP32, u->cfg.grad_op));
+    } else {
+      FSDP_CHECK(fsdp_comm_all_reduce(c, u->gfull, u->gfull, (size_t)u->T, u->cfg.compute_dtype, u->cfg.grad_op));
+      FSDP_CHECK(enqueue_host(c->stream, 1, u->gmain, u->gfull, u->cfg.compute_dtype, u->T));
+    }
+    FSDP_CHECK(enqueue_host(c->stream, 2, u->gfull, NULL, 0, (int64_t)gbytes));
+  } else if (z == 1) {
+    FSDP_CHECK(reduce_scatter_into(u, u->gmain, u->gfull, 0));
+    FSDP_CHECK(enqueue_host(c->stream, 2, u->gfull, NULL, 0, (int64_t)gbytes));
+  } else {
+    /* every micro-batch: accumulation stays sharded, in fp32 */
+    FSDP_CHECK(reduce_scatter_into(u, u->gmain, u->gbuf, 1));
+    FSDP_CHECK(fsdp_pool_release(u->gpool, u->gslot, c->stream));
+    u->gslot = -1;
+    u->gbuf = NULL;
+  }
+  if (sync && u->outer) { /* HSDP: the grad shards agree across replicas */
+    FSDP_CHECK(fsdp_event_record(u->ready, c->stream));
+    FSDP_CHECK(fsdp_stream_wait_event(u->outer->stream, u->ready));
+    FSDP_CHECK(fsdp_comm_all_reduce(u->outer, u->gmain, u->gmain, (size_t)u->n_opt, FSDP_FP32, u->cfg.grad_op));
+  }
+  return FSDP_OK;
+}
+
+int fsdp_unit_synchronize(fsdp_unit *u) {
+  FSDP_CHECK(fsdp_comm_synchronize(u->shard));
+  if (u->outer) FSDP_CHECK(fsdp_comm_synchronize(u->outer));
+  return FSDP_OK;
+}
+
+/* ---- optimizer ---- */
+
+int fsdp_unit_grad_sumsq(fsdp_unit *u, double *sum, int64_t *nonfinite) {
+  /* zero 0 holds full grads everywhere: count this rank's slice only, so
+   * that the sum over the shard group is the total for every zero level */
+  const float *g = u->cfg.zero == 0 ? u->gmain + (int64_t)u->r * u->S : u->gmain;
+  return fsdp_sum_squares(g, u->S, sum, nonfinite);
+}
+
+int fsdp_unit_step(fsdp_unit *u, int64_t step, const fsdp_adamw_config *cfg, float grad_scale) {
+  FSDP_CHECK(fsdp_unit_synchronize(u));
+  fsdp_adamw_config nd = *cfg;
+  nd.weight_decay = 0;
+  const fsdp_layout *l = u->layout;
+  if (u->cfg.zero == 0) {
+    for (int p = 0; p < u->np; p++) { /* every rank updates the whole model */
+      int64_t off = fsdp_layout_param_offset(l, p);
+      FSDP_CHECK(fsdp_adamw_step(u->main + off, NULL, u->gmain + off, u->m + off, u->v + off, u->numels[p], step,
+                                 u->no_decay[p] ? &nd : cfg, grad_scale));
+    }
+    cast_out(u->cfull, u->cfg.compute_dtype, u->main, u->T);
+  } else {
+    int k = fsdp_layout_rank_pieces(l, u->r, NULL, 0);
+    fsdp_layout_piece *ps = malloc(sizeof *ps * (size_t)(k ? k : 1));
+    if (!ps) return fsdp_fail(FSDP_ENOMEM, "unit '%s': out of memory", u->name);
+    fsdp_layout_rank_pieces(l, u->r, ps, k);
+    int rc = FSDP_OK;
+    for (int j = 0; j < k && rc == FSDP_OK; j++) {
+      int64_t o = ps[j].shard_offset, len = ps[j].end - ps[j].begin;
+      rc = fsdp_adamw_step(u->main + o, NULL, u->gmain + o, u->m + o, u->v + o, len, step,
+                           u->no_decay[ps[j].param] ? &nd : cfg, grad_scale);
+    }
+    free(ps);
+    FSDP_CHECK(rc);
+    cast_out(u->cshard, u->cfg.compute_dtype, u->main, u->S);
+    if (u->cfg.zero <= 2) { /* resident full params: gather the new values */
+      FSDP_CHECK(fsdp_comm_all_gather(u->shard, u->cfull, u->cshard, (size_t)u->S, u->cfg.compute_dtype));
+      FSDP_CHECK(fsdp_event_record(u->gathered, u->shard->stream));
+    }
+  }
+  memset(u->gmain, 0, (size_t)u->n_opt * sizeof(float));
+  return FSDP_OK;
+}

@@ -1,0 +1,222 @@
+/* test_units: FSDP units trained 20 steps on W ranks (1 to 4) for zero 0,
+ * 1, 2, 3 and HSDP 2x2, with and without gradient accumulation, against a
+ * float64 single-model reference computed on every rank.
+ *
+ * The model: three units, seven named parameters. Rank g's micro-batch k at
+ * step t has the loss sum_i 0.5 c_i (w_i - y_{g,k,t,i})^2, so the gradient
+ * is c_i (w_i - y); grads are summed over micro-batches and averaged over the
+ * W data-parallel ranks, the global norm is clipped to 1, then AdamW (decay
+ * 0.1, none on the bias and norm). Tolerance (fp32 compute): parameters
+ * within 1e-5 relative + 1e-6 absolute of the reference after 20 steps; the
+ * grad norm each step within 1e-4 relative (it is all-reduced in fp32). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "fsdp.h"
+
+enum { NU = 3, STEPS = 20, MAXP = 3 };
+typedef struct { const char *name; int64_t n; fsdp_init_rule rule; uint8_t no_decay; } pspec;
+static const int unit_np[NU] = {2, 2, 1};
+static pspec P[NU][MAXP];
+static int W, R;
+
+static double target(int g, int k, int t, int u, int p, int64_t i) {
+  return 0.1 * sin(0.3 * g + 0.7 * k + 0.11 * t + 0.013 * (double)i + 1.7 * u + 0.5 * p);
+}
+static double coef(int64_t i) { return 1.0 + (double)(i % 3); }
+
+typedef struct { double *w, *m, *v; } ref_param;
+
+static void run(fsdp_comm *shard, fsdp_comm *outer, int zero, int K, const char *label) {
+  fsdp_unit_config cfg = {zero, FSDP_FP32, FSDP_FP32, FSDP_AVG, 16, 32};
+  fsdp_pool *pp = NULL, *gp = NULL;
+  size_t maxbytes = 0;
+  for (int u = 0; u < NU; u++) {
+    int64_t t = 0;
+    for (int p = 0; p < unit_np[u]; p++) t += P[u][p].n + 16;
+    maxbytes = (size_t)(t + 32 * 8) * 4 > maxbytes ? (size_t)(t + 32 * 8) * 4 : maxbytes;
+  }
+  CHECK_OK(fsdp_pool_create(FSDP_CPU, maxbytes, 2, &pp));
+  CHECK_OK(fsdp_pool_create(FSDP_CPU, maxbytes, 2, &gp));
+  fsdp_unit *units[NU] = {0};
+  ref_param ref[NU][MAXP];
+  for (int u = 0; u < NU; u++) {
+    const char *names[MAXP];
+    int64_t n[MAXP];
+    fsdp_init_rule rules[MAXP];
+    uint8_t nd[MAXP];
+    for (int p = 0; p < unit_np[u]; p++) {
+      names[p] = P[u][p].name;
+      n[p] = P[u][p].n;
+      rules[p] = P[u][p].rule;
+      nd[p] = P[u][p].no_decay;
+      /* reference starts from the same fp32 values: one draw of the whole parameter */
+      float *f = malloc((size_t)n[p] * 4);
+      fsdp_layout *l1;
+      fsdp_layout_create(1, &n[p], 1, 1, 1, &l1);
+      fsdp_layout_init_shard(l1, 0, &names[p], &rules[p], 7, f, FSDP_FP32);
+      fsdp_layout_destroy(l1);
+      ref[u][p].w = malloc((size_t)n[p] * 8);
+      ref[u][p].m = calloc((size_t)n[p], 8);
+      ref[u][p].v = calloc((size_t)n[p], 8);
+      for (int64_t i = 0; i < n[p]; i++) ref[u][p].w[i] = f[i];
+      free(f);
+    }
+    char name[32];
+    snprintf(name, sizeof name, "unit%d", u);
+    CHECK_OK(fsdp_unit_create(name, unit_np[u], names, n, rules, nd, 7, shard, outer, &cfg, pp, gp, &units[u]));
+  }
+  fsdp_adamw_config opt = {1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f};
+  int bad_norm = 0;
+  for (int t = 1; t <= STEPS; t++) {
+    for (int k = 0; k < K; k++) {
+      for (int u = 0; u < NU; u++) { /* forward: gather, prefetch the next, release */
+        CHECK(fsdp_unit_unshard(units[u]) >= 0);
+        if (u + 1 < NU) CHECK(fsdp_unit_unshard(units[u + 1]) >= 0);
+        CHECK_OK(fsdp_unit_wait(units[u], NULL));
+        CHECK_OK(fsdp_unit_reshard(units[u], NULL));
+      }
+      for (int u = NU - 1; u >= 0; u--) { /* backward: grads from the gathered params */
+        CHECK(fsdp_unit_unshard(units[u]) == 0);
+        if (u > 0) CHECK(fsdp_unit_unshard(units[u - 1]) >= 0);
+        CHECK_OK(fsdp_unit_wait(units[u], NULL));
+        const float *w = fsdp_unit_params(units[u]);
+        float *g = NULL;
+        CHECK_OK(fsdp_unit_grads(units[u], NULL, (void **)&g));
+        if (!w || !g) return;
+        for (int p = 0; p < unit_np[u]; p++) {
+          int64_t off = fsdp_layout_param_offset(fsdp_unit_layout(units[u]), p);
+          for (int64_t i = 0; i < P[u][p].n; i++)
+            g[off + i] += (float)(coef(i) * ((double)w[off + i] - target(R, k, t, u, p, i)));
+        }
+        CHECK_OK(fsdp_unit_reshard(units[u], NULL));
+        CHECK_OK(fsdp_unit_reduce(units[u], NULL, k == K - 1));
+      }
+    }
+    float sums[NU];
+    for (int u = 0; u < NU; u++) {
+      double s;
+      int64_t nonfinite;
+      CHECK_OK(fsdp_unit_synchronize(units[u]));
+      CHECK_OK(fsdp_unit_grad_sumsq(units[u], &s, &nonfinite));
+      CHECK(nonfinite == 0);
+      sums[u] = (float)s;
+    }
+    CHECK_OK(fsdp_comm_all_reduce(shard, sums, sums, NU, FSDP_FP32, FSDP_SUM));
+    CHECK_OK(fsdp_comm_synchronize(shard));
+    double norm = sqrt((double)sums[0] + sums[1] + sums[2]);
+    float clip = (float)fmin(1.0, 1.0 / (norm + 1e-6));
+    for (int u = 0; u < NU; u++) CHECK_OK(fsdp_unit_step(units[u], t, &opt, clip));
+    /* reference step in float64 */
+    double rnorm2 = 0;
+    double *G[NU][MAXP];
+    for (int u = 0; u < NU; u++)
+      for (int p = 0; p < unit_np[u]; p++) {
+        G[u][p] = calloc((size_t)P[u][p].n, 8);
+        for (int64_t i = 0; i < P[u][p].n; i++) {
+          double s = 0;
+          for (int k = 0; k < K; k++)
+            for (int g = 0; g < W; g++) s += coef(i) * (ref[u][p].w[i] - target(g, k, t, u, p, i)) / W;
+          G[u][p][i] = s;
+          rnorm2 += s * s;
+        }
+      }
+    double rnorm = sqrt(rnorm2), rclip = fmin(1.0, 1.0 / (rnorm + 1e-6));
+    if (fabs(norm - rnorm) > 1e-4 * rnorm) bad_norm++;
+    double c1 = 1 / (1 - pow(0.9, t)), c2 = 1 / (1 - pow(0.95, t));
+    for (int u = 0; u < NU; u++)
+      for (int p = 0; p < unit_np[u]; p++) {
+        ref_param *rp = &ref[u][p];
+        double wd = P[u][p].no_decay ? 0 : 0.1;
+        for (int64_t i = 0; i < P[u][p].n; i++) {
+          double g = G[u][p][i] * rclip;
+          rp->w[i] *= 1 - 1e-2 * wd;
+          rp->m[i] = 0.9 * rp->m[i] + 0.1 * g;
+          rp->v[i] = 0.95 * rp->v[i] + 0.05 * g * g;
+          rp->w[i] -= 1e-2 * (rp->m[i] * c1) / (sqrt(rp->v[i] * c2) + 1e-8);
+        }
+        free(G[u][p]);
+      }
+  }
+  CHECK(bad_norm == 0);
+  int bad = 0;
+  for (int u = 0; u < NU; u++) {
+    CHECK_OK(fsdp_unit_unshard(units[u]));
+    CHECK_OK(fsdp_unit_wait(units[u], NULL));
+    const float *w = fsdp_unit_params(units[u]);
+    for (int p = 0; p < unit_np[u] && w; p++) {
+      int64_t off = fsdp_layout_param_offset(fsdp_unit_layout(units[u]), p);
+      for (int64_t i = 0; i < P[u][p].n; i++) {
+        double want = ref[u][p].w[i], got = w[off + i];
+        if (!(fabs(got - want) <= 1e-5 * fabs(want) + 1e-6) && bad++ < 3)
+          fprintf(stderr, "rank %d %s: %s[%lld] = %.9g, expected %.9g\n", R, label, P[u][p].name, (long long)i, got, want);
+      }
+    }
+    CHECK_OK(fsdp_unit_reshard(units[u], NULL));
+  }
+  if (bad) fprintf(stderr, "rank %d %s: %d parameters off\n", R, label, bad);
+  CHECK(bad == 0);
+  if (zero == 3) CHECK(fsdp_pool_peak(pp) == 2); /* prefetch used both buffers, never more */
+  for (int u = 0; u < NU; u++) {
+    fsdp_unit_destroy(units[u]);
+    for (int p = 0; p < unit_np[u]; p++) {
+      free(ref[u][p].w);
+      free(ref[u][p].m);
+      free(ref[u][p].v);
+    }
+  }
+  CHECK(fsdp_pool_live(pp) == 0 && fsdp_pool_live(gp) == 0);
+  fsdp_pool_destroy(pp);
+  fsdp_pool_destroy(gp);
+}
+
+int main(void) {
+  fsdp_proc_info info;
+  if (fsdp_init(&info) < 0) return 1;
+  W = info.size;
+  R = info.rank;
+  fsdp_init_rule normal = {FSDP_INIT_NORMAL, 0, 0.0, 0.02}, zeros = {FSDP_INIT_CONSTANT, 0, 0, 0},
+                 ones = {FSDP_INIT_CONSTANT, 0, 1, 0};
+  P[0][0] = (pspec){"embed.weight", 1000, normal, 0};
+  P[0][1] = (pspec){"embed.bias", 7, zeros, 1};
+  P[1][0] = (pspec){"layers.0.w", 2048, normal, 0};
+  P[1][1] = (pspec){"layers.0.norm.weight", 33, ones, 1};
+  P[2][0] = (pspec){"head.weight", 999, normal, 0};
+
+  fsdp_mesh *m = NULL;
+  fsdp_comm *dp = fsdp_test_world(FSDP_CPU, &m);
+  char label[64];
+  for (int zero = 0; zero <= 3 && dp; zero++)
+    for (int K = 1; K <= 3; K += 2) {
+      snprintf(label, sizeof label, "zero %d, %d micro-batch(es)", zero, K);
+      run(dp, NULL, zero, K, label);
+    }
+  if (W == 4) {
+    const char *d2[] = {"dp_outer", "dp_shard"};
+    int64_t s2[] = {2, 2};
+    fsdp_mesh *h = NULL;
+    fsdp_comm *sh = NULL, *out = NULL;
+    CHECK_OK(fsdp_mesh_create(2, d2, s2, FSDP_CPU, &h));
+    CHECK_OK(fsdp_mesh_group(h, "dp_shard", &sh));
+    CHECK_OK(fsdp_mesh_group(h, "dp_outer", &out));
+    for (int zero = 1; zero <= 3 && sh && out; zero++)
+      for (int K = 1; K <= 3; K += 2) {
+        snprintf(label, sizeof label, "HSDP 2x2 zero %d, %d micro-batch(es)", zero, K);
+        run(sh, out, zero, K, label);
+      }
+    fsdp_mesh_destroy(h);
+  }
+  fsdp_unit_config bad = {4, FSDP_FP32, FSDP_FP32, FSDP_AVG, 1, 1};
+  fsdp_unit *u = NULL;
+  int64_t n = 4;
+  const char *nm[] = {"x"};
+  CHECK_FAILS(fsdp_unit_create("u", 1, nm, &n, &P[0][0].rule, NULL, 1, dp, NULL, &bad, NULL, NULL, &u), FSDP_EINVAL,
+              "zero = 4");
+  fsdp_mesh_destroy(m);
+  snprintf(label, sizeof label, "test_units[%d/%d]", R, W);
+  int rc = fsdp_test_summary(label);
+  fsdp_finalize();
+  return rc;
+}
