@@ -8,13 +8,15 @@ fsdp_c_test(test_layout)
 fsdp_c_test(test_optim)
 fsdp_c_test(test_meta_init)
 fsdp_c_test(test_units)
+fsdp_c_test(test_ops)
 
 add_test(NAME base COMMAND test_base)
 add_test(NAME device COMMAND test_device)
 add_test(NAME philox COMMAND test_philox)
 add_test(NAME layout COMMAND test_layout)
 add_test(NAME optim COMMAND test_optim)
-set_tests_properties(base device philox layout optim PROPERTIES LABELS unit TIMEOUT 60)
+add_test(NAME ops COMMAND test_ops)
+set_tests_properties(base device philox layout optim ops PROPERTIES LABELS unit TIMEOUT 60)
 
 foreach(n 1 2 3 4)
   add_test(NAME collectives_np${n}

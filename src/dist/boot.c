@@ -9,6 +9,7 @@
 #include "../base/error.h"
 #include "../base/log.h"
 #include "../device/device_impl.h"
+#include "../ops/ops.h"
 #include "comm_impl.h"
 
 static struct {
@@ -81,6 +82,7 @@ int fsdp_init(fsdp_proc_info *info) {
     boot.info.local_size = 1;
   }
   boot.initialized = 1;
+  fsdp_ops_set_threads(boot.info.local_size);
   /* One GPU per local rank, the usual mapping; CPU-only hosts skip this. */
   int ndev = fsdp_cuda_available() ? fsdp_cuda_device_count() : 0;
   boot.info.device_count = ndev;
