@@ -23,3 +23,10 @@ if(LUAJIT_EXE)
     PASS_REGULAR_EXPRESSION "plain luajit: ok"
     ENVIRONMENT "FSDP_LIB=$<TARGET_FILE:fsdp>;LUA_PATH=${CMAKE_SOURCE_DIR}/lua/?.lua\\;${CMAKE_SOURCE_DIR}/lua/?/init.lua\\;\\;")
 endif()
+
+# fully_shard parity: zero 0-3 (and HSDP on 4 ranks) against the unsharded model
+foreach(n 1 2 3 4)
+  add_test(NAME lua_fully_shard_np${n}
+           COMMAND $<TARGET_FILE:fsdprun> -n ${n} --timeout 120 ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_fully_shard.lua)
+  set_tests_properties(lua_fully_shard_np${n} PROPERTIES LABELS multirank TIMEOUT 150 RUN_SERIAL ON)
+endforeach()

@@ -6,6 +6,8 @@ local tensor = require "fsdp.tensor"
 local stream = require "fsdp.stream"
 local mesh = require "fsdp.mesh"
 local pretty = require "fsdp.pretty"
+local nn = require "fsdp.nn"
+local shard = require "fsdp.shard"
 local ffi, C, check = base.ffi, base.C, base.check
 
 local fsdp = {
@@ -13,6 +15,7 @@ local fsdp = {
   tensor = tensor.new, dtype = tensor.dtype, dtype_name = tensor.dtype_name,
   stream = stream.stream, event = stream.event, memcpy = stream.memcpy,
   mesh = mesh.new, show = pretty.show, render = pretty.render,
+  nn = nn, fully_shard = shard.fully_shard,
 }
 
 local info

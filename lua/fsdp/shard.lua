@@ -1,0 +1,267 @@
+-- fsdp.fully_shard: group a model's parameters into FSDP units by a policy
+-- and train it sharded.
+--   local s = fsdp.fully_shard(model, { shard = comm, outer = comm_or_nil,
+--     units = {"Linear"} | function(module, path) -> unit name | nil,
+--     zero = 3, max_live_units = 2, seed = 1234 })
+--   local loss = s:train_step(micro_batches, {lr = 1e-3, ...})
+-- Parameters of modules the policy leaves out go to a unit named "root".
+local base = require "fsdp.ffi"
+local nn = require "fsdp.nn"
+local tensor = require "fsdp.tensor"
+local ffi, C, check = base.ffi, base.C, base.check
+
+local M = {}
+local Sharded = {}
+Sharded.__index = Sharded
+
+local init_kinds = { normal = C.FSDP_INIT_NORMAL, uniform = C.FSDP_INIT_UNIFORM, constant = C.FSDP_INIT_CONSTANT }
+
+local function policy_of(units)
+  if type(units) == "function" then return units end
+  local kinds = {}
+  for _, k in ipairs(units or {}) do kinds[k] = true end
+  return function(m, path)
+    if kinds[m.kind] then return path end
+  end
+end
+
+function M.fully_shard(model, opts)
+  opts = opts or {}
+  if not opts.shard then error("fully_shard: opts.shard (the shard group's comm, e.g. mesh:group('dp_shard')) is required", 2) end
+  local zero = opts.zero or 3
+  if zero ~= 0 and zero ~= 1 and zero ~= 2 and zero ~= 3 then
+    error("fully_shard: zero = " .. tostring(zero) .. "; expected 0, 1, 2 or 3", 2)
+  end
+  local policy = policy_of(opts.units)
+  local s = setmetatable({ model = model, shard = opts.shard, outer = opts.outer, zero = zero, units = {},
+    unit_of = {}, order = {}, step_count = 0 }, Sharded)
+  -- assign each module with parameters to a unit, in model order
+  local by_name = {}
+  nn.walk(model, function(m, path)
+    if #m.params == 0 then return end
+    local uname = policy(m, path) or "root"
+    local u = by_name[uname]
+    if not u then
+      u = { name = uname, modules = {}, params = {}, index = #s.units + 1 }
+      by_name[uname] = u
+      s.units[#s.units + 1] = u
+    end
+    u.modules[#u.modules + 1] = m
+    for _, p in ipairs(m.params) do
+      u.params[#u.params + 1] = { module = m, spec = p, name = (path == "" and "" or path .. ".") .. p.name }
+    end
+    s.unit_of[m] = u
+    s.order[#s.order + 1] = m
+  end)
+  -- a unit is reduced after the backward of its first module (in model order)
+  for _, u in ipairs(s.units) do u.first = u.modules[1] end
+  -- buffers: a pool big enough for the largest unit
+  local align, salign, biggest = 16, 32, 0
+  for _, u in ipairs(s.units) do
+    local total = 0
+    for _, p in ipairs(u.params) do total = total + p.spec.numel + align end
+    biggest = math.max(biggest, total + salign * opts.shard:size())
+  end
+  local live = opts.max_live_units or 2
+  local pp, gp = ffi.new("fsdp_pool *[1]"), ffi.new("fsdp_pool *[1]")
+  check(C.fsdp_pool_create(C.FSDP_CPU, biggest * 4, live, pp), "fully_shard: param pool")
+  check(C.fsdp_pool_create(C.FSDP_CPU, biggest * 4, live, gp), "fully_shard: grad pool")
+  s.ppool, s.gpool = pp[0], gp[0]
+  -- one finalizer for the lot, so units go before the pools they borrow from
+  s.gc = ffi.gc(ffi.new("char[1]"), function() s:free() end)
+  local cfg = ffi.new("fsdp_unit_config", { zero, C.FSDP_FP32, C.FSDP_FP32, C.FSDP_AVG, align, salign })
+  for _, u in ipairs(s.units) do
+    local n = #u.params
+    local names, numels = ffi.new("const char *[?]", n), ffi.new("int64_t[?]", n)
+    local rules, nd = ffi.new("fsdp_init_rule[?]", n), ffi.new("uint8_t[?]", n)
+    u.keep = {}
+    for i, p in ipairs(u.params) do
+      u.keep[i] = p.name
+      names[i - 1], numels[i - 1] = p.name, p.spec.numel
+      local init = p.spec.init
+      local kind = init_kinds[init[1]]
+      if not kind then error(string.format("fully_shard: parameter '%s' has init '%s' (expected normal, uniform or constant)", p.name, tostring(init[1])), 2) end
+      rules[i - 1].kind, rules[i - 1].a, rules[i - 1].b = kind, init[2] or 0, init[3] or 0
+      nd[i - 1] = p.spec.no_decay and 1 or 0
+    end
+    local h = ffi.new("fsdp_unit *[1]")
+    check(C.fsdp_unit_create(u.name, n, names, numels, rules, nd, opts.seed or 1234, opts.shard.handle,
+      opts.outer and opts.outer.handle or nil, cfg, s.ppool, s.gpool, h), "fully_shard: unit '" .. u.name .. "'")
+    u.handle = h[0]
+    local layout = C.fsdp_unit_layout(u.handle)
+    for i, p in ipairs(u.params) do p.offset = tonumber(C.fsdp_layout_param_offset(layout, i - 1)) end
+  end
+  return s
+end
+
+-- Frees the units and their pools now (idempotent; the collector does it
+-- otherwise). The model cannot train afterwards.
+function Sharded:free()
+  for _, u in ipairs(self.units) do
+    if u.handle ~= nil then C.fsdp_unit_destroy(u.handle) end
+    u.handle = nil
+  end
+  if self.ppool ~= nil then C.fsdp_pool_destroy(self.ppool) end
+  if self.gpool ~= nil then C.fsdp_pool_destroy(self.gpool) end
+  self.ppool, self.gpool = nil, nil
+end
+
+-- bind a module's parameter (and grad) pointers into its unit's full buffers
+local function bind(s, m, with_grads)
+  local u = s.unit_of[m]
+  local w = ffi.cast("float *", C.fsdp_unit_params(u.handle))
+  m.bound, m.grad = {}, {}
+  local g
+  if with_grads then
+    local gp = ffi.new("void *[1]")
+    check(C.fsdp_unit_grads(u.handle, nil, gp), "unit '" .. u.name .. "' grads")
+    g = ffi.cast("float *", gp[0])
+  end
+  for _, p in ipairs(u.params) do
+    if p.module == m then
+      m.bound[p.spec.name] = w + p.offset
+      if g then m.grad[p.spec.name] = g + p.offset end
+    end
+  end
+end
+
+local function unshard(u)
+  local rc = C.fsdp_unit_unshard(u.handle)
+  check(rc, "unit '" .. u.name .. "' unshard")
+  return rc == 0
+end
+
+-- The schedule, as hooks around each module.
+local Ctx = {}
+Ctx.__index = Ctx
+
+function Ctx:enter(m, phase)
+  local s = self.s
+  local u = s.unit_of[m]
+  if not u then return end
+  if phase == "forward" then
+    if self.cur ~= u then
+      if self.cur and s.zero == 3 then check(C.fsdp_unit_reshard(self.cur.handle, nil), "reshard") end
+      unshard(u)
+      local nxt = s.units[u.index + 1]
+      if nxt then unshard(nxt) end -- prefetch; stops at the pool's bound
+      check(C.fsdp_unit_wait(u.handle, nil), "unit '" .. u.name .. "' wait")
+      self.cur = u
+    end
+    bind(s, m, false)
+  else
+    if self.cur ~= u then
+      if self.cur and s.zero == 3 then check(C.fsdp_unit_reshard(self.cur.handle, nil), "reshard") end
+      unshard(u)
+      local prev = s.units[u.index - 1]
+      if prev then unshard(prev) end
+      check(C.fsdp_unit_wait(u.handle, nil), "unit '" .. u.name .. "' wait")
+      self.cur = u
+    end
+    bind(s, m, true)
+  end
+end
+
+function Ctx:leave(m, phase)
+  local u = self.s.unit_of[m]
+  if phase == "backward" and u and u.first == m then
+    if self.s.zero == 3 then check(C.fsdp_unit_reshard(u.handle, nil), "reshard") end
+    self.cur = nil
+    check(C.fsdp_unit_reduce(u.handle, nil, self.sync and 1 or 0), "unit '" .. u.name .. "' reduce")
+  end
+end
+
+-- One optimizer step over micro-batches {{x = tensor, y = tensor}, ...}:
+-- forward, MSE loss, backward per micro-batch, reduce, clip, AdamW.
+-- Returns the loss averaged over micro-batches and data-parallel ranks.
+local function live(s, what)
+  if s.ppool == nil then error(what .. ": the sharded model was freed", 3) end
+end
+
+function Sharded:train_step(batches, opt)
+  live(self, "train_step")
+  opt = opt or {}
+  local K, total = #batches, 0
+  for k, b in ipairs(batches) do
+    local ctx = setmetatable({ s = self, sync = k == K }, Ctx)
+    local y = self.model:forward(ctx, b.x)
+    local loss, dy = nn.mse(y, b.y, 1 / K)
+    total = total + loss / K
+    self.model:backward(ctx, dy)
+  end
+  -- global grad norm: every unit's share, one all-reduce over the shard group
+  local sums = tensor.new(#self.units + 1)
+  for i, u in ipairs(self.units) do
+    check(C.fsdp_unit_synchronize(u.handle), "unit '" .. u.name .. "' synchronize")
+    local sq, bad = ffi.new("double[1]"), ffi.new("int64_t[1]")
+    check(C.fsdp_unit_grad_sumsq(u.handle, sq, bad), "grad norm")
+    if bad[0] > 0 then error(string.format("unit '%s': %d non-finite gradients", u.name, tonumber(bad[0]))) end
+    sums:set(i - 1, sq[0])
+  end
+  sums:set(#self.units, total)
+  self.shard:all_reduce(sums, sums, "sum")
+  self.shard:synchronize()
+  local norm2 = 0
+  for i = 0, #self.units - 1 do norm2 = norm2 + sums:get(i) end
+  local loss = sums:get(#self.units) / self.shard:size()
+  if self.outer then
+    local l = tensor.new(1); l:set(0, loss)
+    self.outer:all_reduce(l, l, "avg"); self.outer:synchronize()
+    loss = l:get(0)
+  end
+  local norm = math.sqrt(norm2)
+  local clip = opt.clip and math.min(1, opt.clip / (norm + 1e-6)) or 1
+  self.step_count = self.step_count + 1
+  local cfg = ffi.new("fsdp_adamw_config", { opt.lr or 1e-3, opt.beta1 or 0.9, opt.beta2 or 0.999, opt.eps or 1e-8,
+    opt.weight_decay or 0 })
+  for _, u in ipairs(self.units) do
+    check(C.fsdp_unit_step(u.handle, self.step_count, cfg, clip), "unit '" .. u.name .. "' step")
+  end
+  return loss, norm
+end
+
+-- The full values of a parameter (a Lua table), gathered if need be.
+function Sharded:gather(name)
+  live(self, "gather")
+  for _, u in ipairs(self.units) do
+    for _, p in ipairs(u.params) do
+      if p.name == name then
+        unshard(u)
+        check(C.fsdp_unit_wait(u.handle, nil), "gather")
+        local w = ffi.cast("float *", C.fsdp_unit_params(u.handle))
+        local out = {}
+        for i = 0, p.spec.numel - 1 do out[i + 1] = w[p.offset + i] end
+        check(C.fsdp_unit_reshard(u.handle, nil), "gather")
+        return out
+      end
+    end
+  end
+  error("gather: no parameter '" .. tostring(name) .. "'", 2)
+end
+
+-- The layout, for printing: unit, parameter, size, offset, per-rank ranges.
+function Sharded:unit_table()
+  live(self, "unit_table")
+  local rows = {}
+  for _, u in ipairs(self.units) do
+    local layout = C.fsdp_unit_layout(u.handle)
+    local W = self.shard:size()
+    for i, p in ipairs(u.params) do
+      local owners = {}
+      for r = 0, W - 1 do
+        local n = C.fsdp_layout_rank_pieces(layout, r, nil, 0)
+        local pieces = ffi.new("fsdp_layout_piece[?]", math.max(n, 1))
+        C.fsdp_layout_rank_pieces(layout, r, pieces, n)
+        for k = 0, n - 1 do
+          if pieces[k].param == i - 1 then
+            owners[#owners + 1] = string.format("%d:[%d,%d)", r, tonumber(pieces[k].begin), tonumber(pieces[k]["end"]))
+          end
+        end
+      end
+      rows[#rows + 1] = { unit = u.name, param = p.name, numel = p.spec.numel, offset = p.offset, owners = table.concat(owners, " ") }
+    end
+  end
+  return rows
+end
+
+return M
