@@ -173,7 +173,10 @@ end
 
 -- One optimizer step over micro-batches {{x = tensor, y = tensor}, ...}:
 -- forward, MSE loss, backward per micro-batch, reduce, clip, AdamW.
--- Returns the loss averaged over micro-batches and data-parallel ranks.
+-- Returns the loss averaged over micro-batches and data-parallel ranks, the
+-- global grad norm, and, when some gradient was not finite, a message naming
+-- the units (the step is then skipped on every rank; the step counter does
+-- not advance).
 local function live(s, what)
   if s.ppool == nil then error(what .. ": the sharded model was freed", 3) end
 end
@@ -189,27 +192,39 @@ function Sharded:train_step(batches, opt)
     total = total + loss / K
     self.model:backward(ctx, dy)
   end
-  -- global grad norm: every unit's share, one all-reduce over the shard group
-  local sums = tensor.new(#self.units + 1)
+  -- global grad norm and non-finite counts: every unit's share, one
+  -- all-reduce over the shard group (HSDP replicas hold the same shards)
+  local nu = #self.units
+  local sums = tensor.new(2 * nu + 1)
   for i, u in ipairs(self.units) do
     check(C.fsdp_unit_synchronize(u.handle), "unit '" .. u.name .. "' synchronize")
     local sq, bad = ffi.new("double[1]"), ffi.new("int64_t[1]")
     check(C.fsdp_unit_grad_sumsq(u.handle, sq, bad), "grad norm")
-    if bad[0] > 0 then error(string.format("unit '%s': %d non-finite gradients", u.name, tonumber(bad[0]))) end
     sums:set(i - 1, sq[0])
+    sums:set(nu + i - 1, tonumber(bad[0]))
   end
-  sums:set(#self.units, total)
+  sums:set(2 * nu, total)
   self.shard:all_reduce(sums, sums, "sum")
   self.shard:synchronize()
   local norm2 = 0
-  for i = 0, #self.units - 1 do norm2 = norm2 + sums:get(i) end
-  local loss = sums:get(#self.units) / self.shard:size()
+  for i = 0, nu - 1 do norm2 = norm2 + sums:get(i) end
+  local loss = sums:get(2 * nu) / self.shard:size()
   if self.outer then
     local l = tensor.new(1); l:set(0, loss)
     self.outer:all_reduce(l, l, "avg"); self.outer:synchronize()
     loss = l:get(0)
   end
   local norm = math.sqrt(norm2)
+  -- non-finite grads anywhere: every rank skips the step, and says where
+  local bad_units = {}
+  for i, u in ipairs(self.units) do
+    if sums:get(nu + i - 1) > 0 then bad_units[#bad_units + 1] = string.format("'%s' (%d values)", u.name, sums:get(nu + i - 1)) end
+  end
+  if #bad_units > 0 then
+    for _, u in ipairs(self.units) do check(C.fsdp_unit_zero_grad(u.handle), "zero_grad") end
+    self.skipped = (self.skipped or 0) + 1
+    return loss, math.huge, "non-finite gradients in units " .. table.concat(bad_units, ", ") .. "; step skipped"
+  end
   local clip = opt.clip and math.min(1, opt.clip / (norm + 1e-6)) or 1
   self.step_count = self.step_count + 1
   local cfg = ffi.new("fsdp_adamw_config", { opt.lr or 1e-3, opt.beta1 or 0.9, opt.beta2 or 0.999, opt.eps or 1e-8,

@@ -305,6 +305,12 @@ int fsdp_unit_grad_sumsq(fsdp_unit *u, double *sum, int64_t *nonfinite) {
   return fsdp_sum_squares(g, u->S, sum, nonfinite);
 }
 
+int fsdp_unit_zero_grad(fsdp_unit *u) {
+  FSDP_CHECK(fsdp_unit_synchronize(u));
+  memset(u->gmain, 0, (size_t)u->n_opt * sizeof(float));
+  return FSDP_OK;
+}
+
 int fsdp_unit_step(fsdp_unit *u, int64_t step, const fsdp_adamw_config *cfg, float grad_scale) {
   FSDP_CHECK(fsdp_unit_synchronize(u));
   fsdp_adamw_config nd = *cfg;

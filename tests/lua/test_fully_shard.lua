@@ -67,6 +67,26 @@ if W == 4 then
   run("HSDP 2x2 zero 1, 1 micro-batch", h:group("dp_shard"), h:group("dp_outer"), h:group("solo"), 1, 1)
 end
 
+-- a non-finite gradient skips the step on every rank and names the unit
+do
+  local m = fsdp.fully_shard(mlp(), { shard = dp, units = { "Linear" }, zero = 3, seed = 3 })
+  local before = m:gather("4.weight")
+  local b = batch(R, 1, 1)
+  if R == W - 1 then b.y:set(0, 0 / 0) end -- NaN target on the last rank only
+  local loss, norm, warn = m:train_step({ b }, opt)
+  -- the NaN enters at the loss, so every unit behind it is named, the last first in model order
+  check(warn ~= nil and warn:find("'4' (", 1, true) ~= nil and warn:find("skipped", 1, true) ~= nil,
+    "skip names the units: " .. tostring(warn))
+  check(norm == math.huge, "norm reported as inf")
+  local after = m:gather("4.weight")
+  local same = true
+  for i = 1, #before do same = same and before[i] == after[i] end
+  check(same and m.step_count == 0, "weights unchanged and the step counter did not advance")
+  local _, _, warn2 = m:train_step({ batch(R, 1, 2) }, opt)
+  check(warn2 == nil and m.step_count == 1, "the next finite step runs as step 1")
+  m:free()
+end
+
 -- the layout table names owners of each piece
 local s = fsdp.fully_shard(mlp(), { shard = dp, units = { "Linear" }, zero = 3 })
 local rows = s:unit_table()
