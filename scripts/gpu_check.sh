@@ -39,6 +39,9 @@ for n in 4 8; do
 done
 echo "== test_collectives, 4 ranks"
 "$build/fsdprun" -n 4 --rank0-only --host "$build/tests/test_collectives" 2>&1 | tail -3 | tee "$out/test_collectives.log" || status=1
+echo "== units and fully_shard parity, 4 ranks"
+"$build/fsdprun" -n 4 --rank0-only --host "$build/tests/test_units" 2>&1 | tail -2 | tee "$out/test_units.log" || status=1
+"$build/fsdprun" -n 4 --rank0-only --host "$build/fsdp" tests/lua/test_fully_shard.lua 2>&1 | tail -2 | tee "$out/test_fully_shard.log" || status=1
 echo "== demo through the Lua host"
 "$build/fsdprun" -n 4 --host "$build/fsdp" recipes/demo_collectives.lua 2>&1 | tee "$out/demo.log" || status=1
 exit $status
