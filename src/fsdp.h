@@ -306,6 +306,20 @@ int fsdp_unit_step(fsdp_unit *u, int64_t step, const fsdp_adamw_config *cfg, flo
 /* Drop the reduced grads without a step (e.g. non-finite grads somewhere). */
 int fsdp_unit_zero_grad(fsdp_unit *u);
 
+/* Bytes this rank keeps resident for the unit, per buffer (full buffers
+ * borrowed from the pools are not counted: the pools own them). */
+typedef struct fsdp_unit_memory {
+  int64_t params_full;    /* compute-dtype full params (zero 0-2) */
+  int64_t params_shard;   /* compute-dtype param shard (zero 1-3) */
+  int64_t main_params;    /* fp32 main params */
+  int64_t optimizer;      /* AdamW m and v */
+  int64_t grads_full;     /* compute-dtype full grads (zero 0-1) */
+  int64_t grads_main;     /* fp32 grads the optimizer reads */
+  int64_t scratch;        /* fp32 reduce-scatter staging */
+  int64_t shard_numel, total_numel;
+} fsdp_unit_memory;
+int fsdp_unit_memory_info(const fsdp_unit *u, fsdp_unit_memory *out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -34,7 +34,7 @@ function M.fully_shard(model, opts)
   end
   local policy = policy_of(opts.units)
   local s = setmetatable({ model = model, shard = opts.shard, outer = opts.outer, zero = zero, units = {},
-    unit_of = {}, order = {}, step_count = 0 }, Sharded)
+    unit_of = {}, order = {}, step_count = 0, trace = opts.trace }, Sharded)
   -- assign each module with parameters to a unit, in model order
   local by_name = {}
   nn.walk(model, function(m, path)
@@ -125,10 +125,27 @@ local function bind(s, m, with_grads)
   end
 end
 
-local function unshard(u)
+-- opts.trace (a table) collects the schedule as it is issued:
+-- {op = "unshard" | "compute" | "reduce", unit = name, phase = ...}
+local function trace(s, op, u, phase)
+  if s.trace then s.trace[#s.trace + 1] = { op = op, unit = u.name, phase = phase } end
+end
+
+-- zero 3: start gathering u's params unless already there (or at the
+-- pool's bound); a no-op for the resident levels
+local function unshard(u, s)
   local rc = C.fsdp_unit_unshard(u.handle)
   check(rc, "unit '" .. u.name .. "' unshard")
+  if rc == 0 and not u.gathered and s and s.zero == 3 then
+    u.gathered = true
+    trace(s, "unshard", u)
+  end
   return rc == 0
+end
+
+local function reshard(u)
+  u.gathered = false
+  check(C.fsdp_unit_reshard(u.handle, nil), "unit '" .. u.name .. "' reshard")
 end
 
 -- The schedule, as hooks around each module.
@@ -141,33 +158,36 @@ function Ctx:enter(m, phase)
   if not u then return end
   if phase == "forward" then
     if self.cur ~= u then
-      if self.cur and s.zero == 3 then check(C.fsdp_unit_reshard(self.cur.handle, nil), "reshard") end
-      unshard(u)
+      if self.cur and s.zero == 3 then reshard(self.cur) end
+      unshard(u, s)
       local nxt = s.units[u.index + 1]
-      if nxt then unshard(nxt) end -- prefetch; stops at the pool's bound
+      if nxt then unshard(nxt, s) end -- prefetch; stops at the pool's bound
       check(C.fsdp_unit_wait(u.handle, nil), "unit '" .. u.name .. "' wait")
       self.cur = u
     end
     bind(s, m, false)
+    trace(s, "compute", u, "forward")
   else
     if self.cur ~= u then
-      if self.cur and s.zero == 3 then check(C.fsdp_unit_reshard(self.cur.handle, nil), "reshard") end
-      unshard(u)
+      if self.cur and s.zero == 3 then reshard(self.cur) end
+      unshard(u, s)
       local prev = s.units[u.index - 1]
-      if prev then unshard(prev) end
+      if prev then unshard(prev, s) end
       check(C.fsdp_unit_wait(u.handle, nil), "unit '" .. u.name .. "' wait")
       self.cur = u
     end
     bind(s, m, true)
+    trace(s, "compute", u, "backward")
   end
 end
 
 function Ctx:leave(m, phase)
   local u = self.s.unit_of[m]
   if phase == "backward" and u and u.first == m then
-    if self.s.zero == 3 then check(C.fsdp_unit_reshard(u.handle, nil), "reshard") end
+    if self.s.zero == 3 then reshard(u) end
     self.cur = nil
     check(C.fsdp_unit_reduce(u.handle, nil, self.sync and 1 or 0), "unit '" .. u.name .. "' reduce")
+    trace(self.s, "reduce", u)
   end
 end
 
@@ -246,7 +266,7 @@ function Sharded:gather(name)
         local w = ffi.cast("float *", C.fsdp_unit_params(u.handle))
         local out = {}
         for i = 0, p.spec.numel - 1 do out[i + 1] = w[p.offset + i] end
-        check(C.fsdp_unit_reshard(u.handle, nil), "gather")
+        reshard(u)
         return out
       end
     end

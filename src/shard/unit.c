@@ -345,3 +345,20 @@ int fsdp_unit_step(fsdp_unit *u, int64_t step, const fsdp_adamw_config *cfg, flo
   memset(u->gmain, 0, (size_t)u->n_opt * sizeof(float));
   return FSDP_OK;
 }
+
+int fsdp_unit_memory_info(const fsdp_unit *u, fsdp_unit_memory *out) {
+  if (!u || !out) return fsdp_fail(FSDP_EINVAL, "unit_memory_info: NULL argument");
+  int64_t c = (int64_t)u->ces, f = (int64_t)sizeof(float);
+  *out = (fsdp_unit_memory){
+      .params_full = u->cfull ? u->T * c : 0,
+      .params_shard = u->cshard ? u->S * c : 0,
+      .main_params = u->n_opt * f,
+      .optimizer = 2 * u->n_opt * f,
+      .grads_full = u->gfull ? u->T * c : 0,
+      .grads_main = u->n_opt * f,
+      .scratch = u->S * f,
+      .shard_numel = u->S,
+      .total_numel = u->T,
+  };
+  return FSDP_OK;
+}

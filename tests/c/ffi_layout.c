@@ -16,6 +16,8 @@ int main(void) {
   SIZE(fsdp_layout_piece);
   SIZE(fsdp_adamw_config);
   SIZE(fsdp_init_rule);
+  SIZE(fsdp_unit_memory);
+  SIZE(fsdp_unit_config);
   printf("},\noffsets = {\n");
   OFF(fsdp_proc_info, rank);
   OFF(fsdp_proc_info, size);
@@ -39,6 +41,14 @@ int main(void) {
   OFF(fsdp_init_rule, kind);
   OFF(fsdp_init_rule, a);
   OFF(fsdp_init_rule, b);
+  OFF(fsdp_unit_config, zero);
+  OFF(fsdp_unit_config, reduce_dtype);
+  OFF(fsdp_unit_config, param_align);
+  OFF(fsdp_unit_config, shard_align);
+  OFF(fsdp_unit_memory, params_full);
+  OFF(fsdp_unit_memory, optimizer);
+  OFF(fsdp_unit_memory, scratch);
+  OFF(fsdp_unit_memory, total_numel);
   printf("},\nconstants = {\n");
   CONST(FSDP_OK);
   CONST(FSDP_EINVAL);

@@ -68,6 +68,18 @@ static void run(fsdp_comm *shard, fsdp_comm *outer, int zero, int K, const char 
     snprintf(name, sizeof name, "unit%d", u);
     CHECK_OK(fsdp_unit_create(name, unit_np[u], names, n, rules, nd, 7, shard, outer, &cfg, pp, gp, &units[u]));
   }
+  /* resident bytes per buffer: exactly what the ZeRO level and layout say */
+  for (int u = 0; u < NU; u++) {
+    fsdp_unit_memory mem;
+    CHECK_OK(fsdp_unit_memory_info(units[u], &mem));
+    int64_t S = fsdp_layout_shard_numel(fsdp_unit_layout(units[u])), T = S * fsdp_comm_size(shard);
+    int64_t opt_n = zero == 0 ? T : S;
+    CHECK(mem.shard_numel == S && mem.total_numel == T);
+    CHECK(mem.params_full == (zero <= 2 ? T * 4 : 0));
+    CHECK(mem.params_shard == (zero >= 1 ? S * 4 : 0));
+    CHECK(mem.main_params == opt_n * 4 && mem.optimizer == 2 * opt_n * 4 && mem.grads_main == opt_n * 4);
+    CHECK(mem.grads_full == (zero <= 1 ? T * 4 : 0));
+  }
   fsdp_adamw_config opt = {1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f};
   int bad_norm = 0;
   for (int t = 1; t <= STEPS; t++) {

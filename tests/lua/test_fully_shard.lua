@@ -87,6 +87,26 @@ do
   m:free()
 end
 
+-- the schedule overlaps: with zero 3, the next unit's all-gather is issued
+-- before the current unit computes, and a unit's reduce-scatter is issued
+-- before the backward of the unit in front of it
+do
+  local tr = {}
+  local m = fsdp.fully_shard(mlp(), { shard = dp, units = { "Linear" }, zero = 3, trace = tr })
+  m:train_step({ batch(R, 1, 1) }, opt)
+  local first = {}
+  for i, e in ipairs(tr) do
+    local key = e.op .. ":" .. e.unit .. ":" .. (e.phase or "")
+    if not first[key] then first[key] = i end
+  end
+  check(first["unshard:2:"] and first["compute:0:forward"] and first["unshard:2:"] < first["compute:0:forward"],
+    "prefetch: unit 2 gathered before unit 0 computes")
+  check(first["unshard:4:"] < first["compute:2:forward"], "prefetch: unit 4 gathered before unit 2 computes")
+  check(first["reduce:4:"] < first["compute:2:backward"], "unit 4 reduces while unit 2 runs its backward")
+  check(first["reduce:2:"] < first["compute:0:backward"], "unit 2 reduces while unit 0 runs its backward")
+  m:free()
+end
+
 -- the layout table names owners of each piece
 local s = fsdp.fully_shard(mlp(), { shard = dp, units = { "Linear" }, zero = 3 })
 local rows = s:unit_table()
