@@ -24,6 +24,18 @@ static double ref_loss(const double *x, const double *w, const double *b, const 
   return L;
 }
 
+/* dL/dv by central differences, v one of the inputs of ref_loss */
+static double central_diff(double *v, const double *x, const double *w, const double *b, const double *r, int n, int in,
+                           int out) {
+  const double h = 1e-3, keep = *v;
+  *v = keep + h;
+  double lp = ref_loss(x, w, b, r, n, in, out);
+  *v = keep - h;
+  double lm = ref_loss(x, w, b, r, n, in, out);
+  *v = keep;
+  return (lp - lm) / (2 * h);
+}
+
 static int close_to(double got, double want, double rel, double abs_) { return fabs(got - want) <= rel * fabs(want) + abs_; }
 
 static void test_linear(int n, int in, int out) {
@@ -49,31 +61,12 @@ static void test_linear(int n, int in, int out) {
   /* backward twice: the weight grads accumulate */
   CHECK_OK(fsdp_linear_backward(dx, dw, db, dy, x, w, n, in, out));
   CHECK_OK(fsdp_linear_backward(NULL, dw, db, dy, x, w, n, in, out));
-  const double h = 1e-3;
   bad = 0;
   for (int t = 0; t < 12; t++) { /* a sample of weights, inputs, biases */
     int jw = (int)((t * 7919u) % (unsigned)(out * in)), jx = (int)((t * 104729u) % (unsigned)(n * in)), jb = t % out;
-    double s = wd[jw];
-    wd[jw] = s + h;
-    double lp = ref_loss(xd, wd, bd, rd, n, in, out);
-    wd[jw] = s - h;
-    double lm = ref_loss(xd, wd, bd, rd, n, in, out);
-    wd[jw] = s;
-    bad += !close_to(dw[jw] / 2, (lp - lm) / (2 * h), 1e-3, 1e-5);
-    s = xd[jx];
-    xd[jx] = s + h;
-    lp = ref_loss(xd, wd, bd, rd, n, in, out);
-    xd[jx] = s - h;
-    lm = ref_loss(xd, wd, bd, rd, n, in, out);
-    xd[jx] = s;
-    bad += !close_to(dx[jx], (lp - lm) / (2 * h), 1e-3, 1e-5);
-    s = bd[jb];
-    bd[jb] = s + h;
-    lp = ref_loss(xd, wd, bd, rd, n, in, out);
-    bd[jb] = s - h;
-    lm = ref_loss(xd, wd, bd, rd, n, in, out);
-    bd[jb] = s;
-    bad += !close_to(db[jb] / 2, (lp - lm) / (2 * h), 1e-3, 1e-5);
+    bad += !close_to(dw[jw] / 2, central_diff(&wd[jw], xd, wd, bd, rd, n, in, out), 1e-3, 1e-5);
+    bad += !close_to(dx[jx], central_diff(&xd[jx], xd, wd, bd, rd, n, in, out), 1e-3, 1e-5);
+    bad += !close_to(db[jb] / 2, central_diff(&bd[jb], xd, wd, bd, rd, n, in, out), 1e-3, 1e-5);
   }
   CHECK(bad == 0);
   free(x); free(w); free(b); free(y); free(dy); free(dx); free(dw); free(db);

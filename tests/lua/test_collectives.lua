@@ -9,10 +9,8 @@ local fsdp = require "fsdp"
 
 local info = fsdp.init()
 local W, R = info.size, info.rank
-local passed, failed = 0, 0
-local function check(ok, what)
-  if ok then passed = passed + 1 else failed = failed + 1; io.stderr:write("rank ", R, ": FAILED: ", what, "\n") end
-end
+local T = dofile((arg[0]:match("^(.*/)") or "./") .. "testkit.lua")(string.format("test_collectives.lua rank %d/%d", R, W))
+local check, fails = T.check, T.fails
 
 local function value(r, i) return ((r * 131 + i * 7) % 61 - 30) * 0.25 end
 
@@ -107,5 +105,4 @@ check(not ok and tostring(err):find("no dimension 'nope'"), "unknown group: " ..
 
 mesh:free()
 mesh:free() -- idempotent
-print(string.format("test_collectives.lua rank %d/%d: %d passed, %d failed", R, W, passed, failed))
-os.exit(failed == 0 and 0 or 1)
+T.finish()

@@ -3,10 +3,8 @@
 --   fsdp tests/lua/test_ffi.lua PATH/TO/ffi_layout
 local fsdp = require "fsdp"
 local ffi = fsdp.ffi
-local passed, failed = 0, 0
-local function check(ok, what)
-  if ok then passed = passed + 1 else failed = failed + 1; print("FAILED: " .. what) end
-end
+local T = dofile((arg[0]:match("^(.*/)") or "./") .. "testkit.lua")("test_ffi")
+local check, fails = T.check, T.fails
 
 if not arg[1] then error("usage: test_ffi.lua FFI_LAYOUT_BINARY") end
 local p = assert(io.popen(arg[1]))
@@ -35,5 +33,4 @@ for _, name in ipairs(names) do
   check(okv and tonumber(v) == c.constants[name],
     string.format("%s: C %s, FFI %s", name, tostring(c.constants[name]), tostring(v)))
 end
-print(string.format("test_ffi: %d passed, %d failed", passed, failed))
-os.exit(failed == 0 and 0 or 1)
+T.finish()

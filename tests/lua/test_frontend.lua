@@ -4,14 +4,8 @@
 --   fsdp tests/lua/test_frontend.lua PATH/TO/fsdp
 local fsdp = require "fsdp"
 local ffi, C = fsdp.ffi, fsdp.C
-local passed, failed = 0, 0
-local function check(ok, what)
-  if ok then passed = passed + 1 else failed = failed + 1; print("FAILED: " .. what) end
-end
-local function fails(fn, needle, what)
-  local ok, err = pcall(fn)
-  check(not ok and tostring(err):find(needle, 1, true) ~= nil, what .. ": " .. tostring(err))
-end
+local T = dofile((arg[0]:match("^(.*/)") or "./") .. "testkit.lua")("test_frontend")
+local check, fails = T.check, T.fails
 
 -- check(): statuses become errors with the C message and the status name
 fails(function() fsdp.check(C.fsdp_dtype_from_name("int3"), "dtype") end, "dtype: unknown dtype 'int3'", "check")
@@ -113,5 +107,4 @@ if arg[1] then
   check(out:find("{a = 1, b = {2, 3}}", 1, true) ~= nil, "REPL shows tables readably")
 end
 
-print(string.format("test_frontend: %d passed, %d failed", passed, failed))
-os.exit(failed == 0 and 0 or 1)
+T.finish()

@@ -9,10 +9,8 @@ local nn = fsdp.nn
 
 local info = fsdp.init()
 local W, R = info.size, info.rank
-local passed, failed = 0, 0
-local function check(ok, what)
-  if ok then passed = passed + 1 else failed = failed + 1; io.stderr:write("rank ", R, ": FAILED: ", what, "\n") end
-end
+local T = dofile((arg[0]:match("^(.*/)") or "./") .. "testkit.lua")(string.format("test_fully_shard rank %d/%d", R, W))
+local check, fails = T.check, T.fails
 
 local function mlp()
   return nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 4))
@@ -119,5 +117,4 @@ s:free()
 ok, err = pcall(function() s:gather("0.weight") end)
 check(not ok and tostring(err):find("was freed"), "use after free is an error: " .. tostring(err))
 collectgarbage() -- tensors, through their finalizers
-print(string.format("test_fully_shard rank %d/%d: %d passed, %d failed", R, W, passed, failed))
-os.exit(failed == 0 and 0 or 1)
+T.finish()
