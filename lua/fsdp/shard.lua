@@ -156,29 +156,19 @@ function Ctx:enter(m, phase)
   local s = self.s
   local u = s.unit_of[m]
   if not u then return end
-  if phase == "forward" then
-    if self.cur ~= u then
-      if self.cur and s.zero == 3 then reshard(self.cur) end
-      unshard(u, s)
-      local nxt = s.units[u.index + 1]
-      if nxt then unshard(nxt, s) end -- prefetch; stops at the pool's bound
-      check(C.fsdp_unit_wait(u.handle, nil), "unit '" .. u.name .. "' wait")
-      self.cur = u
-    end
-    bind(s, m, false)
-    trace(s, "compute", u, "forward")
-  else
-    if self.cur ~= u then
-      if self.cur and s.zero == 3 then reshard(self.cur) end
-      unshard(u, s)
-      local prev = s.units[u.index - 1]
-      if prev then unshard(prev, s) end
-      check(C.fsdp_unit_wait(u.handle, nil), "unit '" .. u.name .. "' wait")
-      self.cur = u
-    end
-    bind(s, m, true)
-    trace(s, "compute", u, "backward")
+  local forward = phase == "forward"
+  if self.cur ~= u then
+    if self.cur and s.zero == 3 then reshard(self.cur) end
+    unshard(u, s)
+    -- prefetch the unit that runs next: the following one in forward, the
+    -- preceding one in backward; stops at the pool's bound
+    local nxt = s.units[u.index + (forward and 1 or -1)]
+    if nxt then unshard(nxt, s) end
+    check(C.fsdp_unit_wait(u.handle, nil), "unit '" .. u.name .. "' wait")
+    self.cur = u
   end
+  bind(s, m, not forward)
+  trace(s, "compute", u, phase)
 end
 
 function Ctx:leave(m, phase)
