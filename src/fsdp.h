@@ -64,6 +64,8 @@ float fsdp_fp16_to_f32(uint16_t h);
 uint16_t fsdp_f32_to_fp16(float f);
 /* Element-wise conversion between any two dtypes (CPU memory). */
 int fsdp_convert(void *dst, int dst_dtype, const void *src, int src_dtype, size_t n);
+/* dst[i] += src[i], any two dtypes, one rounding to dst's dtype (CPU memory). */
+int fsdp_accumulate(void *dst, int dst_dtype, const void *src, int src_dtype, size_t n);
 
 /* ---- counter-based RNG (Philox-4x32-10) ------------------------------ */
 typedef enum { FSDP_RNG_UNIFORM = 0, FSDP_RNG_NORMAL = 1 } fsdp_rng_dist;

@@ -33,8 +33,14 @@ function M.fully_shard(model, opts)
     error("fully_shard: zero = " .. tostring(zero) .. "; expected 0, 1, 2 or 3", 2)
   end
   local policy = policy_of(opts.units)
+  local mixed = opts.mixed or {}
+  local pdt, rdt = mixed.param_dtype or "fp32", mixed.reduce_dtype or "fp32"
+  if (pdt ~= "fp32" and pdt ~= "bf16") or (rdt ~= "fp32" and rdt ~= pdt) then
+    error(string.format("fully_shard: mixed = {param_dtype = '%s', reduce_dtype = '%s'}; expected param_dtype fp32 or bf16 " ..
+      "and reduce_dtype fp32 or the param dtype", pdt, rdt), 2)
+  end
   local s = setmetatable({ model = model, shard = opts.shard, outer = opts.outer, zero = zero, units = {},
-    unit_of = {}, order = {}, step_count = 0, trace = opts.trace }, Sharded)
+    unit_of = {}, order = {}, step_count = 0, trace = opts.trace, param_dtype = pdt }, Sharded)
   -- assign each module with parameters to a unit, in model order
   local by_name = {}
   nn.walk(model, function(m, path)
@@ -69,7 +75,7 @@ function M.fully_shard(model, opts)
   s.ppool, s.gpool = pp[0], gp[0]
   -- one finalizer for the lot, so units go before the pools they borrow from
   s.gc = ffi.gc(ffi.new("char[1]"), function() s:free() end)
-  local cfg = ffi.new("fsdp_unit_config", { zero, C.FSDP_FP32, C.FSDP_FP32, C.FSDP_AVG, align, salign })
+  local cfg = ffi.new("fsdp_unit_config", { zero, tensor.dtype(pdt), tensor.dtype(rdt), C.FSDP_AVG, align, salign })
   for _, u in ipairs(s.units) do
     local n = #u.params
     local names, numels = ffi.new("const char *[?]", n), ffi.new("int64_t[?]", n)
@@ -106,23 +112,47 @@ function Sharded:free()
   self.ppool, self.gpool = nil, nil
 end
 
--- bind a module's parameter (and grad) pointers into its unit's full buffers
+-- Bind a module's parameter (and grad) pointers into its unit's full
+-- buffers. The ops compute in fp32: with bf16 params the module gets fp32
+-- copies, and its fp32 grads are added into the bf16 grad buffer (one
+-- rounding) when it leaves the backward (flush_grads).
 local function bind(s, m, with_grads)
   local u = s.unit_of[m]
-  local w = ffi.cast("float *", C.fsdp_unit_params(u.handle))
-  m.bound, m.grad = {}, {}
+  local w = C.fsdp_unit_params(u.handle)
   local g
   if with_grads then
     local gp = ffi.new("void *[1]")
     check(C.fsdp_unit_grads(u.handle, nil, gp), "unit '" .. u.name .. "' grads")
-    g = ffi.cast("float *", gp[0])
+    g = gp[0]
   end
+  m.bound, m.grad, m.flush = {}, {}, {}
+  m.scratch = m.scratch or {}
   for _, p in ipairs(u.params) do
     if p.module == m then
-      m.bound[p.spec.name] = w + p.offset
-      if g then m.grad[p.spec.name] = g + p.offset end
+      local name, n = p.spec.name, p.spec.numel
+      if s.param_dtype == "fp32" then
+        m.bound[name] = ffi.cast("float *", w) + p.offset
+        if g then m.grad[name] = ffi.cast("float *", g) + p.offset end
+      else
+        local sc = m.scratch[name] or { w = tensor.new(n), g = tensor.new(n) }
+        m.scratch[name] = sc
+        check(C.fsdp_convert(sc.w.data, C.FSDP_FP32, ffi.cast("uint16_t *", w) + p.offset, C.FSDP_BF16, n), "bind")
+        m.bound[name] = sc.w:ptr()
+        if g then
+          sc.g:fill(0)
+          m.grad[name] = sc.g:ptr()
+          m.flush[#m.flush + 1] = { dst = ffi.cast("uint16_t *", g) + p.offset, src = sc.g, n = n }
+        end
+      end
     end
   end
+end
+
+local function flush_grads(m)
+  for _, f in ipairs(m.flush or {}) do
+    check(C.fsdp_accumulate(f.dst, C.FSDP_BF16, f.src.data, C.FSDP_FP32, f.n), "grads")
+  end
+  m.flush = nil
 end
 
 -- opts.trace (a table) collects the schedule as it is issued:
@@ -173,6 +203,7 @@ end
 
 function Ctx:leave(m, phase)
   local u = self.s.unit_of[m]
+  if phase == "backward" and u then flush_grads(m) end
   if phase == "backward" and u and u.first == m then
     if self.s.zero == 3 then reshard(u) end
     self.cur = nil
@@ -253,9 +284,14 @@ function Sharded:gather(name)
       if p.name == name then
         unshard(u)
         check(C.fsdp_unit_wait(u.handle, nil), "gather")
-        local w = ffi.cast("float *", C.fsdp_unit_params(u.handle))
-        local out = {}
-        for i = 0, p.spec.numel - 1 do out[i + 1] = w[p.offset + i] end
+        local w, out = C.fsdp_unit_params(u.handle), {}
+        if self.param_dtype == "fp32" then
+          local f = ffi.cast("float *", w)
+          for i = 0, p.spec.numel - 1 do out[i + 1] = f[p.offset + i] end
+        else
+          local h = ffi.cast("uint16_t *", w)
+          for i = 0, p.spec.numel - 1 do out[i + 1] = C.fsdp_bf16_to_f32(h[p.offset + i]) end
+        end
         reshard(u)
         return out
       end

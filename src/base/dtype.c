@@ -111,3 +111,12 @@ int fsdp_convert(void *dst, int dst_dtype, const void *src, int src_dtype, size_
   for (size_t i = 0; i < n; i++) store(dst, dst_dtype, i, load(src, src_dtype, i));
   return FSDP_OK;
 }
+
+int fsdp_accumulate(void *dst, int dst_dtype, const void *src, int src_dtype, size_t n) {
+  if (!fsdp_dtype_size(dst_dtype) || !fsdp_dtype_size(src_dtype))
+    return fsdp_fail(FSDP_EINVAL, "accumulate: unknown dtype (%d += %d)", dst_dtype, src_dtype);
+  if (n && (!dst || !src)) return fsdp_fail(FSDP_EINVAL, "accumulate: NULL buffer");
+  /* the sum is formed in float64 and rounded once to the destination */
+  for (size_t i = 0; i < n; i++) store(dst, dst_dtype, i, load(dst, dst_dtype, i) + load(src, src_dtype, i));
+  return FSDP_OK;
+}

@@ -113,6 +113,11 @@ static void test_dtypes(void) {
   CHECK_OK(fsdp_convert(f, FSDP_FP32, bf, FSDP_BF16, 5));
   for (int i = 0; i < 5; i++) CHECK(fabs(f[i] - src[i]) <= fabs(src[i]) / 256);
   CHECK_FAILS(fsdp_convert(f, 17, src, FSDP_FP64, 5), FSDP_EINVAL, "unknown dtype");
+  /* accumulate rounds once: bf16 1 + fp32 2^-9 stays 1 (half an ulp of 1 is 2^-8) */
+  uint16_t acc[2] = {fsdp_f32_to_bf16(1.0f), fsdp_f32_to_bf16(1.0f)};
+  float add[2] = {1.0f / 512, 3.0f / 256};
+  CHECK_OK(fsdp_accumulate(acc, FSDP_BF16, add, FSDP_FP32, 2));
+  CHECK(fsdp_bf16_to_f32(acc[0]) == 1.0f && fsdp_bf16_to_f32(acc[1]) == fsdp_bf16_to_f32(fsdp_f32_to_bf16(1.0f + 3.0f / 256)));
 }
 
 static void *other_thread(void *arg) {

@@ -65,6 +65,39 @@ if W == 4 then
   run("HSDP 2x2 zero 1, 1 micro-batch", h:group("dp_shard"), h:group("dp_outer"), h:group("solo"), 1, 1)
 end
 
+-- bf16 params and grads, fp32 reduction and main params, against the fp32
+-- unsharded model. Tolerance (bf16): loss within 2e-2 relative every step,
+-- final weights within 1e-1 in relative L2 norm over the model (Adam turns
+-- bf16 noise in near-zero grads into full-size steps of either sign, so
+-- single weights may differ by a few lr); and not equal to the fp32 run, so
+-- the bf16 path really ran.
+do
+  local m = fsdp.fully_shard(mlp(), { shard = dp, units = { "Linear" }, zero = 3, seed = 7,
+    mixed = { param_dtype = "bf16", reduce_dtype = "fp32" } })
+  local ref = fsdp.fully_shard(mlp(), { shard = solo, zero = 0, seed = 7 })
+  local worst, differs, d2, r2 = 0, false, 0, 0
+  for t = 1, 20 do
+    local all = {}
+    for g = 0, W - 1 do all[#all + 1] = batch(g, 1, t) end
+    local l1 = m:train_step({ batch(R, 1, t) }, opt)
+    local l2 = ref:train_step(all, opt)
+    worst = math.max(worst, math.abs(l1 - l2) / math.abs(l2))
+    differs = differs or l1 ~= l2
+  end
+  for _, name in ipairs(names) do
+    local a, b = m:gather(name), ref:gather(name)
+    for i = 1, #b do d2, r2 = d2 + (a[i] - b[i]) ^ 2, r2 + b[i] ^ 2 end
+  end
+  local worst_w = math.sqrt(d2 / r2)
+  check(worst <= 2e-2, string.format("bf16: loss within 2e-2 of fp32 every step (worst %.2e)", worst))
+  check(worst_w <= 1e-1, string.format("bf16: weights within 1e-1 relative L2 of fp32 (got %.2e)", worst_w))
+  check(differs, "bf16: the run is not the fp32 run")
+  if R == 0 then print(string.format("bf16 vs fp32: worst loss relative %.2e, weights relative L2 %.2e", worst, worst_w)) end
+  m:free(); ref:free()
+  fails(function() fsdp.fully_shard(mlp(), { shard = dp, mixed = { param_dtype = "fp8" } }) end, "param_dtype = 'fp8'",
+    "unknown mixed precision dtype")
+end
+
 -- a non-finite gradient skips the step on every rank and names the unit
 do
   local m = fsdp.fully_shard(mlp(), { shard = dp, units = { "Linear" }, zero = 3, seed = 3 })
