@@ -305,6 +305,8 @@ int fsdp_unit_grad_sumsq(fsdp_unit *u, double *sum, int64_t *nonfinite);
  * (zero 3: the shard; zero 1/2: all-gathered into the full params), zero
  * the grads. */
 int fsdp_unit_step(fsdp_unit *u, int64_t step, const fsdp_adamw_config *cfg, float grad_scale);
+/* The same with SGD (momentum buffer in the AdamW m state). */
+int fsdp_unit_step_sgd(fsdp_unit *u, int64_t step, float lr, float momentum, float weight_decay, float grad_scale);
 /* Drop the reduced grads without a step (e.g. non-finite grads somewhere). */
 int fsdp_unit_zero_grad(fsdp_unit *u);
 

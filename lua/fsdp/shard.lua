@@ -268,10 +268,20 @@ function Sharded:train_step(batches, opt)
   end
   local clip = opt.clip and math.min(1, opt.clip / (norm + 1e-6)) or 1
   self.step_count = self.step_count + 1
-  local cfg = ffi.new("fsdp_adamw_config", { opt.lr or 1e-3, opt.beta1 or 0.9, opt.beta2 or 0.999, opt.eps or 1e-8,
-    opt.weight_decay or 0 })
-  for _, u in ipairs(self.units) do
-    check(C.fsdp_unit_step(u.handle, self.step_count, cfg, clip), "unit '" .. u.name .. "' step")
+  local optimizer = opt.optimizer or "adamw"
+  if optimizer == "adamw" then
+    local cfg = ffi.new("fsdp_adamw_config", { opt.lr or 1e-3, opt.beta1 or 0.9, opt.beta2 or 0.999, opt.eps or 1e-8,
+      opt.weight_decay or 0 })
+    for _, u in ipairs(self.units) do
+      check(C.fsdp_unit_step(u.handle, self.step_count, cfg, clip), "unit '" .. u.name .. "' step")
+    end
+  elseif optimizer == "sgd" then
+    for _, u in ipairs(self.units) do
+      check(C.fsdp_unit_step_sgd(u.handle, self.step_count, opt.lr or 1e-2, opt.momentum or 0, opt.weight_decay or 0, clip),
+        "unit '" .. u.name .. "' step")
+    end
+  else
+    error("train_step: optimizer '" .. tostring(optimizer) .. "' (expected 'adamw' or 'sgd')", 2)
   end
   return loss, norm
 end

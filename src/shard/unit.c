@@ -311,17 +311,35 @@ int fsdp_unit_zero_grad(fsdp_unit *u) {
   return FSDP_OK;
 }
 
-int fsdp_unit_step(fsdp_unit *u, int64_t step, const fsdp_adamw_config *cfg, float grad_scale) {
+/* An optimizer update of elements [off, off + len) of the main params,
+ * which belong to parameter `param`. */
+typedef struct step_args {
+  int64_t step;
+  float grad_scale;
+  const fsdp_adamw_config *adamw;
+  float lr, momentum, weight_decay; /* SGD */
+} step_args;
+typedef int (*update_fn)(fsdp_unit *u, const step_args *a, int64_t off, int64_t len, int param);
+
+static int adamw_update(fsdp_unit *u, const step_args *a, int64_t off, int64_t len, int param) {
+  fsdp_adamw_config c = *a->adamw;
+  if (u->no_decay[param]) c.weight_decay = 0;
+  return fsdp_adamw_step(u->main + off, NULL, u->gmain + off, u->m + off, u->v + off, len, a->step, &c,
+                         a->grad_scale);
+}
+
+static int sgd_update(fsdp_unit *u, const step_args *a, int64_t off, int64_t len, int param) {
+  return fsdp_sgd_step(u->main + off, NULL, u->gmain + off, u->m + off, len, a->step, a->lr, a->momentum,
+                       u->no_decay[param] ? 0.0f : a->weight_decay, a->grad_scale);
+}
+
+/* Update what this rank owns (zero 0: everything), write the new values back
+ * to the compute params, and zero the grads. */
+static int step_owned(fsdp_unit *u, update_fn update, const step_args *a) {
   FSDP_CHECK(fsdp_unit_synchronize(u));
-  fsdp_adamw_config nd = *cfg;
-  nd.weight_decay = 0;
   const fsdp_layout *l = u->layout;
   if (u->cfg.zero == 0) {
-    for (int p = 0; p < u->np; p++) { /* every rank updates the whole model */
-      int64_t off = fsdp_layout_param_offset(l, p);
-      FSDP_CHECK(fsdp_adamw_step(u->main + off, NULL, u->gmain + off, u->m + off, u->v + off, u->numels[p], step,
-                                 u->no_decay[p] ? &nd : cfg, grad_scale));
-    }
+    for (int p = 0; p < u->np; p++) FSDP_CHECK(update(u, a, fsdp_layout_param_offset(l, p), u->numels[p], p));
     cast_out(u->cfull, u->cfg.compute_dtype, u->main, u->T);
   } else {
     int k = fsdp_layout_rank_pieces(l, u->r, NULL, 0);
@@ -329,11 +347,8 @@ int fsdp_unit_step(fsdp_unit *u, int64_t step, const fsdp_adamw_config *cfg, flo
     if (!ps) return fsdp_fail(FSDP_ENOMEM, "unit '%s': out of memory", u->name);
     fsdp_layout_rank_pieces(l, u->r, ps, k);
     int rc = FSDP_OK;
-    for (int j = 0; j < k && rc == FSDP_OK; j++) {
-      int64_t o = ps[j].shard_offset, len = ps[j].end - ps[j].begin;
-      rc = fsdp_adamw_step(u->main + o, NULL, u->gmain + o, u->m + o, u->v + o, len, step,
-                           u->no_decay[ps[j].param] ? &nd : cfg, grad_scale);
-    }
+    for (int j = 0; j < k && rc == FSDP_OK; j++)
+      rc = update(u, a, ps[j].shard_offset, ps[j].end - ps[j].begin, ps[j].param);
     free(ps);
     FSDP_CHECK(rc);
     cast_out(u->cshard, u->cfg.compute_dtype, u->main, u->S);
@@ -344,6 +359,18 @@ int fsdp_unit_step(fsdp_unit *u, int64_t step, const fsdp_adamw_config *cfg, flo
   }
   memset(u->gmain, 0, (size_t)u->n_opt * sizeof(float));
   return FSDP_OK;
+}
+
+int fsdp_unit_step(fsdp_unit *u, int64_t step, const fsdp_adamw_config *cfg, float grad_scale) {
+  if (!u || !cfg) return fsdp_fail(FSDP_EINVAL, "unit_step: NULL argument");
+  step_args a = {step, grad_scale, cfg, 0, 0, 0};
+  return step_owned(u, adamw_update, &a);
+}
+
+int fsdp_unit_step_sgd(fsdp_unit *u, int64_t step, float lr, float momentum, float weight_decay, float grad_scale) {
+  if (!u) return fsdp_fail(FSDP_EINVAL, "unit_step_sgd: NULL unit");
+  step_args a = {step, grad_scale, NULL, lr, momentum, weight_decay};
+  return step_owned(u, sgd_update, &a);
 }
 
 int fsdp_unit_memory_info(const fsdp_unit *u, fsdp_unit_memory *out) {

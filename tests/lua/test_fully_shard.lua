@@ -27,7 +27,8 @@ end
 local opt = { lr = 1e-2, weight_decay = 0.1, clip = 1.0 }
 local names = { "0.weight", "0.bias", "2.weight", "2.bias", "4.weight", "4.bias" }
 
-local function run(label, shard, outer, solo, zero, K)
+local function run(label, shard, outer, solo, zero, K, o)
+  local opt = o or opt
   local model = fsdp.fully_shard(mlp(), { shard = shard, outer = outer, units = { "Linear" }, zero = zero, seed = 7 })
   local ref = fsdp.fully_shard(mlp(), { shard = solo, zero = 0, seed = 7 })
   check(#model.units == 3 and #ref.units == 1, label .. ": unit grouping")
@@ -59,6 +60,9 @@ local dp, solo = mesh:group("dp"), mesh:group("solo")
 for zero = 0, 3 do
   for _, K in ipairs({ 1, 2 }) do run(string.format("W=%d zero %d, %d micro-batches", W, zero, K), dp, nil, solo, zero, K) end
 end
+run(string.format("W=%d zero 3, SGD with momentum", W), dp, nil, solo, 3, 2,
+  { optimizer = "sgd", lr = 0.05, momentum = 0.9, weight_decay = 0.01, clip = 1.0 })
+run(string.format("W=%d zero 1, plain SGD", W), dp, nil, solo, 1, 1, { optimizer = "sgd", lr = 0.1 })
 if W == 4 then
   local h = fsdp.mesh({ { "dp_outer", 2 }, { "dp_shard", 2 }, { "solo", 1 } })
   run("HSDP 2x2 zero 3, 2 micro-batches", h:group("dp_shard"), h:group("dp_outer"), h:group("solo"), 3, 2)
