@@ -5,6 +5,8 @@
 --     zero = 3, max_live_units = 2, seed = 1234 })
 --   local loss = s:train_step(micro_batches, {lr = 1e-3, ...})
 -- Parameters of modules the policy leaves out go to a unit named "root".
+-- A policy function may return a second value with per-unit options:
+--   function(m, path) if m.kind == "Linear" then return path, {zero = 2} end end
 local base = require "fsdp.ffi"
 local nn = require "fsdp.nn"
 local tensor = require "fsdp.tensor"
@@ -45,10 +47,15 @@ function M.fully_shard(model, opts)
   local by_name = {}
   nn.walk(model, function(m, path)
     if #m.params == 0 then return end
-    local uname = policy(m, path) or "root"
+    local uname, uopts = policy(m, path)
+    uname = uname or "root"
     local u = by_name[uname]
     if not u then
-      u = { name = uname, modules = {}, params = {}, index = #s.units + 1 }
+      local uz = uopts and uopts.zero or zero
+      if uz ~= 0 and uz ~= 1 and uz ~= 2 and uz ~= 3 then
+        error(string.format("fully_shard: unit '%s': zero = %s; expected 0, 1, 2 or 3", uname, tostring(uz)), 3)
+      end
+      u = { name = uname, modules = {}, params = {}, index = #s.units + 1, zero = uz }
       by_name[uname] = u
       s.units[#s.units + 1] = u
     end
@@ -75,8 +82,8 @@ function M.fully_shard(model, opts)
   s.ppool, s.gpool = pp[0], gp[0]
   -- one finalizer for the lot, so units go before the pools they borrow from
   s.gc = ffi.gc(ffi.new("char[1]"), function() s:free() end)
-  local cfg = ffi.new("fsdp_unit_config", { zero, tensor.dtype(pdt), tensor.dtype(rdt), C.FSDP_AVG, align, salign })
   for _, u in ipairs(s.units) do
+    local cfg = ffi.new("fsdp_unit_config", { u.zero, tensor.dtype(pdt), tensor.dtype(rdt), C.FSDP_AVG, align, salign })
     local n = #u.params
     local names, numels = ffi.new("const char *[?]", n), ffi.new("int64_t[?]", n)
     local rules, nd = ffi.new("fsdp_init_rule[?]", n), ffi.new("uint8_t[?]", n)
@@ -166,7 +173,7 @@ end
 local function unshard(u, s)
   local rc = C.fsdp_unit_unshard(u.handle)
   check(rc, "unit '" .. u.name .. "' unshard")
-  if rc == 0 and not u.gathered and s and s.zero == 3 then
+  if rc == 0 and not u.gathered and s and u.zero == 3 then
     u.gathered = true
     trace(s, "unshard", u)
   end
@@ -188,7 +195,7 @@ function Ctx:enter(m, phase)
   if not u then return end
   local forward = phase == "forward"
   if self.cur ~= u then
-    if self.cur and s.zero == 3 then reshard(self.cur) end
+    if self.cur and self.cur.zero == 3 then reshard(self.cur) end
     unshard(u, s)
     -- prefetch the unit that runs next: the following one in forward, the
     -- preceding one in backward; stops at the pool's bound
@@ -205,7 +212,7 @@ function Ctx:leave(m, phase)
   local u = self.s.unit_of[m]
   if phase == "backward" and u then flush_grads(m) end
   if phase == "backward" and u and u.first == m then
-    if self.s.zero == 3 then reshard(u) end
+    if u.zero == 3 then reshard(u) end
     self.cur = nil
     check(C.fsdp_unit_reduce(u.handle, nil, self.sync and 1 or 0), "unit '" .. u.name .. "' reduce")
     trace(self.s, "reduce", u)

@@ -27,9 +27,9 @@ end
 local opt = { lr = 1e-2, weight_decay = 0.1, clip = 1.0 }
 local names = { "0.weight", "0.bias", "2.weight", "2.bias", "4.weight", "4.bias" }
 
-local function run(label, shard, outer, solo, zero, K, o)
+local function run(label, shard, outer, solo, zero, K, o, units)
   local opt = o or opt
-  local model = fsdp.fully_shard(mlp(), { shard = shard, outer = outer, units = { "Linear" }, zero = zero, seed = 7 })
+  local model = fsdp.fully_shard(mlp(), { shard = shard, outer = outer, units = units or { "Linear" }, zero = zero, seed = 7 })
   local ref = fsdp.fully_shard(mlp(), { shard = solo, zero = 0, seed = 7 })
   check(#model.units == 3 and #ref.units == 1, label .. ": unit grouping")
   local worst = 0
@@ -63,6 +63,24 @@ end
 run(string.format("W=%d zero 3, SGD with momentum", W), dp, nil, solo, 3, 2,
   { optimizer = "sgd", lr = 0.05, momentum = 0.9, weight_decay = 0.01, clip = 1.0 })
 run(string.format("W=%d zero 1, plain SGD", W), dp, nil, solo, 1, 1, { optimizer = "sgd", lr = 0.1 })
+-- per-unit zero levels from a policy function
+local levels = { ["0"] = 3, ["2"] = 1, ["4"] = 2 }
+local per_unit = function(m, path) if m.kind == "Linear" then return path, { zero = levels[path] } end end
+run(string.format("W=%d zero 3/1/2 per unit", W), dp, nil, solo, 0, 2, nil, per_unit)
+do
+  local m = fsdp.fully_shard(mlp(), { shard = dp, units = per_unit })
+  local mem = fsdp.ffi.new("fsdp_unit_memory")
+  local full = {}
+  for i, u in ipairs(m.units) do
+    fsdp.check(fsdp.C.fsdp_unit_memory_info(u.handle, mem), "memory_info")
+    full[i] = tonumber(mem.params_full)
+  end
+  check(m.units[1].zero == 3 and m.units[2].zero == 1 and m.units[3].zero == 2, "per-unit zero levels")
+  check(full[1] == 0 and full[2] > 0 and full[3] > 0, "zero 3 unit keeps no resident full params, zero 1/2 units do")
+  fails(function() fsdp.fully_shard(mlp(), { shard = dp, units = function(mm, p) return p, { zero = 7 } end }) end,
+    "zero = 7", "bad per-unit zero")
+  m:free()
+end
 if W == 4 then
   local h = fsdp.mesh({ { "dp_outer", 2 }, { "dp_shard", 2 }, { "solo", 1 } })
   run("HSDP 2x2 zero 3, 2 micro-batches", h:group("dp_shard"), h:group("dp_outer"), h:group("solo"), 3, 2)
