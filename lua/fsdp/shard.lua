@@ -2,7 +2,7 @@
 -- and train it sharded.
 --   local s = fsdp.fully_shard(model, { shard = comm, outer = comm_or_nil,
 --     units = {"Linear"} | function(module, path) -> unit name | nil,
---     zero = 3, max_live_units = 2, seed = 1234 })
+--     zero = 3, max_live_units = 2, prefetch = 1, seed = 1234 })
 --   local loss = s:train_step(micro_batches, {lr = 1e-3, ...})
 -- Parameters of modules the policy leaves out go to a unit named "root".
 -- A policy function may return a second value with per-unit options:
@@ -42,7 +42,9 @@ function M.fully_shard(model, opts)
       "and reduce_dtype fp32 or the param dtype", pdt, rdt), 2)
   end
   local s = setmetatable({ model = model, shard = opts.shard, outer = opts.outer, zero = zero, units = {},
-    unit_of = {}, order = {}, step_count = 0, trace = opts.trace, param_dtype = pdt }, Sharded)
+    unit_of = {}, order = {}, step_count = 0, trace = opts.trace, param_dtype = pdt,
+    prefetch = opts.prefetch or 1 }, Sharded)
+  if s.prefetch < 0 or s.prefetch % 1 ~= 0 then error("fully_shard: prefetch = " .. tostring(s.prefetch) .. "; expected an integer >= 0", 2) end
   -- assign each module with parameters to a unit, in model order
   local by_name = {}
   nn.walk(model, function(m, path)
@@ -197,10 +199,14 @@ function Ctx:enter(m, phase)
   if self.cur ~= u then
     if self.cur and self.cur.zero == 3 then reshard(self.cur) end
     unshard(u, s)
-    -- prefetch the unit that runs next: the following one in forward, the
-    -- preceding one in backward; stops at the pool's bound
-    local nxt = s.units[u.index + (forward and 1 or -1)]
-    if nxt then unshard(nxt, s) end
+    -- prefetch the units that run next (following ones in forward,
+    -- preceding ones in backward), up to opts.prefetch; stops at the pool's
+    -- bound instead of growing memory
+    local dir = forward and 1 or -1
+    for d = 1, s.prefetch do
+      local nxt = s.units[u.index + d * dir]
+      if not nxt or not unshard(nxt, s) then break end
+    end
     check(C.fsdp_unit_wait(u.handle, nil), "unit '" .. u.name .. "' wait")
     self.cur = u
   end

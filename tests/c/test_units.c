@@ -68,6 +68,19 @@ static void run(fsdp_comm *shard, fsdp_comm *outer, int zero, int K, const char 
     snprintf(name, sizeof name, "unit%d", u);
     CHECK_OK(fsdp_unit_create(name, unit_np[u], names, n, rules, nd, 7, shard, outer, &cfg, pp, gp, &units[u]));
   }
+  /* before any step, the gathered params are the reference's fp32 init, bit for bit */
+  int init_bad = 0;
+  for (int u = 0; u < NU; u++) {
+    CHECK_OK(fsdp_unit_unshard(units[u]));
+    CHECK_OK(fsdp_unit_wait(units[u], NULL));
+    const float *w = fsdp_unit_params(units[u]);
+    for (int p = 0; p < unit_np[u] && w; p++) {
+      int64_t off = fsdp_layout_param_offset(fsdp_unit_layout(units[u]), p);
+      for (int64_t i = 0; i < P[u][p].n; i++) init_bad += w[off + i] != (float)ref[u][p].w[i];
+    }
+    CHECK_OK(fsdp_unit_reshard(units[u], NULL));
+  }
+  CHECK(init_bad == 0);
   /* resident bytes per buffer: exactly what the ZeRO level and layout say */
   for (int u = 0; u < NU; u++) {
     fsdp_unit_memory mem;

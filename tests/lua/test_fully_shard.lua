@@ -160,6 +160,27 @@ do
   m:free()
 end
 
+-- prefetch depth: with 4 buffers and depth 2 both following units are
+-- gathered before unit 0 computes; with 2 buffers the bound stops it at one
+do
+  local function gathered_before_first_compute(live, depth)
+    local tr = {}
+    local m = fsdp.fully_shard(mlp(), { shard = dp, units = { "Linear" }, zero = 3, trace = tr, max_live_units = live,
+      prefetch = depth })
+    m:train_step({ batch(R, 1, 1) }, opt)
+    local n = 0
+    for _, e in ipairs(tr) do
+      if e.op == "compute" then break end
+      if e.op == "unshard" then n = n + 1 end
+    end
+    m:free()
+    return n
+  end
+  check(gathered_before_first_compute(4, 2) == 3, "prefetch 2 with 4 buffers: 3 units gathered before the first compute")
+  check(gathered_before_first_compute(2, 2) == 2, "prefetch 2 with 2 buffers: stops at the bound (2)")
+  check(gathered_before_first_compute(4, 0) == 1, "prefetch 0: only the unit itself")
+end
+
 -- the layout table names owners of each piece
 local s = fsdp.fully_shard(mlp(), { shard = dp, units = { "Linear" }, zero = 3 })
 local rows = s:unit_table()
