@@ -1,7 +1,18 @@
-/* cuda.c: the CUDA device backend: memory (cudaMalloc for now; the caching
- * allocator comes with the CUDA issue), pinned host memory, non-blocking
- * streams, events without timing, async copies. Every CUDA error becomes
- * FSDP_EDEVICE with the call, the CUDA message, file and line. */
+/* cuda.c: the CUDA device backend: memory, pinned host memory, non-blocking
+ * streams, events without timing, copies. Every CUDA error becomes
+ * FSDP_EDEVICE with the call, the CUDA message, file and line.
+ *
+ * Device memory is plain cudaMalloc: the engine allocates its long-lived
+ * buffers (shards, optimizer state, the unit pool) once, and reuses full
+ * unit buffers through its own pool (src/shard/pool.c), so a caching
+ * allocator would only hide leaks. Short-lived buffers that follow a
+ * stream (the NCCL transport's fp32 staging) use cudaMallocAsync on the
+ * device's default pool, which keeps freed memory cached; when cudaMalloc
+ * runs out, that cache is trimmed and the allocation retried once.
+ *
+ * s == NULL means synchronous: the work goes on the legacy default stream
+ * and is waited for, since cudaMemcpy D2D, H2D from pageable memory and
+ * cudaMemset may return before the device has finished them. */
 #include <cuda_runtime_api.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -62,11 +73,29 @@ int fsdp_cuda_set_device(int index) {
   return CU(cudaSetDevice(index));
 }
 
+/* Gives the unused memory cached by the default stream-ordered pool back to
+ * the device; 1 when there was a pool to trim. */
+static int trim_default_pool(void) {
+  int dev = 0;
+  cudaMemPool_t pool;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetDefaultMemPool(&pool, dev) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  cudaStreamSynchronize(0); /* no-op for our non-blocking streams; lets finished frees land */
+  return cudaMemPoolTrimTo(pool, 0) == cudaSuccess;
+}
+
 int fsdp_cuda_alloc(size_t bytes, void **out) {
   if (!bytes) bytes = 1;
   cudaError_t e = cudaMalloc(out, bytes);
   if (e == cudaErrorMemoryAllocation) {
     cudaGetLastError();
+    if (trim_default_pool()) {
+      e = cudaMalloc(out, bytes);
+      if (e != cudaErrorMemoryAllocation) return CU(e);
+      cudaGetLastError();
+    }
     size_t free_b = 0, total = 0;
     cudaMemGetInfo(&free_b, &total);
     return fsdp_fail(FSDP_ENOMEM, "alloc: %zu bytes on the GPU failed (%zu of %zu bytes free)", bytes, free_b, total);
@@ -159,13 +188,13 @@ int fsdp_cuda_event_query(fsdp_event *base) {
 int fsdp_cuda_event_synchronize(fsdp_event *e) { return CU(cudaEventSynchronize(((cuda_event *)e)->e)); }
 
 int fsdp_cuda_memcpy(void *dst, const void *src, size_t bytes, fsdp_stream *s) {
-  if (!s) return CU(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
-  return CU(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, handle(s)));
+  FSDP_CHECK(CU(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, handle(s))));
+  return s ? FSDP_OK : CU(cudaStreamSynchronize(0));
 }
 
 int fsdp_cuda_memset(void *dst, int value, size_t bytes, fsdp_stream *s) {
-  if (!s) return CU(cudaMemset(dst, value, bytes));
-  return CU(cudaMemsetAsync(dst, value, bytes, handle(s)));
+  FSDP_CHECK(CU(cudaMemsetAsync(dst, value, bytes, handle(s))));
+  return s ? FSDP_OK : CU(cudaStreamSynchronize(0));
 }
 
 int fsdp_cuda_is_device_ptr(const void *ptr) {

@@ -8,9 +8,12 @@
  * fp32 buffer and reduce-scatters that: NCCL reduces in its input type.
  * Waits are bounded: synchronize polls the stream and NCCL's asynchronous
  * error, and aborts the communicator after the comm's timeout instead of
- * hanging on a dead peer. */
+ * hanging on a dead peer (so does destroy, through synchronize). Not
+ * bounded: ncclCommInitRank itself, which waits for every member; the
+ * PMIx fence just before it has seen them all alive. */
 #include <cuda_runtime_api.h>
 #include <nccl.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -89,7 +92,7 @@ static int nccl_barrier(fsdp_comm *c) {
 static int nccl_synchronize(fsdp_comm *c) {
   nccl_comm *nc = c->impl;
   if (nc->aborted) return fsdp_fail(FSDP_ECOMM, "comm '%s': aborted after an earlier failure", c->name);
-  double deadline = shm_now() + c->timeout_s;
+  double start = shm_now(), deadline = start + c->timeout_s;
   for (;;) {
     cudaError_t e = cudaStreamQuery(stream_of(c));
     if (e == cudaSuccess) return FSDP_OK;
@@ -109,7 +112,7 @@ static int nccl_synchronize(fsdp_comm *c) {
                        "comm '%s': collectives did not finish within %.0f s (a peer died or is calling collectives "
                        "in another order); the communicator was aborted", c->name, c->timeout_s);
     }
-    usleep(100);
+    if (shm_now() - start > 1e-3) usleep(50); /* spin the first millisecond: short waits stay short */
   }
 }
 
@@ -126,6 +129,19 @@ static void nccl_destroy(fsdp_comm *c) {
     free(nc);
   }
   if (c->stream) fsdp_stream_destroy(c->stream);
+}
+
+/* The fp32 staging buffers come from the device's default stream-ordered
+ * pool; by default it hands freed memory back at every synchronization, so
+ * each step would map its staging memory anew. Keep it cached instead
+ * (cuda.c trims the pool when cudaMalloc runs out). */
+static void keep_pool_cache(void) {
+  int dev = 0;
+  cudaMemPool_t pool;
+  uint64_t keep = UINT64_MAX;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetDefaultMemPool(&pool, dev) != cudaSuccess ||
+      cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep) != cudaSuccess)
+    cudaGetLastError(); /* only a cache: no pool support is not an error */
 }
 
 static const comm_ops nccl_ops = {"nccl",         nccl_all_gather, nccl_reduce_scatter, nccl_all_reduce,
@@ -156,13 +172,18 @@ int fsdp_comm_nccl_create(const comm_group_spec *spec, fsdp_comm **out) {
   if (rc == FSDP_OK && spec->my_index != 0) {
     size_t len = 0;
     rc = fsdp_kv_get(spec->members[0], key, &id, sizeof id, &len);
+    if (rc == FSDP_OK && len != sizeof id)
+      rc = fsdp_fail(FSDP_ECOMM, "comm '%s': the NCCL id under '%s' from rank %d has %zu bytes, expected %zu",
+                     spec->name, key, spec->members[0], len, sizeof id);
   }
   if (rc == FSDP_OK) rc = nccl_check(ncclCommInitRank(&nc->comm, spec->size, id, spec->my_index), NULL,
                                      "ncclCommInitRank", spec->name);
   if (rc == FSDP_OK) {
     cudaError_t e = cudaMalloc((void **)&nc->scratch, sizeof(int));
+    if (e == cudaSuccess) e = cudaMemset(nc->scratch, 0, sizeof(int));
     if (e != cudaSuccess) rc = cuda_fail(e, c, "barrier scratch");
   }
+  if (rc == FSDP_OK) keep_pool_cache();
   if (rc == FSDP_OK) rc = fsdp_cuda_stream_create(&c->stream);
   if (rc < 0) {
     int keep = rc;

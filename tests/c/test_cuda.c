@@ -7,8 +7,10 @@
  * reduce-scatter with its cast kernel) but not multi-GPU data movement,
  * which the shared-memory transport's tests cover with the same API.
  * Outputs are poisoned (NaN) before every collective; NaN never passes.
- * Tolerance: inputs are multiples of 1/4 below 8, exact in bf16 and fp32, so
- * results must match bit for bit. */
+ * Every collective runs for fp32, bf16 and fp16, sum and avg (where it has an
+ * op), sizes 0, 1, 1001 and 16M elements (64 MiB in fp32), plus bf16/fp16 ->
+ * fp32 reduce-scatter. Tolerance: inputs are multiples of 1/4 below 8, exact
+ * in every dtype, so results must match bit for bit. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,13 +24,23 @@ static void fill_host(void *h, int dtype, size_t n) {
   for (size_t i = 0; i < n; i++) {
     if (dtype == FSDP_FP32)
       ((float *)h)[i] = value(i);
-    else
+    else if (dtype == FSDP_BF16)
       ((uint16_t *)h)[i] = fsdp_f32_to_bf16(value(i));
+    else
+      ((uint16_t *)h)[i] = fsdp_f32_to_fp16(value(i));
   }
 }
 
 static double get(const void *h, int dtype, size_t i) {
-  return dtype == FSDP_FP32 ? ((const float *)h)[i] : fsdp_bf16_to_f32(((const uint16_t *)h)[i]);
+  if (dtype == FSDP_FP32) return ((const float *)h)[i];
+  uint16_t v = ((const uint16_t *)h)[i];
+  return dtype == FSDP_BF16 ? fsdp_bf16_to_f32(v) : fsdp_fp16_to_f32(v);
+}
+
+static int all_bytes(const unsigned char *p, int v, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (p[i] != (unsigned char)v) return 0;
+  return 1;
 }
 
 static void test_memory_streams(void) {
@@ -37,15 +49,25 @@ static void test_memory_streams(void) {
   CHECK_OK(fsdp_alloc(FSDP_CUDA, n, &d1));
   CHECK_OK(fsdp_alloc(FSDP_CUDA, n, &d2));
   CHECK_OK(fsdp_alloc_host_pinned(n, &pinned));
-  char *h = malloc(n);
+  CHECK(fsdp_device_count(FSDP_CUDA) >= 1);
+  char *h = malloc(n), *back = malloc(n);
   for (size_t i = 0; i < n; i++) h[i] = (char)(i * 31);
+  /* synchronous copies and fills: done when the call returns */
+  CHECK_OK(fsdp_memset(d2, 0x5a, n, NULL));
+  CHECK_OK(fsdp_memcpy(back, d2, n, NULL));
+  CHECK(all_bytes((unsigned char *)back, 0x5a, n));
   CHECK_OK(fsdp_memcpy(d1, h, n, NULL));
+  CHECK_OK(fsdp_memcpy(d2, d1, n, NULL));
+  memset(back, 0, n);
+  CHECK_OK(fsdp_memcpy(back, d2, n, NULL));
+  CHECK(memcmp(back, h, n) == 0);
   CHECK_OK(fsdp_memset(d2, 0, n, NULL));
   fsdp_stream *a = NULL, *b = NULL;
   fsdp_event *e = NULL;
   CHECK_OK(fsdp_stream_create(FSDP_CUDA, &a));
   CHECK_OK(fsdp_stream_create(FSDP_CUDA, &b));
   CHECK_OK(fsdp_event_create(FSDP_CUDA, &e));
+  CHECK(fsdp_stream_device(a) == FSDP_CUDA);
   /* a: delay, then d2 = d1; record. b: wait, then pinned = d2 */
   CHECK_OK(fsdp_stream_delay(a, 200000));
   CHECK_OK(fsdp_memcpy(d2, d1, n, a));
@@ -57,62 +79,122 @@ static void test_memory_streams(void) {
   CHECK_OK(fsdp_stream_synchronize(b));
   CHECK(fsdp_event_query(e) == 1);
   CHECK(memcmp(pinned, h, n) == 0);
+  /* async fill and pinned -> device on a stream, waited through an event */
+  CHECK_OK(fsdp_memset(d1, 0x11, n, a));
+  CHECK_OK(fsdp_memcpy(d1, pinned, n / 2, a));
+  CHECK_OK(fsdp_event_record(e, a));
+  CHECK_OK(fsdp_event_synchronize(e));
+  CHECK_OK(fsdp_memcpy(back, d1, n, NULL));
+  CHECK(memcmp(back, h, n / 2) == 0 && all_bytes((unsigned char *)back + n / 2, 0x11, n - n / 2));
+  CHECK(fsdp_event_query(e) == 1);
   void *big = NULL;
   CHECK_FAILS(fsdp_alloc(FSDP_CUDA, (size_t)1 << 50, &big), FSDP_ENOMEM, "bytes on the GPU failed");
-  fsdp_event_destroy(e);
-  fsdp_stream_destroy(a);
-  fsdp_stream_destroy(b);
-  fsdp_free(FSDP_CUDA, d1);
-  fsdp_free(FSDP_CUDA, d2);
-  fsdp_free_host_pinned(pinned);
+  CHECK(big == NULL);
+  CHECK_OK(fsdp_event_destroy(e));
+  CHECK_OK(fsdp_stream_destroy(a));
+  CHECK_OK(fsdp_stream_destroy(b));
+  CHECK_OK(fsdp_free(FSDP_CUDA, d1));
+  CHECK_OK(fsdp_free(FSDP_CUDA, d2));
+  CHECK_OK(fsdp_free_host_pinned(pinned));
   free(h);
+  free(back);
 }
 
-/* one rank: all_reduce/all_gather/broadcast copy, reduce_scatter converts */
+enum { ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, BROADCAST, REDUCE_SCATTER_F32, KINDS };
+static const char *kind_name[] = {"all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce_scatter->fp32"};
+
+/* one rank: all_reduce/all_gather/broadcast copy, reduce_scatter converts;
+ * avg over one rank is the sum. Returns the number of wrong elements. */
+static int run_one(fsdp_comm *c, int kind, int in_dt, int op, size_t n) {
+  int out_dt = kind == REDUCE_SCATTER_F32 ? FSDP_FP32 : in_dt;
+  size_t ib = n * fsdp_dtype_size(in_dt), ob = n * fsdp_dtype_size(out_dt);
+  void *hin = malloc(ib + 4), *hout = malloc(ob + 4), *din = NULL, *dout = NULL;
+  fill_host(hin, in_dt, n);
+  CHECK_OK(fsdp_alloc(FSDP_CUDA, ib, &din));
+  CHECK_OK(fsdp_alloc(FSDP_CUDA, ob, &dout));
+  CHECK_OK(fsdp_memcpy(din, hin, ib, NULL));
+  CHECK_OK(fsdp_memset(dout, 0xff, ob, NULL)); /* NaN in every dtype */
+  switch (kind) {
+    case ALL_REDUCE: CHECK_OK(fsdp_comm_all_reduce(c, dout, din, n, in_dt, op)); break;
+    case ALL_GATHER: CHECK_OK(fsdp_comm_all_gather(c, dout, din, n, in_dt)); break;
+    case BROADCAST:
+      CHECK_OK(fsdp_memcpy(dout, din, ib, NULL));
+      CHECK_OK(fsdp_comm_broadcast(c, dout, n, in_dt, 0));
+      break;
+    default: CHECK_OK(fsdp_comm_reduce_scatter(c, dout, out_dt, din, in_dt, n, op)); break;
+  }
+  CHECK_OK(fsdp_comm_barrier(c));
+  CHECK_OK(fsdp_comm_synchronize(c));
+  CHECK_OK(fsdp_memcpy(hout, dout, ob, NULL));
+  int bad = 0;
+  for (size_t i = 0; i < n; i++) {
+    double want = get(hin, in_dt, i), got = get(hout, out_dt, i);
+    if (isnan(got) || got != want) {
+      if (bad++ < 3)
+        fprintf(stderr, "%s %s->%s %s n=%zu: [%zu] = %g, expected %g\n", kind_name[kind], fsdp_dtype_name(in_dt),
+                fsdp_dtype_name(out_dt), op == FSDP_AVG ? "avg" : "sum", n, i, got, want);
+    }
+  }
+  CHECK_OK(fsdp_free(FSDP_CUDA, din));
+  CHECK_OK(fsdp_free(FSDP_CUDA, dout));
+  free(hin);
+  free(hout);
+  return bad;
+}
+
 static void test_collectives(fsdp_comm *c) {
   static const size_t sizes[] = {0, 1, 1001, (size_t)16 << 20};
-  int dtypes[] = {FSDP_FP32, FSDP_BF16};
-  for (size_t k = 0; k < 4; k++)
-    for (int d = 0; d < 2; d++)
-      for (int kind = 0; kind < 5; kind++) {
-        int in_dt = dtypes[d], out_dt = kind == 4 ? FSDP_FP32 : in_dt;
-        if (kind == 4 && in_dt == FSDP_FP32) continue;
-        size_t n = sizes[k], ib = n * fsdp_dtype_size(in_dt), ob = n * fsdp_dtype_size(out_dt);
-        void *hin = malloc(ib + 4), *hout = malloc(ob + 4), *din = NULL, *dout = NULL;
-        fill_host(hin, in_dt, n);
-        CHECK_OK(fsdp_alloc(FSDP_CUDA, ib, &din));
-        CHECK_OK(fsdp_alloc(FSDP_CUDA, ob, &dout));
-        CHECK_OK(fsdp_memcpy(din, hin, ib, NULL));
-        CHECK_OK(fsdp_memset(dout, 0xff, ob, NULL)); /* NaN */
-        int op = k % 2 ? FSDP_AVG : FSDP_SUM;
-        switch (kind) {
-          case 0: CHECK_OK(fsdp_comm_all_reduce(c, dout, din, n, in_dt, op)); break;
-          case 1: CHECK_OK(fsdp_comm_all_gather(c, dout, din, n, in_dt)); break;
-          case 2: CHECK_OK(fsdp_comm_reduce_scatter(c, dout, out_dt, din, in_dt, n, op)); break;
-          case 3:
-            CHECK_OK(fsdp_memcpy(dout, din, ib, NULL));
-            CHECK_OK(fsdp_comm_broadcast(c, dout, n, in_dt, 0));
-            break;
-          default: CHECK_OK(fsdp_comm_reduce_scatter(c, dout, out_dt, din, in_dt, n, op)); break;
+  static const int dtypes[] = {FSDP_FP32, FSDP_BF16, FSDP_FP16};
+  for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++)
+    for (size_t d = 0; d < sizeof dtypes / sizeof dtypes[0]; d++)
+      for (int kind = 0; kind < KINDS; kind++)
+        for (int op = FSDP_SUM; op <= FSDP_AVG; op++) {
+          if (kind == REDUCE_SCATTER_F32 && dtypes[d] == FSDP_FP32) continue;
+          if ((kind == ALL_GATHER || kind == BROADCAST) && op != FSDP_SUM) continue; /* no op */
+          CHECK(run_one(c, kind, dtypes[d], op, sizes[k]) == 0);
         }
-        CHECK_OK(fsdp_comm_barrier(c));
-        CHECK_OK(fsdp_comm_synchronize(c));
-        CHECK_OK(fsdp_memcpy(hout, dout, ob, NULL));
-        int bad = 0;
-        for (size_t i = 0; i < n; i++) {
-          double want = get(hin, in_dt, i), got = get(hout, out_dt, i);
-          if (isnan(got) || got != want) {
-            if (bad++ < 3)
-              fprintf(stderr, "kind %d %s->%s n=%zu: [%zu] = %g, expected %g\n", kind, fsdp_dtype_name(in_dt),
-                      fsdp_dtype_name(out_dt), n, i, got, want);
-          }
-        }
-        CHECK(bad == 0);
-        fsdp_free(FSDP_CUDA, din);
-        fsdp_free(FSDP_CUDA, dout);
-        free(hin);
-        free(hout);
-      }
+}
+
+/* The overlap pattern of docs/COLLECTIVES.md: a compute stream writes the
+ * input late (behind a delay), the comm stream waits on its event, gathers,
+ * and the compute stream waits on the gather before reading. */
+static void test_comm_stream_order(fsdp_comm *c) {
+  size_t n = 1 << 20, bytes = n * sizeof(float);
+  float *h = malloc(bytes), *back = malloc(bytes);
+  for (size_t i = 0; i < n; i++) h[i] = value(i);
+  void *src = NULL, *in = NULL, *out = NULL;
+  CHECK_OK(fsdp_alloc(FSDP_CUDA, bytes, &src));
+  CHECK_OK(fsdp_alloc(FSDP_CUDA, bytes, &in));
+  CHECK_OK(fsdp_alloc(FSDP_CUDA, bytes, &out));
+  CHECK_OK(fsdp_memcpy(src, h, bytes, NULL));
+  CHECK_OK(fsdp_memset(in, 0xff, bytes, NULL));
+  CHECK_OK(fsdp_memset(out, 0xff, bytes, NULL));
+  fsdp_stream *compute = NULL;
+  fsdp_event *ready = NULL, *gathered = NULL;
+  CHECK_OK(fsdp_stream_create(FSDP_CUDA, &compute));
+  CHECK_OK(fsdp_event_create(FSDP_CUDA, &ready));
+  CHECK_OK(fsdp_event_create(FSDP_CUDA, &gathered));
+  CHECK(fsdp_stream_device(fsdp_comm_stream(c)) == FSDP_CUDA);
+  CHECK_OK(fsdp_stream_delay(compute, 100000));
+  CHECK_OK(fsdp_memcpy(in, src, bytes, compute));
+  CHECK_OK(fsdp_event_record(ready, compute));
+  CHECK_OK(fsdp_stream_wait_event(fsdp_comm_stream(c), ready));
+  CHECK_OK(fsdp_comm_all_gather(c, out, in, n, FSDP_FP32));
+  CHECK_OK(fsdp_event_record(gathered, fsdp_comm_stream(c)));
+  CHECK_OK(fsdp_stream_wait_event(compute, gathered));
+  CHECK_OK(fsdp_memcpy(back, out, bytes, compute));
+  CHECK(fsdp_event_query(gathered) == 0); /* still behind the delay */
+  CHECK_OK(fsdp_stream_synchronize(compute));
+  CHECK(memcmp(back, h, bytes) == 0);
+  CHECK_OK(fsdp_comm_synchronize(c));
+  fsdp_event_destroy(ready);
+  fsdp_event_destroy(gathered);
+  fsdp_stream_destroy(compute);
+  fsdp_free(FSDP_CUDA, src);
+  fsdp_free(FSDP_CUDA, in);
+  fsdp_free(FSDP_CUDA, out);
+  free(h);
+  free(back);
 }
 
 int main(void) {
@@ -131,6 +213,7 @@ int main(void) {
     float x = 0;
     CHECK_FAILS(fsdp_comm_reduce_scatter(c, &x, FSDP_BF16, &x, FSDP_FP32, 1, FSDP_SUM), FSDP_EINVAL, "not supported");
     test_collectives(c);
+    test_comm_stream_order(c);
     char desc[1024];
     CHECK_OK(fsdp_mesh_describe(m, desc, sizeof desc));
     printf("%s\n", desc);
