@@ -115,6 +115,13 @@ int fsdp_alloc(int device, size_t bytes, void **out);   /* 256-byte aligned */
 int fsdp_alloc_host_pinned(size_t bytes, void **out);
 int fsdp_free(int device, void *ptr);
 int fsdp_free_host_pinned(void *ptr);
+/* What fsdp_alloc has handed out on a device and not freed (bytes as
+ * requested), the high-water mark, and call counts. CPU only so far. */
+typedef struct fsdp_memory_stats {
+  int64_t allocated, peak, allocs, frees;
+} fsdp_memory_stats;
+int fsdp_memory_get_stats(int device, fsdp_memory_stats *out);
+int fsdp_memory_reset_peak(int device);
 
 /* A stream runs enqueued work in order. CPU: a worker thread. */
 int fsdp_stream_create(int device, fsdp_stream **out);

@@ -55,6 +55,14 @@ end
 
 function fsdp.abort(status, msg) C.fsdp_abort(status or 1, msg or "fsdp.abort") end
 function fsdp.now() return C.fsdp_time_now() end
+
+-- {allocated, peak, allocs, frees} in bytes / calls for a device ("cpu")
+function fsdp.memory_stats(device)
+  local st = ffi.new("fsdp_memory_stats")
+  check(C.fsdp_memory_get_stats(tensor.device(device or "cpu"), st), "fsdp.memory_stats")
+  return { allocated = tonumber(st.allocated), peak = tonumber(st.peak), allocs = tonumber(st.allocs),
+    frees = tonumber(st.frees) }
+end
 function fsdp.version() return ffi.string(C.fsdp_version()) end
 
 return fsdp

@@ -82,8 +82,9 @@ static int trim_default_pool(void) {
     cudaGetLastError();
     return 0;
   }
-  cudaStreamSynchronize(0); /* no-op for our non-blocking streams; lets finished frees land */
-  return cudaMemPoolTrimTo(pool, 0) == cudaSuccess;
+  if (cudaMemPoolTrimTo(pool, 0) == cudaSuccess) return 1;
+  cudaGetLastError();
+  return 0;
 }
 
 int fsdp_cuda_alloc(size_t bytes, void **out) {

@@ -40,19 +40,14 @@ int fsdp_alloc(int device, size_t bytes, void **out) {
   *out = NULL;
   FSDP_CHECK(check_device(device, "alloc"));
   if (device == FSDP_CUDA) return fsdp_cuda_alloc(bytes, out);
-  /* 256-byte alignment, as cudaMalloc guarantees, so code is device-agnostic */
-  size_t rounded = (bytes + 255) & ~(size_t)255;
-  void *p = aligned_alloc(256, rounded ? rounded : 256);
-  if (!p) return fsdp_fail(FSDP_ENOMEM, "alloc: %zu bytes of host memory failed", bytes);
-  *out = p;
-  return FSDP_OK;
+  return fsdp_host_alloc(bytes, out);
 }
 
 int fsdp_free(int device, void *ptr) {
   if (!ptr) return FSDP_OK;
   if (device == FSDP_CUDA) return fsdp_cuda_free(ptr);
   if (device != FSDP_CPU) return fsdp_fail(FSDP_EINVAL, "free: unknown device %d", device);
-  free(ptr);
+  fsdp_host_free(ptr);
   return FSDP_OK;
 }
 

@@ -13,6 +13,10 @@ struct fsdp_event {
   int device;
 };
 
+/* ---- host memory with statistics (host_memory.c) ---- */
+int fsdp_host_alloc(size_t bytes, void **out);
+void fsdp_host_free(void *ptr);
+
 /* ---- CPU backend (cpu_stream.c) ---- */
 /* A task runs on the stream's worker thread; returning < 0 marks the stream
  * failed with the worker's last error. free_arg (may be NULL) runs after fn,

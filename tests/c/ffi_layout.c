@@ -17,6 +17,7 @@ int main(void) {
   SIZE(fsdp_adamw_config);
   SIZE(fsdp_init_rule);
   SIZE(fsdp_unit_memory);
+  SIZE(fsdp_memory_stats);
   SIZE(fsdp_unit_config);
   printf("},\noffsets = {\n");
   OFF(fsdp_proc_info, rank);
@@ -49,6 +50,8 @@ int main(void) {
   OFF(fsdp_unit_memory, optimizer);
   OFF(fsdp_unit_memory, scratch);
   OFF(fsdp_unit_memory, total_numel);
+  OFF(fsdp_memory_stats, peak);
+  OFF(fsdp_memory_stats, frees);
   printf("},\nconstants = {\n");
   CONST(FSDP_OK);
   CONST(FSDP_EINVAL);

@@ -160,7 +160,8 @@ static void test_collectives(fsdp_comm *c) {
  * and the compute stream waits on the gather before reading. */
 static void test_comm_stream_order(fsdp_comm *c) {
   size_t n = 1 << 20, bytes = n * sizeof(float);
-  float *h = malloc(bytes), *back = malloc(bytes);
+  float *h = malloc(bytes), *back = NULL; /* pinned: a copy to pageable memory may block until done */
+  CHECK_OK(fsdp_alloc_host_pinned(bytes, (void **)&back));
   for (size_t i = 0; i < n; i++) h[i] = value(i);
   void *src = NULL, *in = NULL, *out = NULL;
   CHECK_OK(fsdp_alloc(FSDP_CUDA, bytes, &src));
@@ -175,7 +176,7 @@ static void test_comm_stream_order(fsdp_comm *c) {
   CHECK_OK(fsdp_event_create(FSDP_CUDA, &ready));
   CHECK_OK(fsdp_event_create(FSDP_CUDA, &gathered));
   CHECK(fsdp_stream_device(fsdp_comm_stream(c)) == FSDP_CUDA);
-  CHECK_OK(fsdp_stream_delay(compute, 100000));
+  CHECK_OK(fsdp_stream_delay(compute, 200000));
   CHECK_OK(fsdp_memcpy(in, src, bytes, compute));
   CHECK_OK(fsdp_event_record(ready, compute));
   CHECK_OK(fsdp_stream_wait_event(fsdp_comm_stream(c), ready));
@@ -194,7 +195,7 @@ static void test_comm_stream_order(fsdp_comm *c) {
   fsdp_free(FSDP_CUDA, in);
   fsdp_free(FSDP_CUDA, out);
   free(h);
-  free(back);
+  fsdp_free_host_pinned(back);
 }
 
 int main(void) {

@@ -20,6 +20,17 @@ static double now(void) {
 
 static void test_memory(void) {
   void *p = NULL;
+  fsdp_memory_stats a, b;
+  CHECK_OK(fsdp_memory_get_stats(FSDP_CPU, &a));
+  CHECK_OK(fsdp_alloc(FSDP_CPU, 12345, &p));
+  CHECK_OK(fsdp_memory_get_stats(FSDP_CPU, &b));
+  CHECK(b.allocated - a.allocated == 12345 && b.peak >= b.allocated && b.allocs == a.allocs + 1);
+  CHECK_OK(fsdp_free(FSDP_CPU, p));
+  CHECK_OK(fsdp_memory_get_stats(FSDP_CPU, &b));
+  CHECK(b.allocated == a.allocated && b.frees == a.frees + 1 && b.peak >= a.allocated + 12345);
+  CHECK_OK(fsdp_memory_reset_peak(FSDP_CPU));
+  CHECK_OK(fsdp_memory_get_stats(FSDP_CPU, &b));
+  CHECK(b.peak == b.allocated);
   CHECK_OK(fsdp_alloc(FSDP_CPU, 1000, &p));
   CHECK(p && ((uintptr_t)p % 256) == 0);
   memset(p, 1, 1000);

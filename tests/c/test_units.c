@@ -38,6 +38,8 @@ static void run(fsdp_comm *shard, fsdp_comm *outer, int zero, int K, const char 
     for (int p = 0; p < unit_np[u]; p++) t += P[u][p].n + 16;
     maxbytes = (size_t)(t + 32 * 8) * 4 > maxbytes ? (size_t)(t + 32 * 8) * 4 : maxbytes;
   }
+  fsdp_memory_stats before, after;
+  CHECK_OK(fsdp_memory_get_stats(FSDP_CPU, &before));
   CHECK_OK(fsdp_pool_create(FSDP_CPU, maxbytes, 2, &pp));
   CHECK_OK(fsdp_pool_create(FSDP_CPU, maxbytes, 2, &gp));
   fsdp_unit *units[NU] = {0};
@@ -81,10 +83,15 @@ static void run(fsdp_comm *shard, fsdp_comm *outer, int zero, int K, const char 
     CHECK_OK(fsdp_unit_reshard(units[u], NULL));
   }
   CHECK(init_bad == 0);
-  /* resident bytes per buffer: exactly what the ZeRO level and layout say */
+  /* resident bytes per buffer: exactly what the ZeRO level and layout say,
+   * and together with the two pools exactly what the allocator handed out */
+  CHECK_OK(fsdp_memory_get_stats(FSDP_CPU, &after));
+  int64_t predicted = 2 * 2 * (int64_t)maxbytes;
   for (int u = 0; u < NU; u++) {
     fsdp_unit_memory mem;
     CHECK_OK(fsdp_unit_memory_info(units[u], &mem));
+    predicted += mem.params_full + mem.params_shard + mem.main_params + mem.optimizer + mem.grads_full +
+                 mem.grads_main + mem.scratch;
     int64_t S = fsdp_layout_shard_numel(fsdp_unit_layout(units[u])), T = S * fsdp_comm_size(shard);
     int64_t opt_n = zero == 0 ? T : S;
     CHECK(mem.shard_numel == S && mem.total_numel == T);
@@ -93,6 +100,7 @@ static void run(fsdp_comm *shard, fsdp_comm *outer, int zero, int K, const char 
     CHECK(mem.main_params == opt_n * 4 && mem.optimizer == 2 * opt_n * 4 && mem.grads_main == opt_n * 4);
     CHECK(mem.grads_full == (zero <= 1 ? T * 4 : 0));
   }
+  CHECK(after.allocated - before.allocated == predicted);
   fsdp_adamw_config opt = {1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f};
   int bad_norm = 0;
   for (int t = 1; t <= STEPS; t++) {

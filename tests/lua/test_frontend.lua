@@ -37,8 +37,10 @@ check(tostring(f):find("tensor%(2x3, fp32, cpu%)") ~= nil, "tostring: " .. tostr
 fails(function() f:get(6) end, "out of range [0, 6)", "bounds")
 fails(function() fsdp.tensor(4, "int8") end, "unknown dtype 'int8'", "bad dtype")
 fails(function() fsdp.tensor({ 2, -1 }) end, "dimension 2 is -1", "bad shape")
+local before = fsdp.memory_stats("cpu").allocated
 f:free()
 f:free() -- idempotent
+check(before - fsdp.memory_stats("cpu").allocated == 24, "memory_stats sees the 24 bytes freed")
 fails(function() f:get(0) end, "after free", "use after free is an error")
 do
   for _ = 1, 200 do fsdp.tensor(1024 * 1024) end -- 800 MiB if the collector never ran
