@@ -277,6 +277,9 @@ typedef struct fsdp_unit_config {
   int32_t reduce_dtype;  /* fp32 (accumulate in fp32) or the compute dtype */
   int32_t grad_op;       /* FSDP_AVG or FSDP_SUM over the data-parallel ranks */
   int64_t param_align, shard_align; /* elements; see fsdp_layout_create */
+  int32_t hfsdp;         /* 1: also shard the fp32 main params and optimizer state over
+                            the outer group (HSDP + optimizer sharding); zero >= 1 */
+  int32_t pad;
 } fsdp_unit_config;
 
 /* A unit of parameters sharded over `shard` (and, HSDP, replicated over

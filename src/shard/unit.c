@@ -32,9 +32,12 @@ struct fsdp_unit {
   fsdp_comm *shard, *outer;
   fsdp_pool *ppool, *gpool;
   int W, r;
-  int64_t S, T, n_opt; /* n_opt: elements the optimizer owns (T for zero 0, S otherwise) */
+  int64_t S, T;
+  int64_t n_opt, sub;  /* the optimizer owns [sub, sub + n_opt) of the shard (zero 0: all T) */
+  int hf;              /* HFSDP: the optimizer's range is 1/R of the shard */
   size_t ces;
   float *main, *m, *v, *gmain, *tmp;
+  float *gacc; /* fp32 grad shard over the shard group: gmain, or its own S buffer with HFSDP */
   void *cshard, *cfull, *gfull;
   int pslot, gslot;
   void *pbuf, *gbuf;
@@ -119,6 +122,9 @@ int fsdp_unit_create(const char *name, int nparams, const char *const *param_nam
     return fsdp_fail(FSDP_EUNSUPPORTED, "unit '%s': units run on CPU ranks for now (CUDA comes with the CUDA issue)", name);
   if (cfg->zero == 3 && !param_pool) return fsdp_fail(FSDP_EINVAL, "unit '%s': zero 3 needs a param pool", name);
   if (cfg->zero >= 2 && !grad_pool) return fsdp_fail(FSDP_EINVAL, "unit '%s': zero 2 and 3 need a grad pool", name);
+  if (cfg->hfsdp && (!outer || cfg->zero == 0))
+    return fsdp_fail(FSDP_EINVAL, "unit '%s': hfsdp shards the optimizer over the outer group: it needs an outer "
+                     "group and zero >= 1", name);
   fsdp_unit *u = calloc(1, sizeof *u);
   if (!u) return fsdp_fail(FSDP_ENOMEM, "unit '%s': out of memory", name);
   snprintf(u->name, sizeof u->name, "%s", name);
@@ -132,11 +138,15 @@ int fsdp_unit_create(const char *name, int nparams, const char *const *param_nam
   u->r = shard->rank;
   u->pslot = u->gslot = -1;
   u->ces = fsdp_dtype_size(cfg->compute_dtype);
-  int rc = fsdp_layout_create(nparams, numels, u->W, cfg->param_align, cfg->shard_align, &u->layout);
+  u->hf = cfg->hfsdp != 0;
+  int R = u->hf ? outer->size : 1;
+  /* HFSDP splits each shard R ways: keep shards a multiple of R */
+  int rc = fsdp_layout_create(nparams, numels, u->W, cfg->param_align, cfg->shard_align * R, &u->layout);
   if (rc == FSDP_OK) {
     u->S = fsdp_layout_shard_numel(u->layout);
     u->T = u->S * u->W;
-    u->n_opt = cfg->zero == 0 ? u->T : u->S;
+    u->n_opt = cfg->zero == 0 ? u->T : u->S / R;
+    u->sub = u->hf ? (int64_t)outer->rank * u->n_opt : 0;
     u->no_decay = calloc((size_t)(nparams ? nparams : 1), 1);
     u->numels = calloc((size_t)(nparams ? nparams : 1), sizeof(int64_t));
     if (!u->no_decay || !u->numels) {
@@ -152,20 +162,23 @@ int fsdp_unit_create(const char *name, int nparams, const char *const *param_nam
   if (rc == FSDP_OK) rc = alloc0((size_t)u->n_opt * f, (void **)&u->v);
   if (rc == FSDP_OK) rc = alloc0((size_t)u->n_opt * f, (void **)&u->gmain);
   if (rc == FSDP_OK) rc = alloc0((size_t)u->S * f, (void **)&u->tmp);
+  u->gacc = u->gmain;
+  if (rc == FSDP_OK && u->hf) rc = alloc0((size_t)u->S * f, (void **)&u->gacc);
   if (rc == FSDP_OK && cfg->zero >= 1) rc = alloc0((size_t)u->S * u->ces, &u->cshard);
   if (rc == FSDP_OK && cfg->zero <= 2) rc = alloc0((size_t)u->T * u->ces, &u->cfull);
   if (rc == FSDP_OK && cfg->zero <= 1) rc = alloc0((size_t)u->T * u->ces, &u->gfull);
   if (rc == FSDP_OK) rc = fsdp_event_create(FSDP_CPU, &u->gathered);
   if (rc == FSDP_OK) rc = fsdp_event_create(FSDP_CPU, &u->ready);
   /* meta init: only the owned shard is drawn (zero 0 draws every shard) */
-  for (int q = 0; rc == FSDP_OK && q < (cfg->zero == 0 ? u->W : 1); q++) {
-    int owner = cfg->zero == 0 ? q : u->r;
-    rc = fsdp_layout_init_shard(u->layout, owner, param_names, rules, seed, u->main + (cfg->zero == 0 ? q * u->S : 0),
-                                FSDP_FP32);
+  for (int q = 0; rc == FSDP_OK && cfg->zero == 0 && q < u->W; q++)
+    rc = fsdp_layout_init_shard(u->layout, q, param_names, rules, seed, u->main + q * u->S, FSDP_FP32);
+  if (rc == FSDP_OK && cfg->zero >= 1) { /* the shard into tmp; the optimizer keeps its range */
+    rc = fsdp_layout_init_shard(u->layout, u->r, param_names, rules, seed, u->tmp, FSDP_FP32);
+    if (rc == FSDP_OK) memcpy(u->main, u->tmp + u->sub, (size_t)u->n_opt * f);
   }
   if (rc == FSDP_OK) {
     if (cfg->zero == 0) cast_out(u->cfull, cfg->compute_dtype, u->main, u->T);
-    if (cfg->zero >= 1) cast_out(u->cshard, cfg->compute_dtype, u->main, u->S);
+    if (cfg->zero >= 1) cast_out(u->cshard, cfg->compute_dtype, u->tmp, u->S);
     if (cfg->zero == 1 || cfg->zero == 2) {
       rc = fsdp_comm_all_gather(shard, u->cfull, u->cshard, (size_t)u->S, cfg->compute_dtype);
       if (rc == FSDP_OK) rc = fsdp_event_record(u->gathered, shard->stream);
@@ -185,6 +198,7 @@ int fsdp_unit_destroy(fsdp_unit *u) {
   if (u->outer) fsdp_stream_synchronize(u->outer->stream);
   if (u->pslot >= 0) fsdp_pool_release(u->ppool, u->pslot, NULL);
   if (u->gslot >= 0) fsdp_pool_release(u->gpool, u->gslot, NULL);
+  if (u->gacc != u->gmain) fsdp_free(FSDP_CPU, u->gacc);
   void *bufs[] = {u->main, u->m, u->v, u->gmain, u->tmp, u->cshard, u->cfull, u->gfull};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) fsdp_free(FSDP_CPU, bufs[i]);
   fsdp_event_destroy(u->gathered);
@@ -273,11 +287,11 @@ int fsdp_unit_reduce(fsdp_unit *u, fsdp_stream *compute, int sync) {
     }
     FSDP_CHECK(enqueue_host(c->stream, 2, u->gfull, NULL, 0, (int64_t)gbytes));
   } else if (z == 1) {
-    FSDP_CHECK(reduce_scatter_into(u, u->gmain, u->gfull, 0));
+    FSDP_CHECK(reduce_scatter_into(u, u->gacc, u->gfull, 0));
     FSDP_CHECK(enqueue_host(c->stream, 2, u->gfull, NULL, 0, (int64_t)gbytes));
   } else {
     /* every micro-batch: accumulation stays sharded, in fp32 */
-    FSDP_CHECK(reduce_scatter_into(u, u->gmain, u->gbuf, 1));
+    FSDP_CHECK(reduce_scatter_into(u, u->gacc, u->gbuf, 1));
     FSDP_CHECK(fsdp_pool_release(u->gpool, u->gslot, c->stream));
     u->gslot = -1;
     u->gbuf = NULL;
@@ -285,7 +299,13 @@ int fsdp_unit_reduce(fsdp_unit *u, fsdp_stream *compute, int sync) {
   if (sync && u->outer) { /* HSDP: the grad shards agree across replicas */
     FSDP_CHECK(fsdp_event_record(u->ready, c->stream));
     FSDP_CHECK(fsdp_stream_wait_event(u->outer->stream, u->ready));
-    FSDP_CHECK(fsdp_comm_all_reduce(u->outer, u->gmain, u->gmain, (size_t)u->n_opt, FSDP_FP32, u->cfg.grad_op));
+    if (u->hf) { /* HFSDP: each replica keeps 1/R of the shard's grads */
+      FSDP_CHECK(fsdp_comm_reduce_scatter(u->outer, u->gmain, FSDP_FP32, u->gacc, FSDP_FP32, (size_t)u->n_opt,
+                                          u->cfg.grad_op));
+      FSDP_CHECK(enqueue_host(u->outer->stream, 2, u->gacc, NULL, 0, u->S * (int64_t)sizeof(float)));
+    } else {
+      FSDP_CHECK(fsdp_comm_all_reduce(u->outer, u->gmain, u->gmain, (size_t)u->n_opt, FSDP_FP32, u->cfg.grad_op));
+    }
   }
   return FSDP_OK;
 }
@@ -302,7 +322,7 @@ int fsdp_unit_grad_sumsq(fsdp_unit *u, double *sum, int64_t *nonfinite) {
   /* zero 0 holds full grads everywhere: count this rank's slice only, so
    * that the sum over the shard group is the total for every zero level */
   const float *g = u->cfg.zero == 0 ? u->gmain + (int64_t)u->r * u->S : u->gmain;
-  return fsdp_sum_squares(g, u->S, sum, nonfinite);
+  return fsdp_sum_squares(g, u->cfg.zero == 0 ? u->S : u->n_opt, sum, nonfinite);
 }
 
 int fsdp_unit_zero_grad(fsdp_unit *u) {
@@ -347,11 +367,21 @@ static int step_owned(fsdp_unit *u, update_fn update, const step_args *a) {
     if (!ps) return fsdp_fail(FSDP_ENOMEM, "unit '%s': out of memory", u->name);
     fsdp_layout_rank_pieces(l, u->r, ps, k);
     int rc = FSDP_OK;
-    for (int j = 0; j < k && rc == FSDP_OK; j++)
-      rc = update(u, a, ps[j].shard_offset, ps[j].end - ps[j].begin, ps[j].param);
+    for (int j = 0; j < k && rc == FSDP_OK; j++) { /* the part of each piece in the optimizer's range */
+      int64_t lo = ps[j].shard_offset, hi = lo + (ps[j].end - ps[j].begin);
+      if (lo < u->sub) lo = u->sub;
+      if (hi > u->sub + u->n_opt) hi = u->sub + u->n_opt;
+      if (lo < hi) rc = update(u, a, lo - u->sub, hi - lo, ps[j].param);
+    }
     free(ps);
     FSDP_CHECK(rc);
-    cast_out(u->cshard, u->cfg.compute_dtype, u->main, u->S);
+    if (u->hf) { /* gather the replicas' ranges into the compute shard */
+      cast_out(u->tmp, u->cfg.compute_dtype, u->main, u->n_opt);
+      FSDP_CHECK(fsdp_comm_all_gather(u->outer, u->cshard, u->tmp, (size_t)u->n_opt, u->cfg.compute_dtype));
+      FSDP_CHECK(fsdp_comm_synchronize(u->outer));
+    } else {
+      cast_out(u->cshard, u->cfg.compute_dtype, u->main, u->S);
+    }
     if (u->cfg.zero <= 2) { /* resident full params: gather the new values */
       FSDP_CHECK(fsdp_comm_all_gather(u->shard, u->cfull, u->cshard, (size_t)u->S, u->cfg.compute_dtype));
       FSDP_CHECK(fsdp_event_record(u->gathered, u->shard->stream));
@@ -382,7 +412,7 @@ int fsdp_unit_memory_info(const fsdp_unit *u, fsdp_unit_memory *out) {
       .main_params = u->n_opt * f,
       .optimizer = 2 * u->n_opt * f,
       .grads_full = u->gfull ? u->T * c : 0,
-      .grads_main = u->n_opt * f,
+      .grads_main = u->n_opt * f + (u->hf ? u->S * f : 0),
       .scratch = u->S * f,
       .shard_numel = u->S,
       .total_numel = u->T,

@@ -46,6 +46,7 @@ int main(void) {
   OFF(fsdp_unit_config, reduce_dtype);
   OFF(fsdp_unit_config, param_align);
   OFF(fsdp_unit_config, shard_align);
+  OFF(fsdp_unit_config, hfsdp);
   OFF(fsdp_unit_memory, params_full);
   OFF(fsdp_unit_memory, optimizer);
   OFF(fsdp_unit_memory, scratch);

@@ -29,8 +29,8 @@ static double coef(int64_t i) { return 1.0 + (double)(i % 3); }
 
 typedef struct { double *w, *m, *v; } ref_param;
 
-static void run(fsdp_comm *shard, fsdp_comm *outer, int zero, int K, const char *label) {
-  fsdp_unit_config cfg = {zero, FSDP_FP32, FSDP_FP32, FSDP_AVG, 16, 32};
+static void run(fsdp_comm *shard, fsdp_comm *outer, int zero, int K, int hfsdp, const char *label) {
+  fsdp_unit_config cfg = {zero, FSDP_FP32, FSDP_FP32, FSDP_AVG, 16, 32, hfsdp, 0};
   fsdp_pool *pp = NULL, *gp = NULL;
   size_t maxbytes = 0;
   for (int u = 0; u < NU; u++) {
@@ -93,11 +93,12 @@ static void run(fsdp_comm *shard, fsdp_comm *outer, int zero, int K, const char 
     predicted += mem.params_full + mem.params_shard + mem.main_params + mem.optimizer + mem.grads_full +
                  mem.grads_main + mem.scratch;
     int64_t S = fsdp_layout_shard_numel(fsdp_unit_layout(units[u])), T = S * fsdp_comm_size(shard);
-    int64_t opt_n = zero == 0 ? T : S;
+    int64_t opt_n = zero == 0 ? T : hfsdp ? S / fsdp_comm_size(outer) : S;
     CHECK(mem.shard_numel == S && mem.total_numel == T);
     CHECK(mem.params_full == (zero <= 2 ? T * 4 : 0));
     CHECK(mem.params_shard == (zero >= 1 ? S * 4 : 0));
-    CHECK(mem.main_params == opt_n * 4 && mem.optimizer == 2 * opt_n * 4 && mem.grads_main == opt_n * 4);
+    CHECK(mem.main_params == opt_n * 4 && mem.optimizer == 2 * opt_n * 4);
+    CHECK(mem.grads_main == opt_n * 4 + (hfsdp ? S * 4 : 0));
     CHECK(mem.grads_full == (zero <= 1 ? T * 4 : 0));
   }
   CHECK(after.allocated - before.allocated == predicted);
@@ -139,6 +140,10 @@ static void run(fsdp_comm *shard, fsdp_comm *outer, int zero, int K, const char 
     }
     CHECK_OK(fsdp_comm_all_reduce(shard, sums, sums, NU, FSDP_FP32, FSDP_SUM));
     CHECK_OK(fsdp_comm_synchronize(shard));
+    if (hfsdp) { /* the replicas hold different parts of the grads too */
+      CHECK_OK(fsdp_comm_all_reduce(outer, sums, sums, NU, FSDP_FP32, FSDP_SUM));
+      CHECK_OK(fsdp_comm_synchronize(outer));
+    }
     double norm = sqrt((double)sums[0] + sums[1] + sums[2]);
     float clip = (float)fmin(1.0, 1.0 / (norm + 1e-6));
     for (int u = 0; u < NU; u++) CHECK_OK(fsdp_unit_step(units[u], t, &opt, clip));
@@ -224,7 +229,7 @@ int main(void) {
   for (int zero = 0; zero <= 3 && dp; zero++)
     for (int K = 1; K <= 3; K += 2) {
       snprintf(label, sizeof label, "zero %d, %d micro-batch(es)", zero, K);
-      run(dp, NULL, zero, K, label);
+      run(dp, NULL, zero, K, 0, label);
     }
   if (W == 4) {
     const char *d2[] = {"dp_outer", "dp_shard"};
@@ -234,19 +239,23 @@ int main(void) {
     CHECK_OK(fsdp_mesh_create(2, d2, s2, FSDP_CPU, &h));
     CHECK_OK(fsdp_mesh_group(h, "dp_shard", &sh));
     CHECK_OK(fsdp_mesh_group(h, "dp_outer", &out));
-    for (int zero = 1; zero <= 3 && sh && out; zero++)
-      for (int K = 1; K <= 3; K += 2) {
-        snprintf(label, sizeof label, "HSDP 2x2 zero %d, %d micro-batch(es)", zero, K);
-        run(sh, out, zero, K, label);
-      }
+    for (int hf = 0; hf <= 1; hf++)
+      for (int zero = 1; zero <= 3 && sh && out; zero++)
+        for (int K = 1; K <= 3; K += 2) {
+          snprintf(label, sizeof label, "%s 2x2 zero %d, %d micro-batch(es)", hf ? "HFSDP" : "HSDP", zero, K);
+          run(sh, out, zero, K, hf, label);
+        }
     fsdp_mesh_destroy(h);
   }
-  fsdp_unit_config bad = {4, FSDP_FP32, FSDP_FP32, FSDP_AVG, 1, 1};
+  fsdp_unit_config bad = {4, FSDP_FP32, FSDP_FP32, FSDP_AVG, 1, 1, 0, 0};
   fsdp_unit *u = NULL;
   int64_t n = 4;
   const char *nm[] = {"x"};
   CHECK_FAILS(fsdp_unit_create("u", 1, nm, &n, &P[0][0].rule, NULL, 1, dp, NULL, &bad, NULL, NULL, &u), FSDP_EINVAL,
               "zero = 4");
+  fsdp_unit_config no_outer = {1, FSDP_FP32, FSDP_FP32, FSDP_AVG, 1, 1, 1, 0};
+  CHECK_FAILS(fsdp_unit_create("u", 1, nm, &n, &P[0][0].rule, NULL, 1, dp, NULL, &no_outer, NULL, NULL, &u),
+              FSDP_EINVAL, "needs an outer group");
   fsdp_mesh_destroy(m);
   snprintf(label, sizeof label, "test_units[%d/%d]", R, W);
   int rc = fsdp_test_summary(label);
