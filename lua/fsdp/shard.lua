@@ -43,7 +43,8 @@ function M.fully_shard(model, opts)
   end
   local s = setmetatable({ model = model, shard = opts.shard, outer = opts.outer, zero = zero, units = {},
     unit_of = {}, order = {}, step_count = 0, trace = opts.trace, param_dtype = pdt,
-    prefetch = opts.prefetch or 1 }, Sharded)
+    prefetch = opts.prefetch or 1, hfsdp = opts.hfsdp and true or false }, Sharded)
+  if s.hfsdp and not opts.outer then error("fully_shard: hfsdp shards the optimizer over opts.outer, which is missing", 2) end
   if s.prefetch < 0 or s.prefetch % 1 ~= 0 then error("fully_shard: prefetch = " .. tostring(s.prefetch) .. "; expected an integer >= 0", 2) end
   -- assign each module with parameters to a unit, in model order
   local by_name = {}
@@ -70,12 +71,17 @@ function M.fully_shard(model, opts)
   end)
   -- a unit is reduced after the backward of its first module (in model order)
   for _, u in ipairs(s.units) do u.first = u.modules[1] end
-  -- buffers: a pool big enough for the largest unit
+  -- buffers: a pool of full-unit buffers as big as the largest unit's
+  -- padded layout (the same arithmetic the units will use)
   local align, salign, biggest = 16, 32, 0
+  local R = s.hfsdp and opts.outer:size() or 1
   for _, u in ipairs(s.units) do
-    local total = 0
-    for _, p in ipairs(u.params) do total = total + p.spec.numel + align end
-    biggest = math.max(biggest, total + salign * opts.shard:size())
+    local numels = ffi.new("int64_t[?]", math.max(#u.params, 1))
+    for i, p in ipairs(u.params) do numels[i - 1] = p.spec.numel end
+    local lp = ffi.new("fsdp_layout *[1]")
+    check(C.fsdp_layout_create(#u.params, numels, opts.shard:size(), align, salign * R, lp), "fully_shard: layout")
+    biggest = math.max(biggest, tonumber(C.fsdp_layout_numel_total(lp[0])))
+    C.fsdp_layout_destroy(lp[0])
   end
   local live = opts.max_live_units or 2
   local pp, gp = ffi.new("fsdp_pool *[1]"), ffi.new("fsdp_pool *[1]")
@@ -85,7 +91,8 @@ function M.fully_shard(model, opts)
   -- one finalizer for the lot, so units go before the pools they borrow from
   s.gc = ffi.gc(ffi.new("char[1]"), function() s:free() end)
   for _, u in ipairs(s.units) do
-    local cfg = ffi.new("fsdp_unit_config", { u.zero, tensor.dtype(pdt), tensor.dtype(rdt), C.FSDP_AVG, align, salign })
+    local cfg = ffi.new("fsdp_unit_config", { u.zero, tensor.dtype(pdt), tensor.dtype(rdt), C.FSDP_AVG, align, salign,
+      s.hfsdp and 1 or 0 })
     local n = #u.params
     local names, numels = ffi.new("const char *[?]", n), ffi.new("int64_t[?]", n)
     local rules, nd = ffi.new("fsdp_init_rule[?]", n), ffi.new("uint8_t[?]", n)
@@ -263,7 +270,13 @@ function Sharded:train_step(batches, opt)
   local norm2 = 0
   for i = 0, nu - 1 do norm2 = norm2 + sums:get(i) end
   local loss = sums:get(2 * nu) / self.shard:size()
-  if self.outer then
+  if self.hfsdp then -- replicas hold different parts of the grads: sum those too
+    self.outer:all_reduce(sums, sums, "sum")
+    self.outer:synchronize()
+    norm2 = 0
+    for i = 0, nu - 1 do norm2 = norm2 + sums:get(i) end
+    loss = sums:get(2 * nu) / (self.shard:size() * self.outer:size())
+  elseif self.outer then
     local l = tensor.new(1); l:set(0, loss)
     self.outer:all_reduce(l, l, "avg"); self.outer:synchronize()
     loss = l:get(0)
