@@ -29,6 +29,28 @@ static double coef(int64_t i) { return 1.0 + (double)(i % 3); }
 
 typedef struct { double *w, *m, *v; } ref_param;
 
+/* Gathers every unit's params and counts those farther than rel * |want| +
+ * abs from the reference (0, 0: bit for bit). */
+static int params_off(fsdp_unit **units, ref_param ref[NU][MAXP], double rel, double abs_tol, const char *label) {
+  int bad = 0;
+  for (int u = 0; u < NU; u++) {
+    CHECK_OK(fsdp_unit_unshard(units[u]));
+    CHECK_OK(fsdp_unit_wait(units[u], NULL));
+    const float *w = fsdp_unit_params(units[u]);
+    for (int p = 0; p < unit_np[u] && w; p++) {
+      int64_t off = fsdp_layout_param_offset(fsdp_unit_layout(units[u]), p);
+      for (int64_t i = 0; i < P[u][p].n; i++) {
+        double want = rel == 0 ? (double)(float)ref[u][p].w[i] : ref[u][p].w[i], got = w[off + i];
+        if (!(fabs(got - want) <= rel * fabs(want) + abs_tol) && bad++ < 3)
+          fprintf(stderr, "rank %d %s: %s[%lld] = %.9g, expected %.9g\n", R, label, P[u][p].name, (long long)i, got,
+                  want);
+      }
+    }
+    CHECK_OK(fsdp_unit_reshard(units[u], NULL));
+  }
+  return bad;
+}
+
 static void run(fsdp_comm *shard, fsdp_comm *outer, int zero, int K, int hfsdp, const char *label) {
   fsdp_unit_config cfg = {zero, FSDP_FP32, FSDP_FP32, FSDP_AVG, 16, 32, hfsdp, 0};
   fsdp_pool *pp = NULL, *gp = NULL;
@@ -71,18 +93,7 @@ static void run(fsdp_comm *shard, fsdp_comm *outer, int zero, int K, int hfsdp, 
     CHECK_OK(fsdp_unit_create(name, unit_np[u], names, n, rules, nd, 7, shard, outer, &cfg, pp, gp, &units[u]));
   }
   /* before any step, the gathered params are the reference's fp32 init, bit for bit */
-  int init_bad = 0;
-  for (int u = 0; u < NU; u++) {
-    CHECK_OK(fsdp_unit_unshard(units[u]));
-    CHECK_OK(fsdp_unit_wait(units[u], NULL));
-    const float *w = fsdp_unit_params(units[u]);
-    for (int p = 0; p < unit_np[u] && w; p++) {
-      int64_t off = fsdp_layout_param_offset(fsdp_unit_layout(units[u]), p);
-      for (int64_t i = 0; i < P[u][p].n; i++) init_bad += w[off + i] != (float)ref[u][p].w[i];
-    }
-    CHECK_OK(fsdp_unit_reshard(units[u], NULL));
-  }
-  CHECK(init_bad == 0);
+  CHECK(params_off(units, ref, 0, 0, label) == 0);
   /* resident bytes per buffer: exactly what the ZeRO level and layout say,
    * and together with the two pools exactly what the allocator handed out */
   CHECK_OK(fsdp_memory_get_stats(FSDP_CPU, &after));
@@ -179,21 +190,7 @@ static void run(fsdp_comm *shard, fsdp_comm *outer, int zero, int K, int hfsdp, 
       }
   }
   CHECK(bad_norm == 0);
-  int bad = 0;
-  for (int u = 0; u < NU; u++) {
-    CHECK_OK(fsdp_unit_unshard(units[u]));
-    CHECK_OK(fsdp_unit_wait(units[u], NULL));
-    const float *w = fsdp_unit_params(units[u]);
-    for (int p = 0; p < unit_np[u] && w; p++) {
-      int64_t off = fsdp_layout_param_offset(fsdp_unit_layout(units[u]), p);
-      for (int64_t i = 0; i < P[u][p].n; i++) {
-        double want = ref[u][p].w[i], got = w[off + i];
-        if (!(fabs(got - want) <= 1e-5 * fabs(want) + 1e-6) && bad++ < 3)
-          fprintf(stderr, "rank %d %s: %s[%lld] = %.9g, expected %.9g\n", R, label, P[u][p].name, (long long)i, got, want);
-      }
-    }
-    CHECK_OK(fsdp_unit_reshard(units[u], NULL));
-  }
+  int bad = params_off(units, ref, 1e-5, 1e-6, label);
   if (bad) fprintf(stderr, "rank %d %s: %d parameters off\n", R, label, bad);
   CHECK(bad == 0);
   if (zero == 3) CHECK(fsdp_pool_peak(pp) == 2); /* prefetch used both buffers, never more */
