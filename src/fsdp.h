@@ -123,6 +123,20 @@ typedef struct fsdp_memory_stats {
 int fsdp_memory_get_stats(int device, fsdp_memory_stats *out);
 int fsdp_memory_reset_peak(int device);
 
+/* A contiguous tensor of one dtype on one device, 1 to 4-D; it owns its
+ * memory (tensor_alloc) or views part of another (tensor_view). */
+typedef struct fsdp_tensor {
+  void *data;
+  int32_t dtype, device, ndim, owns;
+  int64_t shape[4]; /* unused dimensions are 1 */
+} fsdp_tensor;
+int fsdp_tensor_alloc(fsdp_tensor *t, int device, int dtype, int ndim, const int64_t *shape);
+/* t = elements [offset, offset + numel(shape)) of base, reshaped; no copy. */
+int fsdp_tensor_view(fsdp_tensor *t, const fsdp_tensor *base, int64_t offset, int ndim, const int64_t *shape);
+int fsdp_tensor_free(fsdp_tensor *t); /* idempotent; a view frees nothing */
+int64_t fsdp_tensor_numel(const fsdp_tensor *t);
+size_t fsdp_tensor_nbytes(const fsdp_tensor *t);
+
 /* A stream runs enqueued work in order. CPU: a worker thread. */
 int fsdp_stream_create(int device, fsdp_stream **out);
 int fsdp_stream_destroy(fsdp_stream *s);   /* waits for pending work */

@@ -30,9 +30,16 @@ end
 
 local function release(t)
   if t.data ~= nil then
-    C.fsdp_free(t.device_id, t.data)
+    C.fsdp_tensor_free(t.c) -- a view frees nothing
     t.data = nil
   end
+end
+
+local function wrap(c, shape, dtype, device)
+  local t = setmetatable({ c = c, shape = shape, dtype = dtype, device = device, n = tonumber(C.fsdp_tensor_numel(c)),
+    dtype_id = c.dtype, device_id = c.device, data = c.data }, Tensor)
+  t.esize = tonumber(C.fsdp_dtype_size(t.dtype_id))
+  return t
 end
 
 -- fsdp.tensor(n | {d1, d2, ...}, dtype = "fp32", device = "cpu")
@@ -49,29 +56,41 @@ function M.new(shape, dtype, device)
     end
     numel = numel * d
   end
-  local t = setmetatable({ shape = shape, dtype = dtype, device = device, n = numel,
-    dtype_id = M.dtype(dtype), device_id = M.device(device) }, Tensor)
-  t.esize = tonumber(C.fsdp_dtype_size(t.dtype_id))
-  local p = ffi.new("void *[1]")
-  check(C.fsdp_alloc(t.device_id, numel * t.esize, p), "fsdp.tensor")
-  t.data = p[0]
+  local c = ffi.new("fsdp_tensor")
+  local dims = ffi.new("int64_t[4]", shape)
+  check(C.fsdp_tensor_alloc(c, M.device(device), M.dtype(dtype), #shape, dims), "fsdp.tensor")
+  local t = wrap(c, shape, dtype, device)
   -- a proxy cdata carries the finalizer, so gc frees what :free() did not
   t.gc = ffi.gc(ffi.new("char[1]"), function() release(t) end)
   return t
 end
 
 function Tensor:free() release(self) end
+
+-- A tensor over elements [offset, offset + numel(shape)) of this one, no copy.
+-- It keeps this tensor alive; using it after this one is freed is an error.
+function Tensor:view(offset, shape)
+  if self.data == nil then error("tensor:view: tensor used after free()", 2) end
+  if type(shape) == "number" then shape = { shape } end
+  local c = ffi.new("fsdp_tensor")
+  check(C.fsdp_tensor_view(c, self.c, offset, #shape, ffi.new("int64_t[4]", shape)), "tensor:view")
+  local v = wrap(c, shape, self.dtype, self.device)
+  v.base = self
+  return v
+end
 function Tensor:numel() return self.n end
 function Tensor:nbytes() return self.n * self.esize end
 
+local function dead(t) return t.data == nil or (t.base ~= nil and dead(t.base)) end
+
 function Tensor:ptr()
-  if self.data == nil then error("tensor used after free()", 2) end
+  if dead(self) then error("tensor used after free() (of it or of the tensor it views)", 2) end
   return ffi.cast(ctypes[self.dtype], self.data)
 end
 
 local function host_only(t, what)
   if t.device ~= "cpu" then error(what .. ": the tensor is on " .. t.device .. "; copy it to the cpu first", 3) end
-  if t.data == nil then error(what .. ": tensor used after free()", 3) end
+  if dead(t) then error(what .. ": tensor used after free() (of it or of the tensor it views)", 3) end
 end
 
 local function bounds(t, i, what)

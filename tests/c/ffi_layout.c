@@ -18,6 +18,7 @@ int main(void) {
   SIZE(fsdp_init_rule);
   SIZE(fsdp_unit_memory);
   SIZE(fsdp_memory_stats);
+  SIZE(fsdp_tensor);
   SIZE(fsdp_unit_config);
   printf("},\noffsets = {\n");
   OFF(fsdp_proc_info, rank);
@@ -53,6 +54,9 @@ int main(void) {
   OFF(fsdp_unit_memory, total_numel);
   OFF(fsdp_memory_stats, peak);
   OFF(fsdp_memory_stats, frees);
+  OFF(fsdp_tensor, dtype);
+  OFF(fsdp_tensor, owns);
+  OFF(fsdp_tensor, shape);
   printf("},\nconstants = {\n");
   CONST(FSDP_OK);
   CONST(FSDP_EINVAL);

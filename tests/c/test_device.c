@@ -135,7 +135,33 @@ static void test_stream_failure(void) {
   fsdp_stream_destroy(w);
 }
 
+static void test_tensor(void) {
+  fsdp_tensor t, v, w;
+  int64_t shape[2] = {3, 5}, vs[1] = {4}, bad[1] = {20}, neg[2] = {2, -1};
+  fsdp_memory_stats a, b;
+  CHECK_OK(fsdp_memory_get_stats(FSDP_CPU, &a));
+  CHECK_OK(fsdp_tensor_alloc(&t, FSDP_CPU, FSDP_BF16, 2, shape));
+  CHECK(t.owns == 1 && t.ndim == 2 && t.shape[2] == 1 && fsdp_tensor_numel(&t) == 15 && fsdp_tensor_nbytes(&t) == 30);
+  CHECK_OK(fsdp_memory_get_stats(FSDP_CPU, &b));
+  CHECK(b.allocated - a.allocated == 30);
+  for (int i = 0; i < 15; i++) ((uint16_t *)t.data)[i] = (uint16_t)i;
+  CHECK_OK(fsdp_tensor_view(&v, &t, 11, 1, vs)); /* elements 11..14 */
+  CHECK(v.owns == 0 && ((uint16_t *)v.data)[0] == 11 && ((uint16_t *)v.data)[3] == 14 && v.dtype == FSDP_BF16);
+  CHECK_FAILS(fsdp_tensor_view(&w, &t, 12, 1, vs), FSDP_EINVAL, "outside the base's 15");
+  CHECK_FAILS(fsdp_tensor_view(&w, &t, 0, 1, bad), FSDP_EINVAL, "outside");
+  CHECK_FAILS(fsdp_tensor_alloc(&w, FSDP_CPU, FSDP_FP32, 2, neg), FSDP_EINVAL, "dimension 1 has size -1");
+  CHECK_FAILS(fsdp_tensor_alloc(&w, FSDP_CPU, FSDP_FP32, 5, shape), FSDP_EINVAL, "5 dimensions");
+  CHECK_OK(fsdp_tensor_free(&v)); /* a view frees nothing */
+  CHECK_OK(fsdp_memory_get_stats(FSDP_CPU, &b));
+  CHECK(b.allocated - a.allocated == 30);
+  CHECK_OK(fsdp_tensor_free(&t));
+  CHECK_OK(fsdp_tensor_free(&t)); /* idempotent */
+  CHECK_OK(fsdp_memory_get_stats(FSDP_CPU, &b));
+  CHECK(b.allocated == a.allocated);
+}
+
 int main(void) {
+  test_tensor();
   test_memory();
   test_stream_order();
   test_stream_failure();
