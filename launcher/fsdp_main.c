@@ -96,57 +96,82 @@ static int incomplete(lua_State *L, int status) {
   return len >= 7 && !strcmp(msg + len - 7, "'<eof>'");
 }
 
+/* Compiles the chunk the way the luajit prompt does: as `return CHUNK` (an
+ * expression, whose values are printed) if that compiles, else as a
+ * statement. Leaves the function or the error message on the stack and
+ * returns the status; *more is set when the input is unfinished (either
+ * form ran into its end, e.g. `1 +` or `function f()`). */
+static int compile(lua_State *L, const char *chunk, int *more) {
+  size_t n = strlen(chunk) + 8;
+  char *expr = malloc(n);
+  if (!expr) return luaL_error(L, "out of memory");
+  snprintf(expr, n, "return %s", chunk);
+  int status = luaL_loadbuffer(L, expr, strlen(expr), "=stdin");
+  free(expr);
+  *more = 0;
+  if (status == 0) return 0;
+  int expr_more = incomplete(L, status);
+  lua_pop(L, 1);
+  status = luaL_loadbuffer(L, chunk, strlen(chunk), "=stdin");
+  *more = incomplete(L, status) || (status == LUA_ERRSYNTAX && expr_more);
+  return status;
+}
+
 static char *read_line(int tty, const char *prompt) {
   if (tty) return readline(prompt);
-  static char buf[65536];
-  if (!fgets(buf, sizeof buf, stdin)) return NULL;
-  buf[strcspn(buf, "\n")] = '\0';
-  return strdup(buf);
+  char *buf = NULL;
+  size_t cap = 0;
+  ssize_t n = getline(&buf, &cap, stdin);
+  if (n < 0) {
+    free(buf);
+    return NULL;
+  }
+  if (n > 0 && buf[n - 1] == '\n') buf[n - 1] = '\0';
+  return buf;
+}
+
+/* History survives os.exit() at the prompt: saved from the atexit handler. */
+static char history_file[4096];
+
+static void save_history(void) {
+  if (history_file[0]) write_history(history_file); /* not writable: ignored */
+  history_file[0] = '\0';
 }
 
 static void repl(lua_State *L) {
   int tty = isatty(0);
-  char hist[1024] = "";
-  if (tty && getenv("HOME")) {
-    snprintf(hist, sizeof hist, "%s/.fsdp_history", getenv("HOME"));
-    read_history(hist);
+  if (tty) {
+    const char *home = getenv("HOME");
+    if (home && snprintf(history_file, sizeof history_file, "%s/.fsdp_history", home) < (int)sizeof history_file)
+      read_history(history_file);
+    else
+      history_file[0] = '\0';
     printf("fsdp %s REPL (LuaJIT); `fsdp` is loaded; Ctrl-D to leave\n", fsdp_version());
   }
   lua_getglobal(L, "require");
   lua_pushstring(L, "fsdp");
-  if (call(L, 1, 1) == 0)
-    lua_setglobal(L, "fsdp");
-  /* the pretty printer lives in Lua: fsdp.pretty.show(...) */
+  if (call(L, 1, 1) == 0) lua_setglobal(L, "fsdp");
   for (;;) {
-    char *line = read_line(tty, "fsdp> ");
-    if (!line) break;
-    size_t cap = strlen(line) + 1;
-    char *chunk = malloc(cap);
-    memcpy(chunk, line, cap);
-    if (tty && line[0]) add_history(line);
-    free(line);
-    int status;
-    for (;;) {
-      /* expression first, then statement */
-      size_t n = strlen(chunk) + 8;
-      char *expr = malloc(n);
-      snprintf(expr, n, "return %s", chunk);
-      status = luaL_loadbuffer(L, expr, strlen(expr), "=stdin");
-      free(expr);
-      if (status) {
-        lua_pop(L, 1);
-        status = luaL_loadbuffer(L, chunk, strlen(chunk), "=stdin");
+    char *chunk = read_line(tty, "fsdp> ");
+    if (!chunk) break;
+    if (tty && chunk[0]) add_history(chunk);
+    int more, status = compile(L, chunk, &more);
+    while (more) { /* unfinished: read continuation lines */
+      char *line = read_line(tty, ">> ");
+      if (!line) break; /* end of input: report the incomplete chunk */
+      if (tty && line[0]) add_history(line);
+      size_t len = strlen(chunk) + strlen(line) + 2;
+      char *joined = realloc(chunk, len);
+      if (!joined) {
+        free(line);
+        break;
       }
-      if (!incomplete(L, status)) break;
-      lua_pop(L, 1);
-      char *more = read_line(tty, ">> ");
-      if (!more) break;
-      if (tty && more[0]) add_history(more);
-      size_t len = strlen(chunk) + strlen(more) + 2;
-      chunk = realloc(chunk, len);
+      chunk = joined;
       strcat(chunk, "\n");
-      strcat(chunk, more);
-      free(more);
+      strcat(chunk, line);
+      free(line);
+      lua_pop(L, 1);
+      status = compile(L, chunk, &more);
     }
     free(chunk);
     if (status) {
@@ -160,8 +185,10 @@ static void repl(lua_State *L) {
     if (nres > 0) {
       /* print through fsdp.show (tables readably), else plain print */
       lua_getglobal(L, "fsdp");
-      if (lua_istable(L, -1)) lua_getfield(L, -1, "show");
-      else lua_pushnil(L);
+      if (lua_istable(L, -1))
+        lua_getfield(L, -1, "show");
+      else
+        lua_pushnil(L);
       lua_remove(L, -2);
       if (!lua_isfunction(L, -1)) {
         lua_pop(L, 1);
@@ -172,13 +199,14 @@ static void repl(lua_State *L) {
     }
     fflush(stdout);
   }
-  if (tty) {
-    printf("\n");
-    if (hist[0]) write_history(hist);
-  }
+  if (tty) printf("\n");
+  save_history();
 }
 
-static void finalize_at_exit(void) { fsdp_finalize(); }
+static void finalize_at_exit(void) {
+  save_history();
+  fsdp_finalize();
+}
 
 int main(int argc, char **argv) {
   atexit(finalize_at_exit); /* os.exit() from a job leaves through exit() too */

@@ -39,6 +39,9 @@ function fsdp.finalize()
 end
 
 function fsdp.kv_put(key, value)
+  if type(key) ~= "string" or type(value) ~= "string" then
+    error(string.format("fsdp.kv_put: expected (key string, value string), got (%s, %s)", type(key), type(value)), 2)
+  end
   check(C.fsdp_kv_put(key, value, #value), "fsdp.kv_put '" .. tostring(key) .. "'")
 end
 

@@ -26,6 +26,11 @@ local function parse_dims(spec)
       end
       dims[#dims + 1] = { d[1], d[2] }
     end
+    for k in pairs(spec) do
+      if type(k) ~= "number" then
+        error(string.format("fsdp.mesh: key '%s' in the list of dimensions; give only {name, size} pairs", tostring(k)), 3)
+      end
+    end
   elseif type(spec) == "table" then
     for name, size in pairs(spec) do dims[#dims + 1] = { name, size } end
     if #dims > 1 then
@@ -34,6 +39,13 @@ local function parse_dims(spec)
     end
   end
   if #dims == 0 then error("fsdp.mesh: no dimensions given", 3) end
+  for _, d in ipairs(dims) do
+    local size = d[2]
+    if type(size) ~= "number" or size % 1 ~= 0 or (size < 1 and size ~= -1) then
+      error(string.format("fsdp.mesh: dimension '%s' has size %s; expected a positive integer or -1 (the rest)",
+        tostring(d[1]), tostring(size)), 3)
+    end
+  end
   return dims
 end
 
@@ -121,7 +133,7 @@ function Comm:members()
   for i = 0, C.fsdp_comm_size(h) - 1 do out[#out + 1] = C.fsdp_comm_member(h, i) end
   return out
 end
-function Comm:stream() return stream.borrow(C.fsdp_comm_stream(comm(self, "comm:stream")), self.device) end
+function Comm:stream() return stream.borrow(C.fsdp_comm_stream(comm(self, "comm:stream")), self.device, self) end
 function Comm:__tostring() return string.format("comm(%s: member %d of %d)", self:name(), self:rank(), self:size()) end
 
 local ops = { sum = C.FSDP_SUM, avg = C.FSDP_AVG }
@@ -131,8 +143,16 @@ local function op_of(op, what)
   return v
 end
 
-local function need_tensor(t, what, which)
-  if type(t) ~= "table" or t.data == nil then error(string.format("%s: %s must be a live fsdp.tensor", what, which), 3) end
+local function need_tensor(t, what, which, c)
+  if getmetatable(t) ~= tensor.Tensor then
+    error(string.format("%s: %s must be an fsdp.tensor, got %s", what, which, type(t)), 3)
+  end
+  if tensor.dead(t) then
+    error(string.format("%s: %s used after free()", what, which), 3)
+  end
+  if t.device ~= c.device then
+    error(string.format("%s: %s is on %s but the comm's mesh is on %s", what, which, t.device, c.device), 3)
+  end
 end
 
 -- Buffers of collectives still in flight stay referenced (so the collector
@@ -146,7 +166,7 @@ end
 
 function Comm:all_gather(out, inp)
   local h = comm(self, "comm:all_gather")
-  need_tensor(out, "comm:all_gather", "out"); need_tensor(inp, "comm:all_gather", "in")
+  need_tensor(out, "comm:all_gather", "out", self); need_tensor(inp, "comm:all_gather", "in", self)
   local n, size = inp:numel(), C.fsdp_comm_size(h)
   if out:numel() ~= n * size then
     error(string.format("comm:all_gather: out has %d elements, expected %d (count %d x %d ranks)", out:numel(), n * size, n, size), 2)
@@ -158,7 +178,7 @@ end
 
 function Comm:reduce_scatter(out, inp, op)
   local h = comm(self, "comm:reduce_scatter")
-  need_tensor(out, "comm:reduce_scatter", "out"); need_tensor(inp, "comm:reduce_scatter", "in")
+  need_tensor(out, "comm:reduce_scatter", "out", self); need_tensor(inp, "comm:reduce_scatter", "in", self)
   local n, size = out:numel(), C.fsdp_comm_size(h)
   if inp:numel() ~= n * size then
     error(string.format("comm:reduce_scatter: in has %d elements, expected %d (count %d x %d ranks)", inp:numel(), n * size, n, size), 2)
@@ -170,7 +190,7 @@ end
 
 function Comm:all_reduce(out, inp, op)
   local h = comm(self, "comm:all_reduce")
-  need_tensor(out, "comm:all_reduce", "out"); need_tensor(inp, "comm:all_reduce", "in")
+  need_tensor(out, "comm:all_reduce", "out", self); need_tensor(inp, "comm:all_reduce", "in", self)
   if out:numel() ~= inp:numel() or out.dtype ~= inp.dtype then
     error(string.format("comm:all_reduce: out is %d x %s, in is %d x %s; they must match", out:numel(), out.dtype, inp:numel(), inp.dtype), 2)
   end
@@ -180,7 +200,7 @@ end
 
 function Comm:broadcast(t, root)
   local h = comm(self, "comm:broadcast")
-  need_tensor(t, "comm:broadcast", "t")
+  need_tensor(t, "comm:broadcast", "t", self)
   check(C.fsdp_comm_broadcast(h, t.data, t:numel(), t.dtype_id, root or 0), "comm:broadcast")
   hold(self, t)
 end

@@ -8,9 +8,10 @@ local M = {}
 local Stream, Event = {}, {}
 Stream.__index, Event.__index = Stream, Event
 
--- Wraps a stream the engine owns (a comm's): no finalizer.
-function M.borrow(handle, device)
-  return setmetatable({ handle = handle, device = device, borrowed = true }, Stream)
+-- Wraps a stream the engine owns (a comm's): no finalizer. owner (the comm)
+-- is kept referenced; once its handle is gone (mesh freed) the stream is too.
+function M.borrow(handle, device, owner)
+  return setmetatable({ handle = handle, device = device, borrowed = true, owner = owner }, Stream)
 end
 
 function M.stream(device)
@@ -29,12 +30,23 @@ end
 
 local function live(s, what)
   if s.handle == nil then error(what .. ": used after free()", 3) end
+  if s.owner and s.owner.handle == nil then error(what .. ": the mesh owning this comm stream was freed", 3) end
   return s.handle
 end
 
+-- The C handle, or an error naming `what` if the stream or event is gone.
+function Stream:live(what) return live(self, what) end
+function Event:live(what) return live(self, what) end
+
 function Stream:synchronize() check(C.fsdp_stream_synchronize(live(self, "stream:synchronize")), "stream:synchronize") end
-function Stream:wait(e) check(C.fsdp_stream_wait_event(live(self, "stream:wait"), live(e, "stream:wait")), "stream:wait") end
-function Stream:delay(us) check(C.fsdp_stream_delay(live(self, "stream:delay"), us), "stream:delay") end
+function Stream:wait(e)
+  if getmetatable(e) ~= Event then error("stream:wait: expected an fsdp.event, got " .. type(e), 2) end
+  check(C.fsdp_stream_wait_event(live(self, "stream:wait"), live(e, "stream:wait")), "stream:wait")
+end
+function Stream:delay(us)
+  if type(us) ~= "number" or us < 0 then error("stream:delay: microseconds must be a number >= 0, got " .. tostring(us), 2) end
+  check(C.fsdp_stream_delay(live(self, "stream:delay"), us), "stream:delay")
+end
 function Stream:__tostring() return string.format("stream(%s%s)", self.device, self.borrowed and ", comm" or "") end
 
 function M.event(device)
@@ -50,7 +62,10 @@ function Event:free()
 end
 
 -- e:record(stream) marks the point; e:record() completes it now
-function Event:record(s) check(C.fsdp_event_record(live(self, "event:record"), s and live(s, "event:record") or nil), "event:record") end
+function Event:record(s)
+  if s ~= nil and getmetatable(s) ~= Stream then error("event:record: expected an fsdp.stream or nil, got " .. type(s), 2) end
+  check(C.fsdp_event_record(live(self, "event:record"), s and live(s, "event:record") or nil), "event:record")
+end
 function Event:query() return check(C.fsdp_event_query(live(self, "event:query")), "event:query") == 1 end
 function Event:synchronize() check(C.fsdp_event_synchronize(live(self, "event:synchronize")), "event:synchronize") end
 

@@ -82,6 +82,7 @@ function Tensor:numel() return self.n end
 function Tensor:nbytes() return self.n * self.esize end
 
 local function dead(t) return t.data == nil or (t.base ~= nil and dead(t.base)) end
+M.dead = dead -- true once t (or the tensor it views) is freed
 
 function Tensor:ptr()
   if dead(self) then error("tensor used after free() (of it or of the tensor it views)", 2) end
@@ -132,12 +133,28 @@ function Tensor:to_table()
   return out
 end
 
--- self <- src (same number of bytes), on stream s or at once
+-- An error (at the caller's caller) unless t is a tensor whose memory is live.
+function M.need_live(t, what, which)
+  if getmetatable(t) ~= Tensor then
+    error(string.format("%s: %s must be an fsdp.tensor, got %s", what, which, type(t)), 3)
+  end
+  if dead(t) then error(string.format("%s: %s used after free() (of it or of the tensor it views)", what, which), 3) end
+end
+
+-- self <- src (same number of bytes), on stream s or at once. With a stream
+-- the copy is asynchronous: keep both tensors referenced until it is done.
 function Tensor:copy_from(src, s)
+  M.need_live(self, "tensor:copy_from", "dst")
+  M.need_live(src, "tensor:copy_from", "src")
   if src:nbytes() ~= self:nbytes() then
     error(string.format("tensor:copy_from: %d bytes into %d bytes", src:nbytes(), self:nbytes()), 2)
   end
-  check(C.fsdp_memcpy(self.data, src.data, self:nbytes(), s and s.handle or nil), "tensor:copy_from")
+  local sh = nil
+  if s ~= nil then
+    if type(s) ~= "table" or not s.live then error("tensor:copy_from: the stream must be an fsdp.stream or nil", 2) end
+    sh = s:live("tensor:copy_from")
+  end
+  check(C.fsdp_memcpy(self.data, src.data, self:nbytes(), sh), "tensor:copy_from")
   return self
 end
 

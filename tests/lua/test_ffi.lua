@@ -21,9 +21,34 @@ for _, o in ipairs(c.offsets) do
   check(okf and got == off, string.format("offsetof(%s, %s): C %d, FFI %s", t, f, off, tostring(got)))
 end
 
+-- every struct the header defines, and every field of it, is in C's lists
+-- (a struct or field added to fsdp.h but not to ffi_layout.c fails here)
+local header = io.open(require("fsdp.ffi").header):read("*a")
+local text = header:gsub("/%*.-%*/", " "):gsub("//[^\n]*", " ")
+local listed = {}
+for _, o in ipairs(c.offsets) do listed[o[1] .. "." .. o[2]] = true end
+local nstructs = 0
+for tag, body, name in text:gmatch("typedef%s+struct%s+([%w_]+)%s*(%b{})%s*([%w_]+)%s*;") do
+  nstructs = nstructs + 1
+  check(tag == name, "struct " .. tag .. " is typedef'd as " .. name)
+  check(c.sizes["sizeof_" .. name] ~= nil, "sizeof(" .. name .. ") is missing from tests/c/ffi_layout.c")
+  for decl in body:sub(2, -2):gmatch("[^;]+") do
+    -- "int64_t begin, end", "char nspace[256]", "void *data": the type is the
+    -- first word, then declarators separated by commas
+    local declarators = decl:match("^%s*[%w_]+%s+(.-)%s*$")
+    if declarators then
+      for d in declarators:gmatch("[^,]+") do
+        local field = d:gsub("%b[]", ""):match("([%w_]+)%s*$")
+        check(field and listed[name .. "." .. field],
+          string.format("offsetof(%s, %s) is missing from tests/c/ffi_layout.c", name, tostring(field)))
+      end
+    end
+  end
+end
+check(nstructs >= 8, "found the header's structs (" .. nstructs .. ")")
+
 -- every FSDP_* constant declared in the header is known to C's list, and
 -- the FFI gives it the same value
-local header = io.open(require("fsdp.ffi").header):read("*a")
 local names = {}
 for name in header:gmatch("(FSDP_[A-Z0-9_]+)%s*=") do names[#names + 1] = name end
 check(#names >= 20, "found the header's constants (" .. #names .. ")")

@@ -30,6 +30,25 @@ for i = 0, 999 do
   if t:get(i) ~= ref_bf16(x) then worst = worst + 1 end
 end
 check(worst == 0, "bf16 set/get rounds to nearest even (" .. worst .. " mismatches)")
+check(t:get(0) == -300 and t:ptr()[0] == 0xC396, "bf16 bits through ptr()")
+
+-- the other dtypes: fp32 rounds to float, fp64 keeps doubles, fp16 has 11 bits
+local t32, t64, t16 = fsdp.tensor(2, "fp32"), fsdp.tensor(2, "fp64"), fsdp.tensor(3, "fp16")
+t32:set(0, 0.1); t64:set(0, 0.1); t16:set(0, 1 / 3); t16:set(1, 65504); t16:set(2, 2049)
+check(t32:get(0) == tonumber(ffi.cast("float", 0.1)) and t32:get(0) ~= 0.1, "fp32 get/set rounds to float")
+check(t64:get(0) == 0.1 and t64:nbytes() == 16, "fp64 get/set is exact")
+check(t16:get(0) == 1365 / 4096 and t16:get(1) == 65504 and t16:get(2) == 2048, "fp16 get/set rounds to 11 bits, to even")
+check(ffi.typeof(t32:ptr()) == ffi.typeof("float *") and ffi.typeof(t64:ptr()) == ffi.typeof("double *")
+  and ffi.typeof(t16:ptr()) == ffi.typeof("uint16_t *"), "typed ptr() per dtype")
+check(fsdp.dtype("bf16") == C.FSDP_BF16 and fsdp.dtype_name(C.FSDP_FP16) == "fp16", "dtype and dtype_name")
+if C.fsdp_device_available(C.FSDP_CUDA) == 1 then
+  local g = fsdp.tensor(4, "fp32", "cuda")
+  fails(function() g:get(0) end, "copy it to the cpu first", "get on a cuda tensor")
+  g:copy_from(fsdp.tensor(4):fill(3))
+  check(fsdp.tensor(4):copy_from(g):get(3) == 3, "copies to and from the GPU")
+else
+  fails(function() fsdp.tensor(4, "fp32", "cuda") end, "fsdp.tensor", "a cuda tensor without a GPU fails in C")
+end
 check(t:numel() == 1000 and t:nbytes() == 2000 and t.dtype == "bf16", "tensor metadata")
 local f = fsdp.tensor({ 2, 3 }, "fp32"):fill(1.5)
 check(f:get(5) == 1.5 and #f:to_table() == 6, "fill and to_table")
@@ -70,8 +89,16 @@ check(dst:get(4095) == 0, "copy behind the event has not run")
 b:synchronize()
 check(e:query() == true and dst:get(4095) == 7, "after synchronize the copy saw the delayed write")
 fails(function() fsdp.memcpy(fsdp.tensor(3), fsdp.tensor(4)) end, "16 bytes into 12 bytes", "memcpy size check")
+fails(function() b:wait(a) end, "expected an fsdp.event", "stream:wait checks its argument")
+fails(function() a:delay(-1) end, "microseconds must be", "stream:delay checks its argument")
 a:free(); a:free()
 fails(function() a:synchronize() end, "after free", "stream use after free")
+fails(function() dst:copy_from(mid, a) end, "after free", "copy on a freed stream")
+e:free(); e:free()
+fails(function() e:query() end, "after free", "event use after free")
+local host_done = fsdp.event("cpu")
+host_done:record()
+check(host_done:query() == true, "an event recorded on the host is complete at once")
 
 -- meshes on a singleton
 local info = fsdp.init()
@@ -86,8 +113,29 @@ g:synchronize()
 check(y:get(4) == 2, "reduce_scatter bf16 -> fp32 on one rank")
 fails(function() g:all_reduce(y, x) end, "must match", "all_reduce dtype mismatch")
 fails(function() g:all_reduce(y, y, "max") end, "op 'max'", "unknown op")
+check(m:dims()[1].name == "dp" and m:dims()[1].size == 1, "mesh:dims")
+check(m:group({ "dp" }) == g and m:group("world"):size() == 1, "groups are cached; list and 'world' forms")
+check(g:name() ~= "" and tostring(m):find("dp", 1, true) ~= nil, "comm:name and mesh:describe")
+local z = fsdp.tensor(3):fill(4)
+g:all_gather(z, z)
+g:broadcast(z, 0)
+g:all_reduce(z, z, "sum")
+g:barrier()
+g:synchronize()
+check(z:get(2) == 4, "all_gather, broadcast, all_reduce in place on one rank")
+fails(function() g:all_gather(fsdp.tensor(4), z) end, "out has 4 elements, expected 3 (count 3 x 1 ranks)", "all_gather size")
+fails(function() g:reduce_scatter(z, fsdp.tensor(4)) end, "in has 4 elements, expected 3", "reduce_scatter size")
+fails(function() g:broadcast({}, 0) end, "t must be an fsdp.tensor", "broadcast checks its tensor")
+local cs = g:stream()
+cs:synchronize()
+m:free()
 m:free()
 fails(function() g:size() end, "mesh of this comm was freed", "comm after its mesh is freed")
+fails(function() cs:synchronize() end, "mesh owning this comm stream was freed", "comm stream after its mesh is freed")
+fails(function() fsdp.mesh({ { "dp", 1.5 } }) end, "dimension 'dp' has size 1.5", "a fractional size names the dimension")
+fails(function() fsdp.mesh("dp=0") end, "dimension 'dp' has size 0", "a zero size names the dimension")
+fails(function() fsdp.mesh({ { "a", -1 }, { "b", -1 } }) end, "'a' and 'b' are both -1", "two -1 sizes")
+fails(function() fsdp.mesh({ { "dp", 1 } }, { device = "tpu" }) end, "unknown device 'tpu'", "bad device")
 check(fsdp.mesh("a=1,b=-1"):ndims() == 2, "string form")
 check(fsdp.mesh({ dp = -1 }):size("dp") == 1, "hash form with one key")
 fails(function() fsdp.mesh({ a = 1, b = 1 }) end, "ordered list", "hash form with two keys")
@@ -115,6 +163,61 @@ if arg[1] then
   check(out:find("boom", 1, true) ~= nil, "REPL shows the error")
   check(out:find("49\n", 1, true) ~= nil, "REPL continues after an error and reads multi-line input")
   check(out:find("{a = 1, b = {2, 3}}", 1, true) ~= nil, "REPL shows tables readably")
+
+  -- runs the host with a shell command line; returns its output and exit status
+  local function host(args, input)
+    local cmd = arg[1] .. " " .. args .. " 2>&1; echo \"rc=$?\""
+    local f
+    if input then
+      f = os.tmpname()
+      local h = io.open(f, "w"); h:write(input); h:close()
+      cmd = "(" .. cmd .. ") < " .. f
+    end
+    local pp = io.popen(cmd); local o = pp:read("*a"); pp:close()
+    if f then os.remove(f) end
+    return o:match("^(.*)rc=(%d+)\n$")
+  end
+  local o, rc = host("repl", "1, 'x', nil\nfsdp.size()\n1 +\n2\nreturn\n")
+  check(rc == "0" and o:find('1\t"x"\tnil\n', 1, true) ~= nil, "REPL prints several results: " .. o)
+  check(o:find("\n1\n3\n", 1, true) ~= nil, "REPL preloads fsdp; an unfinished expression continues: " .. o)
+  o, rc = host("", "x = {\n")
+  check(rc == "0" and o:find("near '<eof>'", 1, true) ~= nil, "input ending inside a chunk reports it: " .. o)
+  o, rc = host("", "os.exit(4)\nprint('not reached')\n")
+  check(rc == "4" and not o:find("not reached", 1, true), "os.exit at the prompt")
+
+  local dir = os.tmpname()
+  local job = dir .. ".lua"
+  local h = io.open(job, "w")
+  h:write("print(arg[0], #arg, arg[1], arg[2], select('#', ...))\n",
+    "if arg[1] == 'fail' then local function f() error('deep') end f() end\n",
+    "if arg[1] == 'exit' then os.exit(tonumber(arg[2])) end\n")
+  h:close()
+  o, rc = host(job .. " a b")
+  check(rc == "0" and o == job .. "\t2\ta\tb\t2\n", "a job file gets arg and ...: " .. o)
+  o, rc = host(job .. " fail")
+  check(rc == "1" and o:find("deep", 1, true) and o:find("stack traceback", 1, true), "a failing job: message, traceback, status 1: " .. o)
+  o, rc = host(job .. " exit 7")
+  check(rc == "7", "os.exit(7) in a job gives status 7")
+  o, rc = host(dir .. ".missing.lua")
+  check(rc == "1" and o:find("cannot open", 1, true), "a missing job file: " .. o)
+  os.remove(job); os.remove(dir)
+  o, rc = host("-e \"print(require('fsdp').init().size, arg[1])\" z")
+  check(rc == "0" and o == "1\tz\n", "-e runs code with arg: " .. o)
+  o, rc = host("-e 'error(\"bad\")'")
+  check(rc == "1" and o:find("bad", 1, true), "-e error gives status 1")
+  o, rc = host("--version")
+  check(rc == "0" and o:match("^fsdp %d+%.%d+"), "--version: " .. o)
+  o, rc = host("--help")
+  check(rc == "0" and o:find("fsdprun", 1, true) and o:find("FSDP_LUA_PATH", 1, true) and o:find("FSDP_LIB", 1, true)
+    and o:find("FSDP_HEADER", 1, true) and o:find("FSDP_LOG", 1, true), "--help documents usage and the environment")
+  o, rc = host("--no-such-flag")
+  check(rc == "2" and o:find("unknown option", 1, true), "an unknown option: " .. o)
+  o, rc = host("-e \"print(package.path:match('^[^;]+'), package.loaded.fsdp)\"")
+  check(rc == "0" and o:find("/lua/?.lua\tnil\n", 1, true) ~= nil,
+    "package.path starts with the fsdp Lua dir; fsdp is loaded only when required: " .. o)
+  local po = io.popen("FSDP_LUA_PATH=/nowhere " .. arg[1] .. " -e \"print(package.path:match('^[^;]+'))\"")
+  local pv = po:read("*a"); po:close()
+  check(pv == "/nowhere/?.lua\n", "FSDP_LUA_PATH overrides the Lua dir: " .. pv)
 end
 
 T.finish()
