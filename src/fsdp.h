@@ -264,17 +264,6 @@ int fsdp_sgd_step(float *param, uint16_t *param_bf16, const float *grad, float *
 /* Sum of squares (float64) of the finite elements, and how many were not. */
 int fsdp_sum_squares(const float *x, int64_t n, double *sum, int64_t *nonfinite);
 
-/* ---- ops (CPU, fp32; src/ops/) --------------------------------------- */
-/* y[n, out] = x[n, in] W[out, in]^T + b (b may be NULL) */
-int fsdp_linear_forward(float *y, const float *x, const float *w, const float *b, int64_t n, int64_t in, int64_t out);
-/* dx = dy W (dx may be NULL); dW += dy^T x; db += column sums of dy (may be NULL) */
-int fsdp_linear_backward(float *dx, float *dw, float *db, const float *dy, const float *x, const float *w, int64_t n,
-                         int64_t in, int64_t out);
-int fsdp_tanh_forward(float *y, const float *x, int64_t n);
-int fsdp_tanh_backward(float *dx, const float *dy, const float *y, int64_t n);
-/* loss = mean (x - t)^2; dx (may be NULL) = scale * 2 (x - t) / n */
-int fsdp_mse_forward_backward(double *loss, float *dx, const float *x, const float *target, int64_t n, float scale);
-
 /* ---- FSDP units: flat param/grad buffers and their state machine ------ */
 typedef struct fsdp_pool fsdp_pool;
 typedef struct fsdp_unit fsdp_unit;
@@ -347,6 +336,11 @@ typedef struct fsdp_unit_memory {
   int64_t shard_numel, total_numel;
 } fsdp_unit_memory;
 int fsdp_unit_memory_info(const fsdp_unit *u, fsdp_unit_memory *out);
+
+/* The rest of the API, one header per layer; ffi.lua follows these quoted
+ * includes, so they obey the same FFI-clean rules as this file. */
+#include "fsdp_ops.h"
+#include "fsdp_io.h"
 
 #ifdef __cplusplus
 }

@@ -29,14 +29,20 @@ local function find(env, candidates, what)
   error(string.format("fsdp: cannot find %s; tried %s (set %s)", what, table.concat(tried, ", "), env), 3)
 end
 
--- The header minus what ffi.cdef cannot read.
+-- The header minus what ffi.cdef cannot read; its quoted includes (the
+-- per-layer parts of the API, fsdp_ops.h ...) are read in place, from the
+-- same folder.
 function M.declarations(path)
+  local dir = path:match("^(.*)/[^/]*$") or "."
   local out, skip = {}, false
   for line in io.lines(path) do
+    local inc = line:match('^%s*#%s*include%s+"([^"]+)"')
     if line:match("^%s*#%s*ifdef%s+__cplusplus") then
       skip = true
     elseif skip and line:match("^%s*#%s*endif") then
       skip = false
+    elseif inc and not skip then
+      out[#out + 1] = M.declarations(dir .. "/" .. inc)
     elseif not skip and not line:match("^%s*#") then
       out[#out + 1] = line
     end
