@@ -1,17 +1,17 @@
 /* fsdprun: starts N local ranks of a job as a PMIx server, forwards their
  * output with a rank prefix, and ends the whole job when one rank fails.
- * `fsdprun --help` is the user's documentation (docs/LAUNCH.md repeats it). */
+ * This file: options, --help, and the order of start-up and exit.
+ * `fsdprun --help` is the user's documentation; docs/LAUNCH.md says more. */
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
-#include <poll.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/signalfd.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "fsdprun.h"
@@ -20,309 +20,308 @@
 #define FSDP_HOST_PATH "fsdp"
 #endif
 
-static const char *usage_text =
+#define MAX_RANKS 4096
+
+static const char *synopsis =
     "usage: fsdprun -n N [options] FILE.lua [args...]\n"
-    "       fsdprun -n N [options] --host PROGRAM [args...]\n"
+    "       fsdprun -n N [options] --host PROGRAM [args...]\n";
+
+static const char *help_text =
     "\n"
-    "Starts N ranks of `fsdp FILE.lua args...` on this machine and serves them\n"
-    "as a PMIx server: each rank learns its rank, the job size, its local rank\n"
-    "and local size, and can exchange keys with the others (fsdp_init).\n"
+    "Starts N ranks of `fsdp FILE.lua args...` on this machine and serves them as\n"
+    "a PMIx server: each rank learns its rank, the job size, its local rank and\n"
+    "local size, and exchanges keys with the others (fsdp_init in the engine).\n"
     "\n"
-    "Options:\n"
-    "  -n, --np N          number of ranks to start (required, >= 1)\n"
-    "  --host PROGRAM      run PROGRAM [args...] as each rank instead of the fsdp\n"
-    "                      rank host (any PMIx client works: test binaries, tools);\n"
-    "                      it comes last: what follows is PROGRAM's arguments.\n"
-    "                      FSDPRUN_HOST in the environment sets PROGRAM too\n"
-    "  --no-prefix         do not prefix output lines with \"[rank] \"\n"
-    "  --rank0-only        show only rank 0's standard output; every rank's standard\n"
-    "                      error is still shown (errors are never hidden)\n"
-    "  --grace SECONDS     after a failure, time between SIGTERM and SIGKILL to the\n"
-    "                      other ranks (default 5)\n"
-    "  --timeout SECONDS   end the job (exit 124) if it runs longer (default 0: never)\n"
-    "  -h, --help          this text;  --version  the version\n"
+    "Options (a value may also be given as --option=VALUE):\n"
+    "  -n, --np N         number of ranks to start (required, 1 to 4096)\n"
+    "  --host PROGRAM     run PROGRAM (looked up in PATH) as each rank instead of\n"
+    "                     the fsdp rank host: any PMIx client (test binaries,\n"
+    "                     benchmarks). It comes last: everything after it is\n"
+    "                     PROGRAM's arguments, passed as they are (no FILE.lua)\n"
+    "  --no-prefix        do not prefix output lines with \"[rank] \"\n"
+    "  --rank0-only       show only rank 0's standard output; the other ranks'\n"
+    "                     stdout is discarded, but every rank's standard error is\n"
+    "                     still shown (errors are never hidden)\n"
+    "  --grace SECONDS    when stopping the job, time between SIGTERM and SIGKILL\n"
+    "                     (default 5)\n"
+    "  --timeout SECONDS  stop the job, exit status 124, if it runs longer\n"
+    "                     (default 0: no limit)\n"
+    "  -h, --help         this text\n"
+    "  --version          fsdprun's version\n"
+    "  --                 end of options\n"
     "\n"
-    "Output: each rank's stdout goes to fsdprun's stdout and its stderr to\n"
-    "fsdprun's stderr, line by line, as \"[3] text\".\n"
+    "Output: a rank's stdout goes to fsdprun's stdout and its stderr to fsdprun's\n"
+    "stderr, one whole line at a time, as \"[3] text\". A last line without a\n"
+    "newline is still shown when the rank ends. Rank 0 reads fsdprun's stdin\n"
+    "unless that is a terminal; the other ranks read /dev/null.\n"
     "\n"
     "Failures: when a rank exits non-zero, is killed by a signal, or calls\n"
-    "PMIx_Abort (fsdp.abort), fsdprun names it, sends SIGTERM to every other rank,\n"
-    "SIGKILL after the grace period, and exits with the rank's status (128 + the\n"
-    "signal number for a signal). SIGINT and SIGTERM to fsdprun do the same and it\n"
-    "exits 128 + that signal. No rank outlives fsdprun, and its temporary PMIx\n"
-    "directory is removed on every path.\n"
+    "PMIx_Abort (fsdp.abort), fsdprun names it on stderr, e.g.\n"
+    "  fsdprun: rank 3 exited with status 3; stopping the other 3 ranks\n"
+    "sends SIGTERM to every rank (and to what they started: the ranks share one\n"
+    "process group), SIGKILL after the grace period, and exits with that rank's\n"
+    "status. SIGINT, SIGTERM or SIGHUP to fsdprun stop the job the same way; a\n"
+    "second one skips the grace period. No rank outlives fsdprun, and its\n"
+    "temporary PMIx directory is removed on every path.\n"
     "\n"
-    "Exit status: 0 when every rank exited 0; the first failed rank's status;\n"
-    "124 on --timeout; 2 for a usage error; 1 when the job could not start.\n"
+    "Exit status:\n"
+    "  0         every rank exited 0\n"
+    "  S         the first failed rank exited with status S, or called\n"
+    "            PMIx_Abort with status S (1 if S is 0)\n"
+    "  128+K     the first failed rank was killed by signal K, or fsdprun\n"
+    "            received signal K (130 for SIGINT, 143 for SIGTERM)\n"
+    "  124       --timeout ran out\n"
+    "  2         usage error: bad option, missing file or program\n"
+    "  1         the job could not be started\n"
+    "\n"
+    "Environment:\n"
+    "  FSDPRUN_HOST   the rank program, as --host (the command line wins)\n"
+    "  TMPDIR         where the PMIx server's temporary directory is made (/tmp)\n"
+    "  Ranks inherit fsdprun's environment (FSDP_LOG, FSDP_COMM_TIMEOUT, ...)\n"
+    "  without fsdprun's own PMIX_* variables, plus the PMIx variables of their\n"
+    "  job, PMIX_MCA_gds=hash and FSDPRUN=1.\n"
     "\n"
     "More than one machine: ranks use only the PMIx client API, so on a cluster\n"
-    "the same fsdp binary is started by the cluster's own PMIx server:\n"
+    "the same fsdp binary is started by the cluster's own PMIx server instead:\n"
     "  Slurm:  srun --mpi=pmix -N 4 --ntasks-per-node=8 fsdp FILE.lua [args...]\n"
-    "          (`srun --mpi=list` shows whether your Slurm has PMIx)\n"
+    "          (`srun --mpi=list` shows whether your Slurm was built with PMIx)\n"
     "  PRRTE:  prterun -n 32 --map-by ppr:8:node fsdp FILE.lua [args...]\n"
-    "          (PRRTE refuses root unless given --allow-run-as-root)\n"
+    "          (PRRTE refuses to run as root unless given --allow-run-as-root)\n"
     "A rank started with no launcher at all (`fsdp FILE.lua`) runs alone as a\n"
-    "singleton: rank 0 of 1.\n"
-    "\n"
-    "Environment: FSDPRUN_HOST (as --host); the ranks get FSDPRUN=1 and the PMIx\n"
-    "variables; FSDP_LOG, FSDP_COMM_TIMEOUT and the rest pass through.\n";
+    "singleton: rank 0 of 1.\n";
 
 static job J;
-static volatile sig_atomic_t got_signal, signal_count;
 
 void fsdprun_wake(job *j) {
   char c = 1;
-  ssize_t w = write(j->signal_pipe[1], &c, 1);
+  ssize_t w = write(j->wake_fd[1], &c, 1); /* full pipe: a wake-up is pending anyway */
   (void)w;
 }
 
-static void on_signal(int sig) {
-  if (sig == SIGINT || sig == SIGTERM) {
-    got_signal = sig;
-    signal_count++;
-  }
-  fsdprun_wake(&J);
+void describe_end(const rank_proc *r, char *buf, size_t cap) {
+  if (r->sig)
+    snprintf(buf, cap, "was killed by signal %d (%s)", r->sig, strsignal(r->sig));
+  else
+    snprintf(buf, cap, "exited with status %d", r->code);
 }
 
-static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
-  remove(path);
-  return 0;
-}
+/* ---- options ---- */
 
-void rm_tree(const char *dir) {
-  if (dir[0]) nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
-}
-
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int usage_error(const char *fmt, const char *arg) {
+/* Prints "fsdprun: <message>" and the synopsis; returns the usage exit code. */
+static int usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int usage_error(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
   fprintf(stderr, "fsdprun: ");
-  fprintf(stderr, fmt, arg);
-  fprintf(stderr, "\n(fsdprun --help for usage)\n");
+  vfprintf(stderr, fmt, ap);
+  va_end(ap);
+  fprintf(stderr, "\n%s(fsdprun --help for more)\n", synopsis);
   return 2;
 }
 
-static int parse_seconds(const char *s, double *out) {
+static int parse_seconds(const char *flag, const char *s, double *out) {
   char *end;
-  double v = strtod(s, &end);
-  if (end == s || *end || v < 0) return -1;
+  double v = s ? strtod(s, &end) : -1;
+  if (!s) return usage_error("%s expects seconds", flag);
+  if (end == s || *end || !(v >= 0) || v > 1e7)
+    return usage_error("%s expects seconds (a number >= 0), got '%s'", flag, s);
   *out = v;
   return 0;
 }
 
+/* PROGRAM as given, or found in PATH, like a shell would. */
+static char *find_program(const char *name) {
+  if (strchr(name, '/')) return access(name, X_OK) == 0 ? strdup(name) : NULL;
+  const char *path = getenv("PATH");
+  if (!path) path = "/usr/local/bin:/usr/bin:/bin";
+  for (const char *p = path;; p++) {
+    const char *colon = strchr(p, ':');
+    size_t len = colon ? (size_t)(colon - p) : strlen(p);
+    char *full;
+    if (asprintf(&full, "%.*s%s%s", (int)len, p, len ? "/" : "", name) < 0) return NULL;
+    struct stat st;
+    if (access(full, X_OK) == 0 && stat(full, &st) == 0 && S_ISREG(st.st_mode)) return full;
+    free(full);
+    if (!colon) return NULL;
+    p = colon;
+  }
+}
+
+/* Splits "--opt=value"; otherwise the value is the next argument. */
+static const char *option_value(char **argv, int argc, int *i, char *name, size_t cap) {
+  const char *a = argv[*i], *eq = strchr(a, '=');
+  if (a[1] == '-' && eq) {
+    snprintf(name, cap, "%.*s", (int)(eq - a), a);
+    return eq + 1;
+  }
+  snprintf(name, cap, "%s", a);
+  if (!strcmp(a, "-n") || !strcmp(a, "--np") || !strcmp(a, "--host") || !strcmp(a, "--grace") ||
+      !strcmp(a, "--timeout"))
+    return ++*i < argc ? argv[*i] : NULL;
+  if (!strncmp(a, "-n", 2) && a[2]) { /* -n4 */
+    snprintf(name, cap, "-n");
+    return a + 2;
+  }
+  return NULL;
+}
+
 static int parse_args(int argc, char **argv) {
   const char *host = getenv("FSDPRUN_HOST");
-  int host_given = host != NULL, i = 1;
+  if (host && !host[0]) host = NULL;
   J.prefix = 1;
   J.grace = 5;
-  for (; i < argc && argv[i][0] == '-'; i++) {
-    const char *a = argv[i];
-    const char *val = i + 1 < argc ? argv[i + 1] : NULL;
-    if (!strcmp(a, "--")) {
+  int i = 1;
+  for (; i < argc && argv[i][0] == '-' && argv[i][1]; i++) {
+    char name[64];
+    const char *val = option_value(argv, argc, &i, name, sizeof name);
+    if (!strcmp(name, "--")) {
       i++;
       break;
-    } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-      fputs(usage_text, stdout);
+    } else if (!strcmp(name, "-h") || !strcmp(name, "--help")) {
+      printf("%s%s", synopsis, help_text);
       exit(0);
-    } else if (!strcmp(a, "--version")) {
+    } else if (!strcmp(name, "--version")) {
       puts("fsdprun 0.1.0");
       exit(0);
-    } else if (!strcmp(a, "-n") || !strcmp(a, "--np")) {
-      if (!val) return usage_error("%s expects a number of ranks", a);
+    } else if (!strcmp(name, "-n") || !strcmp(name, "--np")) {
       char *end;
+      if (!val) return usage_error("%s expects a number of ranks", name);
       long n = strtol(val, &end, 10);
-      if (end == val || *end || n < 1 || n > 4096)
-        return usage_error("-n expects a positive integer (at most 4096), got '%s'", val);
+      if (end == val || *end || n < 1) return usage_error("-n expects a positive integer, got '%s'", val);
+      if (n > MAX_RANKS) return usage_error("-n: at most 4096 ranks, got '%s'", val);
       J.n = (int)n;
-      i++;
-    } else if (!strcmp(a, "--host")) {
-      if (!val) return usage_error("%s expects a program", a);
+    } else if (!strcmp(name, "--host")) {
+      if (!val || !val[0]) return usage_error("%s expects a program", name);
       host = val;
-      host_given = 1;
-      i += 2; /* everything after PROGRAM is its own arguments */
+      i++; /* everything after PROGRAM is its own arguments */
       break;
-    } else if (!strcmp(a, "--no-prefix")) {
+    } else if (!strcmp(name, "--no-prefix") && !val) {
       J.prefix = 0;
-    } else if (!strcmp(a, "--rank0-only")) {
+    } else if (!strcmp(name, "--rank0-only") && !val) {
       J.rank0_only = 1;
-    } else if (!strcmp(a, "--grace") || !strcmp(a, "--timeout")) {
-      if (!val || parse_seconds(val, !strcmp(a, "--grace") ? &J.grace : &J.timeout) < 0)
-        return usage_error("--grace and --timeout expect seconds (a number >= 0), got '%s'", val ? val : "nothing");
-      i++;
+    } else if (!strcmp(name, "--grace")) {
+      if (parse_seconds(name, val, &J.grace)) return 2;
+    } else if (!strcmp(name, "--timeout")) {
+      if (parse_seconds(name, val, &J.timeout)) return 2;
     } else {
-      return usage_error("unknown option '%s'", a);
+      return usage_error("unknown option '%s'", argv[i]);
     }
   }
-  if (!J.n) return usage_error("%s", "how many ranks? give -n N");
-  if (!host_given) {
-    if (i >= argc) return usage_error("%s", "no job file: fsdprun -n N FILE.lua [args...]");
+  if (!J.n) return usage_error("how many ranks? give -n N");
+  if (!host) { /* the fsdp rank host runs FILE.lua */
+    if (i >= argc) return usage_error("no job file: fsdprun -n N FILE.lua [args...]");
     if (access(argv[i], R_OK) < 0) {
-      fprintf(stderr, "fsdprun: %s: %s\n", argv[i], strerror(errno));
+      fprintf(stderr, "fsdprun: %s %s\n", argv[i], errno == ENOENT ? "not found" : strerror(errno));
       return 2;
     }
     host = FSDP_HOST_PATH;
   }
-  int nargs = argc - i;
-  J.argv = calloc((size_t)nargs + 2, sizeof(char *));
+  char *path = find_program(host);
+  if (!path) {
+    fprintf(stderr, "fsdprun: cannot run the rank program %s: %s\n", host,
+            strchr(host, '/') ? strerror(errno) : "not found in PATH");
+    return 2;
+  }
+  J.argv = calloc((size_t)(argc - i) + 2, sizeof(char *));
   if (!J.argv) return 1;
-  J.argv[0] = (char *)host;
-  for (int k = 0; k < nargs; k++) J.argv[k + 1] = argv[i + k];
+  J.argv[0] = path;
+  for (int k = i; k < argc; k++) J.argv[k - i + 1] = argv[k];
   return 0;
 }
 
-static void describe_status(int status, char *buf, size_t cap) {
-  if (WIFEXITED(status))
-    snprintf(buf, cap, "exited with status %d", WEXITSTATUS(status));
-  else if (WIFSIGNALED(status))
-    snprintf(buf, cap, "was killed by signal %d (%s)", WTERMSIG(status), strsignal(WTERMSIG(status)));
-  else
-    snprintf(buf, cap, "ended with wait status %d", status);
+/* ---- the temporary directory ---- */
+
+static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
+  (void)st, (void)flag, (void)ftw;
+  remove(path);
+  return 0;
 }
 
-static int exit_code_of(int status) {
-  if (WIFEXITED(status)) return WEXITSTATUS(status) ? WEXITSTATUS(status) : 1;
-  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
-  return 1;
+static void rm_tmpdir(void) {
+  if (J.tmpdir[0]) nftw(J.tmpdir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+  J.tmpdir[0] = 0;
 }
 
-/* The event loop: forward output, reap, and on the first failure stop the
- * others (TERM, then KILL after the grace period). Returns the exit code. */
-static int run(void) {
-  int failed = -1, code = 0, stopping = 0;
-  double start = now(), kill_at = 0;
-  struct pollfd *fds = calloc((size_t)J.n * 2 + 1, sizeof *fds);
-  rank_proc **owner = calloc((size_t)J.n * 2 + 1, sizeof *owner);
-  if (!fds || !owner) return 1;
-  for (;;) {
-    int running = procs_reap(&J, &failed);
-    int ab_rank, ab_status;
-    char ab_msg[512];
-    if (!stopping && pmix_take_abort(&ab_rank, &ab_status, ab_msg, sizeof ab_msg)) {
-      fprintf(stderr, "fsdprun: rank %d called abort (status %d%s%s); stopping the other %d ranks\n", ab_rank,
-              ab_status, ab_msg[0] ? ": " : "", ab_msg, J.n - 1);
-      code = ab_status ? ab_status : 1;
-      stopping = 1;
-    }
-    if (!stopping && failed >= 0) {
-      char what[128];
-      describe_status(J.ranks[failed].status, what, sizeof what);
-      if (running)
-        fprintf(stderr, "fsdprun: rank %d %s; stopping the other %d ranks\n", failed, what, running);
-      else
-        fprintf(stderr, "fsdprun: rank %d %s\n", failed, what);
-      code = exit_code_of(J.ranks[failed].status);
-      stopping = 1;
-    }
-    if (!stopping && got_signal) {
-      fprintf(stderr, "fsdprun: got %s; stopping %d ranks\n", strsignal(got_signal), running);
-      code = 128 + got_signal;
-      stopping = 1;
-    }
-    if (!stopping && J.timeout > 0 && now() - start > J.timeout) {
-      fprintf(stderr, "fsdprun: the job ran past --timeout %g s; stopping %d ranks\n", J.timeout, running);
-      code = 124;
-      stopping = 1;
-    }
-    if (stopping == 1) {
-      procs_signal(&J, SIGTERM);
-      kill_at = now() + J.grace;
-      stopping = 2;
-    }
-    if (stopping == 2 && running && now() >= kill_at) {
-      procs_signal(&J, SIGKILL);
-      stopping = 3;
-    }
-    /* done when every rank is reaped and its output drained (or, after a
-     * failure, when the ranks are gone: a straggling grandchild holding a
-     * pipe does not keep us here) */
-    int nfd = 0;
-    fds[nfd].fd = J.signal_pipe[0];
-    fds[nfd++].events = POLLIN;
-    for (int r = 0; r < J.n; r++) {
-      rank_proc *rp = &J.ranks[r];
-      if (rp->out_fd >= 0) {
-        owner[nfd] = rp;
-        fds[nfd].fd = rp->out_fd;
-        fds[nfd++].events = POLLIN;
-      }
-      if (rp->err_fd >= 0) {
-        owner[nfd] = rp;
-        fds[nfd].fd = rp->err_fd;
-        fds[nfd++].events = POLLIN;
-      }
-    }
-    if (!running && (nfd == 1 || stopping)) break;
-    int rc = poll(fds, (nfds_t)nfd, 100);
-    if (rc < 0 && errno != EINTR) break;
-    if (rc <= 0) continue;
-    if (fds[0].revents) {
-      char sink[64];
-      while (read(J.signal_pipe[0], sink, sizeof sink) > 0) {
-      }
-      if (signal_count > 1 && stopping < 3) { /* asked twice: no more grace */
-        procs_signal(&J, SIGKILL);
-        stopping = 3;
-      }
-    }
-    for (int k = 1; k < nfd; k++)
-      if (fds[k].revents) procs_forward(&J, owner[k], fds[k].fd == owner[k]->err_fd);
+static int make_tmpdir(void) {
+  const char *base = getenv("TMPDIR");
+  if (!base || !base[0]) base = "/tmp";
+  snprintf(J.tmpdir, sizeof J.tmpdir, "%s/fsdprun.XXXXXX", base);
+  if (!mkdtemp(J.tmpdir)) {
+    fprintf(stderr, "fsdprun: cannot create a temporary directory under %s: %s\n", base, strerror(errno));
+    J.tmpdir[0] = 0;
+    return -1;
   }
-  for (int r = 0; r < J.n; r++) procs_flush(&J, &J.ranks[r]);
-  free(fds);
-  free(owner);
-  return code;
+  return 0;
+}
+
+/* ---- start-up and exit ---- */
+
+/* Signals are read from a signalfd by the main loop, never handled
+ * asynchronously. They are blocked before PMIx starts its thread so that
+ * thread inherits the mask and never takes them. */
+static int setup_signals(void) {
+  signal(SIGPIPE, SIG_IGN); /* a rank dying mid-handshake: the library writes to a dead socket */
+  signal(SIGCHLD, SIG_DFL); /* an inherited SIG_IGN would reap the ranks behind our back */
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGHUP);
+  sigaddset(&set, SIGCHLD);
+  if (sigprocmask(SIG_BLOCK, &set, NULL) < 0) return -1;
+  J.signal_fd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
+  return J.signal_fd < 0 ? -1 : 0;
+}
+
+/* After a failure the library's teardown can hang on dead connections, so
+ * it is skipped: the process ends here, without exit handlers. */
+static void quick_exit_code(int code) {
+  fflush(stdout);
+  fflush(stderr);
+  rm_tmpdir();
+  _exit(code);
+}
+
+/* Started with stdin, stdout or stderr closed, fsdprun's own pipes would get
+ * those numbers and the ranks' output would go astray. */
+static void open_std_fds(void) {
+  for (int fd = 0; fd < 3; fd++)
+    if (fcntl(fd, F_GETFD) < 0 && open("/dev/null", fd ? O_WRONLY : O_RDONLY) != fd) _exit(1);
 }
 
 int main(int argc, char **argv) {
+  open_std_fds();
   int rc = parse_args(argc, argv);
   if (rc) return rc;
   J.ranks = calloc((size_t)J.n, sizeof *J.ranks);
-  if (!J.ranks || pipe2(J.signal_pipe, O_CLOEXEC | O_NONBLOCK) < 0) return 1;
-  for (int r = 0; r < J.n; r++) J.ranks[r].out_fd = J.ranks[r].err_fd = -1;
+  if (!J.ranks || pipe2(J.wake_fd, O_CLOEXEC | O_NONBLOCK) < 0 || setup_signals() < 0) {
+    fprintf(stderr, "fsdprun: cannot set up: %s\n", strerror(errno));
+    return 1;
+  }
+  for (int r = 0; r < J.n; r++) J.ranks[r].out.fd = J.ranks[r].err.fd = -1;
   snprintf(J.nspace, sizeof J.nspace, "fsdprun-%d", (int)getpid());
-  const char *tmp = getenv("TMPDIR");
-  snprintf(J.tmpdir, sizeof J.tmpdir, "%s/fsdprun.XXXXXX", tmp && tmp[0] ? tmp : "/tmp");
-  if (!mkdtemp(J.tmpdir)) {
-    fprintf(stderr, "fsdprun: cannot create a temporary directory under %s: %s\n", tmp ? tmp : "/tmp",
-            strerror(errno));
-    return 1;
-  }
-  /* A rank dying mid-handshake makes the library write to a dead socket. */
-  signal(SIGPIPE, SIG_IGN);
-  struct sigaction sa;
-  memset(&sa, 0, sizeof sa);
-  sa.sa_handler = on_signal;
-  sa.sa_flags = SA_RESTART;
-  sigaction(SIGINT, &sa, NULL);
-  sigaction(SIGTERM, &sa, NULL);
-  sigaction(SIGCHLD, &sa, NULL);
-  sigaction(SIGHUP, &sa, NULL);
-
-  if (pmix_server_start(&J) < 0) {
-    rm_tree(J.tmpdir);
-    return 1;
-  }
-  if (pmix_job_register(&J) < 0 || procs_spawn(&J) < 0) {
-    procs_signal(&J, SIGKILL);
+  procs_become_subreaper(); /* descendants that leave the ranks' group stay ours */
+  if (make_tmpdir() < 0) return 1;
+  if (pmix_start(&J) < 0) quick_exit_code(1);
+  if (pmix_register_job(&J) < 0 || procs_spawn(&J) < 0) {
+    procs_signal(&J, SIGKILL); /* the ranks already started */
     int ignored = -1;
     while (procs_reap(&J, &ignored)) usleep(10000);
-    rm_tree(J.tmpdir);
-    _exit(1);
+    procs_release_leader(&J);
+    quick_exit_code(1);
   }
-  int code = run();
-  fflush(stdout);
-  fflush(stderr);
-  if (code == 0) {
-    pmix_server_stop(&J);
-    rm_tree(J.tmpdir);
-    return 0;
+  int code = job_supervise(&J);
+  if (code != 0 || !pmix_all_finalized()) quick_exit_code(code);
+  /* A clean run: every rank finalized, so the library's teardown is safe;
+   * it still gets a deadline. */
+  if (pmix_stop(&J, 10) < 0) {
+    fprintf(stderr, "fsdprun: the PMIx server did not shut down within 10 s; leaving anyway\n");
+    quick_exit_code(0);
   }
-  /* After a failure skip the library's teardown (it can hang on dead
-   * connections), but never leave the temp directory behind. */
-  rm_tree(J.tmpdir);
-  _exit(code);
+  rm_tmpdir();
+  for (int r = 0; r < J.n; r++) J.ranks[r].pid = 0;
+  free(J.argv[0]);
+  free(J.argv);
+  free(J.ranks);
+  return 0;
 }

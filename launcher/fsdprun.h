@@ -1,47 +1,73 @@
-/* fsdprun.h: what the launcher's files share. One job, one process: the
- * state is a single struct owned by fsdprun.c. */
+/* fsdprun.h: what the launcher's files share. One job per process: the state
+ * is a single struct, owned by fsdprun.c and passed to the others.
+ *
+ *   fsdprun.c        options, --help, the order of start-up and exit
+ *   fsdprun_pmix.c   the PMIx server: namespace, clients, module callbacks
+ *   fsdprun_procs.c  fork/exec of the ranks, reaping, signalling
+ *   fsdprun_io.c     the ranks' output, line by line, with a rank prefix
+ *   fsdprun_job.c    the supervising loop: failures, signals, timeout, stop */
 #ifndef FSDPRUN_H
 #define FSDPRUN_H
 
 #include <stddef.h>
 #include <sys/types.h>
 
+/* One of a rank's output pipes and its unfinished last line. */
+typedef struct out_stream {
+  int fd; /* read end; -1 once closed */
+  char *buf;
+  size_t len;
+} out_stream;
+
 typedef struct rank_proc {
-  pid_t pid;
-  int out_fd, err_fd;      /* read ends of the rank's stdout/stderr pipes; -1 when closed */
-  char *out_buf, *err_buf; /* partial lines */
-  size_t out_len, err_len;
-  int exited, status;      /* waitpid status once exited */
+  pid_t pid;          /* 0 until forked */
+  int exited;         /* seen by waitid */
+  int code, sig;      /* exit status, or the signal that killed it (sig > 0) */
+  out_stream out, err;
 } rank_proc;
 
 typedef struct job {
-  int n;                   /* ranks */
-  char **argv;             /* what each rank execs */
-  char tmpdir[256];        /* PMIx server temp directory, removed at exit */
-  char nspace[256];       /* PMIX_MAX_NSLEN + 1: the library reads the whole array */
+  /* options */
+  int n;
+  char **argv;        /* what each rank execs; argv[0] is a path */
   int prefix, rank0_only;
   double grace, timeout;
+  /* state */
+  char tmpdir[4096];  /* PMIx server temp directory, removed on every exit path */
+  char nspace[256];   /* PMIX_MAX_NSLEN + 1: the library reads the whole array */
   rank_proc *ranks;
-  pid_t pgid;              /* all ranks share one process group */
-  int signal_pipe[2];      /* signal handlers and PMIx callbacks wake the loop */
+  pid_t pgid;         /* the ranks' process group: rank 0's pid */
+  int wake_fd[2];     /* PMIx callbacks wake the loop through this pipe */
+  int signal_fd;      /* signalfd for SIGINT, SIGTERM, SIGHUP, SIGCHLD */
 } job;
 
 /* fsdprun_pmix.c */
-int pmix_server_start(job *j);
-int pmix_job_register(job *j);
+int pmix_start(job *j);
+int pmix_register_job(job *j);
 int pmix_rank_env(job *j, int rank, char ***env); /* malloc'ed, argv-style */
-void pmix_server_stop(job *j);
-/* A rank called PMIx_Abort: returns 1 and fills (rank, status, msg) once. */
+int pmix_all_finalized(void);
+/* Tears the server down; gives up after `seconds` (returns -1). */
+int pmix_stop(job *j, double seconds);
+/* A rank called PMIx_Abort: returns 1 and fills (rank, status, msg), once. */
 int pmix_take_abort(int *rank, int *status, char *msg, size_t cap);
 
 /* fsdprun_procs.c */
 int procs_spawn(job *j);
-void procs_forward(job *j, rank_proc *r, int is_err);
-void procs_flush(job *j, rank_proc *r);
-void procs_signal(job *j, int sig);
-int procs_reap(job *j, int *first_failed); /* returns ranks still running */
+int procs_reap(job *j, int *newly_failed); /* returns how many still run */
+void procs_signal(job *j, int sig);        /* to the group and every live rank */
+void procs_release_leader(job *j);         /* kill strays; reap rank 0, kept as a zombie to hold the group */
+void procs_become_subreaper(void);
 
-void fsdprun_wake(job *j); /* async-signal-safe */
-void rm_tree(const char *dir);
+/* fsdprun_io.c */
+void io_read(job *j, int rank, int is_err);  /* forward whatever is ready */
+int io_open_streams(job *j);                 /* how many pipes are still open */
+void io_finish(job *j);                      /* flush partial lines, close pipes */
+
+/* fsdprun_job.c */
+int job_supervise(job *j); /* returns fsdprun's exit code */
+
+/* fsdprun.c */
+void fsdprun_wake(job *j); /* safe from any thread */
+void describe_end(const rank_proc *r, char *buf, size_t cap);
 
 #endif

@@ -1,12 +1,22 @@
-/* fsdprun_procs.c: starting the ranks, forwarding their output line by line
- * with a rank prefix, reaping them, and signalling them. All ranks share one
- * process group, so a signal reaches whatever they started too. */
+/* fsdprun_procs.c: starting the ranks, reaping them, signalling them.
+ *
+ * All ranks share one process group led by rank 0, so one kill() reaches
+ * whatever they started too. Rank 0 is reaped last (waitid with WNOWAIT
+ * reads its status without reaping): while its zombie exists the group's
+ * id cannot be reused, so signalling the group is always safe.
+ *
+ * A descendant can leave the group (setsid, a daemon). fsdprun is a child
+ * subreaper, so such a process becomes fsdprun's child when its parent
+ * dies; those "strays" are found in /proc and signalled and reaped like
+ * the ranks. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -14,142 +24,201 @@
 
 extern char **environ;
 
-static void child_exec(job *j, int rank, char **env, int out_w, int err_w) {
-  setpgid(0, j->pgid); /* also done by the parent: whichever runs first */
-  /* an ignored or blocked signal survives exec: give the rank the defaults */
-  signal(SIGPIPE, SIG_DFL);
-  signal(SIGINT, SIG_DFL);
-  signal(SIGTERM, SIG_DFL);
-  signal(SIGCHLD, SIG_DFL);
+/* The launcher's own PMIx variables (from an outer launcher, or our server's
+ * settings other than PMIX_MCA_*) must not leak into a rank: setup_fork
+ * provides the right ones. */
+static int inherited(const char *kv) {
+  if (!strncmp(kv, "FSDPRUN=", 8)) return 0;
+  return strncmp(kv, "PMIX_", 5) || !strncmp(kv, "PMIX_MCA_", 9);
+}
+
+/* environ (filtered) + the rank's PMIx variables + FSDPRUN=1, built before
+ * fork: after fork only async-signal-safe calls are allowed (the PMIx
+ * progress thread may hold the malloc lock). Pointers are borrowed. */
+static char **rank_envp(char **pmix_env) {
+  size_t n = 0, k = 0;
+  for (char **e = environ; *e; e++) n++;
+  for (char **e = pmix_env; *e; e++) n++;
+  char **envp = calloc(n + 2, sizeof *envp);
+  if (!envp) return NULL;
+  for (char **e = environ; *e; e++)
+    if (inherited(*e)) envp[k++] = *e;
+  for (char **e = pmix_env; *e; e++) envp[k++] = *e;
+  envp[k++] = "FSDPRUN=1";
+  envp[k] = NULL;
+  return envp;
+}
+
+static void put(const char *s) {
+  ssize_t w = write(2, s, strlen(s));
+  (void)w;
+}
+
+/* In the child: only async-signal-safe calls from here to exec. */
+static void child_exec(job *j, int rank, char **envp, int in_fd, int out_w, int err_w, pid_t parent) {
+  setpgid(0, rank == 0 ? 0 : j->pgid); /* the parent does it too: whichever runs first */
+  /* If fsdprun dies without cleaning up (SIGKILL), the rank goes too. */
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != parent) _exit(127);
+  /* Ignored signals and the signal mask survive exec: give the rank the
+   * defaults (fsdprun ignores SIGPIPE and blocks the signals it reads). */
+  struct sigaction dfl;
+  memset(&dfl, 0, sizeof dfl);
+  dfl.sa_handler = SIG_DFL;
+  sigaction(SIGPIPE, &dfl, NULL);
   sigset_t none;
   sigemptyset(&none);
   sigprocmask(SIG_SETMASK, &none, NULL);
-  dup2(out_w, 1);
-  dup2(err_w, 2);
-  for (char **e = env; *e; e++) putenv(*e);
-  setenv("FSDPRUN", "1", 1);
-  execvp(j->argv[0], j->argv);
-  fprintf(stderr, "fsdprun: cannot start rank %d (%s): %s\n", rank, j->argv[0], strerror(errno));
+  if (dup2(in_fd, 0) < 0 || dup2(out_w, 1) < 0 || dup2(err_w, 2) < 0) _exit(127);
+  close_range(3, ~0U, CLOSE_RANGE_CLOEXEC); /* nothing of the server's leaks into the rank */
+  execve(j->argv[0], j->argv, envp);
+  put("fsdprun: cannot start ");
+  put(j->argv[0]);
+  put(": ");
+  const char *why = strerrordesc_np(errno); /* unlike strerror, no locale lookup */
+  put(why ? why : "error");
+  put("\n");
   _exit(127);
 }
 
-int procs_spawn(job *j) {
-  for (int r = 0; r < j->n; r++) {
-    rank_proc *rp = &j->ranks[r];
-    char **env = NULL;
-    if (pmix_rank_env(j, r, &env) < 0) return -1;
-    int out[2], err[2];
-    if (pipe2(out, O_CLOEXEC) < 0 || pipe2(err, O_CLOEXEC) < 0) {
-      fprintf(stderr, "fsdprun: pipe: %s\n", strerror(errno));
-      return -1;
-    }
-    fflush(NULL);
-    pid_t pid = fork();
-    if (pid < 0) {
-      fprintf(stderr, "fsdprun: fork for rank %d: %s\n", r, strerror(errno));
-      return -1;
-    }
-    if (pid == 0) child_exec(j, r, env, out[1], err[1]);
-    if (j->pgid == 0) j->pgid = pid;
-    setpgid(pid, j->pgid);
-    for (char **e = env; *e; e++) free(*e);
-    free(env);
-    close(out[1]);
-    close(err[1]);
-    rp->pid = pid;
-    rp->out_fd = out[0];
-    rp->err_fd = err[0];
-    fcntl(out[0], F_SETFL, O_NONBLOCK);
-    fcntl(err[0], F_SETFL, O_NONBLOCK);
+static int spawn_one(job *j, int r, int null_fd) {
+  rank_proc *rp = &j->ranks[r];
+  char **pmix_env = NULL, **envp = NULL;
+  int out[2] = {-1, -1}, err[2] = {-1, -1}, rc = -1;
+  if (pmix_rank_env(j, r, &pmix_env) < 0) goto done;
+  if (!(envp = rank_envp(pmix_env))) goto done;
+  if (pipe2(out, O_CLOEXEC) < 0 || pipe2(err, O_CLOEXEC) < 0) {
+    fprintf(stderr, "fsdprun: cannot make pipes for rank %d: %s%s\n", r, strerror(errno),
+            errno == EMFILE ? " (too many ranks for `ulimit -n`?)" : "");
+    goto done;
   }
+  /* Rank 0 reads fsdprun's stdin, unless that is a terminal: a rank in its
+   * own process group reading the terminal would be stopped (SIGTTIN). */
+  int in_fd = r == 0 && !isatty(0) ? 0 : null_fd;
+  pid_t parent = getpid();
+  pid_t pid = fork();
+  if (pid < 0) {
+    fprintf(stderr, "fsdprun: cannot fork rank %d: %s\n", r, strerror(errno));
+    goto done;
+  }
+  if (pid == 0) child_exec(j, r, envp, in_fd, out[1], err[1], parent);
+  if (r == 0) j->pgid = pid;
+  setpgid(pid, j->pgid);
+  rp->pid = pid;
+  rp->out.fd = out[0];
+  rp->err.fd = err[0];
+  out[0] = err[0] = -1;
+  fcntl(rp->out.fd, F_SETFL, O_NONBLOCK);
+  fcntl(rp->err.fd, F_SETFL, O_NONBLOCK);
+  rc = 0;
+done:
+  for (int k = 0; k < 2; k++) {
+    if (out[k] >= 0) close(out[k]);
+    if (err[k] >= 0) close(err[k]);
+  }
+  if (pmix_env) {
+    for (char **e = pmix_env; *e; e++) free(*e);
+    free(pmix_env);
+  }
+  free(envp);
+  return rc;
+}
+
+int procs_spawn(job *j) {
+  int null_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (null_fd < 0) {
+    fprintf(stderr, "fsdprun: /dev/null: %s\n", strerror(errno));
+    return -1;
+  }
+  fflush(NULL); /* nothing buffered gets written twice */
+  int rc = 0;
+  for (int r = 0; r < j->n && rc == 0; r++) rc = spawn_one(j, r, null_fd);
+  close(null_fd);
+  return rc;
+}
+
+/* A pid that is one of our ranks and not yet reaped (else it may be reused). */
+static int is_rank(job *j, pid_t pid) {
+  for (int r = 0; r < j->n; r++)
+    if (j->ranks[r].pid == pid && (!j->ranks[r].exited || r == 0)) return 1;
   return 0;
 }
 
-static void write_all(int fd, const char *p, size_t n) {
-  while (n) {
-    ssize_t w = write(fd, p, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return; /* our own stdout is gone: drop, keep running */
-    p += w;
-    n -= (size_t)w;
+/* fsdprun's children that are not ranks; up to cap of them. Orphans are
+ * adopted by some thread of ours, so every thread's list is read. */
+static int strays(job *j, pid_t *out, int cap) {
+  int n = 0;
+  DIR *d = opendir("/proc/self/task");
+  if (!d) return 0;
+  struct dirent *e;
+  while ((e = readdir(d)) && n < cap) {
+    if (e->d_name[0] == '.') continue;
+    char path[300];
+    snprintf(path, sizeof path, "/proc/self/task/%s/children", e->d_name);
+    FILE *f = fopen(path, "re");
+    if (!f) continue;
+    long pid;
+    while (n < cap && fscanf(f, "%ld", &pid) == 1)
+      if (!is_rank(j, (pid_t)pid)) out[n++] = (pid_t)pid;
+    fclose(f);
   }
+  closedir(d);
+  return n;
 }
 
-/* One write per line, so lines from different ranks never interleave. */
-static void emit(job *j, int rank, int is_err, const char *line, size_t len) {
-  if (j->rank0_only && rank != 0 && !is_err) return;
-  char stack[4096];
-  char *buf = len + 32 <= sizeof stack ? stack : malloc(len + 32);
-  if (!buf) return;
-  size_t at = j->prefix ? (size_t)snprintf(buf, 32, "[%d] ", rank) : 0;
-  memcpy(buf + at, line, len);
-  at += len;
-  if (!len || line[len - 1] != '\n') buf[at++] = '\n'; /* a partial last line */
-  write_all(is_err ? 2 : 1, buf, at);
-  if (buf != stack) free(buf);
-}
+void procs_become_subreaper(void) { prctl(PR_SET_CHILD_SUBREAPER, 1); }
 
-void procs_forward(job *j, rank_proc *r, int is_err) {
-  int rank = (int)(r - j->ranks);
-  int *fd = is_err ? &r->err_fd : &r->out_fd;
-  char **buf = is_err ? &r->err_buf : &r->out_buf;
-  size_t *len = is_err ? &r->err_len : &r->out_len;
-  char chunk[65536];
-  for (;;) {
-    ssize_t n = read(*fd, chunk, sizeof chunk);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && errno == EAGAIN) return;
-    if (n <= 0) { /* EOF or error: flush what is left */
-      if (*len) emit(j, rank, is_err, *buf, *len);
-      free(*buf);
-      *buf = NULL;
-      *len = 0;
-      close(*fd);
-      *fd = -1;
-      return;
-    }
-    char *grown = realloc(*buf, *len + (size_t)n);
-    if (!grown) return;
-    *buf = grown;
-    memcpy(*buf + *len, chunk, (size_t)n);
-    *len += (size_t)n;
-    size_t start = 0;
-    for (size_t i = 0; i < *len; i++)
-      if ((*buf)[i] == '\n') {
-        emit(j, rank, is_err, *buf + start, i + 1 - start);
-        start = i + 1;
+int procs_reap(job *j, int *newly_failed) {
+  pid_t stray[64];
+  for (int k = 0, ns = strays(j, stray, 64); k < ns; k++) waitpid(stray[k], NULL, WNOHANG);
+  int running = 0;
+  for (int r = 0; r < j->n; r++) {
+    rank_proc *rp = &j->ranks[r];
+    if (rp->pid <= 0 || rp->exited) continue;
+    siginfo_t si;
+    memset(&si, 0, sizeof si);
+    int flags = WEXITED | WNOHANG | (r == 0 ? WNOWAIT : 0);
+    if (waitid(P_PID, (id_t)rp->pid, &si, flags) < 0) {
+      if (errno != ECHILD) { /* EINTR: look again next time */
+        running++;
+        continue;
       }
-    memmove(*buf, *buf + start, *len - start);
-    *len -= start;
+      si.si_code = CLD_EXITED; /* already reaped by someone else: status unknown */
+      si.si_status = 255;
+    } else if (si.si_pid == 0) {
+      running++;
+      continue;
+    }
+    rp->exited = 1;
+    if (si.si_code == CLD_EXITED)
+      rp->code = si.si_status;
+    else
+      rp->sig = si.si_status;
+    if ((rp->code || rp->sig) && *newly_failed < 0) *newly_failed = r;
   }
-}
-
-void procs_flush(job *j, rank_proc *r) {
-  if (r->out_fd >= 0) procs_forward(j, r, 0);
-  if (r->err_fd >= 0) procs_forward(j, r, 1);
+  return running;
 }
 
 void procs_signal(job *j, int sig) {
   if (j->pgid > 0) kill(-j->pgid, sig);
   for (int r = 0; r < j->n; r++) /* a rank that left the group still gets it */
     if (j->ranks[r].pid > 0 && !j->ranks[r].exited) kill(j->ranks[r].pid, sig);
+  pid_t stray[64];
+  for (int k = 0, ns = strays(j, stray, 64); k < ns; k++) kill(stray[k], sig);
 }
 
-static int failed_status(int status) { return !(WIFEXITED(status) && WEXITSTATUS(status) == 0); }
+static void procs_sweep(job *j) {
+  pid_t stray[64];
+  /* killing one may orphan its own children onto us: look again */
+  for (int round = 0, ns; round < 100 && (ns = strays(j, stray, 64)) > 0; round++)
+    for (int k = 0; k < ns; k++) {
+      kill(stray[k], SIGKILL);
+      waitpid(stray[k], NULL, 0);
+    }
+}
 
-int procs_reap(job *j, int *first_failed) {
-  for (;;) {
-    int status;
-    pid_t pid = waitpid(-1, &status, WNOHANG);
-    if (pid <= 0) break;
-    for (int r = 0; r < j->n; r++)
-      if (j->ranks[r].pid == pid) {
-        j->ranks[r].exited = 1;
-        j->ranks[r].status = status;
-        if (failed_status(status) && *first_failed < 0) *first_failed = r;
-      }
-  }
-  int running = 0;
-  for (int r = 0; r < j->n; r++) running += j->ranks[r].pid > 0 && !j->ranks[r].exited;
-  return running;
+void procs_release_leader(job *j) {
+  procs_sweep(j);
+  rank_proc *r0 = &j->ranks[0];
+  if (r0->pid > 0 && r0->exited) waitpid(r0->pid, NULL, 0);
 }

@@ -1,3 +1,16 @@
-add_test(NAME launcher
-         COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/launcher/test_launcher.sh $<TARGET_FILE:fsdprun> $<TARGET_FILE:fsdp-host>)
-set_tests_properties(launcher PROPERTIES LABELS launcher TIMEOUT 120 RUN_SERIAL ON)
+# Launcher tests: shell scripts that drive fsdprun with pmix_probe, a small
+# PMIx client that links PMIx only (so they do not depend on the engine), and
+# one script that drives it with the real fsdp rank host. Each script prints
+# what it checks; see tests/launcher/lib.sh.
+add_executable(pmix_probe launcher/pmix_probe.c)
+target_compile_options(pmix_probe PRIVATE ${FSDP_WARN})
+target_link_libraries(pmix_probe PRIVATE PkgConfig::PMIX)
+
+foreach(t output exit abort killed sigterm singleton options help)
+  add_test(NAME launcher_${t}
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/launcher/test_${t}.sh $<TARGET_FILE:fsdprun> $<TARGET_FILE:pmix_probe>)
+  set_tests_properties(launcher_${t} PROPERTIES LABELS launcher TIMEOUT 60)
+endforeach()
+add_test(NAME launcher_fsdp_host
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/launcher/test_fsdp_host.sh $<TARGET_FILE:fsdprun> $<TARGET_FILE:fsdp-host>)
+set_tests_properties(launcher_fsdp_host PROPERTIES LABELS launcher TIMEOUT 60)

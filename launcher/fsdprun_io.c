@@ -1,0 +1,99 @@
+/* fsdprun_io.c: the ranks' output. Each rank's stdout and stderr arrive on
+ * their own pipes and leave on fsdprun's stdout and stderr, one whole line
+ * at a time, as "[rank] text". */
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "fsdprun.h"
+
+/* A line this long without a newline is shown in pieces, so that a rank
+ * writing binary junk cannot make fsdprun's buffer grow without bound. */
+#define MAX_LINE 65536
+
+static void write_all(int fd, const char *p, size_t n) {
+  while (n) {
+    ssize_t w = write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0 && errno == EAGAIN) { /* our stdout was left non-blocking by whoever started us */
+      struct pollfd pfd = {.fd = fd, .events = POLLOUT};
+      poll(&pfd, 1, -1);
+      continue;
+    }
+    if (w <= 0) return; /* our reader is gone (EPIPE): drop the output, keep supervising */
+    p += w;
+    n -= (size_t)w;
+  }
+}
+
+/* One write per line, so lines of different ranks never interleave. */
+static void emit(job *j, int rank, int is_err, const char *line, size_t len) {
+  if (j->rank0_only && rank != 0 && !is_err) return;
+  char stack[4096];
+  size_t need = len + 32;
+  char *buf = need <= sizeof stack ? stack : malloc(need);
+  if (!buf) return;
+  size_t at = j->prefix ? (size_t)snprintf(buf, 32, "[%d] ", rank) : 0;
+  memcpy(buf + at, line, len);
+  at += len;
+  if (!len || line[len - 1] != '\n') buf[at++] = '\n'; /* a partial last line */
+  write_all(is_err ? 2 : 1, buf, at);
+  if (buf != stack) free(buf);
+}
+
+/* Emits the complete lines in s->buf and keeps the rest. */
+static void emit_lines(job *j, int rank, int is_err, out_stream *s) {
+  size_t start = 0;
+  for (size_t i = 0; i < s->len; i++)
+    if (s->buf[i] == '\n' || i + 1 - start == MAX_LINE) {
+      emit(j, rank, is_err, s->buf + start, i + 1 - start);
+      start = i + 1;
+    }
+  memmove(s->buf, s->buf + start, s->len - start);
+  s->len -= start;
+}
+
+static void close_stream(job *j, int rank, int is_err, out_stream *s) {
+  if (s->len) emit(j, rank, is_err, s->buf, s->len);
+  free(s->buf);
+  s->buf = NULL;
+  s->len = 0;
+  if (s->fd >= 0) close(s->fd);
+  s->fd = -1;
+}
+
+void io_read(job *j, int rank, int is_err) {
+  out_stream *s = is_err ? &j->ranks[rank].err : &j->ranks[rank].out;
+  if (s->fd < 0) return;
+  if (!s->buf && !(s->buf = malloc(MAX_LINE))) return;
+  for (;;) {
+    ssize_t n = read(s->fd, s->buf + s->len, MAX_LINE - s->len);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno == EAGAIN) return;
+    if (n <= 0) { /* EOF: every writer is gone */
+      close_stream(j, rank, is_err, s);
+      return;
+    }
+    s->len += (size_t)n;
+    emit_lines(j, rank, is_err, s);
+  }
+}
+
+int io_open_streams(job *j) {
+  int open = 0;
+  for (int r = 0; r < j->n; r++) open += (j->ranks[r].out.fd >= 0) + (j->ranks[r].err.fd >= 0);
+  return open;
+}
+
+/* At the end: what is still in the pipes, then the partial lines. */
+void io_finish(job *j) {
+  for (int r = 0; r < j->n; r++) {
+    io_read(j, r, 0);
+    io_read(j, r, 1);
+    close_stream(j, r, 0, &j->ranks[r].out);
+    close_stream(j, r, 1, &j->ranks[r].err);
+  }
+}

@@ -1,0 +1,184 @@
+/* fsdprun_job.c: supervising a running job. One loop on the main thread
+ * forwards output, reaps ranks, and reacts to the first bad event (a rank
+ * failing, PMIx_Abort, a signal to fsdprun, --timeout): every rank gets
+ * SIGTERM, then SIGKILL after the grace period. Ranks cannot be relied on
+ * to notice a dead peer themselves, so ending the job is fsdprun's duty. */
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/signalfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "fsdprun.h"
+
+/* After SIGKILL, how long to wait for pipes held open by a process that
+ * left the ranks' group before giving up on its output. */
+#define DRAIN_AFTER_KILL 1.0
+
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+typedef struct sup {
+  job *j;
+  int code;       /* fsdprun's exit code, set by the first bad event */
+  int stopping;   /* SIGTERM sent */
+  int killed;     /* SIGKILL sent */
+  double kill_at; /* when SIGTERM turns into SIGKILL */
+  int signals;    /* signals received */
+  int running;
+} sup;
+
+static const char *others(int n, char *buf, size_t cap) {
+  if (n == 0) return "";
+  if (n == 1) return "; stopping the other rank";
+  snprintf(buf, cap, "; stopping the other %d ranks", n);
+  return buf;
+}
+
+/* The exit code never reads as success, and fits in 8 bits. */
+static int failure_code(int status) { return status & 0xff ? status & 0xff : 1; }
+
+static void stop(sup *s, int code) {
+  s->code = code;
+  s->stopping = 1;
+  s->kill_at = now() + s->j->grace;
+  procs_signal(s->j, SIGTERM);
+}
+
+static void kill_now(sup *s) {
+  s->killed = 1;
+  s->kill_at = now();
+  procs_signal(s->j, SIGKILL);
+}
+
+static void on_rank_failed(sup *s, int r) {
+  rank_proc *rp = &s->j->ranks[r];
+  char what[128], tail[64];
+  describe_end(rp, what, sizeof what);
+  fprintf(stderr, "fsdprun: rank %d %s%s\n", r, what, others(s->running, tail, sizeof tail));
+  stop(s, rp->sig ? 128 + rp->sig : failure_code(rp->code));
+}
+
+static void on_abort(sup *s, int r, int status, const char *msg) {
+  char tail[64];
+  fprintf(stderr, "fsdprun: rank %d called PMIx_Abort with status %d%s%s%s\n", r, status, msg[0] ? ": " : "", msg,
+          others(s->running - 1, tail, sizeof tail));
+  stop(s, failure_code(status));
+}
+
+static void on_signal(sup *s, int sig) {
+  s->signals++;
+  if (sig == SIGCHLD) return; /* only a wake-up: the loop reaps */
+  if (!s->stopping) {
+    fprintf(stderr, "fsdprun: got signal %d (%s); stopping %d rank%s\n", sig, strsignal(sig), s->running,
+            s->running == 1 ? "" : "s");
+    stop(s, 128 + sig);
+  } else if (!s->killed) { /* asked again: no more grace */
+    fprintf(stderr, "fsdprun: got signal %d again; killing the ranks\n", sig);
+    kill_now(s);
+  }
+}
+
+/* Everything that may have happened since the last look. */
+static void check_events(sup *s) {
+  job *j = s->j;
+  int failed = -1, ab_rank, ab_status;
+  char ab_msg[512];
+  s->running = procs_reap(j, &failed);
+  /* An abort comes before its rank's exit: PMIx_Abort returns only after
+   * the library told us. So check it first. */
+  if (!s->stopping && pmix_take_abort(&ab_rank, &ab_status, ab_msg, sizeof ab_msg)) on_abort(s, ab_rank, ab_status, ab_msg);
+  if (!s->stopping && failed >= 0) on_rank_failed(s, failed);
+}
+
+/* When to wake up next without an event: the timeout or the end of grace. */
+static int poll_ms(sup *s, double start) {
+  double t = -1, left;
+  if (!s->stopping && s->j->timeout > 0) t = start + s->j->timeout;
+  if (s->stopping && !s->killed) t = s->kill_at;
+  if (s->killed && !s->running) t = s->kill_at + DRAIN_AFTER_KILL;
+  if (t < 0) return -1;
+  left = t - now();
+  return left <= 0 ? 0 : (int)(left * 1000) + 1;
+}
+
+static void drain_wakeups(job *j, sup *s) {
+  char sink[64];
+  while (read(j->wake_fd[0], sink, sizeof sink) > 0) {
+  }
+  struct signalfd_siginfo si;
+  while (read(j->signal_fd, &si, sizeof si) == (ssize_t)sizeof si) on_signal(s, (int)si.ssi_signo);
+}
+
+int job_supervise(job *j) {
+  sup s = {.j = j};
+  double start = now();
+  size_t cap = (size_t)j->n * 2 + 2;
+  struct pollfd *fds = calloc(cap, sizeof *fds);
+  int *who = calloc(cap, sizeof *who); /* rank * 2 + is_err, per pollfd */
+  if (!fds || !who) {
+    free(fds);
+    free(who);
+    stop(&s, 1);
+    kill_now(&s);
+    return 1;
+  }
+  for (;;) {
+    check_events(&s);
+    if (!s.stopping && j->timeout > 0 && now() - start >= j->timeout) {
+      fprintf(stderr, "fsdprun: the job ran past --timeout %g s; stopping %d rank%s\n", j->timeout, s.running,
+              s.running == 1 ? "" : "s");
+      stop(&s, 124);
+    }
+    if (s.running == 0 && !s.stopping) {
+      /* The ranks are done. Anything still in their group is an orphan
+       * (it may hold the pipes open): end it like a failed rank, but the
+       * job's exit code stays 0. */
+      stop(&s, 0);
+    }
+    if (s.stopping && !s.killed && now() >= s.kill_at) kill_now(&s);
+    int open_pipes = io_open_streams(j);
+    if (s.running == 0 && (open_pipes == 0 || (s.killed && now() >= s.kill_at + DRAIN_AFTER_KILL))) break;
+
+    nfds_t nfd = 0;
+    fds[nfd++] = (struct pollfd){.fd = j->signal_fd, .events = POLLIN};
+    fds[nfd++] = (struct pollfd){.fd = j->wake_fd[0], .events = POLLIN};
+    for (int r = 0; r < j->n; r++) {
+      if (j->ranks[r].out.fd >= 0) {
+        who[nfd] = r * 2;
+        fds[nfd++] = (struct pollfd){.fd = j->ranks[r].out.fd, .events = POLLIN};
+      }
+      if (j->ranks[r].err.fd >= 0) {
+        who[nfd] = r * 2 + 1;
+        fds[nfd++] = (struct pollfd){.fd = j->ranks[r].err.fd, .events = POLLIN};
+      }
+    }
+    int rc = poll(fds, nfd, poll_ms(&s, start));
+    if (rc < 0 && errno != EINTR) { /* cannot watch the job: end it, then wait without poll */
+      fprintf(stderr, "fsdprun: poll: %s\n", strerror(errno));
+      if (!s.stopping) stop(&s, 1);
+      if (!s.killed) kill_now(&s);
+      usleep(100000);
+      continue;
+    }
+    if (rc <= 0) continue;
+    if (fds[0].revents || fds[1].revents) drain_wakeups(j, &s);
+    for (nfds_t k = 2; k < nfd; k++)
+      if (fds[k].revents) io_read(j, who[k] / 2, who[k] % 2);
+  }
+  free(fds);
+  free(who);
+  /* Whatever escaped the pipes' watch (an orphan that closed them) goes too;
+   * the group still exists while rank 0's zombie does. */
+  procs_signal(j, SIGKILL);
+  procs_release_leader(j);
+  io_finish(j);
+  return s.code;
+}
