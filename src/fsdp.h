@@ -115,13 +115,18 @@ int fsdp_alloc(int device, size_t bytes, void **out);   /* 256-byte aligned */
 int fsdp_alloc_host_pinned(size_t bytes, void **out);
 int fsdp_free(int device, void *ptr);
 int fsdp_free_host_pinned(void *ptr);
-/* What fsdp_alloc has handed out on a device and not freed (bytes as
- * requested), the high-water mark, and call counts. CPU only so far. */
+/* fsdp_alloc serves each device from a caching pool (freed blocks are kept
+ * by size class and reused; see src/device/caching_allocator.c).
+ * allocated: bytes handed out and not freed, as requested; peak: its
+ * high-water mark; reserved: bytes the pool holds from the device (in use,
+ * rounded to the size class, plus cached); cached: the free part of that. */
 typedef struct fsdp_memory_stats {
   int64_t allocated, peak, allocs, frees;
+  int64_t reserved, peak_reserved, cached, cache_hits;
 } fsdp_memory_stats;
 int fsdp_memory_get_stats(int device, fsdp_memory_stats *out);
-int fsdp_memory_reset_peak(int device);
+int fsdp_memory_reset_peak(int device);      /* both peaks := current */
+int fsdp_memory_empty_cache(int device);     /* cached blocks back to the device */
 
 /* A contiguous tensor of one dtype on one device, 1 to 4-D; it owns its
  * memory (tensor_alloc) or views part of another (tensor_view). */

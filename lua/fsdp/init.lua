@@ -59,13 +59,19 @@ end
 function fsdp.abort(status, msg) C.fsdp_abort(status or 1, msg or "fsdp.abort") end
 function fsdp.now() return C.fsdp_time_now() end
 
--- {allocated, peak, allocs, frees} in bytes / calls for a device ("cpu")
+-- The device's memory pool, in bytes and calls ("cpu" or "cuda"):
+-- {allocated, peak, reserved, peak_reserved, cached, allocs, frees, cache_hits}
+local stat_fields = { "allocated", "peak", "reserved", "peak_reserved", "cached", "allocs", "frees", "cache_hits" }
 function fsdp.memory_stats(device)
   local st = ffi.new("fsdp_memory_stats")
   check(C.fsdp_memory_get_stats(tensor.device(device or "cpu"), st), "fsdp.memory_stats")
-  return { allocated = tonumber(st.allocated), peak = tonumber(st.peak), allocs = tonumber(st.allocs),
-    frees = tonumber(st.frees) }
+  local out = {}
+  for _, f in ipairs(stat_fields) do out[f] = tonumber(st[f]) end
+  return out
 end
+-- cached blocks back to the device; peaks := current values
+function fsdp.memory_empty_cache(device) check(C.fsdp_memory_empty_cache(tensor.device(device or "cpu")), "fsdp.memory_empty_cache") end
+function fsdp.memory_reset_peak(device) check(C.fsdp_memory_reset_peak(tensor.device(device or "cpu")), "fsdp.memory_reset_peak") end
 function fsdp.version() return ffi.string(C.fsdp_version()) end
 
 return fsdp

@@ -2,13 +2,13 @@
  * streams, events without timing, copies. Every CUDA error becomes
  * FSDP_EDEVICE with the call, the CUDA message, file and line.
  *
- * Device memory is plain cudaMalloc: the engine allocates its long-lived
- * buffers (shards, optimizer state, the unit pool) once, and reuses full
- * unit buffers through its own pool (src/shard/pool.c), so a caching
- * allocator would only hide leaks. Short-lived buffers that follow a
- * stream (the NCCL transport's fp32 staging) use cudaMallocAsync on the
- * device's default pool, which keeps freed memory cached; when cudaMalloc
- * runs out, that cache is trimmed and the allocation retried once.
+ * Device memory comes from cudaMalloc, behind the caching pool of
+ * caching_allocator.c (fsdp_alloc): activations and scratch are freed and
+ * reallocated every step, and a cudaFree synchronises the whole device.
+ * Leaks stay visible in the pool's statistics. Short-lived buffers that
+ * follow a stream (the NCCL transport's fp32 staging) use cudaMallocAsync
+ * on the device's default pool; when cudaMalloc runs out, that pool is
+ * trimmed and the allocation retried once.
  *
  * s == NULL means synchronous: the work goes on the legacy default stream
  * and is waited for, since cudaMemcpy D2D, H2D from pageable memory and

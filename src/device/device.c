@@ -39,16 +39,13 @@ int fsdp_alloc(int device, size_t bytes, void **out) {
   if (!out) return fsdp_fail(FSDP_EINVAL, "alloc: NULL out");
   *out = NULL;
   FSDP_CHECK(check_device(device, "alloc"));
-  if (device == FSDP_CUDA) return fsdp_cuda_alloc(bytes, out);
-  return fsdp_host_alloc(bytes, out);
+  return fsdp_cache_alloc(device, bytes, out);
 }
 
 int fsdp_free(int device, void *ptr) {
   if (!ptr) return FSDP_OK;
-  if (device == FSDP_CUDA) return fsdp_cuda_free(ptr);
-  if (device != FSDP_CPU) return fsdp_fail(FSDP_EINVAL, "free: unknown device %d", device);
-  fsdp_host_free(ptr);
-  return FSDP_OK;
+  if (device != FSDP_CPU && device != FSDP_CUDA) return fsdp_fail(FSDP_EINVAL, "free: unknown device %d", device);
+  return fsdp_cache_free(device, ptr);
 }
 
 int fsdp_alloc_host_pinned(size_t bytes, void **out) {

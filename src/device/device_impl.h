@@ -13,9 +13,13 @@ struct fsdp_event {
   int device;
 };
 
-/* ---- host memory with statistics (host_memory.c) ---- */
+/* ---- raw host memory, 256-byte aligned (host_memory.c) ---- */
 int fsdp_host_alloc(size_t bytes, void **out);
 void fsdp_host_free(void *ptr);
+
+/* ---- the per-device caching pools behind fsdp_alloc (caching_allocator.c) ---- */
+int fsdp_cache_alloc(int device, size_t bytes, void **out);
+int fsdp_cache_free(int device, void *ptr);
 
 /* ---- CPU backend (cpu_stream.c) ---- */
 /* A task runs on the stream's worker thread; returning < 0 marks the stream

@@ -34,6 +34,10 @@ int main(void) {
   OFF(fsdp_memory_stats, peak);
   OFF(fsdp_memory_stats, allocs);
   OFF(fsdp_memory_stats, frees);
+  OFF(fsdp_memory_stats, reserved);
+  OFF(fsdp_memory_stats, peak_reserved);
+  OFF(fsdp_memory_stats, cached);
+  OFF(fsdp_memory_stats, cache_hits);
   OFF(fsdp_tensor, data);
   OFF(fsdp_tensor, dtype);
   OFF(fsdp_tensor, device);

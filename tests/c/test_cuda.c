@@ -198,6 +198,27 @@ static void test_comm_stream_order(fsdp_comm *c) {
   fsdp_free_host_pinned(back);
 }
 
+/* The CUDA caching pool: statistics follow allocations, a freed block is
+ * reused for its size class, empty_cache gives it back to the device. */
+static void test_cuda_pool(void) {
+  fsdp_memory_stats a, b;
+  void *p = NULL, *q = NULL;
+  CHECK_OK(fsdp_memory_empty_cache(FSDP_CUDA));
+  CHECK_OK(fsdp_memory_get_stats(FSDP_CUDA, &a));
+  CHECK_OK(fsdp_alloc(FSDP_CUDA, 3000000, &p)); /* class 3145728 */
+  CHECK_OK(fsdp_memory_get_stats(FSDP_CUDA, &b));
+  CHECK(b.allocated - a.allocated == 3000000 && b.reserved - a.reserved == 3145728);
+  CHECK_OK(fsdp_free(FSDP_CUDA, p));
+  CHECK_OK(fsdp_alloc(FSDP_CUDA, 3100000, &q));
+  CHECK_OK(fsdp_memory_get_stats(FSDP_CUDA, &b));
+  CHECK(q == p && b.cache_hits == a.cache_hits + 1);
+  CHECK_OK(fsdp_free(FSDP_CUDA, q));
+  CHECK_FAILS(fsdp_free(FSDP_CUDA, q), FSDP_EINVAL, "freed already");
+  CHECK_OK(fsdp_memory_empty_cache(FSDP_CUDA));
+  CHECK_OK(fsdp_memory_get_stats(FSDP_CUDA, &b));
+  CHECK(b.reserved == a.reserved && b.allocated == a.allocated && b.cached == 0);
+}
+
 int main(void) {
   if (!fsdp_device_available(FSDP_CUDA)) {
     printf("test_cuda: skipped: %s\n", fsdp_last_error());
@@ -207,6 +228,7 @@ int main(void) {
   CHECK_OK(fsdp_init(&info));
   printf("test_cuda: %d GPU(s), rank %d of %d\n", info.device_count, info.rank, info.size);
   test_memory_streams();
+  test_cuda_pool();
   fsdp_mesh *m = NULL;
   fsdp_comm *c = fsdp_test_world(FSDP_CUDA, &m);
   if (c) {

@@ -40,7 +40,7 @@ static void test_memory(void) {
   CHECK_OK(fsdp_free(FSDP_CPU, p));
   CHECK_FAILS(fsdp_alloc(7, 10, &p), FSDP_EINVAL, "unknown device 7");
   CHECK(p == NULL);
-  CHECK_FAILS(fsdp_alloc(FSDP_CPU, SIZE_MAX - 1000, &p), FSDP_ENOMEM, "bytes of host memory");
+  CHECK_FAILS(fsdp_alloc(FSDP_CPU, SIZE_MAX - 1000, &p), FSDP_ENOMEM, "bytes on cpu");
   if (!fsdp_device_available(FSDP_CUDA)) {
     CHECK_FAILS(fsdp_alloc(FSDP_CUDA, 10, &p), FSDP_EUNSUPPORTED, "CUDA");
     CHECK(fsdp_device_count(FSDP_CUDA) == 0);
@@ -160,7 +160,53 @@ static void test_tensor(void) {
   CHECK(b.allocated == a.allocated);
 }
 
+/* The caching pool: a freed block is reused for the next request of its
+ * size class; reserved counts class sizes (at most 25% over the request);
+ * empty_cache gives cached blocks back; a foreign or double free fails. */
+static void test_caching(void) {
+  fsdp_memory_stats a, b;
+  void *p = NULL, *q = NULL, *r = NULL;
+  CHECK_OK(fsdp_memory_empty_cache(FSDP_CPU));
+  CHECK_OK(fsdp_memory_get_stats(FSDP_CPU, &a));
+  CHECK(a.cached == 0 && a.reserved >= a.allocated);
+  CHECK_OK(fsdp_alloc(FSDP_CPU, 1000000, &p)); /* class 2^19 * 2 = 1048576 */
+  CHECK_OK(fsdp_memory_get_stats(FSDP_CPU, &b));
+  CHECK(b.reserved - a.reserved == 1048576 && b.allocated - a.allocated == 1000000);
+  CHECK(b.peak_reserved >= b.reserved);
+  CHECK_OK(fsdp_free(FSDP_CPU, p));
+  CHECK_OK(fsdp_memory_get_stats(FSDP_CPU, &b));
+  CHECK(b.cached == 1048576 && b.reserved - a.reserved == 1048576 && b.allocated == a.allocated);
+  CHECK_OK(fsdp_alloc(FSDP_CPU, 950000, &q)); /* same class: the cached block */
+  CHECK_OK(fsdp_memory_get_stats(FSDP_CPU, &b));
+  CHECK(q == p && b.cache_hits == a.cache_hits + 1 && b.cached == 0);
+  CHECK_OK(fsdp_alloc(FSDP_CPU, 700000, &r)); /* class 786432: a new block */
+  CHECK(r != q);
+  CHECK_OK(fsdp_memory_get_stats(FSDP_CPU, &b));
+  CHECK(b.reserved - a.reserved == 1048576 + 786432);
+  CHECK_OK(fsdp_free(FSDP_CPU, q));
+  CHECK_OK(fsdp_free(FSDP_CPU, r));
+  CHECK_FAILS(fsdp_free(FSDP_CPU, r), FSDP_EINVAL, "freed already");
+  int local = 0;
+  CHECK_FAILS(fsdp_free(FSDP_CPU, &local), FSDP_EINVAL, "was not allocated by fsdp_alloc");
+  CHECK_OK(fsdp_memory_empty_cache(FSDP_CPU));
+  CHECK_OK(fsdp_memory_get_stats(FSDP_CPU, &b));
+  CHECK(b.cached == 0 && b.reserved == a.reserved && b.allocated == a.allocated);
+  /* many blocks at once (the block table grows), all distinct, all freed */
+  enum { N = 3000 };
+  static void *blocks[N];
+  int ok = 1;
+  for (int i = 0; i < N; i++) ok &= fsdp_alloc(FSDP_CPU, (size_t)(i % 97) * 40 + 1, &blocks[i]) == 0;
+  for (int i = 0; i < N; i++) memset(blocks[i], 0x5a, (size_t)(i % 97) * 40 + 1);
+  for (int i = N - 1; i >= 0; i -= 2) ok &= fsdp_free(FSDP_CPU, blocks[i]) == 0;
+  for (int i = N - 2; i >= 0; i -= 2) ok &= fsdp_free(FSDP_CPU, blocks[i]) == 0;
+  CHECK(ok);
+  CHECK_OK(fsdp_memory_get_stats(FSDP_CPU, &b));
+  CHECK(b.allocated == a.allocated && b.frees == a.frees + 3 + N);
+  CHECK_FAILS(fsdp_memory_get_stats(7, &b), FSDP_EINVAL, "unknown device 7");
+}
+
 int main(void) {
+  test_caching();
   test_tensor();
   test_memory();
   test_stream_order();

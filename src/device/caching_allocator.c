@@ -1,0 +1,302 @@
+/* caching_allocator.c: the per-device memory pools behind fsdp_alloc.
+ *
+ * Why: a training step allocates and frees the same activation and scratch
+ * sizes every step. Without a cache each large CPU block is a fresh mmap
+ * (page faults on every touch, every step) and each CUDA block a
+ * cudaMalloc/cudaFree pair (a device-wide synchronisation). So freed blocks
+ * are kept in free lists by size class and handed out again.
+ *
+ * Size classes: up to 512 bytes one class; above, four classes per power of
+ * two (2^k * 1.25, 1.5, 1.75, 2), so a block wastes at most 25%.
+ *
+ * Statistics per device: allocated (bytes as requested, in use), peak,
+ * reserved (bytes held from the backend: in use plus cached, by class),
+ * its peak, cached, call counts and cache hits. When the backend runs out,
+ * the device's cache is released and the allocation retried once.
+ *
+ * Every live block is in a hash table (pointer -> sizes), so freeing a
+ * pointer that fsdp_alloc did not hand out, or freeing twice, is an error
+ * with a message, not heap corruption. Under AddressSanitizer cached CPU
+ * blocks are poisoned, and so is the tail past the requested size, so a
+ * use after free or an overrun is still caught. FSDP_ALLOC_CACHE=0 in the
+ * environment turns caching off (every free goes to the backend).
+ *
+ * CUDA: a cached block may be reused by the next allocation at once. That is
+ * safe for memory used on one stream in issue order (compute); buffers that
+ * cross streams (full unit buffers) come from fsdp_pool, which releases them
+ * stream-ordered. Thread-safe: one mutex per device. */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../base/error.h"
+#include "device_impl.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#define POISON(p, n) ASAN_POISON_MEMORY_REGION((p), (n))
+#define UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION((p), (n))
+#else
+#define POISON(p, n) ((void)(p), (void)(n))
+#define UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
+
+#define NCLASS 232 /* class indices for sizes up to 2^64 */
+#define NDEV 2     /* FSDP_CPU, FSDP_CUDA */
+
+typedef struct {
+  void **v;
+  int n, cap;
+} stack;
+
+typedef struct {
+  void *ptr; /* NULL: empty slot */
+  size_t block, requested;
+} entry;
+
+typedef struct {
+  pthread_mutex_t mu;
+  stack free_list[NCLASS];
+  entry *live;
+  size_t live_cap, live_n;
+  fsdp_memory_stats st;
+} cache;
+
+static cache caches[NDEV] = {{.mu = PTHREAD_MUTEX_INITIALIZER}, {.mu = PTHREAD_MUTEX_INITIALIZER}};
+static int cache_enabled = -1; /* read from the environment once */
+
+static const char *dev_name(int device) { return device == FSDP_CUDA ? "cuda" : "cpu"; }
+
+/* the block size of class k: 512, then 2^e * (1 + j/4) for j = 1..4 */
+static size_t class_bytes(int k) {
+  if (k == 0) return 512;
+  int e = (k - 1) / 4 + 9, j = (k - 1) % 4 + 1;
+  return ((size_t)1 << e) + (size_t)j * ((size_t)1 << (e - 2));
+}
+
+/* the class of a request of `bytes`, and its block size */
+static int size_class(size_t bytes, size_t *block) {
+  int k = 0;
+  if (bytes > 512) {
+    int e = 63 - __builtin_clzll((unsigned long long)(bytes - 1)); /* 2^e < bytes <= 2^(e+1), e >= 9 */
+    size_t step = (size_t)1 << (e - 2);
+    k = (e - 9) * 4 + (int)((bytes - ((size_t)1 << e) + step - 1) / step);
+  }
+  *block = class_bytes(k);
+  return k;
+}
+
+/* ---- backends ---- */
+static int backend_alloc(int device, size_t bytes, void **out) {
+  if (device == FSDP_CUDA) return fsdp_cuda_alloc(bytes, out);
+  return fsdp_host_alloc(bytes, out);
+}
+
+static void backend_free(int device, void *p, size_t bytes) {
+  if (device == FSDP_CUDA) {
+    fsdp_cuda_free(p);
+  } else {
+    UNPOISON(p, bytes);
+    fsdp_host_free(p);
+  }
+}
+
+/* ---- the live-block table: open addressing, linear probing ---- */
+static size_t slot_of(const void *p, size_t cap) {
+  uint64_t h = (uint64_t)(uintptr_t)p >> 8; /* blocks are 256-byte aligned */
+  h *= 0x9E3779B97F4A7C15ull;
+  return (size_t)(h >> 17) & (cap - 1);
+}
+
+static int live_insert(cache *c, void *p, size_t block, size_t requested);
+
+static int live_grow(cache *c) {
+  size_t old_cap = c->live_cap;
+  entry *old = c->live;
+  size_t cap = old_cap ? old_cap * 2 : 1024;
+  entry *t = calloc(cap, sizeof *t);
+  if (!t) return fsdp_fail(FSDP_ENOMEM, "alloc: cannot grow the allocator's block table to %zu entries", cap);
+  c->live = t;
+  c->live_cap = cap;
+  c->live_n = 0;
+  for (size_t i = 0; i < old_cap; i++)
+    if (old[i].ptr) live_insert(c, old[i].ptr, old[i].block, old[i].requested);
+  free(old);
+  return FSDP_OK;
+}
+
+static int live_insert(cache *c, void *p, size_t block, size_t requested) {
+  if ((c->live_n + 1) * 2 > c->live_cap) FSDP_CHECK(live_grow(c));
+  size_t i = slot_of(p, c->live_cap);
+  while (c->live[i].ptr) i = (i + 1) & (c->live_cap - 1);
+  c->live[i] = (entry){p, block, requested};
+  c->live_n++;
+  return FSDP_OK;
+}
+
+/* removes p; returns 0 when it was not there */
+static int live_remove(cache *c, const void *p, entry *out) {
+  if (!c->live_cap) return 0;
+  size_t mask = c->live_cap - 1, i = slot_of(p, c->live_cap);
+  while (c->live[i].ptr != p) {
+    if (!c->live[i].ptr) return 0;
+    i = (i + 1) & mask;
+  }
+  *out = c->live[i];
+  /* backward-shift deletion keeps probe chains intact without tombstones */
+  size_t j = i;
+  for (;;) {
+    c->live[i].ptr = NULL;
+    for (;;) {
+      j = (j + 1) & mask;
+      if (!c->live[j].ptr) {
+        c->live_n--;
+        return 1;
+      }
+      size_t home = slot_of(c->live[j].ptr, c->live_cap);
+      /* move j back to i unless its home lies cyclically in (i, j] */
+      if (i <= j ? (i < home && home <= j) : (i < home || home <= j)) continue;
+      break;
+    }
+    c->live[i] = c->live[j];
+    i = j;
+  }
+}
+
+static int push(stack *s, void *p) {
+  if (s->n == s->cap) {
+    int cap = s->cap ? s->cap * 2 : 8;
+    void **v = realloc(s->v, sizeof *v * (size_t)cap);
+    if (!v) return 0;
+    s->v = v;
+    s->cap = cap;
+  }
+  s->v[s->n++] = p;
+  return 1;
+}
+
+/* gives every cached block of the device back to the backend; c->mu held */
+static void release_cached(int device, cache *c) {
+  for (int k = 0; k < NCLASS; k++) {
+    stack *s = &c->free_list[k];
+    while (s->n) {
+      size_t block = class_bytes(k);
+      void *p = s->v[--s->n];
+      backend_free(device, p, block);
+      c->st.reserved -= (int64_t)block;
+      c->st.cached -= (int64_t)block;
+    }
+  }
+}
+
+static int caching_on(void) {
+  if (cache_enabled < 0) {
+    const char *e = getenv("FSDP_ALLOC_CACHE");
+    cache_enabled = !(e && strcmp(e, "0") == 0);
+  }
+  return cache_enabled;
+}
+
+int fsdp_cache_alloc(int device, size_t bytes, void **out) {
+  cache *c = &caches[device == FSDP_CUDA];
+  if (bytes > ((size_t)1 << 60)) return fsdp_fail(FSDP_ENOMEM, "alloc: %zu bytes on %s is more than any device has", bytes, dev_name(device));
+  size_t block;
+  int k = size_class(bytes, &block);
+  pthread_mutex_lock(&c->mu);
+  void *p = NULL;
+  int hit = 0, rc = FSDP_OK;
+  if (c->free_list[k].n) {
+    p = c->free_list[k].v[--c->free_list[k].n];
+    c->st.cached -= (int64_t)block;
+    hit = 1;
+  } else {
+    rc = backend_alloc(device, block, &p);
+    if (rc == FSDP_ENOMEM && c->st.cached > 0) { /* give the cache back and retry once */
+      release_cached(device, c);
+      rc = backend_alloc(device, block, &p);
+    }
+    if (rc < 0) {
+      pthread_mutex_unlock(&c->mu);
+      return fsdp_fail_context(rc, "%zu bytes on %s (in use %lld, reserved %lld)", bytes, dev_name(device),
+                               (long long)c->st.allocated, (long long)c->st.reserved);
+    }
+    c->st.reserved += (int64_t)block;
+    if (c->st.reserved > c->st.peak_reserved) c->st.peak_reserved = c->st.reserved;
+  }
+  if (live_insert(c, p, block, bytes) < 0) {
+    if (hit) c->st.cached += (int64_t)block, push(&c->free_list[k], p);
+    else backend_free(device, p, block), c->st.reserved -= (int64_t)block;
+    pthread_mutex_unlock(&c->mu);
+    return FSDP_ENOMEM;
+  }
+  if (device != FSDP_CUDA) {
+    UNPOISON(p, bytes);
+    POISON((char *)p + bytes, block - bytes);
+  }
+  c->st.allocated += (int64_t)bytes;
+  if (c->st.allocated > c->st.peak) c->st.peak = c->st.allocated;
+  c->st.allocs++;
+  c->st.cache_hits += hit;
+  pthread_mutex_unlock(&c->mu);
+  *out = p;
+  return FSDP_OK;
+}
+
+int fsdp_cache_free(int device, void *ptr) {
+  cache *c = &caches[device == FSDP_CUDA];
+  entry e;
+  pthread_mutex_lock(&c->mu);
+  if (!live_remove(c, ptr, &e)) {
+    pthread_mutex_unlock(&c->mu);
+    return fsdp_fail(FSDP_EINVAL, "free: %p on %s was not allocated by fsdp_alloc there, or was freed already", ptr,
+                     dev_name(device));
+  }
+  c->st.allocated -= (int64_t)e.requested;
+  c->st.frees++;
+  size_t block;
+  int k = size_class(e.requested, &block);
+  if (caching_on() && push(&c->free_list[k], ptr)) {
+    if (device != FSDP_CUDA) POISON(ptr, block);
+    c->st.cached += (int64_t)block;
+  } else {
+    backend_free(device, ptr, block);
+    c->st.reserved -= (int64_t)block;
+  }
+  pthread_mutex_unlock(&c->mu);
+  return FSDP_OK;
+}
+
+static int check_stats_device(int device, const char *what) {
+  if (device == FSDP_CPU || device == FSDP_CUDA) return FSDP_OK;
+  return fsdp_fail(FSDP_EINVAL, "%s: unknown device %d (expected 0 = cpu, 1 = cuda)", what, device);
+}
+
+int fsdp_memory_get_stats(int device, fsdp_memory_stats *out) {
+  if (!out) return fsdp_fail(FSDP_EINVAL, "memory_get_stats: NULL out");
+  FSDP_CHECK(check_stats_device(device, "memory_get_stats"));
+  cache *c = &caches[device == FSDP_CUDA];
+  pthread_mutex_lock(&c->mu);
+  *out = c->st;
+  pthread_mutex_unlock(&c->mu);
+  return FSDP_OK;
+}
+
+int fsdp_memory_reset_peak(int device) {
+  FSDP_CHECK(check_stats_device(device, "memory_reset_peak"));
+  cache *c = &caches[device == FSDP_CUDA];
+  pthread_mutex_lock(&c->mu);
+  c->st.peak = c->st.allocated;
+  c->st.peak_reserved = c->st.reserved;
+  pthread_mutex_unlock(&c->mu);
+  return FSDP_OK;
+}
+
+int fsdp_memory_empty_cache(int device) {
+  FSDP_CHECK(check_stats_device(device, "memory_empty_cache"));
+  cache *c = &caches[device == FSDP_CUDA];
+  pthread_mutex_lock(&c->mu);
+  release_cached(device, c);
+  pthread_mutex_unlock(&c->mu);
+  return FSDP_OK;
+}
