@@ -41,7 +41,8 @@ enum {
 };
 
 /* ---- dtypes, devices, reductions ------------------------------------- */
-typedef enum { FSDP_FP32 = 0, FSDP_BF16 = 1, FSDP_FP16 = 2, FSDP_FP64 = 3 } fsdp_dtype;
+/* int32: token ids and targets (not for reductions) */
+typedef enum { FSDP_FP32 = 0, FSDP_BF16 = 1, FSDP_FP16 = 2, FSDP_FP64 = 3, FSDP_INT32 = 4 } fsdp_dtype;
 typedef enum { FSDP_CPU = 0, FSDP_CUDA = 1 } fsdp_device;
 typedef enum { FSDP_SUM = 0, FSDP_AVG = 1 } fsdp_redop;
 typedef enum { FSDP_LOG_ERROR = 0, FSDP_LOG_WARN = 1, FSDP_LOG_INFO = 2, FSDP_LOG_DEBUG = 3 } fsdp_log_level;
@@ -327,6 +328,13 @@ int fsdp_unit_step(fsdp_unit *u, int64_t step, const fsdp_adamw_config *cfg, flo
 int fsdp_unit_step_sgd(fsdp_unit *u, int64_t step, float lr, float momentum, float weight_decay, float grad_scale);
 /* Drop the reduced grads without a step (e.g. non-finite grads somewhere). */
 int fsdp_unit_zero_grad(fsdp_unit *u);
+/* A view (no copy) of parameter i inside the unit's full buffers, shaped
+ * (ndim, shape) with numel equal to the parameter's: which = FSDP_VIEW_PARAM
+ * for its compute-dtype values (zero 3: after unshard + wait, until
+ * reshard), FSDP_VIEW_GRAD for its full gradient (after fsdp_unit_grads,
+ * until reduce). ESTATE while the buffer is not there. */
+typedef enum { FSDP_VIEW_PARAM = 0, FSDP_VIEW_GRAD = 1 } fsdp_unit_view_kind;
+int fsdp_unit_param_view(fsdp_unit *u, int param, int which, int ndim, const int64_t *shape, fsdp_tensor *out);
 
 /* Bytes this rank keeps resident for the unit, per buffer (full buffers
  * borrowed from the pools are not counted: the pools own them). */

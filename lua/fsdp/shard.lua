@@ -64,7 +64,8 @@ function M.fully_shard(model, opts)
     end
     u.modules[#u.modules + 1] = m
     for _, p in ipairs(m.params) do
-      u.params[#u.params + 1] = { module = m, spec = p, name = (path == "" and "" or path .. ".") .. p.name }
+      u.params[#u.params + 1] = { module = m, spec = p, name = (path == "" and "" or path .. ".") .. p.name,
+        index = #u.params + 1 }
     end
     s.unit_of[m] = u
     s.order[#s.order + 1] = m
@@ -146,9 +147,15 @@ local function bind(s, m, with_grads)
   for _, p in ipairs(u.params) do
     if p.module == m then
       local name, n = p.spec.name, p.spec.numel
-      if s.param_dtype == "fp32" then
-        m.bound[name] = ffi.cast("float *", w) + p.offset
-        if g then m.grad[name] = ffi.cast("float *", g) + p.offset end
+      if s.param_dtype == "fp32" then -- views into the unit's full buffers (no copy)
+        local v = ffi.new("fsdp_tensor")
+        local shape = ffi.new("int64_t[1]", n)
+        check(C.fsdp_unit_param_view(u.handle, p.index - 1, C.FSDP_VIEW_PARAM, 1, shape, v), "bind '" .. p.name .. "'")
+        m.bound[name] = ffi.cast("float *", v.data)
+        if g then
+          check(C.fsdp_unit_param_view(u.handle, p.index - 1, C.FSDP_VIEW_GRAD, 1, shape, v), "bind '" .. p.name .. "' grad")
+          m.grad[name] = ffi.cast("float *", v.data)
+        end
       else
         local sc = m.scratch[name] or { w = tensor.new(n), g = tensor.new(n) }
         m.scratch[name] = sc

@@ -1,4 +1,4 @@
--- fsdp.tensor: contiguous buffers of fp32/bf16/fp16/fp64 elements, 1 to 4-D,
+-- fsdp.tensor: contiguous buffers of fp32/bf16/fp16/fp64/int32 elements, 1 to 4-D,
 -- on the CPU or a GPU, allocated by the engine. Freed by the garbage
 -- collector or, at once, by t:free() (idempotent).
 local base = require "fsdp.ffi"
@@ -8,15 +8,15 @@ local M = {}
 local Tensor = {}
 Tensor.__index = Tensor
 
-local dtypes = { fp32 = C.FSDP_FP32, bf16 = C.FSDP_BF16, fp16 = C.FSDP_FP16, fp64 = C.FSDP_FP64 }
+local dtypes = { fp32 = C.FSDP_FP32, bf16 = C.FSDP_BF16, fp16 = C.FSDP_FP16, fp64 = C.FSDP_FP64, int32 = C.FSDP_INT32 }
 local dtype_names = {}
 for k, v in pairs(dtypes) do dtype_names[tonumber(v)] = k end
-local ctypes = { fp32 = "float *", bf16 = "uint16_t *", fp16 = "uint16_t *", fp64 = "double *" }
+local ctypes = { fp32 = "float *", bf16 = "uint16_t *", fp16 = "uint16_t *", fp64 = "double *", int32 = "int32_t *" }
 local devices = { cpu = C.FSDP_CPU, cuda = C.FSDP_CUDA }
 
 function M.dtype(name)
   local v = dtypes[name]
-  if not v then error(string.format("unknown dtype '%s' (expected fp32, bf16, fp16 or fp64)", tostring(name)), 2) end
+  if not v then error(string.format("unknown dtype '%s' (expected fp32, bf16, fp16, fp64 or int32)", tostring(name)), 2) end
   return v
 end
 

@@ -12,6 +12,7 @@ size_t fsdp_dtype_size(int dtype) {
     case FSDP_BF16: return 2;
     case FSDP_FP16: return 2;
     case FSDP_FP64: return 8;
+    case FSDP_INT32: return 4;
     default: return 0;
   }
 }
@@ -22,6 +23,7 @@ const char *fsdp_dtype_name(int dtype) {
     case FSDP_BF16: return "bf16";
     case FSDP_FP16: return "fp16";
     case FSDP_FP64: return "fp64";
+    case FSDP_INT32: return "int32";
     default: return "?";
   }
 }
@@ -30,10 +32,10 @@ int fsdp_dtype_from_name(const char *name) {
   if (!name) return fsdp_fail(FSDP_EINVAL, "dtype: NULL name");
   static const struct { const char *n; int d; } tab[] = {
       {"fp32", FSDP_FP32}, {"float32", FSDP_FP32}, {"bf16", FSDP_BF16}, {"bfloat16", FSDP_BF16},
-      {"fp16", FSDP_FP16}, {"float16", FSDP_FP16}, {"fp64", FSDP_FP64}, {"float64", FSDP_FP64}};
+      {"fp16", FSDP_FP16}, {"float16", FSDP_FP16}, {"fp64", FSDP_FP64}, {"float64", FSDP_FP64}, {"int32", FSDP_INT32}};
   for (size_t i = 0; i < sizeof tab / sizeof tab[0]; i++)
     if (!strcmp(tab[i].n, name)) return tab[i].d;
-  return fsdp_fail(FSDP_EINVAL, "unknown dtype '%s' (expected fp32, bf16, fp16 or fp64)", name);
+  return fsdp_fail(FSDP_EINVAL, "unknown dtype '%s' (expected fp32, bf16, fp16, fp64 or int32)", name);
 }
 
 static uint32_t f32_bits(float f) {
@@ -85,6 +87,7 @@ static double load(const void *p, int dt, size_t i) {
     case FSDP_FP32: return ((const float *)p)[i];
     case FSDP_BF16: return fsdp_bf16_to_f32(((const uint16_t *)p)[i]);
     case FSDP_FP16: return fsdp_fp16_to_f32(((const uint16_t *)p)[i]);
+    case FSDP_INT32: return ((const int32_t *)p)[i];
     default: return ((const double *)p)[i];
   }
 }
@@ -94,6 +97,9 @@ static void store(void *p, int dt, size_t i, double v) {
     case FSDP_FP32: ((float *)p)[i] = (float)v; break;
     case FSDP_BF16: ((uint16_t *)p)[i] = fsdp_f32_to_bf16((float)v); break;
     case FSDP_FP16: ((uint16_t *)p)[i] = fsdp_f32_to_fp16((float)v); break;
+    case FSDP_INT32: /* truncates like a C cast; NaN -> 0, out of range saturates (a bare cast is UB) */
+      ((int32_t *)p)[i] = v != v ? 0 : v >= 2147483647.0 ? INT32_MAX : v <= -2147483648.0 ? INT32_MIN : (int32_t)v;
+      break;
     default: ((double *)p)[i] = v; break;
   }
 }

@@ -64,7 +64,7 @@ int fsdp_comm_set_timeout(fsdp_comm *c, double seconds) {
 static int check_buffer(const fsdp_comm *c, const char *op, const char *which, const void *p, size_t count,
                         size_t mult, int dtype) {
   size_t es = fsdp_dtype_size(dtype);
-  if (!es || dtype == FSDP_FP64)
+  if (!es || dtype == FSDP_FP64 || dtype == FSDP_INT32)
     return fsdp_fail(FSDP_EINVAL, "%s on '%s': %s dtype %d is not one of fp32, bf16, fp16", op, c->name,
                      which, dtype);
   if (count && mult && count > SIZE_MAX / mult / es)

@@ -240,6 +240,28 @@ int fsdp_unit_reshard(fsdp_unit *u, fsdp_stream *compute) {
   return rc;
 }
 
+int fsdp_unit_param_view(fsdp_unit *u, int param, int which, int ndim, const int64_t *shape, fsdp_tensor *out) {
+  if (!u || !out) return fsdp_fail(FSDP_EINVAL, "unit_param_view: NULL unit or out");
+  if (param < 0 || param >= u->np)
+    return fsdp_fail(FSDP_EINVAL, "unit '%s': parameter %d does not exist (it has %d)", u->name, param, u->np);
+  if (which != FSDP_VIEW_PARAM && which != FSDP_VIEW_GRAD)
+    return fsdp_fail(FSDP_EINVAL, "unit '%s': view kind %d (expected FSDP_VIEW_PARAM or FSDP_VIEW_GRAD)", u->name, which);
+  void *buf = which == FSDP_VIEW_PARAM ? fsdp_unit_params(u) : (u->cfg.zero <= 1 ? u->gfull : u->gbuf);
+  if (!buf)
+    return fsdp_fail(FSDP_ESTATE, "unit '%s': the full %s are not there (%s first)", u->name,
+                     which == FSDP_VIEW_PARAM ? "params" : "grads",
+                     which == FSDP_VIEW_PARAM ? "unshard and wait" : "take the grad buffer with fsdp_unit_grads");
+  /* the whole flat buffer as a tensor, then the parameter's range of it */
+  fsdp_tensor flat = {.data = buf, .dtype = u->cfg.compute_dtype, .device = FSDP_CPU, .ndim = 1, .owns = 0,
+                      .shape = {u->T, 1, 1, 1}};
+  int64_t numel = 1;
+  for (int i = 0; shape && i < ndim && i < 4; i++) numel *= shape[i];
+  if (shape && ndim >= 1 && ndim <= 4 && numel != u->numels[param])
+    return fsdp_fail(FSDP_EINVAL, "unit '%s': parameter %d has %lld elements; the view's shape has %lld", u->name, param,
+                     (long long)u->numels[param], (long long)numel);
+  return fsdp_tensor_view(out, &flat, fsdp_layout_param_offset(u->layout, param), ndim, shape);
+}
+
 /* ---- backward: grads ---- */
 
 int fsdp_unit_grads(fsdp_unit *u, fsdp_stream *compute, void **out) {

@@ -113,6 +113,15 @@ static void test_dtypes(void) {
   CHECK_OK(fsdp_convert(f, FSDP_FP32, bf, FSDP_BF16, 5));
   for (int i = 0; i < 5; i++) CHECK(fabs(f[i] - src[i]) <= fabs(src[i]) / 256);
   CHECK_FAILS(fsdp_convert(f, 17, src, FSDP_FP64, 5), FSDP_EINVAL, "unknown dtype");
+  { /* int32: token ids; conversions truncate, NaN -> 0, saturate at the ends */
+    double d[5] = {3.9, -2.5, 0.0 / 0.0, 1e12, -1e12};
+    int32_t iv[5];
+    CHECK(fsdp_dtype_size(FSDP_INT32) == 4 && fsdp_dtype_from_name("int32") == FSDP_INT32);
+    CHECK_OK(fsdp_convert(iv, FSDP_INT32, d, FSDP_FP64, 5));
+    CHECK(iv[0] == 3 && iv[1] == -2 && iv[2] == 0 && iv[3] == INT32_MAX && iv[4] == INT32_MIN);
+    CHECK_OK(fsdp_convert(d, FSDP_FP64, iv, FSDP_INT32, 2));
+    CHECK(d[0] == 3.0 && d[1] == -2.0);
+  }
   /* accumulate rounds once: bf16 1 + fp32 2^-9 stays 1 (half an ulp of 1 is 2^-8) */
   uint16_t acc[2] = {fsdp_f32_to_bf16(1.0f), fsdp_f32_to_bf16(1.0f)};
   float add[2] = {1.0f / 512, 3.0f / 256};

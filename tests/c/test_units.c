@@ -131,12 +131,27 @@ static void run(fsdp_comm *shard, fsdp_comm *outer, int zero, int K, int hfsdp, 
         float *g = NULL;
         CHECK_OK(fsdp_unit_grads(units[u], NULL, (void **)&g));
         if (!w || !g) return;
-        for (int p = 0; p < unit_np[u]; p++) {
-          int64_t off = fsdp_layout_param_offset(fsdp_unit_layout(units[u]), p);
+        for (int p = 0; p < unit_np[u]; p++) { /* through per-parameter views */
+          fsdp_tensor pv, gv;
+          int64_t shape[1] = {P[u][p].n};
+          CHECK_OK(fsdp_unit_param_view(units[u], p, FSDP_VIEW_PARAM, 1, shape, &pv));
+          CHECK_OK(fsdp_unit_param_view(units[u], p, FSDP_VIEW_GRAD, 1, shape, &gv));
+          if (!pv.data || !gv.data) return;
+          const float *pw = pv.data;
+          float *pg = gv.data;
           for (int64_t i = 0; i < P[u][p].n; i++)
-            g[off + i] += (float)(coef(i) * ((double)w[off + i] - target(R, k, t, u, p, i)));
+            pg[i] += (float)(coef(i) * ((double)pw[i] - target(R, k, t, u, p, i)));
         }
         CHECK_OK(fsdp_unit_reshard(units[u], NULL));
+        if (t == 1 && k == 0) { /* misuse: a sharded unit, a wrong shape, a missing param */
+          fsdp_tensor v;
+          int64_t wrong[2] = {P[u][0].n, 2};
+          if (zero == 3)
+            CHECK_FAILS(fsdp_unit_param_view(units[u], 0, FSDP_VIEW_PARAM, 1, wrong, &v), FSDP_ESTATE, "unshard and wait");
+          else
+            CHECK_FAILS(fsdp_unit_param_view(units[u], 0, FSDP_VIEW_PARAM, 2, wrong, &v), FSDP_EINVAL, "the view's shape has");
+          CHECK_FAILS(fsdp_unit_param_view(units[u], 9, FSDP_VIEW_GRAD, 1, wrong, &v), FSDP_EINVAL, "does not exist");
+        }
         CHECK_OK(fsdp_unit_reduce(units[u], NULL, k == K - 1));
       }
     }
