@@ -333,6 +333,13 @@ int fsdp_unit_zero_grad(fsdp_unit *u);
  * for its compute-dtype values (zero 3: after unshard + wait, until
  * reshard), FSDP_VIEW_GRAD for its full gradient (after fsdp_unit_grads,
  * until reduce). ESTATE while the buffer is not there. */
+/* When the unit's last all-gather and last reduction (over the shard group)
+ * began and ended on the comm stream, in fsdp_time_now() seconds (0: none
+ * yet). Read after waiting for that work (unit_wait, unit_synchronize). */
+typedef struct fsdp_unit_times {
+  double gather_begin, gather_end, reduce_begin, reduce_end;
+} fsdp_unit_times;
+int fsdp_unit_times_get(const fsdp_unit *u, fsdp_unit_times *out);
 typedef enum { FSDP_VIEW_PARAM = 0, FSDP_VIEW_GRAD = 1 } fsdp_unit_view_kind;
 int fsdp_unit_param_view(fsdp_unit *u, int param, int which, int ndim, const int64_t *shape, fsdp_tensor *out);
 

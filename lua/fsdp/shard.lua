@@ -178,10 +178,23 @@ local function flush_grads(m)
   m.flush = nil
 end
 
--- opts.trace (a table) collects the schedule as it is issued:
--- {op = "unshard" | "compute" | "reduce", unit = name, phase = ...}
+-- opts.trace (a table) collects the schedule in the order it is issued:
+-- {op = "unshard" | "compute" | "reduce", unit = name, phase = ...}, with
+-- times (fsdp.now() seconds): compute t0, t1 on this thread; unshard and
+-- reduce begin, finish: when the comm stream ran the all-gather or the
+-- reduction (filled in once that work has been waited for).
 local function trace(s, op, u, phase)
-  if s.trace then s.trace[#s.trace + 1] = { op = op, unit = u.name, phase = phase } end
+  if not s.trace then return nil end
+  local e = { op = op, unit = u.name, phase = phase }
+  s.trace[#s.trace + 1] = e
+  return e
+end
+
+local times = ffi.new("fsdp_unit_times")
+local function comm_times(u, e, which)
+  if not e then return end
+  check(C.fsdp_unit_times_get(u.handle, times), "unit '" .. u.name .. "' times")
+  e.begin, e.finish = times[which .. "_begin"], times[which .. "_end"]
 end
 
 -- zero 3: start gathering u's params unless already there (or at the
@@ -191,7 +204,7 @@ local function unshard(u, s)
   check(rc, "unit '" .. u.name .. "' unshard")
   if rc == 0 and not u.gathered and s and u.zero == 3 then
     u.gathered = true
-    trace(s, "unshard", u)
+    u.gather_trace = trace(s, "unshard", u)
   end
   return rc == 0
 end
@@ -222,20 +235,24 @@ function Ctx:enter(m, phase)
       if not nxt or not unshard(nxt, s) then break end
     end
     check(C.fsdp_unit_wait(u.handle, nil), "unit '" .. u.name .. "' wait")
+    comm_times(u, u.gather_trace, "gather")
+    u.gather_trace = nil
     self.cur = u
   end
   bind(s, m, not forward)
-  trace(s, "compute", u, phase)
+  local e = trace(s, "compute", u, phase)
+  if e then e.t0 = C.fsdp_time_now(); self.computing = e end
 end
 
 function Ctx:leave(m, phase)
+  if self.computing then self.computing.t1 = C.fsdp_time_now(); self.computing = nil end
   local u = self.s.unit_of[m]
   if phase == "backward" and u then flush_grads(m) end
   if phase == "backward" and u and u.first == m then
     if u.zero == 3 then reshard(u) end
     self.cur = nil
     check(C.fsdp_unit_reduce(u.handle, nil, self.sync and 1 or 0), "unit '" .. u.name .. "' reduce")
-    trace(self.s, "reduce", u)
+    u.reduce_trace = trace(self.s, "reduce", u)
   end
 end
 
@@ -266,6 +283,8 @@ function Sharded:train_step(batches, opt)
   local sums = tensor.new(2 * nu + 1)
   for i, u in ipairs(self.units) do
     check(C.fsdp_unit_synchronize(u.handle), "unit '" .. u.name .. "' synchronize")
+    comm_times(u, u.reduce_trace, "reduce")
+    u.reduce_trace = nil
     local sq, bad = ffi.new("double[1]"), ffi.new("int64_t[1]")
     check(C.fsdp_unit_grad_sumsq(u.handle, sq, bad), "grad norm")
     sums:set(i - 1, sq[0])

@@ -42,6 +42,7 @@ struct fsdp_unit {
   int pslot, gslot;
   void *pbuf, *gbuf;
   fsdp_event *gathered, *ready;
+  fsdp_unit_times times; /* written on the comm stream, read after it is waited for */
 };
 
 /* ---- host steps enqueued behind collectives ---- */
@@ -81,6 +82,20 @@ static int enqueue_host(fsdp_stream *s, int kind, void *dst, const void *src, in
   if (!o) return fsdp_fail(FSDP_ENOMEM, "unit: out of memory");
   *o = (host_op){kind, dst, src, dtype, n};
   return fsdp_cpu_stream_enqueue(s, run_host_op, o, free);
+}
+
+/* the comm stream writes the time it reaches this point (the schedule's
+ * evidence of overlap in time, not only in issue order) */
+static int stamp(void *arg) {
+  *(double *)arg = fsdp_time_now();
+  return FSDP_OK;
+}
+static int enqueue_stamp(fsdp_stream *s, double *where) { return fsdp_cpu_stream_enqueue(s, stamp, where, NULL); }
+
+int fsdp_unit_times_get(const fsdp_unit *u, fsdp_unit_times *out) {
+  if (!u || !out) return fsdp_fail(FSDP_EINVAL, "unit_times_get: NULL argument");
+  *out = u->times;
+  return FSDP_OK;
 }
 
 static void cast_out(void *dst, int dtype, const float *src, int64_t n) {
@@ -219,7 +234,9 @@ int fsdp_unit_unshard(fsdp_unit *u) {
   fsdp_stream *cs = u->shard->stream;
   int rc = fsdp_pool_acquire(u->ppool, (size_t)u->T * u->ces, cs, &u->pslot, &u->pbuf);
   if (rc != FSDP_OK) return rc; /* 1: at the bound */
+  FSDP_CHECK(enqueue_stamp(cs, &u->times.gather_begin));
   FSDP_CHECK(fsdp_comm_all_gather(u->shard, u->pbuf, u->cshard, (size_t)u->S, u->cfg.compute_dtype));
+  FSDP_CHECK(enqueue_stamp(cs, &u->times.gather_end));
   return fsdp_event_record(u->gathered, cs);
 }
 
@@ -298,6 +315,7 @@ int fsdp_unit_reduce(fsdp_unit *u, fsdp_stream *compute, int sync) {
   if (z >= 2 && u->gslot < 0) return fsdp_fail(FSDP_ESTATE, "unit '%s': reduce() without grads()", u->name);
   FSDP_CHECK(fsdp_event_record(u->ready, compute));
   FSDP_CHECK(fsdp_stream_wait_event(c->stream, u->ready));
+  FSDP_CHECK(enqueue_stamp(c->stream, &u->times.reduce_begin));
   size_t gbytes = (size_t)u->T * u->ces;
   if (z == 0) {
     if (u->cfg.reduce_dtype == FSDP_FP32) {
@@ -318,6 +336,7 @@ int fsdp_unit_reduce(fsdp_unit *u, fsdp_stream *compute, int sync) {
     u->gslot = -1;
     u->gbuf = NULL;
   }
+  FSDP_CHECK(enqueue_stamp(c->stream, &u->times.reduce_end));
   if (sync && u->outer) { /* HSDP: the grad shards agree across replicas */
     FSDP_CHECK(fsdp_event_record(u->ready, c->stream));
     FSDP_CHECK(fsdp_stream_wait_event(u->outer->stream, u->ready));

@@ -20,6 +20,7 @@ int main(void) {
   SIZE(fsdp_memory_stats);
   SIZE(fsdp_tensor);
   SIZE(fsdp_unit_config);
+  SIZE(fsdp_unit_times);
   printf("},\noffsets = {\n");
   OFF(fsdp_proc_info, rank);
   OFF(fsdp_proc_info, size);

@@ -177,6 +177,41 @@ do
   m:free()
 end
 
+-- ... and in time: with compute slowed to 40 ms per module, the comm
+-- stream's timestamps show unit 2's all-gather running while unit 0
+-- computes, and unit 4's reduce-scatter running while unit 2 runs its
+-- backward (compared on one rank's monotonic clock)
+do
+  local ffi = require "ffi"
+  pcall(ffi.cdef, "int usleep(unsigned int usec);")
+  local function slow(m)
+    for _, c in ipairs(m.children) do
+      if c.kind == "Linear" then
+        local f, b = c.forward, c.backward
+        c.forward = function(self, ctx, x) local y = f(self, ctx, x); ffi.C.usleep(40000); return y end
+        c.backward = function(self, ctx, dy) local dx = b(self, ctx, dy); ffi.C.usleep(40000); return dx end
+      end
+    end
+    return m
+  end
+  local tr = {}
+  local m = fsdp.fully_shard(slow(mlp()), { shard = dp, units = { "Linear" }, zero = 3, trace = tr })
+  m:train_step({ batch(R, 1, 1) }, opt)
+  local ev = {}
+  for _, e in ipairs(tr) do
+    local key = e.op .. ":" .. e.unit .. ":" .. (e.phase or "")
+    if not ev[key] then ev[key] = e end
+  end
+  local g0, g2, c0 = ev["unshard:0:"], ev["unshard:2:"], ev["compute:0:forward"]
+  local r4, c4b, c2b = ev["reduce:4:"], ev["compute:4:backward"], ev["compute:2:backward"]
+  local function fmt(e, a, b) return string.format("[%.4f, %.4f]", e[a] - g0.begin, e[b] - g0.begin) end
+  check(g2.begin >= g0.finish and g2.begin < c0.t1 and g2.finish <= c0.t1,
+    "unit 2's all-gather " .. fmt(g2, "begin", "finish") .. " ran within unit 0's forward " .. fmt(c0, "t0", "t1"))
+  check(r4.begin >= c4b.t1 - 1e-3 and r4.begin < c2b.t1 and r4.finish <= c2b.t1,
+    "unit 4's reduce-scatter " .. fmt(r4, "begin", "finish") .. " ran within unit 2's backward " .. fmt(c2b, "t0", "t1"))
+  m:free()
+end
+
 -- prefetch depth: with 4 buffers and depth 2 both following units are
 -- gathered before unit 0 computes; with 2 buffers the bound stops it at one
 do
