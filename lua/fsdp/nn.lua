@@ -24,17 +24,29 @@ local Linear = class("Linear")
 nn.Linear = function(inp, out, opts)
   opts = opts or {}
   local m = setmetatable({ inp = inp, out = out }, Linear)
-  m.params = { { name = "weight", numel = inp * out, init = { "normal", 0, opts.std or 0.02 } } }
+  m.params = { { name = "weight", numel = inp * out, shape = { out, inp }, init = { "normal", 0, opts.std or 0.02 } } }
   if opts.bias ~= false then
-    m.params[2] = { name = "bias", numel = out, init = { "constant", 0 }, no_decay = true }
+    m.params[2] = { name = "bias", numel = out, shape = { out }, init = { "constant", 0 }, no_decay = true }
   end
   return m
 end
 
+-- the input's shape with its last dimension replaced
+local function with_last(shape, d)
+  local s = {}
+  for i = 1, #shape - 1 do s[i] = shape[i] end
+  s[#s + 1] = d
+  return s
+end
+nn.with_last = with_last
+
 function Linear:forward(ctx, x)
   local n = x:numel() / self.inp
-  if n % 1 ~= 0 then error(string.format("Linear(%d -> %d): input has %d elements, not a multiple of %d", self.inp, self.out, x:numel(), self.inp), 2) end
-  local y = tensor.new({ n, self.out })
+  if n % 1 ~= 0 or x.shape[#x.shape] ~= self.inp then
+    error(string.format("Linear(%d -> %d): input of shape %s does not end in %d", self.inp, self.out,
+      table.concat(x.shape, "x"), self.inp), 2)
+  end
+  local y = tensor.new(with_last(x.shape, self.out))
   check(C.fsdp_linear_forward(y:ptr(), x:ptr(), self.bound.weight, self.bound.bias, n, self.inp, self.out), "Linear forward")
   self.saved = x
   return y
@@ -43,7 +55,7 @@ end
 function Linear:backward(ctx, dy)
   local x = self.saved
   local n = x:numel() / self.inp
-  local dx = tensor.new({ n, self.inp })
+  local dx = tensor.new(x.shape)
   check(C.fsdp_linear_backward(dx:ptr(), self.grad.weight, self.grad.bias, dy:ptr(), x:ptr(), self.bound.weight, n,
     self.inp, self.out), "Linear backward")
   self.saved = nil
@@ -95,14 +107,80 @@ function Sequential:backward(ctx, dy)
   return dy
 end
 
--- Depth-first walk: fn(module, path) for every module; children of a
--- Sequential are named by their position from 0, as in PyTorch.
+-- Depth-first walk in model order: fn(module, path) for every module. A
+-- module's children are named by m.child_names[i] when it has them (as
+-- Hugging Face names submodules), else by their position from 0 (PyTorch's
+-- Sequential). fn may return false to skip a module's children.
 function nn.walk(m, fn, path)
   path = path or ""
-  fn(m, path)
+  if fn(m, path) == false then return end
+  local names = m.child_names
   for i, c in ipairs(m.children or {}) do
-    nn.walk(c, fn, path == "" and tostring(i - 1) or (path .. "." .. (i - 1)))
+    local name = names and names[i] or tostring(i - 1)
+    nn.walk(c, fn, path == "" and name or (path .. "." .. name))
   end
+end
+
+-- Runs child c of m under the schedule's hooks (unshard, bind, reduce).
+function nn.call(ctx, c, phase, x)
+  ctx:enter(c, phase)
+  local y
+  if phase == "backward" then y = c:backward(ctx, x) else y = c:forward(ctx, x) end
+  ctx:leave(c, phase)
+  return y
+end
+nn.plain = plain
+
+---------------------------------------------------------------- Embedding
+local Embedding = class("Embedding")
+nn.Embedding = function(vocab, dim, opts)
+  opts = opts or {}
+  local m = setmetatable({ vocab = vocab, dim = dim, params = {} }, Embedding)
+  m.params[1] = { name = "weight", numel = vocab * dim, shape = { vocab, dim }, init = { "normal", 0, opts.std or 0.02 } }
+  return m
+end
+
+-- ids: an int32 tensor {B, T}; returns {B, T, dim}
+function Embedding:forward(ctx, ids)
+  if ids.dtype ~= "int32" then error("Embedding: token ids must be an int32 tensor, got " .. ids.dtype, 2) end
+  local y = tensor.new({ ids.shape[1], ids.shape[2] or 1, self.dim })
+  check(C.fsdp_embedding_forward(y:ptr(), ids:ptr(), self.bound.weight, ids:numel(), self.vocab, self.dim), "Embedding forward")
+  self.saved = ids
+  return y
+end
+
+function Embedding:backward(ctx, dy)
+  local ids = self.saved
+  check(C.fsdp_embedding_backward(self.grad.weight, dy:ptr(), ids:ptr(), ids:numel(), self.vocab, self.dim), "Embedding backward")
+  self.saved = nil
+  return nil -- no gradient for token ids
+end
+
+---------------------------------------------------------------- RMSNorm
+local RMSNorm = class("RMSNorm")
+nn.RMSNorm = function(dim, eps)
+  local m = setmetatable({ dim = dim, eps = eps or 1e-6, params = {} }, RMSNorm)
+  m.params[1] = { name = "weight", numel = dim, shape = { dim }, init = { "constant", 1 }, no_decay = true }
+  return m
+end
+
+function RMSNorm:forward(ctx, x)
+  local n = x:numel() / self.dim
+  local y, rstd = tensor.new(x.shape), tensor.new(n)
+  check(C.fsdp_rmsnorm_forward(y:ptr(), rstd:ptr(), x:ptr(), self.bound.weight, n, self.dim, self.eps), "RMSNorm forward")
+  self.saved = { x = x, rstd = rstd }
+  return y
+end
+
+function RMSNorm:backward(ctx, dy)
+  local s = self.saved
+  local n = s.x:numel() / self.dim
+  local dx = tensor.new(s.x.shape)
+  check(C.fsdp_rmsnorm_backward(dx:ptr(), self.grad.weight, dy:ptr(), s.x:ptr(), self.bound.weight, s.rstd:ptr(), n,
+    self.dim), "RMSNorm backward")
+  s.rstd:free()
+  self.saved = nil
+  return dx
 end
 
 -- mean squared error and its gradient (scaled, e.g. by 1 / micro-batches)

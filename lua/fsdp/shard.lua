@@ -46,12 +46,11 @@ function M.fully_shard(model, opts)
     prefetch = opts.prefetch or 1, hfsdp = opts.hfsdp and true or false }, Sharded)
   if s.hfsdp and not opts.outer then error("fully_shard: hfsdp shards the optimizer over opts.outer, which is missing", 2) end
   if s.prefetch < 0 or s.prefetch % 1 ~= 0 then error("fully_shard: prefetch = " .. tostring(s.prefetch) .. "; expected an integer >= 0", 2) end
-  -- assign each module with parameters to a unit, in model order
+  -- assign each module with parameters to a unit, in model order: the
+  -- policy's unit for the module, else the unit of its nearest ancestor the
+  -- policy named (a decoder layer's linears join the layer's unit), else "root"
   local by_name = {}
-  nn.walk(model, function(m, path)
-    if #m.params == 0 then return end
-    local uname, uopts = policy(m, path)
-    uname = uname or "root"
+  local function add(m, path, uname, uopts)
     local u = by_name[uname]
     if not u then
       local uz = uopts and uopts.zero or zero
@@ -69,6 +68,20 @@ function M.fully_shard(model, opts)
     end
     s.unit_of[m] = u
     s.order[#s.order + 1] = m
+  end
+  -- one walk in model order; a module's unit comes from the nearest policy
+  -- decision on its path
+  local decided = {}
+  nn.walk(model, function(m, path)
+    local parent = decided[path:match("^(.*)%.[^.]*$") or (path ~= "" and "" or nil) or false]
+    local uname, uopts = policy(m, path)
+    if uname ~= nil and type(uname) ~= "string" then
+      error(string.format("fully_shard: the units policy returned a %s for module '%s' (%s); expected a unit name or nil",
+        type(uname), path, tostring(m.kind)), 4)
+    end
+    local d = uname and { name = uname, opts = uopts } or parent
+    decided[path] = d
+    if #(m.params or {}) > 0 then add(m, path, d and d.name or "root", d and d.opts) end
   end)
   -- a unit is reduced after the backward of its first module (in model order)
   for _, u in ipairs(s.units) do u.first = u.modules[1] end
@@ -222,6 +235,9 @@ function Ctx:enter(m, phase)
   local s = self.s
   local u = s.unit_of[m]
   if not u then return end
+  -- phases: "forward", "backward", and "recompute" (activation
+  -- checkpointing re-runs a unit's forward inside its backward: params
+  -- bound, no grads, prefetching in the backward direction)
   local forward = phase == "forward"
   if self.cur ~= u then
     if self.cur and self.cur.zero == 3 then reshard(self.cur) end
@@ -239,7 +255,7 @@ function Ctx:enter(m, phase)
     u.gather_trace = nil
     self.cur = u
   end
-  bind(s, m, not forward)
+  bind(s, m, phase == "backward")
   local e = trace(s, "compute", u, phase)
   if e then e.t0 = C.fsdp_time_now(); self.computing = e end
 end
@@ -257,7 +273,9 @@ function Ctx:leave(m, phase)
 end
 
 -- One optimizer step over micro-batches {{x = tensor, y = tensor}, ...}:
--- forward, MSE loss, backward per micro-batch, reduce, clip, AdamW.
+-- forward, loss, backward per micro-batch, reduce, clip, AdamW.
+-- opt.loss(y, batch, scale) -> loss, dy (default: MSE against batch.y);
+-- scale is 1 / micro-batches, for dy.
 -- Returns the loss averaged over micro-batches and data-parallel ranks, the
 -- global grad norm, and, when some gradient was not finite, a message naming
 -- the units (the step is then skipped on every rank; the step counter does
@@ -270,12 +288,17 @@ function Sharded:train_step(batches, opt)
   live(self, "train_step")
   opt = opt or {}
   local K, total = #batches, 0
+  local lossfn = opt.loss or function(y, b, scale) return nn.mse(y, b.y, scale) end
   for k, b in ipairs(batches) do
     local ctx = setmetatable({ s = self, sync = k == K }, Ctx)
     local y = self.model:forward(ctx, b.x)
-    local loss, dy = nn.mse(y, b.y, 1 / K)
+    local loss, dy = lossfn(y, b, 1 / K)
     total = total + loss / K
     self.model:backward(ctx, dy)
+    -- activations are engine memory behind small Lua proxies: collect them
+    -- now so that the pool reuses their blocks in the next micro-batch
+    y, dy = nil, nil
+    collectgarbage()
   end
   -- global grad norm and non-finite counts: every unit's share, one
   -- all-reduce over the shard group (HSDP replicas hold the same shards)

@@ -39,6 +39,10 @@ int main(void) {
   OFF(fsdp_memory_stats, peak_reserved);
   OFF(fsdp_memory_stats, cached);
   OFF(fsdp_memory_stats, cache_hits);
+  OFF(fsdp_unit_times, gather_begin);
+  OFF(fsdp_unit_times, gather_end);
+  OFF(fsdp_unit_times, reduce_begin);
+  OFF(fsdp_unit_times, reduce_end);
   OFF(fsdp_tensor, data);
   OFF(fsdp_tensor, dtype);
   OFF(fsdp_tensor, device);
