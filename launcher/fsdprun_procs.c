@@ -28,23 +28,26 @@ extern char **environ;
  * settings other than PMIX_MCA_*) must not leak into a rank: setup_fork
  * provides the right ones. */
 static int inherited(const char *kv) {
-  if (!strncmp(kv, "FSDPRUN=", 8)) return 0;
+  if (!strncmp(kv, "FSDPRUN=", 8) || !strncmp(kv, "FSDPRUN_TTY=", 12)) return 0;
   return strncmp(kv, "PMIX_", 5) || !strncmp(kv, "PMIX_MCA_", 9);
 }
 
-/* environ (filtered) + the rank's PMIx variables + FSDPRUN=1, built before
+/* environ (filtered) + the rank's PMIx variables + FSDPRUN=1 +
+ * FSDPRUN_TTY=1 when fsdprun's stdout is a terminal (the ranks' is a pipe:
+ * this tells rank 0 it may draw a progress bar), built before
  * fork: after fork only async-signal-safe calls are allowed (the PMIx
  * progress thread may hold the malloc lock). Pointers are borrowed. */
 static char **rank_envp(char **pmix_env) {
   size_t n = 0, k = 0;
   for (char **e = environ; *e; e++) n++;
   for (char **e = pmix_env; *e; e++) n++;
-  char **envp = calloc(n + 2, sizeof *envp);
+  char **envp = calloc(n + 3, sizeof *envp);
   if (!envp) return NULL;
   for (char **e = environ; *e; e++)
     if (inherited(*e)) envp[k++] = *e;
   for (char **e = pmix_env; *e; e++) envp[k++] = *e;
   envp[k++] = "FSDPRUN=1";
+  if (isatty(1)) envp[k++] = "FSDPRUN_TTY=1";
   envp[k] = NULL;
   return envp;
 }

@@ -128,6 +128,10 @@ typedef struct fsdp_memory_stats {
 int fsdp_memory_get_stats(int device, fsdp_memory_stats *out);
 int fsdp_memory_reset_peak(int device);      /* both peaks := current */
 int fsdp_memory_empty_cache(int device);     /* cached blocks back to the device */
+/* What the device has: CPU: MemAvailable and MemTotal of /proc/meminfo
+ * (the whole machine, shared by its ranks); CUDA: cudaMemGetInfo. The
+ * pool's cached bytes are free to this process but not counted here. */
+int fsdp_device_memory_info(int device, int64_t *free_bytes, int64_t *total);
 
 /* A contiguous tensor of one dtype on one device, 1 to 4-D; it owns its
  * memory (tensor_alloc) or views part of another (tensor_view). */

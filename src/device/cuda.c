@@ -106,6 +106,14 @@ int fsdp_cuda_alloc(size_t bytes, void **out) {
 
 int fsdp_cuda_free(void *ptr) { return CU(cudaFree(ptr)); }
 
+int fsdp_cuda_mem_info(int64_t *free_bytes, int64_t *total) {
+  size_t f = 0, t = 0;
+  FSDP_CHECK(CU(cudaMemGetInfo(&f, &t)));
+  *free_bytes = (int64_t)f;
+  *total = (int64_t)t;
+  return FSDP_OK;
+}
+
 int fsdp_cuda_alloc_host_pinned(size_t bytes, void **out) {
   cudaError_t e = cudaMallocHost(out, bytes ? bytes : 1);
   if (e == cudaErrorMemoryAllocation) {

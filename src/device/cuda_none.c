@@ -27,4 +27,5 @@ int fsdp_cuda_event_synchronize(fsdp_event *e) { return NO_CUDA(); }
 int fsdp_cuda_memcpy(void *dst, const void *src, size_t bytes, fsdp_stream *s) { return NO_CUDA(); }
 int fsdp_cuda_memset(void *dst, int value, size_t bytes, fsdp_stream *s) { return NO_CUDA(); }
 int fsdp_cuda_is_device_ptr(const void *ptr) { return 0; }
+int fsdp_cuda_mem_info(int64_t *free_bytes, int64_t *total) { return NO_CUDA(); }
 int fsdp_comm_nccl_create(const comm_group_spec *spec, fsdp_comm **out) { return NO_CUDA(); }

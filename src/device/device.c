@@ -1,5 +1,6 @@
 /* device.c: the public device API; dispatches to the CPU or CUDA backend by
  * the handle's device kind, and owns CPU memory. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -46,6 +47,25 @@ int fsdp_free(int device, void *ptr) {
   if (!ptr) return FSDP_OK;
   if (device != FSDP_CPU && device != FSDP_CUDA) return fsdp_fail(FSDP_EINVAL, "free: unknown device %d", device);
   return fsdp_cache_free(device, ptr);
+}
+
+int fsdp_device_memory_info(int device, int64_t *free_bytes, int64_t *total) {
+  if (!free_bytes || !total) return fsdp_fail(FSDP_EINVAL, "device_memory_info: NULL out");
+  FSDP_CHECK(check_device(device, "device_memory_info"));
+  if (device == FSDP_CUDA) return fsdp_cuda_mem_info(free_bytes, total);
+  FILE *f = fopen("/proc/meminfo", "r");
+  if (!f) return fsdp_fail(FSDP_EIO, "device_memory_info: cannot read /proc/meminfo");
+  char line[256];
+  long long avail = -1, tot = -1, kb;
+  while (fgets(line, sizeof line, f)) {
+    if (sscanf(line, "MemAvailable: %lld kB", &kb) == 1) avail = kb;
+    if (sscanf(line, "MemTotal: %lld kB", &kb) == 1) tot = kb;
+  }
+  fclose(f);
+  if (avail < 0 || tot < 0) return fsdp_fail(FSDP_EIO, "device_memory_info: /proc/meminfo has no MemAvailable/MemTotal");
+  *free_bytes = avail * 1024;
+  *total = tot * 1024;
+  return FSDP_OK;
 }
 
 int fsdp_alloc_host_pinned(size_t bytes, void **out) {

@@ -1,11 +1,13 @@
 /* test_device: CPU memory, streams and events. Ordering is checked against
  * the obvious reference (a sequential run) with deliberate delays that make
  * any reordering visible. */
+#include <math.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "base/error.h"
 #include "check.h"
@@ -203,6 +205,11 @@ static void test_caching(void) {
   CHECK_OK(fsdp_memory_get_stats(FSDP_CPU, &b));
   CHECK(b.allocated == a.allocated && b.frees == a.frees + 3 + N);
   CHECK_FAILS(fsdp_memory_get_stats(7, &b), FSDP_EINVAL, "unknown device 7");
+  /* the machine's memory: MemTotal equals the kernel's page count (1%) */
+  int64_t avail = 0, total = 0;
+  CHECK_OK(fsdp_device_memory_info(FSDP_CPU, &avail, &total));
+  double phys = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+  CHECK(avail > 0 && avail <= total && fabs((double)total - phys) <= 0.01 * phys);
 }
 
 int main(void) {
