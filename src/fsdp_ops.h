@@ -17,4 +17,47 @@ int fsdp_tanh_backward(float *dx, const float *dy, const float *y, int64_t n);
 /* loss = mean (x - t)^2; dx (may be NULL) = scale * 2 (x - t) / n */
 int fsdp_mse_forward_backward(double *loss, float *dx, const float *x, const float *target, int64_t n, float scale);
 
+/* ---- the Llama ops (CPU, fp32; one file each in src/ops/) ------------- */
+/* y[n, dim] = table[ids[i]]; an id outside [0, vocab) is an error */
+int fsdp_embedding_forward(float *y, const int32_t *ids, const float *table, int64_t n, int64_t vocab, int64_t dim);
+/* dtable[ids[i]] += dy[i] (accumulates) */
+int fsdp_embedding_backward(float *dtable, const float *dy, const int32_t *ids, int64_t n, int64_t vocab, int64_t dim);
+/* y = w * x / sqrt(mean(x^2) + eps) per row of dim; rstd[n] (may be NULL) saved for backward */
+int fsdp_rmsnorm_forward(float *y, float *rstd, const float *x, const float *w, int64_t n, int64_t dim, float eps);
+/* dx overwritten; dw (may be NULL) accumulates */
+int fsdp_rmsnorm_backward(float *dx, float *dw, const float *dy, const float *x, const float *w, const float *rstd,
+                          int64_t n, int64_t dim);
+/* Llama-3 rope scaling (transformers' rope_type "llama3") */
+typedef struct fsdp_rope_scaling {
+  float factor, low_freq_factor, high_freq_factor;
+  int64_t original_max_position_embeddings;
+} fsdp_rope_scaling;
+/* cos, sin: [seq, head_dim], HF's cat(freqs, freqs) layout; scaling may be NULL */
+int fsdp_rope_table(float *cos_t, float *sin_t, int64_t seq, int64_t head_dim, double theta, const fsdp_rope_scaling *scaling);
+/* in place on x [batch, seq, heads, head_dim], rotate-half convention */
+int fsdp_rope_forward(float *x, const float *cos_t, const float *sin_t, int64_t batch, int64_t seq, int64_t heads,
+                      int64_t head_dim);
+/* in place on dx: the transpose of the rotation */
+int fsdp_rope_backward(float *dx, const float *cos_t, const float *sin_t, int64_t batch, int64_t seq, int64_t heads,
+                       int64_t head_dim);
+/* causal attention; q, out [B, T, H, D]; k, v [B, T, Hkv, D]; lse [B, H, T] saved for backward */
+int fsdp_attention_forward(float *out, float *lse, const float *q, const float *k, const float *v, int64_t batch,
+                           int64_t seq, int64_t heads, int64_t kv_heads, int64_t head_dim);
+/* dq, dk, dv overwritten */
+int fsdp_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
+                            const float *v, const float *out, const float *lse, int64_t batch, int64_t seq, int64_t heads,
+                            int64_t kv_heads, int64_t head_dim);
+/* y = silu(gate) * up */
+int fsdp_swiglu_forward(float *y, const float *gate, const float *up, int64_t n);
+/* dgate, dup overwritten */
+int fsdp_swiglu_backward(float *dgate, float *dup, const float *dy, const float *gate, const float *up, int64_t n);
+/* y = a + b (y may alias a or b) */
+int fsdp_add(float *y, const float *a, const float *b, int64_t n);
+/* y += alpha x */
+int fsdp_scale_add(float *y, float alpha, const float *x, int64_t n);
+/* loss_sum, count over rows whose target is not ignore_index; dlogits (may be
+ * NULL, may alias logits) = grad_scale (softmax - onehot), 0 on ignored rows */
+int fsdp_cross_entropy(double *loss_sum, int64_t *count, float *dlogits, const float *logits, const int32_t *targets,
+                       int64_t n, int64_t vocab, int32_t ignore_index, float grad_scale);
+
 #endif /* FSDP_OPS_API_H */

@@ -21,6 +21,7 @@ int main(void) {
   SIZE(fsdp_tensor);
   SIZE(fsdp_unit_config);
   SIZE(fsdp_unit_times);
+  SIZE(fsdp_rope_scaling);
   printf("},\noffsets = {\n");
   OFF(fsdp_proc_info, rank);
   OFF(fsdp_proc_info, size);
@@ -43,6 +44,10 @@ int main(void) {
   OFF(fsdp_unit_times, gather_end);
   OFF(fsdp_unit_times, reduce_begin);
   OFF(fsdp_unit_times, reduce_end);
+  OFF(fsdp_rope_scaling, factor);
+  OFF(fsdp_rope_scaling, low_freq_factor);
+  OFF(fsdp_rope_scaling, high_freq_factor);
+  OFF(fsdp_rope_scaling, original_max_position_embeddings);
   OFF(fsdp_tensor, data);
   OFF(fsdp_tensor, dtype);
   OFF(fsdp_tensor, device);

@@ -1,0 +1,20 @@
+/* ref.h: what the op tests share: deterministic random inputs, float64
+ * copies, comparison with a stated tolerance, and central differences of a
+ * float64 scalar loss for the backward checks. */
+#ifndef FSDP_TEST_REF_H
+#define FSDP_TEST_REF_H
+
+#include <stdint.h>
+
+/* uniform in [-a, a), from a small LCG (reproducible across platforms) */
+double ref_rand(unsigned *seed, double a);
+/* x (float) and xd (double) get the same random values */
+void ref_fill(float *x, double *xd, int64_t n, unsigned *seed, double a);
+/* counts elements with |got - want| > rel |want| + abs; prints the first few, under label */
+int ref_mismatches(const char *label, const float *got, const double *want, int64_t n, double rel, double abs_);
+/* dL/dv[i] by central differences with step h (L reads v through ctx) */
+double ref_central(double (*loss)(void *ctx), void *ctx, double *v, double h);
+/* a float buffer filled with NaN, so unwritten outputs are caught */
+float *ref_poisoned(int64_t n);
+
+#endif

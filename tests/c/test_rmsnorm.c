@@ -1,0 +1,62 @@
+/* test_rmsnorm: HF LlamaRMSNorm against float64. Forward within 1e-5
+ * relative + 1e-6; dx and dw within 1e-3 relative + 1e-5 of central
+ * differences (h = 1e-5) of L = sum r * y in float64; dw accumulates. */
+#include <math.h>
+#include <stdlib.h>
+
+#include "check.h"
+#include "ref.h"
+
+typedef struct { int n, dim; double eps, *x, *w, *r; } prob;
+
+static void ref_forward(const prob *p, double *y) {
+  for (int i = 0; i < p->n; i++) {
+    double ss = 0;
+    for (int j = 0; j < p->dim; j++) ss += p->x[i * p->dim + j] * p->x[i * p->dim + j];
+    double rs = 1 / sqrt(ss / p->dim + p->eps);
+    for (int j = 0; j < p->dim; j++) y[i * p->dim + j] = p->w[j] * p->x[i * p->dim + j] * rs;
+  }
+}
+
+static double ref_loss(void *ctx) {
+  prob *p = ctx;
+  int n = p->n * p->dim;
+  double *y = malloc(8 * (size_t)n), L = 0;
+  ref_forward(p, y);
+  for (int i = 0; i < n; i++) L += p->r[i] * y[i];
+  free(y);
+  return L;
+}
+
+static void run(int n, int dim, float eps, unsigned seed) {
+  int N = n * dim;
+  prob p = {n, dim, eps, malloc(8 * (size_t)N), malloc(8 * (size_t)dim), malloc(8 * (size_t)N)};
+  float *x = malloc(4 * (size_t)N), *w = malloc(4 * (size_t)dim), *r = malloc(4 * (size_t)N);
+  ref_fill(x, p.x, N, &seed, 2);
+  ref_fill(w, p.w, dim, &seed, 1.5);
+  ref_fill(r, p.r, N, &seed, 1);
+  float *y = ref_poisoned(N), *rstd = ref_poisoned(n), *dx = ref_poisoned(N), *dw = calloc((size_t)dim, 4);
+  double *want = malloc(8 * (size_t)N), *gx = malloc(8 * (size_t)N), *gw = malloc(8 * (size_t)dim);
+  CHECK_OK(fsdp_rmsnorm_forward(y, rstd, x, w, n, dim, eps));
+  ref_forward(&p, want);
+  CHECK(ref_mismatches("rmsnorm y", y, want, N, 1e-5, 1e-6) == 0);
+  for (int j = 0; j < dim; j++) dw[j] = 0.25f; /* accumulates onto what is there */
+  CHECK_OK(fsdp_rmsnorm_backward(dx, dw, r, x, w, rstd, n, dim));
+  for (int i = 0; i < N; i++) gx[i] = ref_central(ref_loss, &p, &p.x[i], 1e-5);
+  for (int j = 0; j < dim; j++) gw[j] = 0.25 + ref_central(ref_loss, &p, &p.w[j], 1e-5);
+  CHECK(ref_mismatches("rmsnorm dx", dx, gx, N, 1e-3, 1e-5) == 0);
+  CHECK(ref_mismatches("rmsnorm dw", dw, gw, dim, 1e-3, 1e-5) == 0);
+  free(p.x), free(p.w), free(p.r), free(x), free(w), free(r), free(y), free(rstd), free(dx), free(dw), free(want);
+  free(gx), free(gw);
+}
+
+int main(void) {
+  run(1, 1, 1e-6f, 1);
+  run(3, 7, 1e-5f, 2);
+  run(5, 64, 1e-6f, 3);
+  run(2, 33, 0.1f, 4);
+  float x = 1;
+  CHECK_FAILS(fsdp_rmsnorm_forward(&x, NULL, &x, &x, 1, 0, 1e-6f), FSDP_EINVAL, "dim=0");
+  CHECK_FAILS(fsdp_rmsnorm_backward(&x, NULL, &x, &x, &x, NULL, 1, 1), FSDP_EINVAL, "NULL");
+  return fsdp_test_summary("test_rmsnorm");
+}
