@@ -85,7 +85,18 @@ static int run_file(lua_State *L, const char *file, int argc, char **argv, int s
   }
   int nargs = argc - script_index - 1;
   for (int i = script_index + 1; i < argc; i++) lua_pushstring(L, argv[i]);
-  return call(L, nargs, 0) ? 1 : 0;
+  if (call(L, nargs, 1)) return 1;
+  if (!lua_istable(L, -1)) return 0;
+  /* a file that returns a table is a recipe: train it,
+   * require("fsdp.train").main(recipe, file, args...) */
+  lua_getglobal(L, "require");
+  lua_pushstring(L, "fsdp.train");
+  if (call(L, 1, 1)) return 1;
+  lua_getfield(L, -1, "main");
+  lua_pushvalue(L, -3);
+  lua_pushstring(L, file);
+  for (int i = script_index + 1; i < argc; i++) lua_pushstring(L, argv[i]);
+  return call(L, nargs + 2, 0) ? 1 : 0;
 }
 
 /* "near '<eof>'" ends the message: the chunk is unfinished. */

@@ -32,3 +32,17 @@ foreach(n 1 2 3 4)
            COMMAND $<TARGET_FILE:fsdprun> -n ${n} --timeout 120 ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_fully_shard.lua)
   set_tests_properties(lua_fully_shard_np${n} PROPERTIES LABELS multirank TIMEOUT 150 RUN_SERIAL ON)
 endforeach()
+
+# the Llama model: against a float64 Hugging Face reference, and sharded
+# training (zero 1-3, activation checkpointing) against the unsharded model
+foreach(n 1 2 3 4)
+  add_test(NAME lua_llama_np${n}
+           COMMAND $<TARGET_FILE:fsdprun> -n ${n} --timeout 200 ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_llama.lua)
+  set_tests_properties(lua_llama_np${n} PROPERTIES LABELS multirank TIMEOUT 240 RUN_SERIAL ON)
+endforeach()
+# the trainer: recipes, schedule, data, the pre-flight check, the demo recipe
+foreach(n 1 2)
+  add_test(NAME lua_trainer_np${n}
+           COMMAND $<TARGET_FILE:fsdprun> -n ${n} --timeout 300 ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_trainer.lua ${CMAKE_SOURCE_DIR})
+  set_tests_properties(lua_trainer_np${n} PROPERTIES LABELS multirank TIMEOUT 330 RUN_SERIAL ON)
+endforeach()

@@ -125,7 +125,7 @@ end
 function nn.call(ctx, c, phase, x)
   ctx:enter(c, phase)
   local y
-  if phase == "backward" then y = c:backward(ctx, x) else y = c:forward(ctx, x) end
+  if phase == "backward" then y = c:backward(ctx, x) else y = c:forward(ctx, x, phase) end
   ctx:leave(c, phase)
   return y
 end

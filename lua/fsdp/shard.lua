@@ -102,8 +102,12 @@ function M.fully_shard(model, opts)
   check(C.fsdp_pool_create(C.FSDP_CPU, biggest * 4, live, pp), "fully_shard: param pool")
   check(C.fsdp_pool_create(C.FSDP_CPU, biggest * 4, live, gp), "fully_shard: grad pool")
   s.ppool, s.gpool = pp[0], gp[0]
-  -- one finalizer for the lot, so units go before the pools they borrow from
-  s.gc = ffi.gc(ffi.new("char[1]"), function() s:free() end)
+  -- one finalizer for the lot, so units go before the pools they borrow
+  -- from; it holds the handles (s.res), not s: a closure over s would be a
+  -- cycle through LuaJIT's finalizer table that is never collected
+  local res = { units = s.units, ppool = s.ppool, gpool = s.gpool }
+  s.res = res
+  s.gc = ffi.gc(ffi.new("char[1]"), function() M.release(res) end)
   for _, u in ipairs(s.units) do
     local cfg = ffi.new("fsdp_unit_config", { u.zero, tensor.dtype(pdt), tensor.dtype(rdt), C.FSDP_AVG, align, salign,
       s.hfsdp and 1 or 0 })
@@ -132,13 +136,18 @@ end
 
 -- Frees the units and their pools now (idempotent; the collector does it
 -- otherwise). The model cannot train afterwards.
-function Sharded:free()
-  for _, u in ipairs(self.units) do
+function M.release(res)
+  for _, u in ipairs(res.units) do
     if u.handle ~= nil then C.fsdp_unit_destroy(u.handle) end
     u.handle = nil
   end
-  if self.ppool ~= nil then C.fsdp_pool_destroy(self.ppool) end
-  if self.gpool ~= nil then C.fsdp_pool_destroy(self.gpool) end
+  if res.ppool ~= nil then C.fsdp_pool_destroy(res.ppool) end
+  if res.gpool ~= nil then C.fsdp_pool_destroy(res.gpool) end
+  res.ppool, res.gpool = nil, nil
+end
+
+function Sharded:free()
+  M.release(self.res)
   self.ppool, self.gpool = nil, nil
 end
 
@@ -359,6 +368,34 @@ function Sharded:train_step(batches, opt)
     error("train_step: optimizer '" .. tostring(optimizer) .. "' (expected 'adamw' or 'sgd')", 2)
   end
   return loss, norm
+end
+
+-- Forward only over batches, under the same schedule (no grads, no
+-- reduction): the mean of lossfn(y, batch) over batches and data-parallel
+-- ranks. The last unit is resharded afterwards.
+function Sharded:evaluate(batches, lossfn)
+  live(self, "evaluate")
+  local total = 0
+  local ctx = setmetatable({ s = self }, Ctx)
+  for _, b in ipairs(batches) do
+    local y = self.model:forward(ctx, b.x)
+    total = total + lossfn(y, b) / #batches
+    y = nil
+    collectgarbage()
+  end
+  if ctx.cur and ctx.cur.zero == 3 then reshard(ctx.cur) end
+  for _, u in ipairs(self.units) do
+    if u.gathered then -- prefetched, not used: let its gather land first
+      check(C.fsdp_unit_wait(u.handle, nil), "evaluate")
+      reshard(u)
+    end
+  end
+  local l = tensor.new(1)
+  l:set(0, total)
+  self.shard:all_reduce(l, l, "avg")
+  self.shard:synchronize()
+  if self.outer then self.outer:all_reduce(l, l, "avg"); self.outer:synchronize() end
+  return l:get(0)
 end
 
 -- The full values of a parameter (a Lua table), gathered if need be.

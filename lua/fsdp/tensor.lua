@@ -30,7 +30,7 @@ end
 
 local function release(t)
   if t.data ~= nil then
-    C.fsdp_tensor_free(t.c) -- a view frees nothing
+    C.fsdp_tensor_free(ffi.gc(t.c, nil)) -- a view frees nothing
     t.data = nil
   end
 end
@@ -59,10 +59,11 @@ function M.new(shape, dtype, device)
   local c = ffi.new("fsdp_tensor")
   local dims = ffi.new("int64_t[4]", shape)
   check(C.fsdp_tensor_alloc(c, M.device(device), M.dtype(dtype), #shape, dims), "fsdp.tensor")
-  local t = wrap(c, shape, dtype, device)
-  -- a proxy cdata carries the finalizer, so gc frees what :free() did not
-  t.gc = ffi.gc(ffi.new("char[1]"), function() release(t) end)
-  return t
+  -- the C struct carries a C finalizer: a Lua closure over t would make a
+  -- cycle through LuaJIT's finalizer table (no ephemerons) and t would
+  -- never be collected
+  ffi.gc(c, C.fsdp_tensor_free)
+  return wrap(c, shape, dtype, device)
 end
 
 function Tensor:free() release(self) end

@@ -69,6 +69,16 @@ f:free()
 f:free() -- idempotent
 check(before - fsdp.memory_stats("cpu").allocated == 24, "memory_stats sees the 24 bytes freed")
 fails(function() f:get(0) end, "after free", "use after free is an error")
+do -- the collector frees what nobody holds (and views keep their base alive)
+  collectgarbage()
+  local base0 = fsdp.memory_stats("cpu").allocated
+  for _ = 1, 100 do local t = fsdp.tensor(1000); t:fill(1) end
+  local keep = fsdp.tensor(10):view(2, 3)
+  collectgarbage(); collectgarbage()
+  check(fsdp.memory_stats("cpu").allocated == base0 + 40, "collected tensors are freed, a view's base is not: " ..
+    (fsdp.memory_stats("cpu").allocated - base0))
+  check(keep:get(0) ~= nil, "the view still reads its base")
+end
 do
   for _ = 1, 200 do fsdp.tensor(1024 * 1024) end -- 800 MiB if the collector never ran
   collectgarbage()

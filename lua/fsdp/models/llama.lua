@@ -1,0 +1,376 @@
+-- fsdp.models.llama: a Llama decoder (Llama 2/3 family) built from the
+-- engine's modules, computing what Hugging Face's LlamaForCausalLM computes
+-- for the same weights: RMSNorm in fp32, rotate-half rotary embeddings
+-- (optionally with Llama-3 frequency scaling), grouped-query attention
+-- (query head h reads kv head h / (heads / kv_heads)), SwiGLU MLP, and the
+-- same parameter names (model.layers.3.self_attn.q_proj.weight), so weights
+-- move to and from that ecosystem.
+--
+--   local llama = require "fsdp.models.llama"
+--   local cfg = llama.config("llama3_8b", {num_hidden_layers = 2})  -- or a table of HF fields
+--   local model = llama.model(cfg, {checkpoint = "none" | "full" | k})
+--   logits = model:forward(ctx, ids)      -- ids: int32 {B, T}; logits {B, T, vocab}
+--   model:backward(ctx, dlogits)
+-- The model declares its parameters and allocates nothing until sharded.
+local base = require "fsdp.ffi"
+local tensor = require "fsdp.tensor"
+local nn = require "fsdp.nn"
+local C, check, ffi = base.C, base.check, base.ffi
+
+local M = {}
+
+-- Hugging Face LlamaConfig fields, with the values of the published models.
+M.presets = {
+  llama3_8b = { hidden_size = 4096, intermediate_size = 14336, num_attention_heads = 32, num_key_value_heads = 8,
+    num_hidden_layers = 32, vocab_size = 128256, rope_theta = 500000, rms_norm_eps = 1e-5,
+    max_position_embeddings = 8192, tie_word_embeddings = false },
+  llama3_70b = { hidden_size = 8192, intermediate_size = 28672, num_attention_heads = 64, num_key_value_heads = 8,
+    num_hidden_layers = 80, vocab_size = 128256, rope_theta = 500000, rms_norm_eps = 1e-5,
+    max_position_embeddings = 8192, tie_word_embeddings = false },
+  -- Llama 3.1: the same shapes, a 128k context through Llama-3 rope scaling
+  llama3_1_8b = { hidden_size = 4096, intermediate_size = 14336, num_attention_heads = 32, num_key_value_heads = 8,
+    num_hidden_layers = 32, vocab_size = 128256, rope_theta = 500000, rms_norm_eps = 1e-5,
+    max_position_embeddings = 131072, tie_word_embeddings = false,
+    rope_scaling = { rope_type = "llama3", factor = 8.0, low_freq_factor = 1.0, high_freq_factor = 4.0,
+      original_max_position_embeddings = 8192 } },
+  llama3_1_70b = { hidden_size = 8192, intermediate_size = 28672, num_attention_heads = 64, num_key_value_heads = 8,
+    num_hidden_layers = 80, vocab_size = 128256, rope_theta = 500000, rms_norm_eps = 1e-5,
+    max_position_embeddings = 131072, tie_word_embeddings = false,
+    rope_scaling = { rope_type = "llama3", factor = 8.0, low_freq_factor = 1.0, high_freq_factor = 4.0,
+      original_max_position_embeddings = 8192 } },
+}
+
+local fields = {
+  hidden_size = "int", intermediate_size = "int", num_attention_heads = "int", num_key_value_heads = "int",
+  num_hidden_layers = "int", vocab_size = "int", rope_theta = "number", rms_norm_eps = "number",
+  max_position_embeddings = "int", tie_word_embeddings = "boolean", rope_scaling = "table", head_dim = "int",
+  initializer_range = "number", model_type = "string", architectures = "table", torch_dtype = "string",
+  bos_token_id = "any", eos_token_id = "any", hidden_act = "string", attention_bias = "boolean", mlp_bias = "boolean",
+  attention_dropout = "number", pretraining_tp = "int", use_cache = "boolean", transformers_version = "string",
+}
+
+-- A validated config: a preset name and/or a table of Hugging Face fields
+-- (overrides). Errors name the field and what was expected; `where` (e.g.
+-- "recipes/tiny.lua: model") prefixes them.
+function M.config(preset, overrides, where)
+  where = where or "llama config"
+  if type(preset) == "table" then preset, overrides = nil, preset end
+  local c = {}
+  if preset then
+    local p = M.presets[preset]
+    if not p then
+      local names = {}
+      for k in pairs(M.presets) do names[#names + 1] = k end
+      table.sort(names)
+      error(string.format("%s: unknown preset '%s' (have: %s)", where, tostring(preset), table.concat(names, ", ")), 2)
+    end
+    for k, v in pairs(p) do c[k] = v end
+  end
+  for k, v in pairs(overrides or {}) do
+    local want = fields[k]
+    if not want then error(string.format("%s: unknown field '%s' (Hugging Face LlamaConfig names, e.g. hidden_size)", where, tostring(k)), 2) end
+    local ok = want == "any" or (want == "int" and type(v) == "number" and v % 1 == 0) or type(v) == want
+    if not ok then error(string.format("%s: %s = %s; expected %s", where, k, tostring(v), want == "int" and "an integer" or "a " .. want), 2) end
+    c[k] = v
+  end
+  local need = { "hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers", "vocab_size" }
+  for _, k in ipairs(need) do
+    if not c[k] then error(string.format("%s: %s is required", where, k), 2) end
+    if c[k] < 1 then error(string.format("%s: %s = %s; expected >= 1", where, k, c[k]), 2) end
+  end
+  c.num_key_value_heads = c.num_key_value_heads or c.num_attention_heads
+  c.rope_theta = c.rope_theta or 10000
+  c.rms_norm_eps = c.rms_norm_eps or 1e-6
+  c.max_position_embeddings = c.max_position_embeddings or 2048
+  c.initializer_range = c.initializer_range or 0.02
+  if c.tie_word_embeddings == nil then c.tie_word_embeddings = false end
+  c.head_dim = c.head_dim or c.hidden_size / c.num_attention_heads
+  if c.head_dim % 1 ~= 0 then
+    error(string.format("%s: hidden_size %d is not a multiple of num_attention_heads %d", where, c.hidden_size, c.num_attention_heads), 2)
+  end
+  if c.head_dim % 2 ~= 0 then error(string.format("%s: head_dim %d must be even (rotary pairs)", where, c.head_dim), 2) end
+  if c.num_attention_heads % c.num_key_value_heads ~= 0 then
+    error(string.format("%s: num_attention_heads %d is not a multiple of num_key_value_heads %d", where,
+      c.num_attention_heads, c.num_key_value_heads), 2)
+  end
+  if c.hidden_act and c.hidden_act ~= "silu" then error(string.format("%s: hidden_act = '%s'; only 'silu' (SwiGLU) is supported", where, c.hidden_act), 2) end
+  if c.attention_bias or c.mlp_bias then error(where .. ": attention_bias / mlp_bias are not supported (Llama has none)", 2) end
+  if c.tie_word_embeddings then
+    error(where .. ": tie_word_embeddings = true is not supported yet (Llama 3 8B/70B do not tie; use false)", 2)
+  end
+  local rs = c.rope_scaling
+  if rs then
+    local t = rs.rope_type or rs.type
+    if t ~= "llama3" then error(string.format("%s: rope_scaling.rope_type = '%s'; only 'llama3' is supported", where, tostring(t)), 2) end
+    for _, k in ipairs({ "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings" }) do
+      if type(rs[k]) ~= "number" then error(string.format("%s: rope_scaling.%s is required (a number)", where, k), 2) end
+    end
+  end
+  return c
+end
+
+-- Parameter count (all weights, as Hugging Face counts them).
+function M.num_params(c)
+  local h, kv = c.hidden_size, c.num_key_value_heads * c.head_dim
+  local q = c.num_attention_heads * c.head_dim
+  local layer = h * q + 2 * h * kv + q * h + 3 * h * c.intermediate_size + 2 * h
+  local embed = c.vocab_size * h
+  return embed + c.num_hidden_layers * layer + h + (c.tie_word_embeddings and 0 or embed), embed
+end
+
+-- Training FLOPs per token: 6 per weight that multiplies (every weight but
+-- the embedding table's lookups) plus attention's scores and weighted sum,
+-- 12 * layers * seq * (heads * head_dim), uncorrected for causality (the
+-- usual convention, as in the PaLM paper's appendix B).
+function M.flops_per_token(c, seq)
+  local n, embed = M.num_params(c)
+  return 6 * (n - embed) + 12 * c.num_hidden_layers * seq * c.num_attention_heads * c.head_dim
+end
+
+local function class(kind)
+  local k = { kind = kind }
+  k.__index = k
+  return k
+end
+
+---------------------------------------------------------------- attention
+local Attention = class("LlamaAttention")
+
+local function rope_tables(cfg, seq)
+  local hd = cfg.head_dim
+  local cos, sin = tensor.new({ seq, hd }), tensor.new({ seq, hd })
+  local sc = nil
+  if cfg.rope_scaling then
+    local r = cfg.rope_scaling
+    sc = ffi.new("fsdp_rope_scaling", { r.factor, r.low_freq_factor, r.high_freq_factor, r.original_max_position_embeddings })
+  end
+  check(C.fsdp_rope_table(cos:ptr(), sin:ptr(), seq, hd, cfg.rope_theta, sc), "rope table")
+  return { cos = cos, sin = sin, seq = seq }
+end
+
+local function new_attention(cfg, rope)
+  local h, hd = cfg.hidden_size, cfg.head_dim
+  local nh, nkv = cfg.num_attention_heads, cfg.num_key_value_heads
+  local o = { std = cfg.initializer_range, bias = false }
+  local a = setmetatable({ cfg = cfg, rope = rope, params = {},
+    children = { nn.Linear(h, nh * hd, o), nn.Linear(h, nkv * hd, o), nn.Linear(h, nkv * hd, o), nn.Linear(nh * hd, h, o) },
+    child_names = { "q_proj", "k_proj", "v_proj", "o_proj" } }, Attention)
+  return a
+end
+
+function Attention:tables(seq)
+  local r = self.rope
+  if not r.t or r.t.seq < seq then r.t = rope_tables(self.cfg, seq) end
+  return r.t
+end
+
+function Attention:forward(ctx, x, phase)
+  phase = phase or "forward"
+  local cfg, ch = self.cfg, self.children
+  local B, T = x.shape[1], x.shape[2]
+  local nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+  if T > cfg.max_position_embeddings then
+    error(string.format("LlamaAttention: sequence length %d exceeds max_position_embeddings %d", T, cfg.max_position_embeddings), 2)
+  end
+  local q = nn.call(ctx, ch[1], phase, x)
+  local k = nn.call(ctx, ch[2], phase, x)
+  local v = nn.call(ctx, ch[3], phase, x)
+  local t = self:tables(T)
+  check(C.fsdp_rope_forward(q:ptr(), t.cos:ptr(), t.sin:ptr(), B, T, nh, hd), "rope q")
+  check(C.fsdp_rope_forward(k:ptr(), t.cos:ptr(), t.sin:ptr(), B, T, nkv, hd), "rope k")
+  local out, lse = tensor.new({ B, T, nh * hd }), tensor.new({ B, nh, T })
+  check(C.fsdp_attention_forward(out:ptr(), lse:ptr(), q:ptr(), k:ptr(), v:ptr(), B, T, nh, nkv, hd), "attention")
+  self.saved = { q = q, k = k, v = v, out = out, lse = lse, B = B, T = T }
+  return nn.call(ctx, ch[4], phase, out)
+end
+
+function Attention:backward(ctx, dy)
+  local cfg, ch, s = self.cfg, self.children, self.saved
+  local nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+  local B, T = s.B, s.T
+  local dout = nn.call(ctx, ch[4], "backward", dy)
+  local dq, dk, dv = tensor.new(s.q.shape), tensor.new(s.k.shape), tensor.new(s.v.shape)
+  check(C.fsdp_attention_backward(dq:ptr(), dk:ptr(), dv:ptr(), dout:ptr(), s.q:ptr(), s.k:ptr(), s.v:ptr(), s.out:ptr(),
+    s.lse:ptr(), B, T, nh, nkv, hd), "attention backward")
+  local t = self:tables(T)
+  check(C.fsdp_rope_backward(dq:ptr(), t.cos:ptr(), t.sin:ptr(), B, T, nh, hd), "rope backward q")
+  check(C.fsdp_rope_backward(dk:ptr(), t.cos:ptr(), t.sin:ptr(), B, T, nkv, hd), "rope backward k")
+  for _, x in pairs({ s.q, s.k, s.v, s.out, s.lse, dout }) do x:free() end
+  self.saved = nil
+  local dx = nn.call(ctx, ch[1], "backward", dq)
+  local dxk = nn.call(ctx, ch[2], "backward", dk)
+  local dxv = nn.call(ctx, ch[3], "backward", dv)
+  check(C.fsdp_add(dx:ptr(), dx:ptr(), dxk:ptr(), dx:numel()), "attention backward")
+  check(C.fsdp_add(dx:ptr(), dx:ptr(), dxv:ptr(), dx:numel()), "attention backward")
+  for _, x in pairs({ dq, dk, dv, dxk, dxv }) do x:free() end
+  return dx
+end
+
+---------------------------------------------------------------- MLP
+local MLP = class("LlamaMLP")
+
+local function new_mlp(cfg)
+  local h, i = cfg.hidden_size, cfg.intermediate_size
+  local o = { std = cfg.initializer_range, bias = false }
+  return setmetatable({ params = {}, children = { nn.Linear(h, i, o), nn.Linear(h, i, o), nn.Linear(i, h, o) },
+    child_names = { "gate_proj", "up_proj", "down_proj" } }, MLP)
+end
+
+function MLP:forward(ctx, x, phase)
+  phase = phase or "forward"
+  local ch = self.children
+  local g = nn.call(ctx, ch[1], phase, x)
+  local u = nn.call(ctx, ch[2], phase, x)
+  local a = tensor.new(g.shape)
+  check(C.fsdp_swiglu_forward(a:ptr(), g:ptr(), u:ptr(), a:numel()), "swiglu")
+  self.saved = { g = g, u = u }
+  return nn.call(ctx, ch[3], phase, a)
+end
+
+function MLP:backward(ctx, dy)
+  local ch, s = self.children, self.saved
+  local da = nn.call(ctx, ch[3], "backward", dy)
+  local dg, du = tensor.new(s.g.shape), tensor.new(s.u.shape)
+  check(C.fsdp_swiglu_backward(dg:ptr(), du:ptr(), da:ptr(), s.g:ptr(), s.u:ptr(), da:numel()), "swiglu backward")
+  s.g:free(); s.u:free(); da:free()
+  self.saved = nil
+  local dx = nn.call(ctx, ch[1], "backward", dg)
+  local dxu = nn.call(ctx, ch[2], "backward", du)
+  check(C.fsdp_add(dx:ptr(), dx:ptr(), dxu:ptr(), dx:numel()), "mlp backward")
+  dg:free(); du:free(); dxu:free()
+  return dx
+end
+
+---------------------------------------------------------------- decoder layer
+local Layer = class("LlamaDecoderLayer")
+
+local function new_layer(cfg, rope, checkpoint)
+  return setmetatable({ params = {}, checkpoint = checkpoint,
+    children = { nn.RMSNorm(cfg.hidden_size, cfg.rms_norm_eps), new_attention(cfg, rope),
+      nn.RMSNorm(cfg.hidden_size, cfg.rms_norm_eps), new_mlp(cfg) },
+    child_names = { "input_layernorm", "self_attn", "post_attention_layernorm", "mlp" } }, Layer)
+end
+
+-- h = x + attn(norm1(x)); y = h + mlp(norm2(h))
+local function layer_forward(self, ctx, x, phase)
+  local ch = self.children
+  local a = nn.call(ctx, ch[2], phase, nn.call(ctx, ch[1], phase, x))
+  local h = tensor.new(x.shape)
+  check(C.fsdp_add(h:ptr(), x:ptr(), a:ptr(), h:numel()), "residual")
+  a:free()
+  local m = nn.call(ctx, ch[4], phase, nn.call(ctx, ch[3], phase, h))
+  local y = tensor.new(x.shape)
+  check(C.fsdp_add(y:ptr(), h:ptr(), m:ptr(), y:numel()), "residual")
+  m:free()
+  return y
+end
+
+-- drops what the children saved for backward (activation checkpointing)
+local function drop_saved(m)
+  m.saved = nil
+  for _, c in ipairs(m.children or {}) do drop_saved(c) end
+end
+
+function Layer:forward(ctx, x)
+  local y = layer_forward(self, ctx, x, "forward")
+  if self.checkpoint then
+    drop_saved(self)
+    self.input = x -- recomputed from here inside backward
+  end
+  return y
+end
+
+function Layer:backward(ctx, dy)
+  local ch = self.children
+  if self.checkpoint then -- params are gathered for backward: recompute first
+    layer_forward(self, ctx, self.input, "recompute")
+    self.input = nil
+  end
+  -- dh = dy + norm2'(mlp'(dy)); dx = dh + norm1'(attn'(dh))
+  local dm = nn.call(ctx, ch[3], "backward", nn.call(ctx, ch[4], "backward", dy))
+  check(C.fsdp_add(dm:ptr(), dm:ptr(), dy:ptr(), dm:numel()), "residual backward")
+  local da = nn.call(ctx, ch[1], "backward", nn.call(ctx, ch[2], "backward", dm))
+  check(C.fsdp_add(da:ptr(), da:ptr(), dm:ptr(), da:numel()), "residual backward")
+  dm:free()
+  return da
+end
+
+---------------------------------------------------------------- the model
+local ModuleList = class("ModuleList")
+local Model = class("LlamaModel")
+local CausalLM = class("LlamaForCausalLM")
+
+-- checkpoint: "none" (default), "full" (every layer) or k (every k-th layer)
+function M.model(cfg, opts)
+  opts = opts or {}
+  local ck = opts.checkpoint or "none"
+  if ck ~= "none" and ck ~= "full" and not (type(ck) == "number" and ck >= 1 and ck % 1 == 0) then
+    error(string.format("llama.model: checkpoint = %s; expected 'none', 'full' or an integer k >= 1 (every k-th layer)", tostring(ck)), 2)
+  end
+  local rope = {}
+  local layers = {}
+  for i = 1, cfg.num_hidden_layers do
+    local on = ck == "full" or (type(ck) == "number" and (i - 1) % ck == 0)
+    layers[i] = new_layer(cfg, rope, on)
+  end
+  local model = setmetatable({ params = {}, children = {
+    nn.Embedding(cfg.vocab_size, cfg.hidden_size, { std = cfg.initializer_range }),
+    setmetatable({ params = {}, children = layers }, ModuleList),
+    nn.RMSNorm(cfg.hidden_size, cfg.rms_norm_eps) }, child_names = { "embed_tokens", "layers", "norm" } }, Model)
+  return setmetatable({ cfg = cfg, params = {},
+    children = { model, nn.Linear(cfg.hidden_size, cfg.vocab_size, { std = cfg.initializer_range, bias = false }) },
+    child_names = { "model", "lm_head" } }, CausalLM)
+end
+
+function CausalLM:forward(ctx, ids)
+  ctx = ctx or nn.plain
+  local m, head = self.children[1], self.children[2]
+  local emb, layers, norm = m.children[1], m.children[2].children, m.children[3]
+  local x = nn.call(ctx, emb, "forward", ids)
+  -- each layer's input stays referenced by what saved it for backward (its
+  -- first norm, or the layer itself when checkpointed)
+  for _, l in ipairs(layers) do x = nn.call(ctx, l, "forward", x) end
+  return nn.call(ctx, head, "forward", nn.call(ctx, norm, "forward", x))
+end
+
+function CausalLM:backward(ctx, dlogits)
+  ctx = ctx or nn.plain
+  local m, head = self.children[1], self.children[2]
+  local emb, layers, norm = m.children[1], m.children[2].children, m.children[3]
+  local dx = nn.call(ctx, norm, "backward", nn.call(ctx, head, "backward", dlogits))
+  for i = #layers, 1, -1 do
+    local d = nn.call(ctx, layers[i], "backward", dx)
+    dx:free()
+    dx = d
+  end
+  nn.call(ctx, emb, "backward", dx)
+  dx:free()
+end
+
+-- The default FSDP units: one per decoder layer, the embeddings their own,
+-- the final norm with the head.
+function M.units(m, path)
+  if m.kind == "LlamaDecoderLayer" then return path end
+  if path == "model.embed_tokens" then return "embed" end
+  if path == "model.norm" or path == "lm_head" then return "head" end
+end
+
+-- Mean cross-entropy over the tokens whose target is not ignore_index, and
+-- its gradient written over the logits (fused: no second logits-sized
+-- buffer); scale multiplies the gradient (1 / micro-batches).
+function M.loss(logits, targets, scale, ignore_index)
+  ignore_index = ignore_index or -100
+  local V = logits.shape[#logits.shape]
+  local n = logits:numel() / V
+  if targets:numel() ~= n then
+    error(string.format("llama loss: %d targets for %d positions", targets:numel(), n), 2)
+  end
+  local t, count = targets:ptr(), 0
+  for i = 0, n - 1 do if t[i] ~= ignore_index then count = count + 1 end end
+  if count == 0 then return 0, logits:fill(0), 0 end
+  local sum, cnt = ffi.new("double[1]"), ffi.new("int64_t[1]")
+  check(C.fsdp_cross_entropy(sum, cnt, logits:ptr(), logits:ptr(), t, n, V, ignore_index, (scale or 1) / count), "cross entropy")
+  return sum[0] / count, logits, count
+end
+
+return M

@@ -1,0 +1,158 @@
+-- fsdp.recipe: a training recipe is a Lua file that returns a table of
+-- sections (model, mesh, fsdp, optimizer, schedule, data, train). This
+-- module fills in defaults, applies command-line overrides
+-- (train.steps=50 data.seq=64) and checks every field, so that a mistake is
+-- reported with the recipe file, the field and what was expected.
+local M = {}
+
+-- section -> field -> {kind, default}; kind: "int", "number", "string",
+-- "boolean", "table", "any", or a list of allowed values
+M.schema = {
+  model = {}, -- Hugging Face LlamaConfig fields plus `preset`; checked by fsdp.models.llama
+  mesh = nil, -- "dp_shard=-1" (the default), "dp_outer=2,dp_shard=-1", or a list of {name, size}
+  fsdp = {
+    zero = { "int", 3 }, units = { "any", "default" }, prefetch = { "int", 1 }, max_live_units = { "int", 2 },
+    meta_init = { "boolean", true }, checkpoint = { "any", "none" }, hfsdp = { "boolean", false },
+    param_dtype = { { "fp32", "bf16" }, "fp32" }, reduce_dtype = { { "fp32", "bf16" }, "fp32" },
+  },
+  optimizer = {
+    name = { { "adamw", "sgd" }, "adamw" }, lr = { "number", 3e-4 }, beta1 = { "number", 0.9 }, beta2 = { "number", 0.95 },
+    eps = { "number", 1e-8 }, weight_decay = { "number", 0.1 }, clip = { "number", 1.0 }, momentum = { "number", 0.9 },
+  },
+  schedule = {
+    warmup = { "int", 0 }, decay = { { "cosine", "linear", "constant" }, "cosine" }, min_lr_ratio = { "number", 0.1 },
+  },
+  data = {
+    corpus = { "table", nil }, token_file = { "string", nil }, val_token_file = { "string", nil },
+    format = { { "auto", "raw_u16", "raw_u32" }, "auto" }, val_fraction = { "number", 0.1 },
+    seq = { "int", 256 }, micro_batch = { "int", 8 },
+  },
+  train = {
+    steps = { "int", 100 }, grad_accum = { "int", 1 }, global_batch_tokens = { "int", nil }, seed = { "int", 1234 },
+    eval_every = { "int", 0 }, eval_batches = { "int", 4 }, log_every = { "int", 1 }, metrics = { "string", nil },
+    device = { { "cpu" }, "cpu" }, min_free_fraction = { "number", 0.9 },
+  },
+}
+
+local sections = { "model", "mesh", "fsdp", "optimizer", "schedule", "data", "train" }
+
+local function fail(where, fmt, ...) error(where .. ": " .. string.format(fmt, ...), 0) end
+
+local function describe(kind)
+  if type(kind) == "table" then return "one of '" .. table.concat(kind, "', '") .. "'" end
+  return ({ int = "an integer", number = "a number", string = "a string", boolean = "true or false", table = "a table" })[kind] or kind
+end
+
+local function ok_kind(kind, v)
+  if kind == "any" then return true end
+  if type(kind) == "table" then
+    for _, a in ipairs(kind) do if v == a then return true end end
+    return false
+  end
+  if kind == "int" then return type(v) == "number" and v % 1 == 0 end
+  return type(v) == kind
+end
+
+-- "a.b=value" strings -> sets t.a.b, the value read as a number, boolean or string
+function M.apply_overrides(r, args, where)
+  for _, a in ipairs(args or {}) do
+    local key, val = tostring(a):match("^([%a_][%w_.]*)=(.*)$")
+    if not key then fail(where, "argument '%s' is not section.field=value (e.g. train.steps=50)", tostring(a)) end
+    local v
+    if val == "true" then v = true elseif val == "false" then v = false else v = tonumber(val) or val end
+    local t, parts = r, {}
+    for p in key:gmatch("[^.]+") do parts[#parts + 1] = p end
+    for i = 1, #parts - 1 do
+      if t[parts[i]] == nil then t[parts[i]] = {} end
+      if type(t[parts[i]]) ~= "table" then fail(where, "override '%s': %s is not a section", a, parts[i]) end
+      t = t[parts[i]]
+    end
+    t[parts[#parts]] = v
+  end
+  return r
+end
+
+-- The recipe with defaults filled in; errors name "FILE: section.field".
+function M.check(r, where)
+  if type(r) ~= "table" then fail(where, "a recipe must return a table of sections (%s), got %s", table.concat(sections, ", "), type(r)) end
+  local known = {}
+  for _, s in ipairs(sections) do known[s] = true end
+  for k in pairs(r) do
+    if not known[k] then fail(where, "unknown section '%s' (expected %s)", tostring(k), table.concat(sections, ", ")) end
+  end
+  if r.model == nil then fail(where, "the model section is missing (e.g. model = {preset = 'llama3_8b'})") end
+  if type(r.model) ~= "table" then fail(where, "model must be a table, got %s", type(r.model)) end
+  r.mesh = r.mesh or "dp_shard=-1"
+  if type(r.mesh) ~= "string" and type(r.mesh) ~= "table" then fail(where, "mesh must be a string like 'dp_outer=2,dp_shard=-1'") end
+  for _, s in ipairs(sections) do
+    local schema = M.schema[s]
+    if schema and s ~= "model" then
+      r[s] = r[s] or {}
+      if type(r[s]) ~= "table" then fail(where, "%s must be a table, got %s", s, type(r[s])) end
+      for k, v in pairs(r[s]) do
+        local f = schema[k]
+        if not f then
+          local names = {}
+          for n in pairs(schema) do names[#names + 1] = n end
+          table.sort(names)
+          fail(where, "%s.%s: unknown field (%s has: %s)", s, tostring(k), s, table.concat(names, ", "))
+        end
+        if not ok_kind(f[1], v) then fail(where, "%s.%s = %s; expected %s", s, k, tostring(v), describe(f[1])) end
+      end
+      for k, f in pairs(schema) do
+        if r[s][k] == nil then r[s][k] = f[2] end
+      end
+    end
+  end
+  local f, o, d, t = r.fsdp, r.optimizer, r.data, r.train
+  if f.zero < 0 or f.zero > 3 then fail(where, "fsdp.zero = %d; expected 0, 1, 2 or 3", f.zero) end
+  if f.prefetch < 0 then fail(where, "fsdp.prefetch = %d; expected >= 0", f.prefetch) end
+  if f.max_live_units < 1 then fail(where, "fsdp.max_live_units = %d; expected >= 1", f.max_live_units) end
+  if not f.meta_init then fail(where, "fsdp.meta_init = false: the engine always initialises each rank's shard only (meta init); leave it true") end
+  local ck = f.checkpoint
+  if ck ~= "none" and ck ~= "full" and not (type(ck) == "number" and ck >= 1 and ck % 1 == 0) then
+    fail(where, "fsdp.checkpoint = %s; expected 'none', 'full' or k >= 1 (every k-th layer)", tostring(ck))
+  end
+  local u = f.units
+  if u ~= "default" and type(u) ~= "table" and type(u) ~= "function" then
+    fail(where, "fsdp.units = %s; expected 'default', a list of module kinds or a function(module, path)", tostring(u))
+  end
+  if o.lr <= 0 then fail(where, "optimizer.lr = %g; expected > 0", o.lr) end
+  if o.clip < 0 then fail(where, "optimizer.clip = %g; expected >= 0 (0: no clipping)", o.clip) end
+  if r.schedule.warmup < 0 then fail(where, "schedule.warmup = %d; expected >= 0", r.schedule.warmup) end
+  if d.seq < 2 then fail(where, "data.seq = %d; expected >= 2", d.seq) end
+  if d.micro_batch < 1 then fail(where, "data.micro_batch = %d; expected >= 1", d.micro_batch) end
+  if (d.corpus == nil) == (d.token_file == nil) then fail(where, "data: give exactly one of corpus = {...} or token_file = 'path'") end
+  if d.val_fraction < 0 or d.val_fraction >= 1 then fail(where, "data.val_fraction = %g; expected in [0, 1)", d.val_fraction) end
+  if t.steps < 1 then fail(where, "train.steps = %d; expected >= 1", t.steps) end
+  if t.grad_accum < 1 then fail(where, "train.grad_accum = %d; expected >= 1", t.grad_accum) end
+  if t.log_every < 1 then fail(where, "train.log_every = %d; expected >= 1", t.log_every) end
+  return r
+end
+
+-- Loads FILE (a Lua chunk returning the recipe), applies overrides, checks.
+function M.load(path, args)
+  local chunk, err = loadfile(path)
+  if not chunk then error(err, 0) end
+  local ok, r = pcall(chunk)
+  if not ok then error(path .. ": " .. tostring(r), 0) end
+  M.apply_overrides(r, args, path)
+  return M.check(r, path)
+end
+
+-- Micro-batches per step: train.global_batch_tokens when given (it must
+-- divide into micro-batches of data.micro_batch x data.seq on every
+-- data-parallel rank), else train.grad_accum.
+function M.grad_accum(r, dp, where)
+  local t, d = r.train, r.data
+  if not t.global_batch_tokens then return t.grad_accum end
+  local per = d.micro_batch * d.seq * dp
+  local k = t.global_batch_tokens / per
+  if k < 1 or k % 1 ~= 0 then
+    fail(where, "train.global_batch_tokens = %d is not a multiple of micro_batch x seq x data-parallel ranks = %d x %d x %d = %d",
+      t.global_batch_tokens, d.micro_batch, d.seq, dp, per)
+  end
+  return k
+end
+
+return M

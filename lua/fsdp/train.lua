@@ -1,0 +1,229 @@
+-- fsdp.train: the trainer behind `fsdprun -n N RECIPE.lua [section.field=value ...]`.
+-- Builds the mesh, the data, the Llama model sharded by the recipe's FSDP
+-- policy, checks the memory it will need before allocating, then trains:
+-- micro-batches with gradient accumulation, the LR schedule, clipping,
+-- periodic evaluation, one line per step (and a progress bar on rank 0 when
+-- fsdprun's output is a terminal), and a JSONL metrics file.
+local fsdp = require "fsdp"
+local recipe = require "fsdp.recipe"
+local schedule = require "fsdp.schedule"
+local plan = require "fsdp.plan"
+local llama = require "fsdp.models.llama"
+local data = require "fsdp.data"
+local ffi, C, check = fsdp.ffi, fsdp.C, fsdp.check
+
+local M = {}
+
+pcall(ffi.cdef, "int mkdir(const char *path, unsigned int mode); int isatty(int fd);")
+
+local function mkdir_p(dir)
+  local path = ""
+  for part in dir:gmatch("[^/]+") do
+    path = (path == "" and dir:sub(1, 1) == "/") and ("/" .. part) or (path == "" and part or path .. "/" .. part)
+    ffi.C.mkdir(path, tonumber("755", 8))
+  end
+end
+
+local function human(n)
+  if n >= 1e9 then return string.format("%.1fG", n / 1e9) end
+  if n >= 1e6 then return string.format("%.1fM", n / 1e6) end
+  if n >= 1e3 then return string.format("%.1fk", n / 1e3) end
+  return string.format("%.0f", n)
+end
+
+local function duration(s)
+  if s >= 3600 then return string.format("%dh%02dm", s / 3600, (s % 3600) / 60) end
+  if s >= 60 then return string.format("%dm%02ds", s / 60, s % 60) end
+  return string.format("%ds", s)
+end
+
+-- The fp32 GEMM rate of this rank (FLOP/s), measured: the MFU's peak on CPU
+-- ranks, where no spec sheet applies.
+local function cpu_peak_flops()
+  local n = 384
+  local a, b, c = fsdp.tensor({ n, n }):fill(0.5), fsdp.tensor({ n, n }):fill(0.25), fsdp.tensor({ n, n })
+  local best, t_end = 0, C.fsdp_time_now() + 0.3
+  while C.fsdp_time_now() < t_end do
+    local t0 = C.fsdp_time_now()
+    check(C.fsdp_linear_forward(c:ptr(), a:ptr(), b:ptr(), nil, n, n, n), "peak")
+    local dt = C.fsdp_time_now() - t0
+    if dt > 0 then best = math.max(best, 2 * n ^ 3 / dt) end
+  end
+  a:free(); b:free(); c:free()
+  return best
+end
+
+-- int32 {B, T} tensors from whatever the loader returns
+local function as_ids(v, B, T)
+  if type(v) == "table" and v.dtype == "int32" then return v end
+  local t = fsdp.tensor({ B, T }, "int32")
+  ffi.copy(t:ptr(), v, B * T * 4)
+  return t
+end
+
+local function dataset_of(r, where)
+  local d = r.data
+  if d.corpus then
+    local c = {}
+    for k, v in pairs(d.corpus) do c[k] = v end
+    c.root = c.root or (debug.getinfo(1, "S").source:match("^@(.*)/lua/fsdp/[^/]*$") or ".")
+    c.val_fraction = c.val_fraction or d.val_fraction
+    return data.corpus(c)
+  end
+  return data.token_file({ path = d.token_file, format = d.format, val_path = d.val_token_file, val_fraction = d.val_fraction })
+end
+
+function M.run(r, where, args)
+  local info = fsdp.init()
+  local R = info.rank
+  r = recipe.check(recipe.apply_overrides(r, args, where), where)
+  local say = function(...) if R == 0 then print(string.format(...)) io.stdout:flush() end end
+
+  local mcfg = {}
+  for k, v in pairs(r.model) do if k ~= "preset" then mcfg[k] = v end end
+  local cfg = llama.config(r.model.preset, mcfg, where .. ": model")
+
+  local mesh = fsdp.mesh(r.mesh, { device = r.train.device })
+  local names = {}
+  for _, d in ipairs(mesh:dims()) do names[d.name or d[1]] = true end
+  local shard = names.dp_shard and mesh:group("dp_shard") or mesh:group("world")
+  local outer = names.dp_outer and mesh:group("dp_outer") or nil
+  local dp = shard:size() * (outer and outer:size() or 1)
+  local dp_rank = (outer and outer:rank() * shard:size() or 0) + shard:rank()
+  local K = recipe.grad_accum(r, dp, where)
+  local B, T = r.data.micro_batch, r.data.seq
+  if T > cfg.max_position_embeddings then
+    error(string.format("%s: data.seq = %d exceeds model.max_position_embeddings = %d", where, T, cfg.max_position_embeddings), 0)
+  end
+
+  -- pre-flight: the planned need per rank against what this machine has
+  local pb = r.fsdp.param_dtype == "bf16" and 2 or 4
+  local need = plan.llama_memory(cfg, { world = shard:size(), zero = r.fsdp.zero, param_bytes = pb, micro_batch = B, seq = T,
+    checkpoint = r.fsdp.checkpoint, max_live_units = r.fsdp.max_live_units })
+  local free, total = ffi.new("int64_t[1]"), ffi.new("int64_t[1]")
+  check(C.fsdp_device_memory_info(C.FSDP_CPU, free, total), "memory info")
+  local have = tonumber(free[0]) * r.train.min_free_fraction / info.local_size
+  if need.total > have then
+    error(string.format("%s: this recipe needs %.2f GiB per rank (params %.2f, grads %.2f, optimizer %.2f, unit buffers %.2f, " ..
+      "activations %.2f), and this machine has %.2f GiB free for each of its %d ranks. Lower data.micro_batch or data.seq, " ..
+      "use fsdp.zero = 3, fsdp.checkpoint = 'full', fsdp.param_dtype = 'bf16', or more ranks.", where, plan.gib(need.total),
+      plan.gib(need.params), plan.gib(need.grads), plan.gib(need.optimizer), plan.gib(need.unit_buffers),
+      plan.gib(need.activations), plan.gib(have), info.local_size), 0)
+  end
+
+  local ds = dataset_of(r, where)
+  if ds.vocab_size and ds.vocab_size > cfg.vocab_size then
+    error(string.format("%s: the data has token ids up to %d but model.vocab_size = %d", where, ds.vocab_size - 1, cfg.vocab_size), 0)
+  end
+  local seed = r.train.seed
+  local train_loader = ds:loader({ split = "train", batch = B, seq = T, rank = dp_rank, world = dp, seed = seed })
+
+  local model = llama.model(cfg, { checkpoint = r.fsdp.checkpoint })
+  local units = r.fsdp.units
+  if units == "default" then units = llama.units end
+  local sharded = fsdp.fully_shard(model, { shard = shard, outer = outer, units = units, zero = r.fsdp.zero,
+    prefetch = r.fsdp.prefetch, max_live_units = r.fsdp.max_live_units, seed = seed, hfsdp = r.fsdp.hfsdp,
+    mixed = { param_dtype = r.fsdp.param_dtype, reduce_dtype = r.fsdp.reduce_dtype } })
+
+  local n_params = llama.num_params(cfg)
+  local flops_tok = llama.flops_per_token(cfg, T)
+  local peak = cpu_peak_flops()
+  local tokens_step = B * T * K * dp
+  say("fsdp: %s parameters in %d units over %d ranks (mesh %s, zero %d, %s params); %d tokens per step (%d x %d x %d " ..
+    "micro-batches x %d ranks); planned %.2f GiB per rank", human(n_params), #sharded.units, info.size,
+    type(r.mesh) == "string" and r.mesh or "custom", r.fsdp.zero, r.fsdp.param_dtype, tokens_step, B, T, K, dp,
+    plan.gib(need.total))
+
+  local metrics
+  if R == 0 and r.train.metrics then
+    local dir = r.train.metrics:match("^(.*)/[^/]*$")
+    if dir then mkdir_p(dir) end
+    metrics = io.open(r.train.metrics, "w")
+    if not metrics then error(where .. ": train.metrics: cannot write " .. r.train.metrics, 0) end
+  end
+  local function record(t)
+    if not metrics then return end
+    local keys = {}
+    for k in pairs(t) do keys[#keys + 1] = k end
+    table.sort(keys, function(a, b) return a == "step" or (b ~= "step" and a < b) end)
+    local parts = {}
+    for _, k in ipairs(keys) do
+      local v = t[k]
+      parts[#parts + 1] = string.format('"%s":%s', k, type(v) == "number" and (v ~= v and "null" or string.format("%.6g", v)) or
+        string.format('"%s"', tostring(v)))
+    end
+    metrics:write("{", table.concat(parts, ","), "}\n")
+    metrics:flush()
+  end
+
+  local function loss_fn(logits, b, scale) return llama.loss(logits, b.y, scale) end
+  local function next_batch(loader)
+    local x, y = loader:next()
+    return { x = as_ids(x, B, T), y = as_ids(y, B, T) }
+  end
+
+  local function evaluate()
+    local vl = ds:loader({ split = "val", batch = B, seq = T, rank = dp_rank, world = dp, seed = seed })
+    local batches = {}
+    for i = 1, r.train.eval_batches do batches[i] = next_batch(vl) end
+    return sharded:evaluate(batches, function(logits, b) return (llama.loss(logits, b.y, 0)) end)
+  end
+
+  local tty = R == 0 and (os.getenv("FSDPRUN_TTY") == "1" or (os.getenv("FSDPRUN") == nil and ffi.C.isatty(1) == 1))
+  local steps, o = r.train.steps, r.optimizer
+  local t_start, tokens_done, first_loss, last_loss = C.fsdp_time_now(), 0, nil, nil
+  local t_steady, steady_tokens = nil, 0
+  for step = 1, steps do
+    fsdp.memory_reset_peak("cpu")
+    local t0 = C.fsdp_time_now()
+    local batches = {}
+    for k = 1, K do batches[k] = next_batch(train_loader) end
+    local lr = schedule.lr(step, steps, { lr = o.lr, warmup = r.schedule.warmup, decay = r.schedule.decay,
+      min_lr_ratio = r.schedule.min_lr_ratio })
+    local loss, norm, warn = sharded:train_step(batches, { optimizer = o.name, lr = lr, beta1 = o.beta1, beta2 = o.beta2,
+      eps = o.eps, weight_decay = o.weight_decay, clip = o.clip > 0 and o.clip or nil, momentum = o.momentum, loss = loss_fn })
+    local dt = C.fsdp_time_now() - t0
+    tokens_done = tokens_done + tokens_step
+    if step == 2 then t_steady = t0 end
+    if step >= 2 then steady_tokens = steady_tokens + tokens_step end
+    first_loss = first_loss or loss
+    last_loss = loss
+    local tps = tokens_step / dt
+    local mfu = flops_tok * tps / dp / peak
+    local mem = fsdp.memory_stats("cpu").peak
+    if warn then say("step %d: %s", step, warn) end
+    if step % r.train.log_every == 0 or step == steps then
+      local elapsed = C.fsdp_time_now() - t_start
+      local eta = elapsed / step * (steps - step)
+      local bar = ""
+      if tty then
+        local w = 20
+        local f = math.floor(w * step / steps)
+        bar = "[" .. string.rep("#", f) .. string.rep(".", w - f) .. "] "
+      end
+      say("%sstep %d/%d | loss %.4f | lr %.2e | gnorm %.3f | %s tok/s | %.3f s | mfu %.1f%% | mem %.0f MiB | eta %s",
+        bar, step, steps, loss, lr, norm, human(tps), dt, 100 * mfu, mem / 2 ^ 20, duration(eta))
+    end
+    record({ step = step, loss = loss, lr = lr, grad_norm = norm, tokens_per_s = tps, step_time_s = dt, mfu = mfu,
+      mem_bytes = mem, tokens = tokens_done })
+    if r.train.eval_every > 0 and (step % r.train.eval_every == 0 or step == steps) then
+      local vloss = evaluate()
+      say("eval step %d | val_loss %.4f", step, vloss)
+      record({ step = step, val_loss = vloss })
+    end
+  end
+  local wall = C.fsdp_time_now() - t_start
+  local steady = t_steady and steady_tokens / (C.fsdp_time_now() - t_steady) or tokens_done / wall
+  say("done: %d steps in %s; loss %.4f -> %.4f; %s tok/s after the first step (%s over %d ranks)", steps, duration(wall),
+    first_loss, last_loss, human(steady), human(tokens_done) .. " tokens", info.size)
+  if metrics then metrics:close() end
+  sharded:free()
+  return { first_loss = first_loss, last_loss = last_loss, tokens_per_s = steady }
+end
+
+-- `fsdp RECIPE.lua args...`: the rank host calls this when a file returns a table
+function M.main(r, path, ...)
+  return M.run(r, path, { ... })
+end
+
+return M

@@ -1,0 +1,140 @@
+-- test_trainer.lua (fsdprun -n W): recipes, the LR schedule, the data
+-- loader, the pre-flight memory check and the demo recipe end to end.
+--   fsdprun -n 2 tests/lua/test_trainer.lua ROOT
+local fsdp = require "fsdp"
+local recipe = require "fsdp.recipe"
+local schedule = require "fsdp.schedule"
+local data = require "fsdp.data"
+local train = require "fsdp.train"
+local llama = require "fsdp.models.llama"
+local plan = require "fsdp.plan"
+
+local info = fsdp.init()
+local W, R = info.size, info.rank
+local root = arg[1] or "."
+local T = dofile((arg[0]:match("^(.*/)") or "./") .. "testkit.lua")(string.format("test_trainer rank %d/%d", R, W))
+local check, fails = T.check, T.fails
+
+local function tiny() return dofile(root .. "/recipes/tiny.lua") end
+
+-- recipes: defaults, overrides, errors that name the file and the field
+do
+  local r = recipe.check(recipe.apply_overrides(tiny(), { "train.steps=7", "fsdp.zero=2", "data.seq=32" }, "t.lua"), "t.lua")
+  check(r.train.steps == 7 and r.fsdp.zero == 2 and r.data.seq == 32 and r.optimizer.eps == 1e-8, "overrides and defaults")
+  local function bad(mod, needle)
+    local x = tiny()
+    mod(x)
+    fails(function() recipe.check(x, "recipes/x.lua") end, needle, "recipe error")
+  end
+  bad(function(x) x.train.stpes = 3 end, "recipes/x.lua: train.stpes: unknown field")
+  bad(function(x) x.fsdp.zero = 5 end, "fsdp.zero = 5; expected 0, 1, 2 or 3")
+  bad(function(x) x.optimizer.name = "lion" end, "optimizer.name = lion; expected one of 'adamw', 'sgd'")
+  bad(function(x) x.data.seq = "long" end, "data.seq = long; expected an integer")
+  bad(function(x) x.extra = {} end, "unknown section 'extra'")
+  bad(function(x) x.model = nil end, "the model section is missing")
+  bad(function(x) x.data.token_file = "a.bin" end, "exactly one of corpus")
+  fails(function() recipe.apply_overrides({}, { "steps" }, "r.lua") end, "is not section.field=value", "bad override")
+  fails(function() llama.config({ hidden_size = 10, intermediate_size = 4, num_attention_heads = 3, num_hidden_layers = 1, vocab_size = 5 }, nil, "r.lua: model") end,
+    "r.lua: model: hidden_size 10 is not a multiple of num_attention_heads 3", "model shape error")
+  fails(function() llama.config("llama4") end, "unknown preset 'llama4'", "unknown preset")
+  fails(function() llama.config({ hiden_size = 1 }) end, "unknown field 'hiden_size'", "misspelt HF field")
+  local r2 = tiny()
+  r2.train.global_batch_tokens = 1000
+  fails(function() recipe.grad_accum(recipe.check(r2, "g.lua"), 2, "g.lua") end, "is not a multiple of micro_batch x seq", "global batch")
+  r2.train.global_batch_tokens = 8 * 128 * 2 * 3
+  check(recipe.grad_accum(r2, 2, "g.lua") == 3, "global batch tokens -> 3 micro-batches")
+end
+
+-- the LR schedule against its formulas
+do
+  local o = { lr = 1.0, warmup = 10, decay = "cosine", min_lr_ratio = 0.1 }
+  check(math.abs(schedule.lr(5, 110, o) - 0.5) < 1e-12, "warmup is linear")
+  check(math.abs(schedule.lr(10, 110, o) - 1.0) < 1e-12, "peak at the end of warmup")
+  check(math.abs(schedule.lr(60, 110, o) - 0.55) < 1e-12, "cosine halfway = (1 + 0.1) / 2")
+  check(math.abs(schedule.lr(110, 110, o) - 0.1) < 1e-12, "cosine ends at min_lr_ratio")
+  o.decay = "linear"
+  check(math.abs(schedule.lr(60, 110, o) - 0.55) < 1e-12 and math.abs(schedule.lr(35, 110, o) - 0.775) < 1e-12, "linear")
+  o.decay = "constant"
+  check(schedule.lr(100, 110, o) == 1.0, "constant")
+end
+
+-- the data: byte tokens, splits, determinism, sharding, resume
+do
+  local ds = data.corpus({ root = root, include = { "docs/*.md" }, val_fraction = 0.1 })
+  local f = io.open(root .. "/" .. ds.files[1], "rb")
+  local head = f:read(16)
+  f:close()
+  local ok = true
+  for i = 1, 16 do ok = ok and ds.tokens[i - 1] == head:byte(i) end
+  check(ok and ds.vocab_size == 256, "byte-level tokens of the first file")
+  check(ds.splits.train[2] == math.floor(ds.n * 0.9), "train split is the first 90%")
+  local function take(loader, k)
+    local out = {}
+    for _ = 1, k do
+      local x, y = loader:next()
+      for i = 0, x:numel() - 1 do out[#out + 1] = x:get(i) end
+      check(y:get(0) == ds.tokens[0] or true, "")
+      local shifted = true
+      for b = 0, x.shape[1] - 1 do
+        for t = 0, x.shape[2] - 2 do shifted = shifted and y:get(b * x.shape[2] + t) == x:get(b * x.shape[2] + t + 1) end
+      end
+      check(shifted, "y is x shifted by one")
+    end
+    return out
+  end
+  local a = take(ds:loader({ batch = 4, seq = 16, seed = 3 }), 10)
+  local l1 = ds:loader({ batch = 4, seq = 16, seed = 3 })
+  local b = take(l1, 5)
+  local l2 = ds:loader({ batch = 4, seq = 16, seed = 3, state = l1:state() })
+  for _, v in ipairs(take(l2, 5)) do b[#b + 1] = v end
+  local same = #a == #b
+  for i = 1, #a do same = same and a[i] == b[i] end
+  check(same, "10 batches straight == 5 + resume + 5")
+  -- two ranks with batch 2 cover the one-rank batch of 4, window by window
+  local solo = take(ds:loader({ batch = 4, seq = 16, seed = 3 }), 1)
+  local r0 = take(ds:loader({ batch = 2, seq = 16, seed = 3, rank = 0, world = 2 }), 1)
+  local r1 = take(ds:loader({ batch = 2, seq = 16, seed = 3, rank = 1, world = 2 }), 1)
+  local union = true
+  for w = 0, 3 do
+    local src = (w % 2 == 0) and r0 or r1
+    local k = math.floor(w / 2)
+    for t = 1, 16 do union = union and solo[w * 16 + t] == src[k * 16 + t] end
+  end
+  check(union, "the ranks' batches interleave into the global batch")
+  fails(function() ds:loader({ batch = 1, seq = ds.n, split = "val" }) end, "fewer than one window", "window too long")
+  fails(function() data.corpus({ root = root, include = { "no-such-dir/*.md" } }) end, "too few to train on", "empty corpus")
+end
+
+-- the pre-flight check refuses what cannot fit, naming the numbers
+do
+  local r = tiny()
+  r.model = { preset = "llama3_70b" }
+  r.fsdp.zero = 0
+  fails(function() train.run(r, "big.lua", {}) end, "big.lua: this recipe needs", "70B unsharded on a CPU rank is refused")
+  local m = plan.llama_memory(llama.config("llama3_70b"), { world = 64, zero = 3, micro_batch = 1, seq = 8192 })
+  check(m.optimizer == 2 * 4 * llama.num_params(llama.config("llama3_70b")) / 64, "optimizer bytes at zero 3")
+  check(math.abs(llama.num_params(llama.config("llama3_70b")) / 70.55e9 - 1) < 1e-3, "70B has 70.55B parameters")
+  check(math.abs(llama.num_params(llama.config("llama3_8b")) / 8.03e9 - 1) < 1e-3, "8B has 8.03B parameters")
+end
+
+-- the demo recipe, shortened: the loss falls well below ln 256 and the
+-- metrics file has a line per step and the eval lines
+do
+  local path = os.tmpname()
+  local r = tiny()
+  local out = train.run(r, root .. "/recipes/tiny.lua", { "train.steps=40", "train.eval_every=20", "train.log_every=20",
+    "train.metrics=" .. path })
+  check(out.first_loss > 5.0 and out.last_loss < 4.0, string.format("the loss falls: %.3f -> %.3f", out.first_loss, out.last_loss))
+  if R == 0 then
+    local steps, evals = 0, 0
+    for line in io.lines(path) do
+      if line:match('^{"step":%d+,.*"loss":[%d.e+-]+') then steps = steps + 1 end
+      if line:match('"val_loss":') then evals = evals + 1 end
+    end
+    check(steps == 40 and evals == 2, "metrics: 40 step lines and 2 eval lines")
+  end
+  os.remove(path)
+end
+
+collectgarbage()
+T.finish()
