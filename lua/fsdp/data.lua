@@ -68,6 +68,13 @@ function M.corpus(o)
     splits = { train = { 0, ntrain }, val = { ntrain, n } } }, Dataset)
 end
 
+-- Pre-tokenised binary token files (llm.c / nanoGPT formats) are not read
+-- yet: say so instead of failing obscurely.
+function M.token_file(o)
+  error(string.format("data.token_file = '%s': reading pre-tokenised token files is not implemented yet; use " ..
+    "data.corpus for now", tostring(o and o.path)), 2)
+end
+
 -- A dataset over an int32 token array (tests, token files)
 function M.from_tokens(toks, n, vocab, val_fraction)
   local ntrain = math.floor(n * (1 - (val_fraction or 0.1)))

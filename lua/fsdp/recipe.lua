@@ -30,7 +30,7 @@ M.schema = {
   train = {
     steps = { "int", 100 }, grad_accum = { "int", 1 }, global_batch_tokens = { "int", nil }, seed = { "int", 1234 },
     eval_every = { "int", 0 }, eval_batches = { "int", 4 }, log_every = { "int", 1 }, metrics = { "string", nil },
-    device = { { "cpu" }, "cpu" }, min_free_fraction = { "number", 0.9 },
+    device = { { "cpu", "cuda" }, "cpu" }, min_free_fraction = { "number", 0.9 },
   },
 }
 

@@ -79,6 +79,11 @@ function M.run(r, where, args)
   r = recipe.check(recipe.apply_overrides(r, args, where), where)
   local say = function(...) if R == 0 then print(string.format(...)) io.stdout:flush() end end
 
+  if r.train.device ~= "cpu" then
+    error(string.format("%s: train.device = '%s': FSDP units train on CPU ranks so far; the CUDA path comes with the " ..
+      "CUDA backend work. Plan this recipe with the planner, or run it with train.device=cpu on a small model.", where,
+      r.train.device), 0)
+  end
   local mcfg = {}
   for k, v in pairs(r.model) do if k ~= "preset" then mcfg[k] = v end end
   local cfg = llama.config(r.model.preset, mcfg, where .. ": model")

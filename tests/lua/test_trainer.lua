@@ -105,6 +105,18 @@ do
   fails(function() data.corpus({ root = root, include = { "no-such-dir/*.md" } }) end, "too few to train on", "empty corpus")
 end
 
+-- the real models' recipes are valid and describe the published shapes
+do
+  for _, f in ipairs({ "llama3_8b", "llama70b" }) do
+    local r = recipe.load(root .. "/recipes/" .. f .. ".lua", {})
+    local cfg = llama.config(r.model.preset)
+    check(r.fsdp.zero == 3 and r.fsdp.param_dtype == "bf16" and r.train.device == "cuda", f .. ": zero 3, bf16, cuda")
+    check(recipe.grad_accum(r, f == "llama70b" and 128 or 8, f) >= 1, f .. ": the global batch divides")
+    fails(function() train.run(r, f .. ".lua", {}) end, "FSDP units train on CPU ranks so far", f .. ": refused on CPU, with the reason")
+    check(cfg.num_key_value_heads == 8 and cfg.vocab_size == 128256, f .. ": GQA 8 kv heads, 128256 vocab")
+  end
+end
+
 -- the pre-flight check refuses what cannot fit, naming the numbers
 do
   local r = tiny()

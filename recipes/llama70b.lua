@@ -1,0 +1,19 @@
+-- llama70b.lua: Llama 3 70B (80 layers, hidden 8192, 64 heads / 8 kv heads,
+-- SwiGLU 28672, vocab 128256, rope theta 500000), 70.55B parameters.
+-- HSDP: ZeRO-3 inside a node of 8 GPUs (dp_shard = 8), replicated across
+-- nodes (dp_outer), bf16 params, fp32 gradient reduction, full activation
+-- checkpointing; 4M-token global batches of 8192-token sequences:
+--   srun --mpi=pmix -N 16 --ntasks-per-node 8 fsdp recipes/llama70b.lua data.token_file=/data/train.bin
+-- Until the CUDA backend trains units (the CUDA issue), running it stops
+-- with a message saying so; the planner and the REPL already read it.
+return {
+  model = { preset = "llama3_70b" },
+  mesh = "dp_outer=-1,dp_shard=8",
+  fsdp = { zero = 3, units = "default", meta_init = true, prefetch = 1, max_live_units = 2, checkpoint = "full",
+    param_dtype = "bf16", reduce_dtype = "fp32" },
+  optimizer = { name = "adamw", lr = 1.5e-4, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1, clip = 1.0 },
+  schedule = { warmup = 2000, decay = "cosine", min_lr_ratio = 0.1 },
+  data = { token_file = "data/train.bin", val_token_file = "data/val.bin", seq = 8192, micro_batch = 1 },
+  train = { steps = 100000, global_batch_tokens = 4194304, seed = 1234, eval_every = 1000, eval_batches = 16,
+    log_every = 1, metrics = "runs/llama70b/metrics.jsonl", device = "cuda" },
+}
