@@ -17,11 +17,16 @@
 --   exactly where it stopped. Validation: windows in order, no shuffle.
 local base = require "fsdp.ffi"
 local tensor = require "fsdp.tensor"
-local ffi, bit = base.ffi, require "bit"
+local ffi, C, bit = base.ffi, base.C, require "bit"
 
 local M = {}
 local Dataset, Loader = {}, {}
 Dataset.__index, Loader.__index = Dataset, Loader
+
+-- A split reads from a source: read(offset, n, int32 dst)
+local function array_source(toks)
+  return { read = function(off, n, dst) ffi.copy(dst, toks + off, n * 4) end }
+end
 
 local function shell_quote(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
 
@@ -63,22 +68,63 @@ function M.corpus(o)
   local toks = ffi.new("int32_t[?]", n)
   for i = 1, n do toks[i - 1] = text:byte(i) end
   local vf = o.val_fraction or 0.1
-  local ntrain = math.floor(n * (1 - vf))
+  local ntrain = n - math.floor(n * vf)
+  local src = array_source(toks)
   return setmetatable({ tokens = toks, n = n, files = files, vocab_size = 256,
-    splits = { train = { 0, ntrain }, val = { ntrain, n } } }, Dataset)
+    splits = { train = { src, 0, ntrain }, val = { src, ntrain, n } } }, Dataset)
 end
 
--- Pre-tokenised binary token files (llm.c / nanoGPT formats) are not read
--- yet: say so instead of failing obscurely.
+-- data.token_file{path = P, format = "auto" | "raw_u16" | "raw_u32", val_path = V, val_fraction = f}
+--   Pre-tokenised token files (llm.c headers, nanoGPT's raw uint16; see
+--   docs/DATA.md), memory-mapped by the C reader (src/io/token_file.c):
+--   nothing is read until a batch needs it, so a file of any size opens at
+--   once. Without val_path the val split is the file's last val_fraction.
+local formats = { auto = C.FSDP_TOKENS_AUTO, raw_u16 = C.FSDP_TOKENS_RAW_U16, raw_u32 = C.FSDP_TOKENS_RAW_U32 }
+
+local function open_tokens(path, format, what)
+  local fmt = formats[format or "auto"]
+  if not fmt then
+    error(string.format("%s: format = '%s'; expected auto, raw_u16 or raw_u32", what, tostring(format)), 3)
+  end
+  local out = ffi.new("fsdp_token_file *[1]")
+  if C.fsdp_token_file_open(path, fmt, out) < 0 then error(what .. ": " .. ffi.string(C.fsdp_last_error()), 3) end
+  local f = ffi.gc(out[0], C.fsdp_token_file_close)
+  return {
+    file = f, count = tonumber(C.fsdp_token_file_count(f)),
+    read = function(off, n, dst)
+      if C.fsdp_token_file_read(f, off, n, dst) < 0 then error(what .. ": " .. ffi.string(C.fsdp_last_error()), 0) end
+    end,
+  }
+end
+
 function M.token_file(o)
-  error(string.format("data.token_file = '%s': reading pre-tokenised token files is not implemented yet; use " ..
-    "data.corpus for now", tostring(o and o.path)), 2)
+  if type(o) ~= "table" or type(o.path) ~= "string" then error("data.token_file: expected {path = 'file.bin', ...}", 2) end
+  local train = open_tokens(o.path, o.format, "data.token_file")
+  local ds = setmetatable({ sources = { train }, files = { o.path } }, Dataset)
+  if o.val_path then
+    local val = open_tokens(o.val_path, o.format, "data.val_token_file")
+    ds.sources[2], ds.files[2] = val, o.val_path
+    ds.splits = { train = { train, 0, train.count }, val = { val, 0, val.count } }
+  else
+    local n = train.count
+    local ntrain = n - math.floor(n * (o.val_fraction or 0))
+    ds.splits = { train = { train, 0, ntrain }, val = { train, ntrain, n } }
+  end
+  return ds
+end
+
+-- unmaps now rather than at garbage collection
+function Dataset:close()
+  for _, s in ipairs(self.sources or {}) do
+    if s.file then C.fsdp_token_file_close(ffi.gc(s.file, nil)); s.file = nil end
+  end
 end
 
 -- A dataset over an int32 token array (tests, token files)
 function M.from_tokens(toks, n, vocab, val_fraction)
-  local ntrain = math.floor(n * (1 - (val_fraction or 0.1)))
-  return setmetatable({ tokens = toks, n = n, vocab_size = vocab, splits = { train = { 0, ntrain }, val = { ntrain, n } } }, Dataset)
+  local ntrain = n - math.floor(n * (val_fraction or 0.1))
+  local src = array_source(toks)
+  return setmetatable({ tokens = toks, n = n, vocab_size = vocab, splits = { train = { src, 0, ntrain }, val = { src, ntrain, n } } }, Dataset)
 end
 
 -- a deterministic permutation of 0..n-1 for (seed, epoch): Fisher-Yates
@@ -104,12 +150,12 @@ function Dataset:loader(o)
   local range = self.splits[split]
   if not range then error("data: split '" .. tostring(split) .. "' (expected train or val)", 2) end
   local B, T, W, r = o.batch, o.seq, o.world or 1, o.rank or 0
-  local nwin = math.floor((range[2] - range[1] - 1) / T)
+  local nwin = math.floor((range[3] - range[2] - 1) / T)
   if nwin < 1 then
-    error(string.format("data: the %s split has %d tokens, fewer than one window of seq + 1 = %d", split, range[2] - range[1], T + 1), 2)
+    error(string.format("data: the %s split has %d tokens, fewer than one window of seq + 1 = %d", split, range[3] - range[2], T + 1), 2)
   end
   if r < 0 or r >= W then error(string.format("data: rank %d outside a world of %d", r, W), 2) end
-  return setmetatable({ ds = self, split = split, start = range[1], B = B, T = T, W = W, r = r, seed = o.seed or 0,
+  return setmetatable({ ds = self, split = split, src = range[1], start = range[2], B = B, T = T, W = W, r = r, seed = o.seed or 0,
     nwin = nwin, consumed = o.state and o.state.consumed or 0, shuffle = split == "train" }, Loader)
 end
 
@@ -125,11 +171,12 @@ end
 function Loader:next()
   local B, T, W = self.B, self.T, self.W
   local x, y = tensor.new({ B, T }, "int32"), tensor.new({ B, T }, "int32")
-  local xp, yp, toks = x:ptr(), y:ptr(), self.ds.tokens
+  local xp, yp = x:ptr(), y:ptr()
+  self.buf = self.buf or ffi.new("int32_t[?]", T + 1)
   for b = 0, B - 1 do
-    local off = self:window(self.consumed + b * W + self.r)
-    ffi.copy(xp + b * T, toks + off, T * 4)
-    ffi.copy(yp + b * T, toks + off + 1, T * 4)
+    self.src.read(self:window(self.consumed + b * W + self.r), T + 1, self.buf)
+    ffi.copy(xp + b * T, self.buf, T * 4)
+    ffi.copy(yp + b * T, self.buf + 1, T * 4)
   end
   self.consumed = self.consumed + B * W
   return x, y

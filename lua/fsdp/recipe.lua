@@ -68,6 +68,8 @@ function M.apply_overrides(r, args, where)
       t = t[parts[i]]
     end
     t[parts[#parts]] = v
+    -- the two data sources exclude each other: the command line's wins
+    if key == "data.token_file" and type(r.data) == "table" then r.data.corpus = nil end
   end
   return r
 end

@@ -177,7 +177,7 @@ function M.run(r, where, args)
   local tty = R == 0 and (os.getenv("FSDPRUN_TTY") == "1" or (os.getenv("FSDPRUN") == nil and ffi.C.isatty(1) == 1))
   local steps, o = r.train.steps, r.optimizer
   local t_start, tokens_done, first_loss, last_loss = C.fsdp_time_now(), 0, nil, nil
-  local t_steady, steady_tokens = nil, 0
+  local t_steady, steady_tokens, losses = nil, 0, {}
   for step = 1, steps do
     fsdp.memory_reset_peak("cpu")
     local t0 = C.fsdp_time_now()
@@ -193,6 +193,7 @@ function M.run(r, where, args)
     if step >= 2 then steady_tokens = steady_tokens + tokens_step end
     first_loss = first_loss or loss
     last_loss = loss
+    losses[step] = loss
     local tps = tokens_step / dt
     local mfu = flops_tok * tps / dp / peak
     local mem = fsdp.memory_stats("cpu").peak
@@ -223,7 +224,7 @@ function M.run(r, where, args)
     first_loss, last_loss, human(steady), human(tokens_done) .. " tokens", info.size)
   if metrics then metrics:close() end
   sharded:free()
-  return { first_loss = first_loss, last_loss = last_loss, tokens_per_s = steady }
+  return { first_loss = first_loss, last_loss = last_loss, losses = losses, tokens_per_s = steady }
 end
 
 -- `fsdp RECIPE.lua args...`: the rank host calls this when a file returns a table
