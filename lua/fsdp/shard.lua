@@ -83,6 +83,15 @@ function M.fully_shard(model, opts)
     decided[path] = d
     if #(m.params or {}) > 0 then add(m, path, d and d.name or "root", d and d.opts) end
   end)
+  -- a module that shares another's parameters (tied embeddings: m.shares)
+  -- runs in that module's unit, bound to the same buffers
+  nn.walk(model, function(m, path)
+    if m.shares then
+      local u = s.unit_of[m.shares]
+      if not u then error(string.format("fully_shard: module '%s' shares the parameters of a module outside the model", path), 4) end
+      s.unit_of[m] = u
+    end
+  end)
   -- a unit is reduced after the backward of its first module (in model order)
   for _, u in ipairs(s.units) do u.first = u.modules[1] end
   -- buffers: a pool of full-unit buffers as big as the largest unit's
@@ -166,8 +175,9 @@ local function bind(s, m, with_grads)
   end
   m.bound, m.grad, m.flush = {}, {}, {}
   m.scratch = m.scratch or {}
+  local owner = m.shares or m
   for _, p in ipairs(u.params) do
-    if p.module == m then
+    if p.module == owner then
       local name, n = p.spec.name, p.spec.numel
       if s.param_dtype == "fp32" then -- views into the unit's full buffers (no copy)
         local v = ffi.new("fsdp_tensor")
@@ -254,8 +264,10 @@ function Ctx:enter(m, phase)
     -- prefetch the units that run next (following ones in forward,
     -- preceding ones in backward), up to opts.prefetch; stops at the pool's
     -- bound instead of growing memory
+    -- (not from a module that borrows another unit's params: that unit runs
+    -- out of order, and its neighbours are not next)
     local dir = forward and 1 or -1
-    for d = 1, s.prefetch do
+    for d = 1, m.shares and 0 or s.prefetch do
       local nxt = s.units[u.index + d * dir]
       if not nxt or not unshard(nxt, s) then break end
     end

@@ -169,9 +169,10 @@ local names = { "model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.we
   "model.layers.1.post_attention_layernorm.weight", "model.norm.weight", "lm_head.weight" }
 local opt = { lr = 1e-2, weight_decay = 0.1, clip = 1.0, loss = loss_fn }
 
-local function train(label, zero, checkpoint, K)
-  local model = fsdp.fully_shard(llama.model(cfg, { checkpoint = checkpoint }), { shard = dp, units = llama.units, zero = zero, seed = 5 })
-  local ref = fsdp.fully_shard(llama.model(cfg), { shard = solo, zero = 0, seed = 5 })
+local function train(label, zero, checkpoint, K, c)
+  c = c or cfg
+  local model = fsdp.fully_shard(llama.model(c, { checkpoint = checkpoint }), { shard = dp, units = llama.units, zero = zero, seed = 5 })
+  local ref = fsdp.fully_shard(llama.model(c), { shard = solo, zero = 0, seed = 5 })
   local worst, losses = 0, {}
   for t = 1, 5 do
     local mine, all = {}, {}
@@ -185,6 +186,7 @@ local function train(label, zero, checkpoint, K)
   check(worst <= 1e-5, string.format("%s: loss every step within 1e-5 of the unsharded run (worst %.2e)", label, worst))
   local bad = 0
   for _, n in ipairs(names) do
+    if c.tie_word_embeddings and n == "lm_head.weight" then n = "model.embed_tokens.weight" end
     local a, b = model:gather(n), ref:gather(n)
     for i = 1, #a do if not (math.abs(a[i] - b[i]) <= 1e-5 * math.abs(b[i]) + 1e-6) then bad = bad + 1 end end
   end
@@ -200,6 +202,43 @@ for t = 1, #plain do same = same and plain[t] == ck[t] end
 check(same, "activation checkpointing gives the same losses bit for bit")
 train("zero 2, checkpoint every 2nd layer, 2 micro-batches", 2, 2, 2)
 train("zero 1", 1, "none", 1)
+
+---------------------------------------------------------------- 4. tied embeddings
+-- tie_word_embeddings = true: the head computes with the embedding's weight
+-- (one parameter, two uses, one unit): logits against the float64 reference
+-- with lm_head = embed_tokens, and sharded training against the unsharded run
+do
+  local tied = {}
+  for k, v in pairs(cfg) do tied[k] = v end
+  tied.tie_word_embeddings = true
+  check(llama.num_params(tied) == llama.num_params(cfg) - cfg.vocab_size * cfg.hidden_size, "tied: one embedding matrix fewer")
+  local m = fsdp.fully_shard(llama.model(tied), { shard = dp, units = llama.units, zero = 3, seed = 5 })
+  local b = batch(R, 1)
+  local got = {}
+  m:evaluate({ b }, function(logits, bb)
+    for i = 0, logits:numel() - 1 do got[i + 1] = logits:get(i) end
+    return (llama.loss(logits, bb.y, 0))
+  end)
+  local cache = {}
+  local want = ref_forward(function(n)
+    if n == "lm_head.weight" then n = "model.embed_tokens.weight" end
+    cache[n] = cache[n] or m:gather(n)
+    return cache[n]
+  end, b.x)
+  local bad = 0
+  for i = 1, B * S do
+    for c = 1, cfg.vocab_size do
+      local w, g = want[i][c], got[(i - 1) * cfg.vocab_size + c]
+      if not (math.abs(g - w) <= 1e-4 * math.abs(w) + 1e-5) then bad = bad + 1 end
+    end
+  end
+  check(bad == 0, "tied: logits match the float64 reference with lm_head = embed_tokens (" .. bad .. " off)")
+  local ok = pcall(function() return m:gather("lm_head.weight") end)
+  check(not ok, "tied: no separate lm_head.weight")
+  m:free()
+  train("tied, zero 3", 3, "none", 1, tied)
+  train("tied, zero 2, checkpoint full, 2 micro-batches", 2, "full", 2, tied)
+end
 
 collectgarbage()
 T.finish()

@@ -95,9 +95,6 @@ function M.config(preset, overrides, where)
   end
   if c.hidden_act and c.hidden_act ~= "silu" then error(string.format("%s: hidden_act = '%s'; only 'silu' (SwiGLU) is supported", where, c.hidden_act), 2) end
   if c.attention_bias or c.mlp_bias then error(where .. ": attention_bias / mlp_bias are not supported (Llama has none)", 2) end
-  if c.tie_word_embeddings then
-    error(where .. ": tie_word_embeddings = true is not supported yet (Llama 3 8B/70B do not tie; use false)", 2)
-  end
   local rs = c.rope_scaling
   if rs then
     local t = rs.rope_type or rs.type
@@ -317,8 +314,12 @@ function M.model(cfg, opts)
     nn.Embedding(cfg.vocab_size, cfg.hidden_size, { std = cfg.initializer_range }),
     setmetatable({ params = {}, children = layers }, ModuleList),
     nn.RMSNorm(cfg.hidden_size, cfg.rms_norm_eps) }, child_names = { "embed_tokens", "layers", "norm" } }, Model)
+  local head = nn.Linear(cfg.hidden_size, cfg.vocab_size, { std = cfg.initializer_range, bias = false })
+  if cfg.tie_word_embeddings then -- the head computes with the embedding's weight (HF's tying)
+    head.params, head.shares = {}, model.children[1]
+  end
   return setmetatable({ cfg = cfg, params = {},
-    children = { model, nn.Linear(cfg.hidden_size, cfg.vocab_size, { std = cfg.initializer_range, bias = false }) },
+    children = { model, head },
     child_names = { "model", "lm_head" } }, CausalLM)
 end
 
