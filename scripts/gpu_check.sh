@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Runs the GPU checks and benchmarks on a machine with a GPU, from a build
-# made elsewhere (scripts/build.sh) and carried along:
+# Runs the GPU checks on a machine with a GPU, from a build made elsewhere
+# (scripts/build.sh) and carried along:
 #   scripts/gpu_check.sh [BUILD_DIR] [OUT_DIR]
+# test_cuda, test_kernels, test_cuda_train, the demo recipe on the GPU and on
+# CPU ranks (TINY_STEPS, default 400); GPU_CHECK_COLLECTIVES=1 adds the
+# collective benchmarks and the multi-rank CPU tests.
 # Libraries the GPU machine lacks (PMIx, LuaJIT, ...) may sit in .devlibs/;
 # NCCL is taken from the system or from Python's nvidia-nccl package.
 set -uo pipefail
@@ -9,14 +12,7 @@ cd "$(dirname "$0")/.."
 build=${1:-build}
 out=${2:-${OUT:-/tmp/fsdp-gpu}}
 mkdir -p "$out"
-nccl_dir=$(dirname "$(ldconfig -p | awk '/libnccl.so.2/ {print $NF; exit}')" 2>/dev/null)
-if [ -z "$nccl_dir" ] || [ "$nccl_dir" = . ]; then
-  nccl_dir=$(dirname "$(find / -name 'libnccl.so.2' -not -path '/proc/*' 2>/dev/null | head -1)")
-fi
-export LD_LIBRARY_PATH="$PWD/$build:$PWD/.devlibs:$nccl_dir:${LD_LIBRARY_PATH:-}"
-# the GPU machine may have another PMIx whose plugins do not load into ours
-export PMIX_MCA_mca_base_component_show_load_errors=0
-export FSDP_LIB="$PWD/$build/libfsdp.so" FSDP_HEADER="$PWD/src/fsdp.h" FSDP_LUA_PATH="$PWD/lua"
+. scripts/gpu_env.sh "$build"
 status=0
 {
   date -u
@@ -26,7 +22,21 @@ status=0
 
 echo "== test_cuda" | tee "$out/test_cuda.log"
 "$build/tests/test_cuda" 2>&1 | tee -a "$out/test_cuda.log" || status=1
+echo "== test_kernels" | tee "$out/test_kernels.log"
+"$build/tests/test_kernels" 2>&1 | tee -a "$out/test_kernels.log" || status=1
 
+echo "== the Llama model trained on the GPU vs the CPU ops (tests/lua/test_cuda_train.lua)"
+"$build/fsdprun" -n 1 --host "$build/fsdp" tests/lua/test_cuda_train.lua 2>&1 | tee "$out/test_cuda_train.log" || status=1
+
+echo "== the demo recipe on one GPU (fp32, then bf16) and on CPU ranks of this machine, same global batch"
+steps=${TINY_STEPS:-400}
+for run in "cuda fp32 1" "cuda bf16 1" "cpu fp32 1"; do
+  set -- $run
+  "$build/fsdprun" -n "$3" --rank0-only --host "$build/fsdp" recipes/tiny.lua train.device="$1" fsdp.param_dtype="$2" \
+    train.steps="$steps" train.log_every=50 train.metrics="$out/tiny_$1_$2.jsonl" 2>&1 | tee "$out/tiny_$1_$2.log" || status=1
+done
+
+if [ "${GPU_CHECK_COLLECTIVES:-0}" = 1 ]; then
 for dt in fp32 bf16; do
   echo "== bench_collectives --device cuda --dtype $dt (1 rank)"
   "$build/fsdprun" -n 1 --no-prefix --host "$build/bench/bench_collectives" --device cuda --dtype $dt \
@@ -42,6 +52,5 @@ echo "== test_collectives, 4 ranks"
 echo "== units and fully_shard parity, 4 ranks"
 "$build/fsdprun" -n 4 --rank0-only --host "$build/tests/test_units" 2>&1 | tail -2 | tee "$out/test_units.log" || status=1
 "$build/fsdprun" -n 4 --rank0-only --host "$build/fsdp" tests/lua/test_fully_shard.lua 2>&1 | tail -2 | tee "$out/test_fully_shard.log" || status=1
-echo "== demo through the Lua host"
-"$build/fsdprun" -n 4 --host "$build/fsdp" recipes/demo_collectives.lua 2>&1 | tee "$out/demo.log" || status=1
+fi
 exit $status

@@ -3,9 +3,11 @@
 -- units and binds pointers into the units' full buffers before each use.
 -- forward(ctx, x) and backward(ctx, dy) call ctx:enter/leave around every
 -- child so that the FSDP schedule (unshard, prefetch, reshard, reduce) runs
--- at unit boundaries. CPU, fp32 for now.
+-- at unit boundaries. Activations follow their input's device and dtype
+-- (fsdp.ops dispatches: CPU fp32, or CUDA in the units' compute dtype).
 local base = require "fsdp.ffi"
 local tensor = require "fsdp.tensor"
+local ops = require "fsdp.ops"
 local C, check = base.C, base.check
 
 local nn = {}
@@ -46,8 +48,8 @@ function Linear:forward(ctx, x)
     error(string.format("Linear(%d -> %d): input of shape %s does not end in %d", self.inp, self.out,
       table.concat(x.shape, "x"), self.inp), 2)
   end
-  local y = tensor.new(with_last(x.shape, self.out))
-  check(C.fsdp_linear_forward(y:ptr(), x:ptr(), self.bound.weight, self.bound.bias, n, self.inp, self.out), "Linear forward")
+  local y = ops.like(x, with_last(x.shape, self.out))
+  ops.linear_forward(y, x, self.bound.weight, self.bound.bias, n, self.inp, self.out)
   self.saved = x
   return y
 end
@@ -55,9 +57,8 @@ end
 function Linear:backward(ctx, dy)
   local x = self.saved
   local n = x:numel() / self.inp
-  local dx = tensor.new(x.shape)
-  check(C.fsdp_linear_backward(dx:ptr(), self.grad.weight, self.grad.bias, dy:ptr(), x:ptr(), self.bound.weight, n,
-    self.inp, self.out), "Linear backward")
+  local dx = ops.like(x)
+  ops.linear_backward(dx, self.grad.weight, self.grad.bias, dy, x, self.bound.weight, n, self.inp, self.out)
   self.saved = nil
   return dx
 end
@@ -67,15 +68,15 @@ local Tanh = class("Tanh")
 nn.Tanh = function() return setmetatable({ params = {} }, Tanh) end
 
 function Tanh:forward(ctx, x)
-  local y = tensor.new(x.shape)
-  check(C.fsdp_tanh_forward(y:ptr(), x:ptr(), x:numel()), "Tanh forward")
+  local y = ops.like(x)
+  ops.tanh_forward(y, x)
   self.saved = y
   return y
 end
 
 function Tanh:backward(ctx, dy)
-  local dx = tensor.new(dy.shape)
-  check(C.fsdp_tanh_backward(dx:ptr(), dy:ptr(), self.saved:ptr(), dy:numel()), "Tanh backward")
+  local dx = ops.like(dy)
+  ops.tanh_backward(dx, dy, self.saved)
   self.saved = nil
   return dx
 end
@@ -143,15 +144,16 @@ end
 -- ids: an int32 tensor {B, T}; returns {B, T, dim}
 function Embedding:forward(ctx, ids)
   if ids.dtype ~= "int32" then error("Embedding: token ids must be an int32 tensor, got " .. ids.dtype, 2) end
-  local y = tensor.new({ ids.shape[1], ids.shape[2] or 1, self.dim })
-  check(C.fsdp_embedding_forward(y:ptr(), ids:ptr(), self.bound.weight, ids:numel(), self.vocab, self.dim), "Embedding forward")
+  -- the output's dtype: the units' compute dtype on CUDA (set by fully_shard), fp32 on CPU
+  local y = tensor.new({ ids.shape[1], ids.shape[2] or 1, self.dim }, ids.device == "cuda" and self.act_dtype or "fp32", ids.device)
+  ops.embedding_forward(y, ids, self.bound.weight, ids:numel(), self.vocab, self.dim)
   self.saved = ids
   return y
 end
 
 function Embedding:backward(ctx, dy)
   local ids = self.saved
-  check(C.fsdp_embedding_backward(self.grad.weight, dy:ptr(), ids:ptr(), ids:numel(), self.vocab, self.dim), "Embedding backward")
+  ops.embedding_backward(self.grad.weight, dy, ids, ids:numel(), self.vocab, self.dim)
   self.saved = nil
   return nil -- no gradient for token ids
 end
@@ -166,8 +168,8 @@ end
 
 function RMSNorm:forward(ctx, x)
   local n = x:numel() / self.dim
-  local y, rstd = tensor.new(x.shape), tensor.new(n)
-  check(C.fsdp_rmsnorm_forward(y:ptr(), rstd:ptr(), x:ptr(), self.bound.weight, n, self.dim, self.eps), "RMSNorm forward")
+  local y, rstd = ops.like(x), tensor.new(n, "fp32", x.device)
+  ops.rmsnorm_forward(y, rstd, x, self.bound.weight, n, self.dim, self.eps)
   self.saved = { x = x, rstd = rstd }
   return y
 end
@@ -175,9 +177,8 @@ end
 function RMSNorm:backward(ctx, dy)
   local s = self.saved
   local n = s.x:numel() / self.dim
-  local dx = tensor.new(s.x.shape)
-  check(C.fsdp_rmsnorm_backward(dx:ptr(), self.grad.weight, dy:ptr(), s.x:ptr(), self.bound.weight, s.rstd:ptr(), n,
-    self.dim), "RMSNorm backward")
+  local dx = ops.like(s.x)
+  ops.rmsnorm_backward(dx, self.grad.weight, dy, s.x, self.bound.weight, s.rstd, n, self.dim)
   s.rstd:free()
   self.saved = nil
   return dx

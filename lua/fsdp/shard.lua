@@ -10,6 +10,7 @@
 local base = require "fsdp.ffi"
 local nn = require "fsdp.nn"
 local tensor = require "fsdp.tensor"
+local ops = require "fsdp.ops"
 local ffi, C, check = base.ffi, base.C, base.check
 
 local M = {}
@@ -43,7 +44,10 @@ function M.fully_shard(model, opts)
   end
   local s = setmetatable({ model = model, shard = opts.shard, outer = opts.outer, zero = zero, units = {},
     unit_of = {}, order = {}, step_count = 0, trace = opts.trace, param_dtype = pdt,
-    prefetch = opts.prefetch or 1, hfsdp = opts.hfsdp and true or false }, Sharded)
+    prefetch = opts.prefetch or 1, hfsdp = opts.hfsdp and true or false, device = opts.shard.device or "cpu" }, Sharded)
+  -- CUDA: the ops run on fsdp.ops' compute stream; units order their
+  -- collectives against it with events. CPU: the calling thread computes.
+  s.cs = s.device == "cuda" and ops.compute_stream():live("fully_shard") or nil
   if s.hfsdp and not opts.outer then error("fully_shard: hfsdp shards the optimizer over opts.outer, which is missing", 2) end
   if s.prefetch < 0 or s.prefetch % 1 ~= 0 then error("fully_shard: prefetch = " .. tostring(s.prefetch) .. "; expected an integer >= 0", 2) end
   -- assign each module with parameters to a unit, in model order: the
@@ -108,8 +112,9 @@ function M.fully_shard(model, opts)
   end
   local live = opts.max_live_units or 2
   local pp, gp = ffi.new("fsdp_pool *[1]"), ffi.new("fsdp_pool *[1]")
-  check(C.fsdp_pool_create(C.FSDP_CPU, biggest * 4, live, pp), "fully_shard: param pool")
-  check(C.fsdp_pool_create(C.FSDP_CPU, biggest * 4, live, gp), "fully_shard: grad pool")
+  local dev = tensor.device(s.device)
+  check(C.fsdp_pool_create(dev, biggest * 4, live, pp), "fully_shard: param pool")
+  check(C.fsdp_pool_create(dev, biggest * 4, live, gp), "fully_shard: grad pool")
   s.ppool, s.gpool = pp[0], gp[0]
   -- one finalizer for the lot, so units go before the pools they borrow
   -- from; it holds the handles (s.res), not s: a closure over s would be a
@@ -170,23 +175,25 @@ local function bind(s, m, with_grads)
   local g
   if with_grads then
     local gp = ffi.new("void *[1]")
-    check(C.fsdp_unit_grads(u.handle, nil, gp), "unit '" .. u.name .. "' grads")
+    check(C.fsdp_unit_grads(u.handle, s.cs, gp), "unit '" .. u.name .. "' grads")
     g = gp[0]
   end
   m.bound, m.grad, m.flush = {}, {}, {}
   m.scratch = m.scratch or {}
+  m.act_dtype = s.param_dtype
   local owner = m.shares or m
   for _, p in ipairs(u.params) do
     if p.module == owner then
       local name, n = p.spec.name, p.spec.numel
-      if s.param_dtype == "fp32" then -- views into the unit's full buffers (no copy)
+      if s.param_dtype == "fp32" or s.device == "cuda" then -- views into the unit's full buffers (no copy)
         local v = ffi.new("fsdp_tensor")
         local shape = ffi.new("int64_t[1]", n)
         check(C.fsdp_unit_param_view(u.handle, p.index - 1, C.FSDP_VIEW_PARAM, 1, shape, v), "bind '" .. p.name .. "'")
-        m.bound[name] = ffi.cast("float *", v.data)
+        -- CPU ops take float *; the CUDA ones take the compute dtype's void *
+        m.bound[name] = s.device == "cuda" and v.data or ffi.cast("float *", v.data)
         if g then
           check(C.fsdp_unit_param_view(u.handle, p.index - 1, C.FSDP_VIEW_GRAD, 1, shape, v), "bind '" .. p.name .. "' grad")
-          m.grad[name] = ffi.cast("float *", v.data)
+          m.grad[name] = s.device == "cuda" and v.data or ffi.cast("float *", v.data)
         end
       else
         local sc = m.scratch[name] or { w = tensor.new(n), g = tensor.new(n) }
@@ -241,9 +248,9 @@ local function unshard(u, s)
   return rc == 0
 end
 
-local function reshard(u)
+local function reshard(u, s)
   u.gathered = false
-  check(C.fsdp_unit_reshard(u.handle, nil), "unit '" .. u.name .. "' reshard")
+  check(C.fsdp_unit_reshard(u.handle, s and s.cs or nil), "unit '" .. u.name .. "' reshard")
 end
 
 -- The schedule, as hooks around each module.
@@ -259,7 +266,7 @@ function Ctx:enter(m, phase)
   -- bound, no grads, prefetching in the backward direction)
   local forward = phase == "forward"
   if self.cur ~= u then
-    if self.cur and self.cur.zero == 3 then reshard(self.cur) end
+    if self.cur and self.cur.zero == 3 then reshard(self.cur, s) end
     unshard(u, s)
     -- prefetch the units that run next (following ones in forward,
     -- preceding ones in backward), up to opts.prefetch; stops at the pool's
@@ -271,7 +278,7 @@ function Ctx:enter(m, phase)
       local nxt = s.units[u.index + d * dir]
       if not nxt or not unshard(nxt, s) then break end
     end
-    check(C.fsdp_unit_wait(u.handle, nil), "unit '" .. u.name .. "' wait")
+    check(C.fsdp_unit_wait(u.handle, s.cs), "unit '" .. u.name .. "' wait")
     comm_times(u, u.gather_trace, "gather")
     u.gather_trace = nil
     self.cur = u
@@ -286,9 +293,9 @@ function Ctx:leave(m, phase)
   local u = self.s.unit_of[m]
   if phase == "backward" and u then flush_grads(m) end
   if phase == "backward" and u and u.first == m then
-    if u.zero == 3 then reshard(u) end
+    if u.zero == 3 then reshard(u, self.s) end
     self.cur = nil
-    check(C.fsdp_unit_reduce(u.handle, nil, self.sync and 1 or 0), "unit '" .. u.name .. "' reduce")
+    check(C.fsdp_unit_reduce(u.handle, self.s.cs, self.sync and 1 or 0), "unit '" .. u.name .. "' reduce")
     u.reduce_trace = trace(self.s, "reduce", u)
   end
 end
@@ -303,6 +310,20 @@ end
 -- not advance).
 local function live(s, what)
   if s.ppool == nil then error(what .. ": the sharded model was freed", 3) end
+end
+
+-- all-reduce a small CPU tensor over comm (through the device for NCCL)
+local function all_reduce_host(comm, t, op)
+  if comm.device == "cuda" then
+    local d = tensor.new(t.shape, t.dtype, "cuda"):copy_from(t)
+    comm:all_reduce(d, d, op)
+    comm:synchronize()
+    t:copy_from(d)
+    d:free()
+  else
+    comm:all_reduce(t, t, op)
+    comm:synchronize()
+  end
 end
 
 function Sharded:train_step(batches, opt)
@@ -335,20 +356,18 @@ function Sharded:train_step(batches, opt)
     sums:set(nu + i - 1, tonumber(bad[0]))
   end
   sums:set(2 * nu, total)
-  self.shard:all_reduce(sums, sums, "sum")
-  self.shard:synchronize()
+  all_reduce_host(self.shard, sums, "sum")
   local norm2 = 0
   for i = 0, nu - 1 do norm2 = norm2 + sums:get(i) end
   local loss = sums:get(2 * nu) / self.shard:size()
   if self.hfsdp then -- replicas hold different parts of the grads: sum those too
-    self.outer:all_reduce(sums, sums, "sum")
-    self.outer:synchronize()
+    all_reduce_host(self.outer, sums, "sum")
     norm2 = 0
     for i = 0, nu - 1 do norm2 = norm2 + sums:get(i) end
     loss = sums:get(2 * nu) / (self.shard:size() * self.outer:size())
   elseif self.outer then
     local l = tensor.new(1); l:set(0, loss)
-    self.outer:all_reduce(l, l, "avg"); self.outer:synchronize()
+    all_reduce_host(self.outer, l, "avg")
     loss = l:get(0)
   end
   local norm = math.sqrt(norm2)
@@ -395,18 +414,17 @@ function Sharded:evaluate(batches, lossfn)
     y = nil
     collectgarbage()
   end
-  if ctx.cur and ctx.cur.zero == 3 then reshard(ctx.cur) end
+  if ctx.cur and ctx.cur.zero == 3 then reshard(ctx.cur, self) end
   for _, u in ipairs(self.units) do
     if u.gathered then -- prefetched, not used: let its gather land first
-      check(C.fsdp_unit_wait(u.handle, nil), "evaluate")
-      reshard(u)
+      check(C.fsdp_unit_wait(u.handle, self.cs), "evaluate")
+      reshard(u, self)
     end
   end
   local l = tensor.new(1)
   l:set(0, total)
-  self.shard:all_reduce(l, l, "avg")
-  self.shard:synchronize()
-  if self.outer then self.outer:all_reduce(l, l, "avg"); self.outer:synchronize() end
+  all_reduce_host(self.shard, l, "avg")
+  if self.outer then all_reduce_host(self.outer, l, "avg") end
   return l:get(0)
 end
 
@@ -419,6 +437,13 @@ function Sharded:gather(name)
         unshard(u)
         check(C.fsdp_unit_wait(u.handle, nil), "gather")
         local w, out = C.fsdp_unit_params(u.handle), {}
+        local host
+        if self.device == "cuda" then -- this parameter's range, copied to the host
+          local es = self.param_dtype == "fp32" and 4 or 2
+          host = ffi.new("uint8_t[?]", (p.offset + p.spec.numel) * es)
+          check(C.fsdp_memcpy(host + p.offset * es, ffi.cast("uint8_t *", w) + p.offset * es, p.spec.numel * es, nil), "gather")
+          w = host
+        end
         if self.param_dtype == "fp32" then
           local f = ffi.cast("float *", w)
           for i = 0, p.spec.numel - 1 do out[i + 1] = f[p.offset + i] end
@@ -426,7 +451,7 @@ function Sharded:gather(name)
           local h = ffi.cast("uint16_t *", w)
           for i = 0, p.spec.numel - 1 do out[i + 1] = C.fsdp_bf16_to_f32(h[p.offset + i]) end
         end
-        reshard(u)
+        reshard(u, self)
         return out
       end
     end

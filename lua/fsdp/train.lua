@@ -53,6 +53,26 @@ local function cpu_peak_flops()
   return best
 end
 
+-- The GEMM rate of this GPU in the compute dtype (FLOP/s), measured the same way
+local function cuda_peak_flops(dtype)
+  local ops = require "fsdp.ops"
+  local n = 4096
+  local a, b, c = fsdp.tensor({ n, n }, dtype, "cuda"), fsdp.tensor({ n, n }, dtype, "cuda"), fsdp.tensor({ n, n }, dtype, "cuda")
+  check(C.fsdp_memset(a.data, 0x3c, a:nbytes(), nil), "peak")
+  check(C.fsdp_memset(b.data, 0x3c, b:nbytes(), nil), "peak")
+  local cs = ops.compute_stream()
+  local best, t_end = 0, C.fsdp_time_now() + 0.3
+  while C.fsdp_time_now() < t_end do
+    local t0 = C.fsdp_time_now()
+    for _ = 1, 10 do ops.linear_forward(c, a, b.data, nil, n, n, n) end
+    cs:synchronize()
+    local dt = C.fsdp_time_now() - t0
+    if dt > 0 then best = math.max(best, 10 * 2 * n ^ 3 / dt) end
+  end
+  a:free(); b:free(); c:free()
+  return best
+end
+
 -- int32 {B, T} tensors from whatever the loader returns
 local function as_ids(v, B, T)
   if type(v) == "table" and v.dtype == "int32" then return v end
@@ -79,16 +99,35 @@ function M.run(r, where, args)
   r = recipe.check(recipe.apply_overrides(r, args, where), where)
   local say = function(...) if R == 0 then print(string.format(...)) io.stdout:flush() end end
 
-  if r.train.device ~= "cpu" then
-    error(string.format("%s: train.device = '%s': FSDP units train on CPU ranks so far; the CUDA path comes with the " ..
-      "CUDA backend work. Plan this recipe with the planner, or run it with train.device=cpu on a small model.", where,
-      r.train.device), 0)
-  end
+  local device = r.train.device
   local mcfg = {}
   for k, v in pairs(r.model) do if k ~= "preset" then mcfg[k] = v end end
   local cfg = llama.config(r.model.preset, mcfg, where .. ": model")
 
-  local mesh = fsdp.mesh(r.mesh, { device = r.train.device })
+  -- pre-flight: the planned need per rank against what the device has,
+  -- before anything is allocated
+  local B, T = r.data.micro_batch, r.data.seq
+  local ranks_per_device = info.local_size
+  local pb = r.fsdp.param_dtype == "bf16" and 2 or 4
+  local function planned(shard_world)
+    return plan.llama_memory(cfg, { world = shard_world, zero = r.fsdp.zero, param_bytes = pb, micro_batch = B, seq = T,
+      checkpoint = r.fsdp.checkpoint, max_live_units = r.fsdp.max_live_units })
+  end
+  if device == "cuda" then
+    if C.fsdp_device_available(C.FSDP_CUDA) ~= 1 then
+      local need = planned(info.size)
+      error(string.format("%s: train.device = 'cuda', but no CUDA device can be used here (none is visible, or fsdp was " ..
+        "built without CUDA). The recipe needs %.2f GiB per rank on %d ranks (params %.2f, grads %.2f, optimizer %.2f, unit " ..
+        "buffers %.2f, activations %.2f). Run it on GPU machines, or try a small model with train.device=cpu.", where,
+        plan.gib(need.total), info.size, plan.gib(need.params), plan.gib(need.grads),
+        plan.gib(need.optimizer), plan.gib(need.unit_buffers), plan.gib(need.activations)), 0)
+    end
+    local ndev = C.fsdp_device_count(C.FSDP_CUDA)
+    check(C.fsdp_device_set(C.FSDP_CUDA, info.local_rank % ndev), "select the GPU")
+    ranks_per_device = math.ceil(info.local_size / ndev)
+  end
+
+  local mesh = fsdp.mesh(r.mesh, { device = device })
   local names = {}
   for _, d in ipairs(mesh:dims()) do names[d.name or d[1]] = true end
   local shard = names.dp_shard and mesh:group("dp_shard") or mesh:group("world")
@@ -96,24 +135,21 @@ function M.run(r, where, args)
   local dp = shard:size() * (outer and outer:size() or 1)
   local dp_rank = (outer and outer:rank() * shard:size() or 0) + shard:rank()
   local K = recipe.grad_accum(r, dp, where)
-  local B, T = r.data.micro_batch, r.data.seq
   if T > cfg.max_position_embeddings then
     error(string.format("%s: data.seq = %d exceeds model.max_position_embeddings = %d", where, T, cfg.max_position_embeddings), 0)
   end
 
   -- pre-flight: the planned need per rank against what this machine has
-  local pb = r.fsdp.param_dtype == "bf16" and 2 or 4
-  local need = plan.llama_memory(cfg, { world = shard:size(), zero = r.fsdp.zero, param_bytes = pb, micro_batch = B, seq = T,
-    checkpoint = r.fsdp.checkpoint, max_live_units = r.fsdp.max_live_units })
+  local need = planned(shard:size())
   local free, total = ffi.new("int64_t[1]"), ffi.new("int64_t[1]")
-  check(C.fsdp_device_memory_info(C.FSDP_CPU, free, total), "memory info")
-  local have = tonumber(free[0]) * r.train.min_free_fraction / info.local_size
+  check(C.fsdp_device_memory_info(device == "cuda" and C.FSDP_CUDA or C.FSDP_CPU, free, total), "memory info")
+  local have = tonumber(free[0]) * r.train.min_free_fraction / ranks_per_device
   if need.total > have then
     error(string.format("%s: this recipe needs %.2f GiB per rank (params %.2f, grads %.2f, optimizer %.2f, unit buffers %.2f, " ..
-      "activations %.2f), and this machine has %.2f GiB free for each of its %d ranks. Lower data.micro_batch or data.seq, " ..
+      "activations %.2f), and this %s has %.2f GiB free for each of its %d ranks. Lower data.micro_batch or data.seq, " ..
       "use fsdp.zero = 3, fsdp.checkpoint = 'full', fsdp.param_dtype = 'bf16', or more ranks.", where, plan.gib(need.total),
       plan.gib(need.params), plan.gib(need.grads), plan.gib(need.optimizer), plan.gib(need.unit_buffers),
-      plan.gib(need.activations), plan.gib(have), info.local_size), 0)
+      plan.gib(need.activations), device == "cuda" and "GPU" or "machine", plan.gib(have), ranks_per_device), 0)
   end
 
   local ds = dataset_of(r, where)
@@ -132,7 +168,7 @@ function M.run(r, where, args)
 
   local n_params = llama.num_params(cfg)
   local flops_tok = llama.flops_per_token(cfg, T)
-  local peak = cpu_peak_flops()
+  local peak = device == "cuda" and cuda_peak_flops(r.fsdp.param_dtype) or cpu_peak_flops()
   local tokens_step = B * T * K * dp
   say("fsdp: %s parameters in %d units over %d ranks (mesh %s, zero %d, %s params); %d tokens per step (%d x %d x %d " ..
     "micro-batches x %d ranks); planned %.2f GiB per rank", human(n_params), #sharded.units, info.size,
@@ -161,17 +197,29 @@ function M.run(r, where, args)
     metrics:flush()
   end
 
-  local function loss_fn(logits, b, scale) return llama.loss(logits, b.y, scale) end
+  local function loss_fn(logits, b, scale) return llama.loss(logits, b.y, scale, nil, b.y_dev) end
+  local V = cfg.vocab_size
   local function next_batch(loader)
     local x, y = loader:next()
-    return { x = as_ids(x, B, T), y = as_ids(y, B, T) }
+    local b = { x = as_ids(x, B, T), y = as_ids(y, B, T) }
+    if device == "cuda" then -- ids are checked here: the GPU's embedding cannot report one
+      local p = b.x:ptr()
+      for i = 0, B * T - 1 do
+        if p[i] < 0 or p[i] >= V then
+          error(string.format("%s: token id %d in the data is outside model.vocab_size = %d", where, p[i], V), 0)
+        end
+      end
+      b.x = fsdp.tensor({ B, T }, "int32", "cuda"):copy_from(b.x)
+      b.y_dev = fsdp.tensor({ B, T }, "int32", "cuda"):copy_from(b.y)
+    end
+    return b
   end
 
   local function evaluate()
     local vl = ds:loader({ split = "val", batch = B, seq = T, rank = dp_rank, world = dp, seed = seed })
     local batches = {}
     for i = 1, r.train.eval_batches do batches[i] = next_batch(vl) end
-    return sharded:evaluate(batches, function(logits, b) return (llama.loss(logits, b.y, 0)) end)
+    return sharded:evaluate(batches, function(logits, b) return (llama.loss(logits, b.y, 0, nil, b.y_dev)) end)
   end
 
   local tty = R == 0 and (os.getenv("FSDPRUN_TTY") == "1" or (os.getenv("FSDPRUN") == nil and ffi.C.isatty(1) == 1))
@@ -179,7 +227,7 @@ function M.run(r, where, args)
   local t_start, tokens_done, first_loss, last_loss = C.fsdp_time_now(), 0, nil, nil
   local t_steady, steady_tokens, losses = nil, 0, {}
   for step = 1, steps do
-    fsdp.memory_reset_peak("cpu")
+    fsdp.memory_reset_peak(device)
     local t0 = C.fsdp_time_now()
     local batches = {}
     for k = 1, K do batches[k] = next_batch(train_loader) end
@@ -196,7 +244,7 @@ function M.run(r, where, args)
     losses[step] = loss
     local tps = tokens_step / dt
     local mfu = flops_tok * tps / dp / peak
-    local mem = fsdp.memory_stats("cpu").peak
+    local mem = fsdp.memory_stats(device).peak
     if warn then say("step %d: %s", step, warn) end
     if step % r.train.log_every == 0 or step == steps then
       local elapsed = C.fsdp_time_now() - t_start

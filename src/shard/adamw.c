@@ -13,6 +13,7 @@
 
 #include "../base/bf16.h"
 #include "../base/error.h"
+#include "adamw_math.h"
 
 int fsdp_adamw_step(float *param, uint16_t *param_bf16, const float *grad, float *m, float *v, int64_t n,
                     int64_t step, const fsdp_adamw_config *cfg, float grad_scale) {
@@ -32,13 +33,7 @@ int fsdp_adamw_step(float *param, uint16_t *param_bf16, const float *grad, float
   const float b1 = cfg->beta1, b2 = cfg->beta2, lr = cfg->lr, eps = cfg->eps;
   const float decay = 1.0f - cfg->lr * cfg->weight_decay;
   for (int64_t i = 0; i < n; i++) {
-    float g = grad[i] * grad_scale;
-    float mi = b1 * m[i] + (1.0f - b1) * g;
-    float vi = b2 * v[i] + (1.0f - b2) * g * g;
-    m[i] = mi;
-    v[i] = vi;
-    float p = param[i] * decay - lr * (mi * c1) / (sqrtf(vi * c2) + eps);
-    param[i] = p;
+    float p = fsdp_adamw_element(param + i, m + i, v + i, grad[i] * grad_scale, b1, b2, lr, eps, decay, c1, c2);
     if (param_bf16) param_bf16[i] = fsdp_bf16_round(p);
   }
   return FSDP_OK;

@@ -10,8 +10,12 @@
  *   2    | resident    | shard (full buffer transient) | shard
  *   3    | gathered    | shard (full buffer transient) | shard
  *
- * CPU ranks for now: the CUDA path (kernels for the host steps) comes with
- * the CUDA issue. */
+ * Every buffer lives on the comm's device. On CPU ranks the steps between
+ * collectives (accumulate, cast, zero) are tasks on the comm stream's
+ * worker; on CUDA they are kernels (kernels/elementwise.cu) on the same
+ * stream, and the optimizer runs as kernels (kernels/adamw.cu) on the shard
+ * group's stream, so a step never blocks the host. The comm-stream time
+ * stamps (fsdp_unit_times) are taken on CPU ranks only. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +25,9 @@
 #include "../device/device_impl.h"
 #include "../dist/comm_impl.h"
 #include "pool.h"
+#ifdef FSDP_HAVE_CUDA
+#include "../../kernels/kernels.h"
+#endif
 
 struct fsdp_unit {
   char name[128];
@@ -32,6 +39,8 @@ struct fsdp_unit {
   fsdp_comm *shard, *outer;
   fsdp_pool *ppool, *gpool;
   int W, r;
+  int dev;             /* FSDP_CPU or FSDP_CUDA: where every buffer lives */
+  void *sums;          /* CUDA: the grad norm's device counters (double, int64) */
   int64_t S, T;
   int64_t n_opt, sub;  /* the optimizer owns [sub, sub + n_opt) of the shard (zero 0: all T) */
   int hf;              /* HFSDP: the optimizer's range is 1/R of the shard */
@@ -77,7 +86,24 @@ static int run_host_op(void *arg) {
   return FSDP_OK;
 }
 
+#ifdef FSDP_HAVE_CUDA
+static int cuda_step(int err, const char *what) {
+  return err ? fsdp_fail(FSDP_EDEVICE, "unit: %s kernel failed (CUDA error %d)", what, err) : FSDP_OK;
+}
+#endif
+
 static int enqueue_host(fsdp_stream *s, int kind, void *dst, const void *src, int dtype, int64_t n) {
+  if (s->device == FSDP_CUDA) { /* the same steps as kernels on the stream */
+    if (kind == 2) return fsdp_memset(dst, 0, (size_t)n, s);
+    if (kind == 1 && dtype == FSDP_FP32) return fsdp_memcpy(dst, src, (size_t)n * 4, s);
+#ifdef FSDP_HAVE_CUDA
+    void *h = fsdp_cuda_stream_handle(s);
+    if (kind == 1) return cuda_step(fsdp_kernel_cast_to_f32(dst, src, dtype, (size_t)n, h), "cast");
+    return cuda_step(fsdp_kernel_accumulate_f32(dst, src, dtype, (size_t)n, h), "accumulate");
+#else
+    return fsdp_fail(FSDP_EUNSUPPORTED, "unit: built without CUDA");
+#endif
+  }
   host_op *o = malloc(sizeof *o);
   if (!o) return fsdp_fail(FSDP_ENOMEM, "unit: out of memory");
   *o = (host_op){kind, dst, src, dtype, n};
@@ -90,7 +116,9 @@ static int stamp(void *arg) {
   *(double *)arg = fsdp_time_now();
   return FSDP_OK;
 }
-static int enqueue_stamp(fsdp_stream *s, double *where) { return fsdp_cpu_stream_enqueue(s, stamp, where, NULL); }
+static int enqueue_stamp(fsdp_stream *s, double *where) {
+  return s->device == FSDP_CPU ? fsdp_cpu_stream_enqueue(s, stamp, where, NULL) : FSDP_OK;
+}
 
 int fsdp_unit_times_get(const fsdp_unit *u, fsdp_unit_times *out) {
   if (!u || !out) return fsdp_fail(FSDP_EINVAL, "unit_times_get: NULL argument");
@@ -98,13 +126,22 @@ int fsdp_unit_times_get(const fsdp_unit *u, fsdp_unit_times *out) {
   return FSDP_OK;
 }
 
-static void cast_out(void *dst, int dtype, const float *src, int64_t n) {
+/* dst (compute dtype) = src (fp32): at once on CPU, on stream s on CUDA */
+static int cast_out(void *dst, int dtype, const float *src, int64_t n, fsdp_stream *s) {
+  if (s && s->device == FSDP_CUDA) {
+#ifdef FSDP_HAVE_CUDA
+    return cuda_step(fsdp_kernel_cast_from_f32(dst, dtype, src, (size_t)n, fsdp_cuda_stream_handle(s)), "cast");
+#else
+    return fsdp_fail(FSDP_EUNSUPPORTED, "unit: built without CUDA");
+#endif
+  }
   if (dtype == FSDP_FP32) {
     memcpy(dst, src, (size_t)n * 4);
   } else {
     uint16_t *d = dst;
     for (int64_t i = 0; i < n; i++) d[i] = fsdp_bf16_round(src[i]);
   }
+  return FSDP_OK;
 }
 
 /* ---- creation ---- */
@@ -120,8 +157,9 @@ static int check_config(const char *name, const fsdp_unit_config *c) {
   return FSDP_OK;
 }
 
-static int alloc0(size_t bytes, void **out) {
-  FSDP_CHECK(fsdp_alloc(FSDP_CPU, bytes, out));
+static int alloc0(int dev, size_t bytes, void **out) {
+  FSDP_CHECK(fsdp_alloc(dev, bytes, out));
+  if (dev == FSDP_CUDA) return fsdp_memset(*out, 0, bytes, NULL);
   memset(*out, 0, bytes ? bytes : 1);
   return FSDP_OK;
 }
@@ -133,8 +171,9 @@ int fsdp_unit_create(const char *name, int nparams, const char *const *param_nam
   if (!out || !cfg || !shard || !name) return fsdp_fail(FSDP_EINVAL, "unit_create: NULL argument");
   *out = NULL;
   FSDP_CHECK(check_config(name, cfg));
-  if (shard->device != FSDP_CPU || (outer && outer->device != FSDP_CPU))
-    return fsdp_fail(FSDP_EUNSUPPORTED, "unit '%s': units run on CPU ranks for now (CUDA comes with the CUDA issue)", name);
+  if (outer && outer->device != shard->device)
+    return fsdp_fail(FSDP_EINVAL, "unit '%s': the shard group is on %s, the outer group on %s: one device for both",
+                     name, shard->device == FSDP_CUDA ? "cuda" : "cpu", outer->device == FSDP_CUDA ? "cuda" : "cpu");
   if (cfg->zero == 3 && !param_pool) return fsdp_fail(FSDP_EINVAL, "unit '%s': zero 3 needs a param pool", name);
   if (cfg->zero >= 2 && !grad_pool) return fsdp_fail(FSDP_EINVAL, "unit '%s': zero 2 and 3 need a grad pool", name);
   if (cfg->hfsdp && (!outer || cfg->zero == 0))
@@ -151,6 +190,7 @@ int fsdp_unit_create(const char *name, int nparams, const char *const *param_nam
   u->gpool = grad_pool;
   u->W = shard->size;
   u->r = shard->rank;
+  u->dev = shard->device;
   u->pslot = u->gslot = -1;
   u->ces = fsdp_dtype_size(cfg->compute_dtype);
   u->hf = cfg->hfsdp != 0;
@@ -172,28 +212,37 @@ int fsdp_unit_create(const char *name, int nparams, const char *const *param_nam
     }
   }
   size_t f = sizeof(float);
-  if (rc == FSDP_OK) rc = alloc0((size_t)u->n_opt * f, (void **)&u->main);
-  if (rc == FSDP_OK) rc = alloc0((size_t)u->n_opt * f, (void **)&u->m);
-  if (rc == FSDP_OK) rc = alloc0((size_t)u->n_opt * f, (void **)&u->v);
-  if (rc == FSDP_OK) rc = alloc0((size_t)u->n_opt * f, (void **)&u->gmain);
-  if (rc == FSDP_OK) rc = alloc0((size_t)u->S * f, (void **)&u->tmp);
+  if (rc == FSDP_OK) rc = alloc0(u->dev, (size_t)u->n_opt * f, (void **)&u->main);
+  if (rc == FSDP_OK) rc = alloc0(u->dev, (size_t)u->n_opt * f, (void **)&u->m);
+  if (rc == FSDP_OK) rc = alloc0(u->dev, (size_t)u->n_opt * f, (void **)&u->v);
+  if (rc == FSDP_OK) rc = alloc0(u->dev, (size_t)u->n_opt * f, (void **)&u->gmain);
+  if (rc == FSDP_OK) rc = alloc0(u->dev, (size_t)u->S * f, (void **)&u->tmp);
   u->gacc = u->gmain;
-  if (rc == FSDP_OK && u->hf) rc = alloc0((size_t)u->S * f, (void **)&u->gacc);
-  if (rc == FSDP_OK && cfg->zero >= 1) rc = alloc0((size_t)u->S * u->ces, &u->cshard);
-  if (rc == FSDP_OK && cfg->zero <= 2) rc = alloc0((size_t)u->T * u->ces, &u->cfull);
-  if (rc == FSDP_OK && cfg->zero <= 1) rc = alloc0((size_t)u->T * u->ces, &u->gfull);
-  if (rc == FSDP_OK) rc = fsdp_event_create(FSDP_CPU, &u->gathered);
-  if (rc == FSDP_OK) rc = fsdp_event_create(FSDP_CPU, &u->ready);
-  /* meta init: only the owned shard is drawn (zero 0 draws every shard) */
+  if (rc == FSDP_OK && u->hf) rc = alloc0(u->dev, (size_t)u->S * f, (void **)&u->gacc);
+  if (rc == FSDP_OK && cfg->zero >= 1) rc = alloc0(u->dev, (size_t)u->S * u->ces, &u->cshard);
+  if (rc == FSDP_OK && cfg->zero <= 2) rc = alloc0(u->dev, (size_t)u->T * u->ces, &u->cfull);
+  if (rc == FSDP_OK && cfg->zero <= 1) rc = alloc0(u->dev, (size_t)u->T * u->ces, &u->gfull);
+  if (rc == FSDP_OK && u->dev == FSDP_CUDA) rc = alloc0(u->dev, 16, &u->sums);
+  if (rc == FSDP_OK) rc = fsdp_event_create(u->dev, &u->gathered);
+  if (rc == FSDP_OK) rc = fsdp_event_create(u->dev, &u->ready);
+  /* meta init: only the owned shard is drawn (zero 0 draws every shard),
+   * on the host (the RNG is the CPU's: the same values on every device),
+   * then copied to the device */
+  float *init = NULL;
+  int64_t ninit = cfg->zero == 0 ? u->T : u->S;
+  if (rc == FSDP_OK) rc = fsdp_host_alloc((size_t)(ninit ? ninit : 1) * f, (void **)&init);
   for (int q = 0; rc == FSDP_OK && cfg->zero == 0 && q < u->W; q++)
-    rc = fsdp_layout_init_shard(u->layout, q, param_names, rules, seed, u->main + q * u->S, FSDP_FP32);
-  if (rc == FSDP_OK && cfg->zero >= 1) { /* the shard into tmp; the optimizer keeps its range */
-    rc = fsdp_layout_init_shard(u->layout, u->r, param_names, rules, seed, u->tmp, FSDP_FP32);
-    if (rc == FSDP_OK) memcpy(u->main, u->tmp + u->sub, (size_t)u->n_opt * f);
-  }
+    rc = fsdp_layout_init_shard(u->layout, q, param_names, rules, seed, init + q * u->S, FSDP_FP32);
+  if (rc == FSDP_OK && cfg->zero >= 1) rc = fsdp_layout_init_shard(u->layout, u->r, param_names, rules, seed, init, FSDP_FP32);
+  /* the optimizer keeps its range of the shard; tmp holds the whole shard */
+  if (rc == FSDP_OK) rc = fsdp_memcpy(u->main, init + (cfg->zero >= 1 ? u->sub : 0), (size_t)u->n_opt * f, NULL);
+  if (rc == FSDP_OK && cfg->zero >= 1) rc = fsdp_memcpy(u->tmp, init, (size_t)u->S * f, NULL);
+  fsdp_host_free(init);
+  fsdp_stream *cs0 = shard->stream;
   if (rc == FSDP_OK) {
-    if (cfg->zero == 0) cast_out(u->cfull, cfg->compute_dtype, u->main, u->T);
-    if (cfg->zero >= 1) cast_out(u->cshard, cfg->compute_dtype, u->tmp, u->S);
+    if (cfg->zero == 0) rc = cast_out(u->cfull, cfg->compute_dtype, u->main, u->T, cs0);
+    if (cfg->zero >= 1 && rc == FSDP_OK) rc = cast_out(u->cshard, cfg->compute_dtype, u->tmp, u->S, cs0);
+    if (rc == FSDP_OK && u->dev == FSDP_CUDA) rc = fsdp_stream_synchronize(cs0);
     if (cfg->zero == 1 || cfg->zero == 2) {
       rc = fsdp_comm_all_gather(shard, u->cfull, u->cshard, (size_t)u->S, cfg->compute_dtype);
       if (rc == FSDP_OK) rc = fsdp_event_record(u->gathered, shard->stream);
@@ -213,9 +262,9 @@ int fsdp_unit_destroy(fsdp_unit *u) {
   if (u->outer) fsdp_stream_synchronize(u->outer->stream);
   if (u->pslot >= 0) fsdp_pool_release(u->ppool, u->pslot, NULL);
   if (u->gslot >= 0) fsdp_pool_release(u->gpool, u->gslot, NULL);
-  if (u->gacc != u->gmain) fsdp_free(FSDP_CPU, u->gacc);
-  void *bufs[] = {u->main, u->m, u->v, u->gmain, u->tmp, u->cshard, u->cfull, u->gfull};
-  for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) fsdp_free(FSDP_CPU, bufs[i]);
+  if (u->gacc != u->gmain) fsdp_free(u->dev, u->gacc);
+  void *bufs[] = {u->main, u->m, u->v, u->gmain, u->tmp, u->cshard, u->cfull, u->gfull, u->sums};
+  for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) fsdp_free(u->dev, bufs[i]);
   fsdp_event_destroy(u->gathered);
   fsdp_event_destroy(u->ready);
   fsdp_layout_destroy(u->layout);
@@ -269,7 +318,7 @@ int fsdp_unit_param_view(fsdp_unit *u, int param, int which, int ndim, const int
                      which == FSDP_VIEW_PARAM ? "params" : "grads",
                      which == FSDP_VIEW_PARAM ? "unshard and wait" : "take the grad buffer with fsdp_unit_grads");
   /* the whole flat buffer as a tensor, then the parameter's range of it */
-  fsdp_tensor flat = {.data = buf, .dtype = u->cfg.compute_dtype, .device = FSDP_CPU, .ndim = 1, .owns = 0,
+  fsdp_tensor flat = {.data = buf, .dtype = u->cfg.compute_dtype, .device = u->dev, .ndim = 1, .owns = 0,
                       .shape = {u->T, 1, 1, 1}};
   int64_t numel = 1;
   for (int i = 0; shape && i < ndim && i < 4; i++) numel *= shape[i];
@@ -363,13 +412,30 @@ int fsdp_unit_grad_sumsq(fsdp_unit *u, double *sum, int64_t *nonfinite) {
   /* zero 0 holds full grads everywhere: count this rank's slice only, so
    * that the sum over the shard group is the total for every zero level */
   const float *g = u->cfg.zero == 0 ? u->gmain + (int64_t)u->r * u->S : u->gmain;
-  return fsdp_sum_squares(g, u->cfg.zero == 0 ? u->S : u->n_opt, sum, nonfinite);
+  int64_t n = u->cfg.zero == 0 ? u->S : u->n_opt;
+  if (u->dev == FSDP_CPU) return fsdp_sum_squares(g, n, sum, nonfinite);
+#ifdef FSDP_HAVE_CUDA
+  fsdp_stream *cs = u->shard->stream;
+  FSDP_CHECK(fsdp_memset(u->sums, 0, 16, cs));
+  FSDP_CHECK(fsdp_cuda_sum_squares(g, n, (double *)u->sums, (int64_t *)u->sums + 1, cs));
+  FSDP_CHECK(fsdp_stream_synchronize(cs));
+  FSDP_CHECK(fsdp_memcpy(sum, u->sums, sizeof(double), NULL));
+  return fsdp_memcpy(nonfinite, (char *)u->sums + 8, sizeof(int64_t), NULL);
+#else
+  return fsdp_fail(FSDP_EUNSUPPORTED, "unit '%s': built without CUDA", u->name);
+#endif
+}
+
+static int zero_main_grads(fsdp_unit *u) {
+  size_t bytes = (size_t)u->n_opt * sizeof(float);
+  if (u->dev == FSDP_CUDA) return fsdp_memset(u->gmain, 0, bytes, u->shard->stream);
+  memset(u->gmain, 0, bytes);
+  return FSDP_OK;
 }
 
 int fsdp_unit_zero_grad(fsdp_unit *u) {
   FSDP_CHECK(fsdp_unit_synchronize(u));
-  memset(u->gmain, 0, (size_t)u->n_opt * sizeof(float));
-  return FSDP_OK;
+  return zero_main_grads(u);
 }
 
 /* An optimizer update of elements [off, off + len) of the main params,
@@ -385,13 +451,24 @@ typedef int (*update_fn)(fsdp_unit *u, const step_args *a, int64_t off, int64_t 
 static int adamw_update(fsdp_unit *u, const step_args *a, int64_t off, int64_t len, int param) {
   fsdp_adamw_config c = *a->adamw;
   if (u->no_decay[param]) c.weight_decay = 0;
+#ifdef FSDP_HAVE_CUDA
+  if (u->dev == FSDP_CUDA)
+    return fsdp_cuda_adamw_step(u->main + off, NULL, FSDP_FP32, u->gmain + off, u->m + off, u->v + off, len, a->step, &c,
+                                a->grad_scale, u->shard->stream);
+#endif
   return fsdp_adamw_step(u->main + off, NULL, u->gmain + off, u->m + off, u->v + off, len, a->step, &c,
                          a->grad_scale);
 }
 
 static int sgd_update(fsdp_unit *u, const step_args *a, int64_t off, int64_t len, int param) {
-  return fsdp_sgd_step(u->main + off, NULL, u->gmain + off, u->m + off, len, a->step, a->lr, a->momentum,
-                       u->no_decay[param] ? 0.0f : a->weight_decay, a->grad_scale);
+  float wd = u->no_decay[param] ? 0.0f : a->weight_decay;
+#ifdef FSDP_HAVE_CUDA
+  if (u->dev == FSDP_CUDA)
+    return fsdp_cuda_sgd_step(u->main + off, NULL, FSDP_FP32, u->gmain + off, u->m + off, len, a->step, a->lr,
+                              a->momentum, wd, a->grad_scale, u->shard->stream);
+#endif
+  return fsdp_sgd_step(u->main + off, NULL, u->gmain + off, u->m + off, len, a->step, a->lr, a->momentum, wd,
+                       a->grad_scale);
 }
 
 /* Update what this rank owns (zero 0: everything), write the new values back
@@ -401,7 +478,9 @@ static int step_owned(fsdp_unit *u, update_fn update, const step_args *a) {
   const fsdp_layout *l = u->layout;
   if (u->cfg.zero == 0) {
     for (int p = 0; p < u->np; p++) FSDP_CHECK(update(u, a, fsdp_layout_param_offset(l, p), u->numels[p], p));
-    cast_out(u->cfull, u->cfg.compute_dtype, u->main, u->T);
+    FSDP_CHECK(cast_out(u->cfull, u->cfg.compute_dtype, u->main, u->T, u->shard->stream));
+    /* the compute stream reads cfull after this event (fsdp_unit_wait) */
+    FSDP_CHECK(fsdp_event_record(u->gathered, u->shard->stream));
   } else {
     int k = fsdp_layout_rank_pieces(l, u->r, NULL, 0);
     fsdp_layout_piece *ps = malloc(sizeof *ps * (size_t)(k ? k : 1));
@@ -417,19 +496,19 @@ static int step_owned(fsdp_unit *u, update_fn update, const step_args *a) {
     free(ps);
     FSDP_CHECK(rc);
     if (u->hf) { /* gather the replicas' ranges into the compute shard */
-      cast_out(u->tmp, u->cfg.compute_dtype, u->main, u->n_opt);
+      FSDP_CHECK(cast_out(u->tmp, u->cfg.compute_dtype, u->main, u->n_opt, u->shard->stream));
+      if (u->dev == FSDP_CUDA) FSDP_CHECK(fsdp_stream_synchronize(u->shard->stream));
       FSDP_CHECK(fsdp_comm_all_gather(u->outer, u->cshard, u->tmp, (size_t)u->n_opt, u->cfg.compute_dtype));
       FSDP_CHECK(fsdp_comm_synchronize(u->outer));
     } else {
-      cast_out(u->cshard, u->cfg.compute_dtype, u->main, u->S);
+      FSDP_CHECK(cast_out(u->cshard, u->cfg.compute_dtype, u->main, u->S, u->shard->stream));
     }
     if (u->cfg.zero <= 2) { /* resident full params: gather the new values */
       FSDP_CHECK(fsdp_comm_all_gather(u->shard, u->cfull, u->cshard, (size_t)u->S, u->cfg.compute_dtype));
       FSDP_CHECK(fsdp_event_record(u->gathered, u->shard->stream));
     }
   }
-  memset(u->gmain, 0, (size_t)u->n_opt * sizeof(float));
-  return FSDP_OK;
+  return zero_main_grads(u);
 }
 
 int fsdp_unit_step(fsdp_unit *u, int64_t step, const fsdp_adamw_config *cfg, float grad_scale) {

@@ -8,6 +8,7 @@ local data = require "fsdp.data"
 local train = require "fsdp.train"
 local llama = require "fsdp.models.llama"
 local plan = require "fsdp.plan"
+local C = fsdp.C
 
 local info = fsdp.init()
 local W, R = info.size, info.rank
@@ -183,7 +184,10 @@ do
     local cfg = llama.config(r.model.preset)
     check(r.fsdp.zero == 3 and r.fsdp.param_dtype == "bf16" and r.train.device == "cuda", f .. ": zero 3, bf16, cuda")
     check(recipe.grad_accum(r, f == "llama70b" and 128 or 8, f) >= 1, f .. ": the global batch divides")
-    fails(function() train.run(r, f .. ".lua", {}) end, "FSDP units train on CPU ranks so far", f .. ": refused on CPU, with the reason")
+    if C.fsdp_device_available(C.FSDP_CUDA) ~= 1 then
+      fails(function() train.run(r, f .. ".lua", {}) end, "no CUDA device can be used here", f .. ": refused without a GPU, with the reason")
+      fails(function() train.run(r, f .. ".lua", {}) end, "GiB per rank on", f .. ": ... and the planned memory")
+    end
     check(cfg.num_key_value_heads == 8 and cfg.vocab_size == 128256, f .. ": GQA 8 kv heads, 128256 vocab")
   end
 end

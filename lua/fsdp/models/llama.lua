@@ -14,6 +14,7 @@
 -- The model declares its parameters and allocates nothing until sharded.
 local base = require "fsdp.ffi"
 local tensor = require "fsdp.tensor"
+local ops = require "fsdp.ops"
 local nn = require "fsdp.nn"
 local C, check, ffi = base.C, base.check, base.ffi
 
@@ -121,7 +122,9 @@ end
 -- usual convention, as in the PaLM paper's appendix B).
 function M.flops_per_token(c, seq)
   local n, embed = M.num_params(c)
-  return 6 * (n - embed) + 12 * c.num_hidden_layers * seq * c.num_attention_heads * c.head_dim
+  local matmul = n - embed -- a tied head still multiplies by the embedding table
+  if c.tie_word_embeddings then matmul = matmul + embed end
+  return 6 * matmul + 12 * c.num_hidden_layers * seq * c.num_attention_heads * c.head_dim
 end
 
 local function class(kind)
@@ -133,17 +136,6 @@ end
 ---------------------------------------------------------------- attention
 local Attention = class("LlamaAttention")
 
-local function rope_tables(cfg, seq)
-  local hd = cfg.head_dim
-  local cos, sin = tensor.new({ seq, hd }), tensor.new({ seq, hd })
-  local sc = nil
-  if cfg.rope_scaling then
-    local r = cfg.rope_scaling
-    sc = ffi.new("fsdp_rope_scaling", { r.factor, r.low_freq_factor, r.high_freq_factor, r.original_max_position_embeddings })
-  end
-  check(C.fsdp_rope_table(cos:ptr(), sin:ptr(), seq, hd, cfg.rope_theta, sc), "rope table")
-  return { cos = cos, sin = sin, seq = seq }
-end
 
 local function new_attention(cfg, rope)
   local h, hd = cfg.hidden_size, cfg.head_dim
@@ -155,10 +147,15 @@ local function new_attention(cfg, rope)
   return a
 end
 
-function Attention:tables(seq)
-  local r = self.rope
-  if not r.t or r.t.seq < seq then r.t = rope_tables(self.cfg, seq) end
-  return r.t
+-- the cos/sin tables, shared by the layers, per device
+function Attention:tables(seq, device)
+  local r, c = self.rope, self.cfg
+  local t = r[device]
+  if not t or t.seq < seq then
+    t = ops.rope_tables(seq, c.head_dim, c.rope_theta, c.rope_scaling, device)
+    r[device] = t
+  end
+  return t
 end
 
 function Attention:forward(ctx, x, phase)
@@ -172,11 +169,11 @@ function Attention:forward(ctx, x, phase)
   local q = nn.call(ctx, ch[1], phase, x)
   local k = nn.call(ctx, ch[2], phase, x)
   local v = nn.call(ctx, ch[3], phase, x)
-  local t = self:tables(T)
-  check(C.fsdp_rope_forward(q:ptr(), t.cos:ptr(), t.sin:ptr(), B, T, nh, hd), "rope q")
-  check(C.fsdp_rope_forward(k:ptr(), t.cos:ptr(), t.sin:ptr(), B, T, nkv, hd), "rope k")
-  local out, lse = tensor.new({ B, T, nh * hd }), tensor.new({ B, nh, T })
-  check(C.fsdp_attention_forward(out:ptr(), lse:ptr(), q:ptr(), k:ptr(), v:ptr(), B, T, nh, nkv, hd), "attention")
+  local t = self:tables(T, x.device)
+  ops.rope(q, t, B, T, nh, hd)
+  ops.rope(k, t, B, T, nkv, hd)
+  local out, lse = ops.like(q, { B, T, nh * hd }), tensor.new({ B, nh, T }, "fp32", q.device)
+  ops.attention_forward(out, lse, q, k, v, B, T, nh, nkv, hd)
   self.saved = { q = q, k = k, v = v, out = out, lse = lse, B = B, T = T }
   return nn.call(ctx, ch[4], phase, out)
 end
@@ -186,19 +183,18 @@ function Attention:backward(ctx, dy)
   local nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
   local B, T = s.B, s.T
   local dout = nn.call(ctx, ch[4], "backward", dy)
-  local dq, dk, dv = tensor.new(s.q.shape), tensor.new(s.k.shape), tensor.new(s.v.shape)
-  check(C.fsdp_attention_backward(dq:ptr(), dk:ptr(), dv:ptr(), dout:ptr(), s.q:ptr(), s.k:ptr(), s.v:ptr(), s.out:ptr(),
-    s.lse:ptr(), B, T, nh, nkv, hd), "attention backward")
-  local t = self:tables(T)
-  check(C.fsdp_rope_backward(dq:ptr(), t.cos:ptr(), t.sin:ptr(), B, T, nh, hd), "rope backward q")
-  check(C.fsdp_rope_backward(dk:ptr(), t.cos:ptr(), t.sin:ptr(), B, T, nkv, hd), "rope backward k")
+  local dq, dk, dv = ops.like(s.q), ops.like(s.k), ops.like(s.v)
+  ops.attention_backward(dq, dk, dv, dout, s.q, s.k, s.v, s.out, s.lse, B, T, nh, nkv, hd)
+  local t = self:tables(T, dq.device)
+  ops.rope(dq, t, B, T, nh, hd, true)
+  ops.rope(dk, t, B, T, nkv, hd, true)
   for _, x in pairs({ s.q, s.k, s.v, s.out, s.lse, dout }) do x:free() end
   self.saved = nil
   local dx = nn.call(ctx, ch[1], "backward", dq)
   local dxk = nn.call(ctx, ch[2], "backward", dk)
   local dxv = nn.call(ctx, ch[3], "backward", dv)
-  check(C.fsdp_add(dx:ptr(), dx:ptr(), dxk:ptr(), dx:numel()), "attention backward")
-  check(C.fsdp_add(dx:ptr(), dx:ptr(), dxv:ptr(), dx:numel()), "attention backward")
+  ops.add(dx, dx, dxk)
+  ops.add(dx, dx, dxv)
   for _, x in pairs({ dq, dk, dv, dxk, dxv }) do x:free() end
   return dx
 end
@@ -218,8 +214,8 @@ function MLP:forward(ctx, x, phase)
   local ch = self.children
   local g = nn.call(ctx, ch[1], phase, x)
   local u = nn.call(ctx, ch[2], phase, x)
-  local a = tensor.new(g.shape)
-  check(C.fsdp_swiglu_forward(a:ptr(), g:ptr(), u:ptr(), a:numel()), "swiglu")
+  local a = ops.like(g)
+  ops.swiglu_forward(a, g, u)
   self.saved = { g = g, u = u }
   return nn.call(ctx, ch[3], phase, a)
 end
@@ -227,13 +223,13 @@ end
 function MLP:backward(ctx, dy)
   local ch, s = self.children, self.saved
   local da = nn.call(ctx, ch[3], "backward", dy)
-  local dg, du = tensor.new(s.g.shape), tensor.new(s.u.shape)
-  check(C.fsdp_swiglu_backward(dg:ptr(), du:ptr(), da:ptr(), s.g:ptr(), s.u:ptr(), da:numel()), "swiglu backward")
+  local dg, du = ops.like(s.g), ops.like(s.u)
+  ops.swiglu_backward(dg, du, da, s.g, s.u)
   s.g:free(); s.u:free(); da:free()
   self.saved = nil
   local dx = nn.call(ctx, ch[1], "backward", dg)
   local dxu = nn.call(ctx, ch[2], "backward", du)
-  check(C.fsdp_add(dx:ptr(), dx:ptr(), dxu:ptr(), dx:numel()), "mlp backward")
+  ops.add(dx, dx, dxu)
   dg:free(); du:free(); dxu:free()
   return dx
 end
@@ -252,12 +248,12 @@ end
 local function layer_forward(self, ctx, x, phase)
   local ch = self.children
   local a = nn.call(ctx, ch[2], phase, nn.call(ctx, ch[1], phase, x))
-  local h = tensor.new(x.shape)
-  check(C.fsdp_add(h:ptr(), x:ptr(), a:ptr(), h:numel()), "residual")
+  local h = ops.like(x)
+  ops.add(h, x, a)
   a:free()
   local m = nn.call(ctx, ch[4], phase, nn.call(ctx, ch[3], phase, h))
-  local y = tensor.new(x.shape)
-  check(C.fsdp_add(y:ptr(), h:ptr(), m:ptr(), y:numel()), "residual")
+  local y = ops.like(x)
+  ops.add(y, h, m)
   m:free()
   return y
 end
@@ -285,9 +281,9 @@ function Layer:backward(ctx, dy)
   end
   -- dh = dy + norm2'(mlp'(dy)); dx = dh + norm1'(attn'(dh))
   local dm = nn.call(ctx, ch[3], "backward", nn.call(ctx, ch[4], "backward", dy))
-  check(C.fsdp_add(dm:ptr(), dm:ptr(), dy:ptr(), dm:numel()), "residual backward")
+  ops.add(dm, dm, dy)
   local da = nn.call(ctx, ch[1], "backward", nn.call(ctx, ch[2], "backward", dm))
-  check(C.fsdp_add(da:ptr(), da:ptr(), dm:ptr(), da:numel()), "residual backward")
+  ops.add(da, da, dm)
   dm:free()
   return da
 end
@@ -359,19 +355,29 @@ end
 -- Mean cross-entropy over the tokens whose target is not ignore_index, and
 -- its gradient written over the logits (fused: no second logits-sized
 -- buffer); scale multiplies the gradient (1 / micro-batches).
-function M.loss(logits, targets, scale, ignore_index)
+-- targets: a CPU int32 tensor (counted and checked here); on CUDA,
+-- targets_dev is its copy on the device.
+function M.loss(logits, targets, scale, ignore_index, targets_dev)
   ignore_index = ignore_index or -100
   local V = logits.shape[#logits.shape]
   local n = logits:numel() / V
   if targets:numel() ~= n then
     error(string.format("llama loss: %d targets for %d positions", targets:numel(), n), 2)
   end
+  if logits.device == "cuda" and not targets_dev then error("llama loss: logits on cuda need the targets' device copy", 2) end
   local t, count = targets:ptr(), 0
-  for i = 0, n - 1 do if t[i] ~= ignore_index then count = count + 1 end end
-  if count == 0 then return 0, logits:fill(0), 0 end
-  local sum, cnt = ffi.new("double[1]"), ffi.new("int64_t[1]")
-  check(C.fsdp_cross_entropy(sum, cnt, logits:ptr(), logits:ptr(), t, n, V, ignore_index, (scale or 1) / count), "cross entropy")
-  return sum[0] / count, logits, count
+  for i = 0, n - 1 do
+    local v = t[i]
+    if v ~= ignore_index then
+      if v < 0 or v >= V then
+        error(string.format("llama loss: target %d at position %d is outside the vocabulary [0, %d)", v, i, V), 2)
+      end
+      count = count + 1
+    end
+  end
+  local sum = ops.cross_entropy(logits, targets, targets_dev, n, V, ignore_index, count > 0 and (scale or 1) / count or 0)
+  if count == 0 then return 0, logits, 0 end
+  return sum / count, logits, count
 end
 
 return M

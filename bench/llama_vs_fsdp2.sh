@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# One command, one GPU: trains bench/llama1b.lua (Llama 3.2 1B's shape, seq
+# 4096, bf16, zero 3) with this engine and then the same shape, batch and
+# tokens with PyTorch FSDP2 (bench/fsdp2_llama.py), and prints tokens/s,
+# MFU (the same FLOP count and the same measured bf16 GEMM peak for both)
+# and peak memory side by side, with the ratio.
+#   bench/llama_vs_fsdp2.sh [BUILD_DIR] [STEPS]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build}
+steps=${2:-8}
+out=${OUT:-runs/bench}
+[ -f "$build/CMakeCache.txt" ] || . scripts/gpu_env.sh "$build" # a carried build
+mkdir -p "$out"
+"$build/fsdprun" -n 1 --rank0-only --host "$build/fsdp" bench/llama1b.lua train.steps="$steps" \
+  train.metrics="$out/llama1b.jsonl" 2>&1 | tee "$out/ours.log"
+python3 bench/fsdp2_llama.py "$steps" 4096 2>&1 | tee "$out/fsdp2.log"
+python3 - "$out/llama1b.jsonl" "$out/fsdp2.log" "$out/ours.log" <<'PY'
+import json, re, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if '"tokens_per_s"' in l]
+steady = rows[1:] or rows
+ours_tps = len(steady) / sum(1 / r["tokens_per_s"] for r in steady)
+ours_mfu = sum(r["mfu"] for r in steady) / len(steady)
+ours_mem = max(r["mem_bytes"] for r in rows)
+theirs = [json.loads(l) for l in open(sys.argv[2]) if l.startswith("{")][-1]
+their_mfu = ours_mfu * theirs["tokens_per_s"] / ours_tps  # same FLOPs per token, same peak
+print("\n# Llama 3.2 1B shape, seq 4096, batch 1, bf16, one GPU (steps after the first)")
+print(f"{'engine':16} {'tokens/s':>10} {'MFU':>7} {'peak GiB':>9}")
+print(f"{'fsdp (ours)':16} {ours_tps:10.0f} {100 * ours_mfu:6.1f}% {ours_mem / 2**30:9.2f}")
+print(f"{'pytorch fsdp2':16} {theirs['tokens_per_s']:10.0f} {100 * their_mfu:6.1f}% {theirs['peak_bytes'] / 2**30:9.2f}")
+print(f"ratio ours/fsdp2: tokens/s {ours_tps / theirs['tokens_per_s']:.3f}, peak memory {ours_mem / theirs['peak_bytes']:.3f}")
+PY

@@ -1,0 +1,84 @@
+// adamw.cu: the CUDA twin of src/shard/adamw.c: AdamW and SGD over a flat
+// fp32 shard, writing the compute-dtype copy (bf16 or fp32) in the same
+// pass, and the sum of squares / non-finite count for the global grad norm.
+#include <math.h>
+
+#include "common.cuh"
+#include "../src/shard/adamw_math.h"
+
+using namespace fsdpk;
+
+template <typename T>
+__global__ void adamw_kernel(float *param, T *out, const float *grad, float *m, float *v, int64_t n, float b1, float b2,
+                             float lr, float eps, float decay, float c1, float c2, float grad_scale) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    float p = fsdp_adamw_element(param + i, m + i, v + i, grad[i] * grad_scale, b1, b2, lr, eps, decay, c1, c2);
+    if (out) st(out, i, p);
+  }
+}
+
+template <typename T>
+__global__ void sgd_kernel(float *param, T *out, const float *grad, float *mom, int64_t n, int first, float lr, float mu,
+                           float wd, float grad_scale) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    float g = grad[i] * grad_scale + wd * param[i];
+    if (mu != 0.0f) {
+      mom[i] = first ? g : mu * mom[i] + g;
+      g = mom[i];
+    }
+    param[i] -= lr * g;
+    if (out) st(out, i, param[i]);
+  }
+}
+
+__global__ void sum_squares_kernel(const float *x, int64_t n, double *sum, unsigned long long *nonfinite) {
+  float acc = 0, bad = 0;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    float v = x[i];
+    if (isfinite(v)) acc += v * v;
+    else bad += 1.0f;
+  }
+  acc = block_reduce(acc, Sum());
+  bad = block_reduce(bad, Sum());
+  if (threadIdx.x == 0) {
+    atomicAdd(sum, (double)acc);
+    if (bad > 0) atomicAdd(nonfinite, (unsigned long long)bad);
+  }
+}
+
+extern "C" int fsdp_cuda_adamw_step(float *param, void *out, int32_t out_dtype, const float *grad, float *m, float *v,
+                                    int64_t n, int64_t step, const fsdp_adamw_config *cfg, float grad_scale, fsdp_stream *s) {
+  if (!cfg || n < 0 || step < 1)
+    return fsdp_fail(FSDP_EINVAL, "cuda adamw: %s", !cfg ? "NULL config" : step < 1 ? "the first real step is 1" : "negative length");
+  if (!(cfg->beta1 >= 0 && cfg->beta1 < 1 && cfg->beta2 >= 0 && cfg->beta2 < 1 && cfg->eps > 0 && cfg->lr >= 0 &&
+        cfg->weight_decay >= 0))
+    return fsdp_fail(FSDP_EINVAL, "cuda adamw: expected 0 <= beta1, beta2 < 1, eps > 0, lr >= 0, weight_decay >= 0");
+  FSDP_CHECK(check_dtype(out_dtype, "cuda adamw"));
+  if (n == 0) return FSDP_OK;
+  // the bias corrections in double, as on the CPU
+  float c1 = (float)(1.0 / (1.0 - pow(cfg->beta1, (double)step))), c2 = (float)(1.0 / (1.0 - pow(cfg->beta2, (double)step)));
+  float decay = 1.0f - cfg->lr * cfg->weight_decay;
+  FSDP_DISPATCH(out_dtype, T, adamw_kernel<T><<<blocks_for(n, 256), 256, 0, stream_of(s)>>>(
+                                  param, (T *)out, grad, m, v, n, cfg->beta1, cfg->beta2, cfg->lr, cfg->eps, decay, c1, c2,
+                                  grad_scale));
+  return launched("cuda adamw");
+}
+
+extern "C" int fsdp_cuda_sgd_step(float *param, void *out, int32_t out_dtype, const float *grad, float *momentum, int64_t n,
+                                  int64_t step, float lr, float mu, float weight_decay, float grad_scale, fsdp_stream *s) {
+  if (n < 0 || step < 1 || (mu != 0 && !momentum && n)) return fsdp_fail(FSDP_EINVAL, "cuda sgd: bad arguments");
+  FSDP_CHECK(check_dtype(out_dtype, "cuda sgd"));
+  if (n == 0) return FSDP_OK;
+  FSDP_DISPATCH(out_dtype, T, sgd_kernel<T><<<blocks_for(n, 256), 256, 0, stream_of(s)>>>(
+                                  param, (T *)out, grad, momentum, n, step == 1, lr, mu, weight_decay, grad_scale));
+  return launched("cuda sgd");
+}
+
+extern "C" int fsdp_cuda_sum_squares(const float *x, int64_t n, double *sum, int64_t *nonfinite, fsdp_stream *s) {
+  if (n < 0 || !sum || !nonfinite) return fsdp_fail(FSDP_EINVAL, "cuda sum_squares: bad arguments");
+  if (n == 0) return FSDP_OK;
+  unsigned blocks = blocks_for(n, 256);
+  if (blocks > 1024) blocks = 1024;
+  sum_squares_kernel<<<blocks, 256, 0, stream_of(s)>>>(x, n, sum, (unsigned long long *)nonfinite);
+  return launched("cuda sum_squares");
+}

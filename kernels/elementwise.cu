@@ -1,0 +1,109 @@
+// elementwise.cu: the CUDA twins of residual.c (add, scale_add) and
+// swiglu.c, and the casts the units use between fp32 shards and compute
+// buffers. Memory bound: one grid-stride pass, fp32 arithmetic.
+#include "common.cuh"
+
+using namespace fsdpk;
+
+template <typename T>
+__global__ void add_kernel(T *y, const T *a, const T *b, int64_t n) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    st(y, i, ld(a, i) + ld(b, i));
+}
+
+template <typename T>
+__global__ void scale_add_kernel(T *y, float alpha, const T *x, int64_t n) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    st(y, i, ld(y, i) + alpha * ld(x, i));
+}
+
+__device__ __forceinline__ float sigmoid(float g) { return 1.0f / (1.0f + __expf(-g)); }
+
+template <typename T>
+__global__ void swiglu_fwd(T *y, const T *gate, const T *up, int64_t n) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    float g = ld(gate, i);
+    st(y, i, g * sigmoid(g) * ld(up, i));
+  }
+}
+
+template <typename T>
+__global__ void swiglu_bwd(T *dgate, T *dup, const T *dy, const T *gate, const T *up, int64_t n) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    float g = ld(gate, i), u = ld(up, i), d = ld(dy, i), sg = sigmoid(g);
+    st(dup, i, d * g * sg);
+    st(dgate, i, d * u * sg * (1.0f + g * (1.0f - sg)));
+  }
+}
+
+static int args_ok(int64_t n, int32_t dtype, const char *what) {
+  if (n < 0) return fsdp_fail(FSDP_EINVAL, "%s: negative length %lld", what, (long long)n);
+  return check_dtype(dtype, what);
+}
+
+extern "C" int fsdp_cuda_add(void *y, const void *a, const void *b, int64_t n, int32_t dtype, fsdp_stream *s) {
+  FSDP_CHECK(args_ok(n, dtype, "cuda add"));
+  if (n == 0) return FSDP_OK;
+  FSDP_DISPATCH(dtype, T, add_kernel<T><<<blocks_for(n, 256), 256, 0, stream_of(s)>>>(
+                              (T *)y, (const T *)a, (const T *)b, n));
+  return launched("cuda add");
+}
+
+extern "C" int fsdp_cuda_scale_add(void *y, float alpha, const void *x, int64_t n, int32_t dtype, fsdp_stream *s) {
+  FSDP_CHECK(args_ok(n, dtype, "cuda scale_add"));
+  if (n == 0) return FSDP_OK;
+  FSDP_DISPATCH(dtype, T, scale_add_kernel<T><<<blocks_for(n, 256), 256, 0, stream_of(s)>>>((T *)y, alpha, (const T *)x, n));
+  return launched("cuda scale_add");
+}
+
+extern "C" int fsdp_cuda_swiglu_forward(void *y, const void *gate, const void *up, int64_t n, int32_t dtype, fsdp_stream *s) {
+  FSDP_CHECK(args_ok(n, dtype, "cuda swiglu"));
+  if (n == 0) return FSDP_OK;
+  FSDP_DISPATCH(dtype, T, swiglu_fwd<T><<<blocks_for(n, 256), 256, 0, stream_of(s)>>>((T *)y, (const T *)gate, (const T *)up, n));
+  return launched("cuda swiglu forward");
+}
+
+extern "C" int fsdp_cuda_swiglu_backward(void *dgate, void *dup, const void *dy, const void *gate, const void *up, int64_t n,
+                                         int32_t dtype, fsdp_stream *s) {
+  FSDP_CHECK(args_ok(n, dtype, "cuda swiglu backward"));
+  if (n == 0) return FSDP_OK;
+  FSDP_DISPATCH(dtype, T, swiglu_bwd<T><<<blocks_for(n, 256), 256, 0, stream_of(s)>>>(
+                              (T *)dgate, (T *)dup, (const T *)dy, (const T *)gate, (const T *)up, n));
+  return launched("cuda swiglu backward");
+}
+
+// ---- casts for the units (kernels.h) ----
+
+template <typename T>
+__global__ void accumulate_f32(float *dst, const T *src, int64_t n) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    dst[i] += ld(src, i);
+}
+
+template <typename T>
+__global__ void cast_from_f32(T *dst, const float *src, int64_t n) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    st(dst, i, src[i]);
+}
+
+extern "C" int fsdp_kernel_accumulate_f32(float *dst, const void *src, int src_dtype, size_t n, void *stream) {
+  if (n == 0) return 0;
+  cudaStream_t st_ = static_cast<cudaStream_t>(stream);
+  if (src_dtype == FSDP_FP32)
+    accumulate_f32<float><<<blocks_for((int64_t)n, 256), 256, 0, st_>>>(dst, (const float *)src, (int64_t)n);
+  else if (src_dtype == FSDP_BF16)
+    accumulate_f32<__nv_bfloat16><<<blocks_for((int64_t)n, 256), 256, 0, st_>>>(dst, (const __nv_bfloat16 *)src, (int64_t)n);
+  else
+    return static_cast<int>(cudaErrorInvalidValue);
+  return static_cast<int>(cudaGetLastError());
+}
+
+extern "C" int fsdp_kernel_cast_from_f32(void *dst, int dst_dtype, const float *src, size_t n, void *stream) {
+  if (n == 0) return 0;
+  cudaStream_t st_ = static_cast<cudaStream_t>(stream);
+  if (dst_dtype == FSDP_FP32)
+    return static_cast<int>(cudaMemcpyAsync(dst, src, n * 4, cudaMemcpyDeviceToDevice, st_));
+  if (dst_dtype != FSDP_BF16) return static_cast<int>(cudaErrorInvalidValue);
+  cast_from_f32<__nv_bfloat16><<<blocks_for((int64_t)n, 256), 256, 0, st_>>>((__nv_bfloat16 *)dst, src, (int64_t)n);
+  return static_cast<int>(cudaGetLastError());
+}

@@ -1,0 +1,332 @@
+/* test_kernels: every CUDA op (kernels/) against its CPU twin (src/ops/) on
+ * random inputs, in fp32 and bf16; exits 77 (skipped) without a GPU.
+ * bf16 runs take their inputs rounded to bf16, and the CPU reference gets
+ * the same rounded values, so only the kernel's own arithmetic and output
+ * rounding differ. Outputs are poisoned (NaN) before every run; NaN never
+ * passes. Tolerance: max |gpu - cpu| / max |cpu| <= 2e-5 (fp32; 1e-4 for the
+ * reductions over long rows) and 1.6e-2 (bf16: a few units of its 2^-8
+ * precision). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "fsdp.h"
+
+static uint64_t rng_state = 88172645463325252ull;
+static float urand(void) { /* xorshift64 -> [-1, 1) */
+  rng_state ^= rng_state << 13;
+  rng_state ^= rng_state >> 7;
+  rng_state ^= rng_state << 17;
+  return (float)((rng_state >> 40) / 8388608.0 - 1.0);
+}
+
+static float *rand_host(int64_t n, float scale, int dtype) {
+  float *h = malloc(sizeof(float) * (size_t)(n ? n : 1));
+  for (int64_t i = 0; i < n; i++) {
+    h[i] = urand() * scale;
+    if (dtype == FSDP_BF16) h[i] = fsdp_bf16_to_f32(fsdp_f32_to_bf16(h[i]));
+  }
+  return h;
+}
+
+/* device copy of host floats in dtype */
+static void *up(const float *h, int64_t n, int dtype) {
+  size_t es = fsdp_dtype_size(dtype);
+  void *tmp = malloc(es * (size_t)(n ? n : 1)), *d = NULL;
+  fsdp_convert(tmp, dtype, h, FSDP_FP32, (size_t)n);
+  CHECK_OK(fsdp_alloc(FSDP_CUDA, es * (size_t)(n ? n : 1), &d));
+  CHECK_OK(fsdp_memcpy(d, tmp, es * (size_t)n, NULL));
+  free(tmp);
+  return d;
+}
+
+/* a device buffer of n elements, poisoned with NaN */
+static void *poisoned(int64_t n, int dtype) {
+  void *d = NULL;
+  CHECK_OK(fsdp_alloc(FSDP_CUDA, fsdp_dtype_size(dtype) * (size_t)(n ? n : 1), &d));
+  CHECK_OK(fsdp_memset(d, 0xFF, fsdp_dtype_size(dtype) * (size_t)n, NULL));
+  return d;
+}
+
+static float *down(const void *d, int64_t n, int dtype) {
+  size_t es = fsdp_dtype_size(dtype);
+  void *tmp = malloc(es * (size_t)(n ? n : 1));
+  float *h = malloc(sizeof(float) * (size_t)(n ? n : 1));
+  CHECK_OK(fsdp_memcpy(tmp, d, es * (size_t)n, NULL));
+  fsdp_convert(h, FSDP_FP32, tmp, dtype, (size_t)n);
+  free(tmp);
+  return h;
+}
+
+static double tol_of(int dtype, double fp32_tol) { return dtype == FSDP_BF16 ? 1.6e-2 : fp32_tol; }
+
+/* compares the device result with the CPU one; frees the device buffer */
+static void same(const char *what, int dtype, void *dev, const float *ref, int64_t n, double fp32_tol) {
+  float *got = down(dev, n, dtype);
+  double worst = 0, scale = 0;
+  int64_t nan = 0;
+  for (int64_t i = 0; i < n; i++) scale = fmax(scale, fabs(ref[i]));
+  for (int64_t i = 0; i < n; i++) {
+    if (!isfinite(got[i])) nan++;
+    else worst = fmax(worst, fabs(got[i] - ref[i]));
+  }
+  double rel = scale > 0 ? worst / scale : worst, tol = tol_of(dtype, fp32_tol);
+  if (nan || !(rel <= tol)) {
+    fprintf(stderr, "%s (%s): max error %.3g of max |ref| %.3g (tolerance %.1g), %lld non-finite\n", what,
+            fsdp_dtype_name(dtype), rel, scale, tol, (long long)nan);
+    fsdp_test_failed++;
+  } else {
+    fsdp_test_passed++;
+  }
+  free(got);
+  fsdp_free(FSDP_CUDA, dev);
+}
+
+#define DT_LOOP for (int di = 0, dt = FSDP_FP32; di < 2; di++, dt = di ? FSDP_BF16 : FSDP_FP32)
+
+static void test_linear(void) {
+  const int64_t n = 33, in = 48, out = 40;
+  DT_LOOP {
+    float *x = rand_host(n * in, 1, dt), *w = rand_host(out * in, 0.5f, dt), *b = rand_host(out, 0.5f, dt);
+    float *dy = rand_host(n * out, 1, dt), *dw0 = rand_host(out * in, 1, dt), *db0 = rand_host(out, 1, dt);
+    float *y = malloc(sizeof(float) * n * out), *dx = malloc(sizeof(float) * n * in);
+    float *dw = malloc(sizeof(float) * out * in), *db = malloc(sizeof(float) * out);
+    memcpy(dw, dw0, sizeof(float) * out * in);
+    memcpy(db, db0, sizeof(float) * out);
+    CHECK_OK(fsdp_linear_forward(y, x, w, b, n, in, out));
+    CHECK_OK(fsdp_linear_backward(dx, dw, db, dy, x, w, n, in, out));
+    void *X = up(x, n * in, dt), *Wd = up(w, out * in, dt), *B = up(b, out, dt), *DY = up(dy, n * out, dt);
+    void *Y = poisoned(n * out, dt), *DX = poisoned(n * in, dt), *DW = up(dw0, out * in, dt), *DB = up(db0, out, dt);
+    CHECK_OK(fsdp_cuda_linear_forward(Y, X, Wd, B, n, in, out, dt, NULL));
+    CHECK_OK(fsdp_cuda_linear_backward(DX, DW, DB, DY, X, Wd, n, in, out, dt, NULL));
+    same("linear y", dt, Y, y, n * out, 2e-5);
+    same("linear dx", dt, DX, dx, n * in, 2e-5);
+    same("linear dW (accumulated)", dt, DW, dw, out * in, 2e-5);
+    same("linear db (accumulated)", dt, DB, db, out, 2e-5);
+    void *bufs[] = {X, Wd, B, DY};
+    for (int i = 0; i < 4; i++) fsdp_free(FSDP_CUDA, bufs[i]);
+    free(x), free(w), free(b), free(dy), free(dw0), free(db0), free(y), free(dx), free(dw), free(db);
+  }
+  CHECK_FAILS(fsdp_cuda_linear_forward(NULL, NULL, NULL, NULL, 4, 0, 3, FSDP_FP32, NULL), FSDP_EINVAL, "in = 0");
+  CHECK_FAILS(fsdp_cuda_linear_forward(NULL, NULL, NULL, NULL, 4, 2, 3, FSDP_FP16, NULL), FSDP_EINVAL, "fp32 or bf16");
+}
+
+static void test_embedding(void) {
+  const int64_t n = 37, vocab = 50, dim = 64;
+  int32_t ids[37];
+  for (int i = 0; i < n; i++) ids[i] = (i * 17 + 3) % vocab;
+  ids[5] = ids[9] = 7; /* repeated ids accumulate */
+  int32_t *IDS = NULL;
+  CHECK_OK(fsdp_alloc(FSDP_CUDA, sizeof ids, (void **)&IDS));
+  CHECK_OK(fsdp_memcpy(IDS, ids, sizeof ids, NULL));
+  DT_LOOP {
+    float *t = rand_host(vocab * dim, 1, dt), *dy = rand_host(n * dim, 1, dt), *dt0 = rand_host(vocab * dim, 1, dt);
+    float *y = malloc(sizeof(float) * n * dim), *dtab = malloc(sizeof(float) * vocab * dim);
+    memcpy(dtab, dt0, sizeof(float) * vocab * dim);
+    CHECK_OK(fsdp_embedding_forward(y, ids, t, n, vocab, dim));
+    CHECK_OK(fsdp_embedding_backward(dtab, dy, ids, n, vocab, dim));
+    void *T = up(t, vocab * dim, dt), *DY = up(dy, n * dim, dt), *Y = poisoned(n * dim, dt), *DT = up(dt0, vocab * dim, dt);
+    CHECK_OK(fsdp_cuda_embedding_forward(Y, IDS, T, n, vocab, dim, dt, NULL));
+    CHECK_OK(fsdp_cuda_embedding_backward(DT, DY, IDS, n, vocab, dim, dt, NULL));
+    same("embedding y", dt, Y, y, n * dim, 0);
+    same("embedding dtable (accumulated)", dt, DT, dtab, vocab * dim, 2e-6);
+    fsdp_free(FSDP_CUDA, T), fsdp_free(FSDP_CUDA, DY);
+    free(t), free(dy), free(dt0), free(y), free(dtab);
+  }
+  fsdp_free(FSDP_CUDA, IDS);
+}
+
+static void test_rmsnorm(void) {
+  const int64_t n = 300, dim = 200; /* 300 rows: the dw kernel's row chunks */
+  DT_LOOP {
+    float *x = rand_host(n * dim, 2, dt), *w = rand_host(dim, 1, dt), *dy = rand_host(n * dim, 1, dt);
+    float *dw0 = rand_host(dim, 1, dt);
+    float *y = malloc(sizeof(float) * n * dim), *rstd = malloc(sizeof(float) * n), *dx = malloc(sizeof(float) * n * dim);
+    float *dw = malloc(sizeof(float) * dim);
+    memcpy(dw, dw0, sizeof(float) * dim);
+    CHECK_OK(fsdp_rmsnorm_forward(y, rstd, x, w, n, dim, 1e-5f));
+    CHECK_OK(fsdp_rmsnorm_backward(dx, dw, dy, x, w, rstd, n, dim));
+    void *X = up(x, n * dim, dt), *Wd = up(w, dim, dt), *DY = up(dy, n * dim, dt), *Y = poisoned(n * dim, dt);
+    void *R = poisoned(n, FSDP_FP32), *DX = poisoned(n * dim, dt), *DW = up(dw0, dim, dt);
+    CHECK_OK(fsdp_cuda_rmsnorm_forward(Y, R, X, Wd, n, dim, 1e-5f, dt, NULL));
+    CHECK_OK(fsdp_cuda_rmsnorm_backward(DX, DW, DY, X, Wd, R, n, dim, dt, NULL));
+    same("rmsnorm y", dt, Y, y, n * dim, 2e-5);
+    float *rg = down(R, n, FSDP_FP32);
+    double worst = 0;
+    for (int64_t i = 0; i < n; i++) worst = fmax(worst, fabs(rg[i] - rstd[i]) / rstd[i]);
+    CHECK(worst <= 1e-5);
+    free(rg);
+    fsdp_free(FSDP_CUDA, R);
+    same("rmsnorm dx", dt, DX, dx, n * dim, 2e-5);
+    same("rmsnorm dw (accumulated)", dt, DW, dw, dim, 1e-4);
+    fsdp_free(FSDP_CUDA, X), fsdp_free(FSDP_CUDA, Wd), fsdp_free(FSDP_CUDA, DY);
+    free(x), free(w), free(dy), free(dw0), free(y), free(rstd), free(dx), free(dw);
+  }
+}
+
+static void test_rope(void) {
+  const int64_t B = 2, T = 9, H = 3, D = 16, n = B * T * H * D;
+  float *c = malloc(sizeof(float) * T * D), *s = malloc(sizeof(float) * T * D);
+  fsdp_rope_scaling sc = {8.0f, 1.0f, 4.0f, 8};
+  CHECK_OK(fsdp_rope_table(c, s, T, D, 10000.0, &sc));
+  void *Cd = up(c, T * D, FSDP_FP32), *Sd = up(s, T * D, FSDP_FP32);
+  DT_LOOP {
+    float *x = rand_host(n, 1, dt), *ref = malloc(sizeof(float) * n), *bref = malloc(sizeof(float) * n);
+    memcpy(ref, x, sizeof(float) * n);
+    memcpy(bref, x, sizeof(float) * n);
+    CHECK_OK(fsdp_rope_forward(ref, c, s, B, T, H, D));
+    CHECK_OK(fsdp_rope_backward(bref, c, s, B, T, H, D));
+    void *X = up(x, n, dt), *X2 = up(x, n, dt);
+    CHECK_OK(fsdp_cuda_rope_forward(X, Cd, Sd, B, T, H, D, dt, NULL));
+    CHECK_OK(fsdp_cuda_rope_backward(X2, Cd, Sd, B, T, H, D, dt, NULL));
+    same("rope forward", dt, X, ref, n, 2e-6);
+    same("rope backward", dt, X2, bref, n, 2e-6);
+    free(x), free(ref), free(bref);
+  }
+  CHECK_FAILS(fsdp_cuda_rope_forward(NULL, NULL, NULL, 1, 1, 1, 3, FSDP_FP32, NULL), FSDP_EINVAL, "even");
+  fsdp_free(FSDP_CUDA, Cd), fsdp_free(FSDP_CUDA, Sd);
+  free(c), free(s);
+}
+
+static void test_attention(int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D) {
+  int64_t nq = B * T * H * D, nk = B * T * Hkv * D, nl = B * H * T;
+  DT_LOOP {
+    float *q = rand_host(nq, 1, dt), *k = rand_host(nk, 1, dt), *v = rand_host(nk, 1, dt), *dout = rand_host(nq, 1, dt);
+    float *out = malloc(sizeof(float) * nq), *lse = malloc(sizeof(float) * nl);
+    float *dq = malloc(sizeof(float) * nq), *dk = malloc(sizeof(float) * nk), *dv = malloc(sizeof(float) * nk);
+    CHECK_OK(fsdp_attention_forward(out, lse, q, k, v, B, T, H, Hkv, D));
+    void *Q = up(q, nq, dt), *K = up(k, nk, dt), *V = up(v, nk, dt), *DO = up(dout, nq, dt);
+    void *O = poisoned(nq, dt), *L = poisoned(nl, FSDP_FP32);
+    CHECK_OK(fsdp_cuda_attention_forward(O, L, Q, K, V, B, T, H, Hkv, D, dt, NULL));
+    /* backward from the device's own forward (bf16: its rounded output) */
+    float *og = down(O, nq, dt), *lg = down(L, nl, FSDP_FP32);
+    CHECK_OK(fsdp_attention_backward(dq, dk, dv, dout, q, k, v, og, lg, B, T, H, Hkv, D));
+    void *DQ = poisoned(nq, dt), *DK = poisoned(nk, dt), *DV = poisoned(nk, dt);
+    CHECK_OK(fsdp_cuda_attention_backward(DQ, DK, DV, DO, Q, K, V, O, L, B, T, H, Hkv, D, dt, NULL));
+    char what[96];
+    snprintf(what, sizeof what, "attention B%lld T%lld H%lld/%lld D%lld", (long long)B, (long long)T, (long long)H,
+             (long long)Hkv, (long long)D);
+    same(what, dt, O, out, nq, 2e-5);
+    same("attention lse", FSDP_FP32, L, lse, nl, dt == FSDP_BF16 ? 1e-3 : 2e-6);
+    same("attention dq", dt, DQ, dq, nq, 5e-5);
+    same("attention dk", dt, DK, dk, nk, 5e-5);
+    same("attention dv", dt, DV, dv, nk, 5e-5);
+    void *bufs[] = {Q, K, V, DO};
+    for (int i = 0; i < 4; i++) fsdp_free(FSDP_CUDA, bufs[i]);
+    free(q), free(k), free(v), free(dout), free(out), free(lse), free(dq), free(dk), free(dv), free(og), free(lg);
+  }
+}
+
+static void test_elementwise(void) {
+  const int64_t n = 10007;
+  DT_LOOP {
+    float *a = rand_host(n, 3, dt), *b = rand_host(n, 3, dt), *dy = rand_host(n, 1, dt);
+    float *y = malloc(sizeof(float) * n), *dg = malloc(sizeof(float) * n), *du = malloc(sizeof(float) * n);
+    float *s = malloc(sizeof(float) * n), *sa = malloc(sizeof(float) * n);
+    CHECK_OK(fsdp_swiglu_forward(y, a, b, n));
+    CHECK_OK(fsdp_swiglu_backward(dg, du, dy, a, b, n));
+    CHECK_OK(fsdp_add(s, a, b, n));
+    memcpy(sa, a, sizeof(float) * n);
+    CHECK_OK(fsdp_scale_add(sa, -0.75f, b, n));
+    void *A = up(a, n, dt), *Bd = up(b, n, dt), *DY = up(dy, n, dt), *Y = poisoned(n, dt), *DG = poisoned(n, dt);
+    void *DU = poisoned(n, dt), *S = poisoned(n, dt), *SA = up(a, n, dt);
+    CHECK_OK(fsdp_cuda_swiglu_forward(Y, A, Bd, n, dt, NULL));
+    CHECK_OK(fsdp_cuda_swiglu_backward(DG, DU, DY, A, Bd, n, dt, NULL));
+    CHECK_OK(fsdp_cuda_add(S, A, Bd, n, dt, NULL));
+    CHECK_OK(fsdp_cuda_scale_add(SA, -0.75f, Bd, n, dt, NULL));
+    same("swiglu y", dt, Y, y, n, 2e-6);
+    same("swiglu dgate", dt, DG, dg, n, 2e-6);
+    same("swiglu dup", dt, DU, du, n, 2e-6);
+    same("add", dt, S, s, n, 0);
+    same("scale_add", dt, SA, sa, n, 2e-7);
+    fsdp_free(FSDP_CUDA, A), fsdp_free(FSDP_CUDA, Bd), fsdp_free(FSDP_CUDA, DY);
+    free(a), free(b), free(dy), free(y), free(dg), free(du), free(s), free(sa);
+  }
+}
+
+static void test_cross_entropy(void) {
+  const int64_t n = 13, V = 3001;
+  int32_t tg[13];
+  for (int i = 0; i < n; i++) tg[i] = (i * 977 + 11) % V;
+  tg[4] = -100; /* ignored */
+  int32_t *TG = NULL;
+  CHECK_OK(fsdp_alloc(FSDP_CUDA, sizeof tg, (void **)&TG));
+  CHECK_OK(fsdp_memcpy(TG, tg, sizeof tg, NULL));
+  void *sums = NULL;
+  CHECK_OK(fsdp_alloc(FSDP_CUDA, 16, &sums));
+  DT_LOOP {
+    float *x = rand_host(n * V, 4, dt), *d = malloc(sizeof(float) * n * V);
+    double loss;
+    int64_t cnt;
+    CHECK_OK(fsdp_cross_entropy(&loss, &cnt, d, x, tg, n, V, -100, 0.25f));
+    void *X = up(x, n * V, dt);
+    CHECK_OK(fsdp_cuda_cross_entropy((double *)sums, (int64_t *)sums + 1, X, X, TG, n, V, -100, 0.25f, dt, NULL));
+    double got[2];
+    CHECK_OK(fsdp_memcpy(got, sums, 16, NULL));
+    int64_t gc;
+    memcpy(&gc, &got[1], 8);
+    CHECK(gc == cnt && cnt == n - 1);
+    CHECK(fabs(got[0] - loss) <= 1e-5 * fabs(loss));
+    same("cross_entropy dlogits (in place)", dt, X, d, n * V, 2e-5);
+    free(x), free(d);
+  }
+  fsdp_free(FSDP_CUDA, TG), fsdp_free(FSDP_CUDA, sums);
+}
+
+static void test_optimizers(void) {
+  const int64_t n = 5003;
+  fsdp_adamw_config cfg = {1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f};
+  float *p = rand_host(n, 1, FSDP_FP32), *g = rand_host(n, 1, FSDP_FP32), *m = rand_host(n, 0.1f, FSDP_FP32);
+  float *v = rand_host(n, 0.1f, FSDP_FP32);
+  for (int64_t i = 0; i < n; i++) v[i] = fabsf(v[i]);
+  g[17] = NAN; /* counted as non-finite by sum_squares, skipped there */
+  void *P = up(p, n, FSDP_FP32), *G = up(g, n, FSDP_FP32), *M = up(m, n, FSDP_FP32), *Vd = up(v, n, FSDP_FP32);
+  void *OUT = poisoned(n, FSDP_BF16), *sums = NULL;
+  CHECK_OK(fsdp_alloc(FSDP_CUDA, 16, &sums));
+  CHECK_OK(fsdp_memset(sums, 0, 16, NULL));
+  CHECK_OK(fsdp_cuda_sum_squares(G, n, (double *)sums, (int64_t *)sums + 1, NULL));
+  double ss;
+  int64_t bad, got[2];
+  CHECK_OK(fsdp_sum_squares(g, n, &ss, &bad));
+  CHECK_OK(fsdp_memcpy(got, sums, 16, NULL));
+  double gs;
+  memcpy(&gs, &got[0], 8);
+  CHECK(got[1] == bad && bad == 1 && fabs(gs - ss) <= 1e-6 * ss);
+  g[17] = 0.5f;
+  fsdp_free(FSDP_CUDA, G);
+  G = up(g, n, FSDP_FP32);
+  uint16_t *pb = malloc(2 * n);
+  for (int step = 1; step <= 3; step++) {
+    CHECK_OK(fsdp_adamw_step(p, pb, g, m, v, n, step, &cfg, 0.5f));
+    CHECK_OK(fsdp_cuda_adamw_step(P, OUT, FSDP_BF16, G, M, Vd, n, step, &cfg, 0.5f, NULL));
+  }
+  float *pbf = malloc(sizeof(float) * n);
+  for (int64_t i = 0; i < n; i++) pbf[i] = fsdp_bf16_to_f32(pb[i]);
+  same("adamw param (3 steps)", FSDP_FP32, P, p, n, 1e-6);
+  same("adamw m", FSDP_FP32, M, m, n, 1e-6);
+  same("adamw v", FSDP_FP32, Vd, v, n, 1e-6);
+  same("adamw bf16 copy", FSDP_BF16, OUT, pbf, n, 0);
+  CHECK_FAILS(fsdp_cuda_adamw_step(NULL, NULL, FSDP_FP32, NULL, NULL, NULL, 1, 0, &cfg, 1, NULL), FSDP_EINVAL, "first real step is 1");
+  fsdp_free(FSDP_CUDA, G), fsdp_free(FSDP_CUDA, sums);
+  free(p), free(g), free(m), free(v), free(pb), free(pbf);
+}
+
+int main(void) {
+  if (!fsdp_device_available(FSDP_CUDA)) {
+    printf("test_kernels: no CUDA device here; skipped\n");
+    return 77;
+  }
+  CHECK_OK(fsdp_device_set(FSDP_CUDA, 0));
+  test_linear();
+  test_embedding();
+  test_rmsnorm();
+  test_rope();
+  test_attention(2, 37, 4, 2, 16);
+  test_attention(1, 70, 2, 1, 64);
+  test_attention(1, 40, 4, 4, 128);
+  test_elementwise();
+  test_cross_entropy();
+  test_optimizers();
+  return fsdp_test_summary("test_kernels");
+}
