@@ -436,20 +436,20 @@ function Sharded:gather(name)
       if p.name == name then
         unshard(u)
         check(C.fsdp_unit_wait(u.handle, nil), "gather")
-        local w, out = C.fsdp_unit_params(u.handle), {}
-        local host
-        if self.device == "cuda" then -- this parameter's range, copied to the host
-          local es = self.param_dtype == "fp32" and 4 or 2
-          host = ffi.new("uint8_t[?]", (p.offset + p.spec.numel) * es)
-          check(C.fsdp_memcpy(host + p.offset * es, ffi.cast("uint8_t *", w) + p.offset * es, p.spec.numel * es, nil), "gather")
-          w = host
+        local es = self.param_dtype == "fp32" and 4 or 2
+        -- this parameter's elements; on CUDA copied to the host first
+        local src, out = ffi.cast("uint8_t *", C.fsdp_unit_params(u.handle)) + p.offset * es, {}
+        if self.device == "cuda" then
+          local host = ffi.new("uint8_t[?]", p.spec.numel * es)
+          check(C.fsdp_memcpy(host, src, p.spec.numel * es, nil), "gather")
+          src = host
         end
         if self.param_dtype == "fp32" then
-          local f = ffi.cast("float *", w)
-          for i = 0, p.spec.numel - 1 do out[i + 1] = f[p.offset + i] end
+          local f = ffi.cast("float *", src)
+          for i = 0, p.spec.numel - 1 do out[i + 1] = f[i] end
         else
-          local h = ffi.cast("uint16_t *", w)
-          for i = 0, p.spec.numel - 1 do out[i + 1] = C.fsdp_bf16_to_f32(h[p.offset + i]) end
+          local h = ffi.cast("uint16_t *", src)
+          for i = 0, p.spec.numel - 1 do out[i + 1] = C.fsdp_bf16_to_f32(h[i]) end
         end
         reshard(u, self)
         return out

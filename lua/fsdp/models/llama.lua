@@ -12,11 +12,9 @@
 --   logits = model:forward(ctx, ids)      -- ids: int32 {B, T}; logits {B, T, vocab}
 --   model:backward(ctx, dlogits)
 -- The model declares its parameters and allocates nothing until sharded.
-local base = require "fsdp.ffi"
 local tensor = require "fsdp.tensor"
 local ops = require "fsdp.ops"
 local nn = require "fsdp.nn"
-local C, check, ffi = base.C, base.check, base.ffi
 
 local M = {}
 
