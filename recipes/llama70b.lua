@@ -15,5 +15,8 @@ return {
   schedule = { warmup = 2000, decay = "cosine", min_lr_ratio = 0.1 },
   data = { token_file = "data/train.bin", val_token_file = "data/val.bin", seq = 8192, micro_batch = 1 },
   train = { steps = 100000, global_batch_tokens = 4194304, seed = 1234, eval_every = 1000, eval_batches = 16,
-    log_every = 1, metrics = "runs/llama70b/metrics.jsonl", device = "cuda" },
+    log_every = 1, metrics = "runs/llama70b/metrics.jsonl", device = "cuda", resume = "auto" },
+  -- every 500 steps in the background; a new job resumes where the last
+  -- one stopped (docs/CHECKPOINTS.md)
+  checkpoint = { dir = "runs/llama70b/ckpt", every = 500, keep_last = 3, async = true },
 }

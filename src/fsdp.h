@@ -37,7 +37,8 @@ enum {
   FSDP_EUNSUPPORTED = -7,/* not built in, or no such device */
   FSDP_EDEVICE = -8,     /* the device runtime reported an error */
   FSDP_ESTATE = -9,      /* call out of order (e.g. before fsdp_init) */
-  FSDP_ELAUNCH = -10     /* the launcher (PMIx) failed */
+  FSDP_ELAUNCH = -10,    /* the launcher (PMIx) failed */
+  FSDP_ECORRUPT = -11    /* a file's contents are malformed or damaged */
 };
 
 /* ---- dtypes, devices, reductions ------------------------------------- */
@@ -360,6 +361,22 @@ typedef struct fsdp_unit_memory {
   int64_t shard_numel, total_numel;
 } fsdp_unit_memory;
 int fsdp_unit_memory_info(const fsdp_unit *u, fsdp_unit_memory *out);
+
+/* A unit's training state, for checkpoints (src/shard/unit_state.c): the
+ * fp32 main params and the optimizer's arrays (AdamW: exp_avg, exp_avg_sq;
+ * SGD: momentum in OPT1), as this rank holds them (fsdp_unit_state_numel
+ * elements each). Pieces: param, element range [begin, end) and, in
+ * shard_offset, where the range starts in the state arrays; to_save = 0:
+ * every piece this rank holds, 1: the disjoint part it saves. Returns the
+ * count (may exceed cap). */
+typedef enum { FSDP_STATE_PARAM = 0, FSDP_STATE_OPT1 = 1, FSDP_STATE_OPT2 = 2 } fsdp_unit_state_kind;
+int fsdp_unit_state_pieces(const fsdp_unit *u, int to_save, fsdp_layout_piece *out, int cap);
+int64_t fsdp_unit_state_numel(const fsdp_unit *u);
+int fsdp_unit_state_get(fsdp_unit *u, int kind, int64_t off, int64_t n, float *dst);
+int fsdp_unit_state_set(fsdp_unit *u, int kind, int64_t off, int64_t n, const float *src);
+/* After setting the main params: the compute params from them (collective
+ * over the shard group, and the outer group with hfsdp). */
+int fsdp_unit_state_publish(fsdp_unit *u);
 
 /* The rest of the API, one header per layer; ffi.lua follows these quoted
  * includes, so they obey the same FFI-clean rules as this file. */

@@ -3,6 +3,7 @@
 #ifndef FSDP_IO_API_H
 #define FSDP_IO_API_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 /* ---- pre-tokenised token files (src/io/token_file.c) ----------------- */
@@ -21,5 +22,89 @@ int32_t fsdp_token_file_width(const fsdp_token_file *f);   /* bytes per token: 2
  * INT32_MAX is an error (FSDP_EINVAL), as is a range outside [0, count). */
 int fsdp_token_file_read(const fsdp_token_file *f, int64_t start, int64_t n, int32_t *out);
 void fsdp_token_file_close(fsdp_token_file *f);            /* NULL: no-op */
+
+/* ---- checksums and durable file steps (src/io/crc32c.c, src/io/fs.c) -- */
+/* CRC-32C (Castagnoli) of n bytes continuing from crc (start with 0);
+ * the portable table version gives the same values without SSE4.2. */
+uint32_t fsdp_crc32c(uint32_t crc, const void *data, size_t n);
+uint32_t fsdp_crc32c_portable(uint32_t crc, const void *data, size_t n);
+int fsdp_fs_mkdirs(const char *path);                 /* mkdir -p */
+int fsdp_fs_remove_tree(const char *path);            /* rm -r; a missing path is fine */
+int fsdp_fs_rename(const char *from, const char *to); /* then fsyncs to's directory */
+int fsdp_fs_fsync(const char *path);
+/* path.tmp written, fsynced, renamed over path: readers see old or new, whole */
+int fsdp_fs_write_atomic(const char *path, const void *data, size_t n);
+int fsdp_fs_create(const char *path, int64_t bytes);  /* a new file of that size (zeros) */
+int fsdp_fs_pwrite(const char *path, int64_t offset, const void *data, size_t n);
+/* 0 and *bytes, *is_dir (either may be NULL) when path exists; 1 when not */
+int fsdp_fs_stat(const char *path, int64_t *bytes, int *is_dir);
+/* dir's entries, each followed by '\n', into buf (cap bytes); returns the
+ * bytes needed (0 for a missing dir); call again with more when above cap */
+int64_t fsdp_fs_list(const char *dir, char *buf, int64_t cap);
+
+/* ---- checkpoints (src/io/ckpt_writer.c, ckpt_reader.c; docs/CHECKPOINTS.md) */
+typedef struct fsdp_ckpt_writer fsdp_ckpt_writer;
+/* Writes segments bufs[i] (bytes[i] each) into a new file at path, each at a
+ * multiple of 64 bytes, with each segment's CRC-32C, then fsyncs it: on a
+ * background thread. The buffers must stay alive and unchanged until
+ * finish returns. */
+int fsdp_ckpt_writer_start(const char *path, int n, const void *const *bufs, const int64_t *bytes,
+                           fsdp_ckpt_writer **out);
+int fsdp_ckpt_writer_done(const fsdp_ckpt_writer *w); /* 1 once the thread has finished */
+/* Waits for the thread; on success fills offsets[n], crcs[n] and the file's
+ * size. Frees w either way; returns the write's status. */
+int fsdp_ckpt_writer_finish(fsdp_ckpt_writer *w, int64_t *offsets, uint32_t *crcs, int64_t *file_bytes);
+/* A test hook: the next writer started kills this process (SIGKILL) once it
+ * has written that many bytes (-1: off). */
+void fsdp_ckpt_writer_fault(int64_t kill_after_bytes);
+
+typedef struct fsdp_ckpt fsdp_ckpt;
+/* Opens a checkpoint directory: index.json checked against index.sum and
+ * parsed, every file present with its size, every state of every tensor
+ * covered by segments exactly once. FSDP_ECORRUPT names what is wrong. */
+int fsdp_ckpt_open(const char *dir, fsdp_ckpt **out);
+void fsdp_ckpt_close(fsdp_ckpt *c);
+int fsdp_ckpt_tensor_count(const fsdp_ckpt *c);
+/* name stays valid until close; shape has room for 8 */
+int fsdp_ckpt_tensor_info(const fsdp_ckpt *c, int i, const char **name, int *ndim, int64_t *shape);
+int fsdp_ckpt_has_state(const fsdp_ckpt *c, const char *state); /* 1 or 0 */
+/* A number or string of the index's "meta" object at a dotted path
+ * ("train.step"): 0 when found, 1 when missing or of another type. */
+int fsdp_ckpt_meta_number(const fsdp_ckpt *c, const char *key, double *out);
+int fsdp_ckpt_meta_string(const fsdp_ckpt *c, const char *key, char *buf, int64_t cap);
+/* Elements [begin, end) of a tensor's state ("param", "exp_avg", ...) into
+ * dst, from the segments holding them, each verified against its CRC-32C
+ * before use. */
+int fsdp_ckpt_read(fsdp_ckpt *c, const char *tensor, const char *state, int64_t begin, int64_t end, float *dst);
+
+/* ---- safetensors (src/io/safetensors.c) ------------------------------ */
+typedef struct fsdp_safetensors fsdp_safetensors;
+typedef struct fsdp_safetensors_entry {
+  const char *name, *dtype; /* "F32", "BF16", ...; valid until close */
+  int32_t ndim, pad;
+  int64_t shape[8];
+  int64_t begin, end; /* the tensor's bytes in the file (absolute offsets) */
+} fsdp_safetensors_entry;
+/* Opens and checks a file's header (the data is read by _read). Malformed
+ * headers fail with FSDP_ECORRUPT naming the file and the fault. */
+int fsdp_safetensors_open(const char *path, fsdp_safetensors **out);
+/* The same checks on a file held in memory (n bytes available of a file of
+ * file_bytes); what names it in messages. For the fuzzer and tests. */
+int fsdp_safetensors_parse(const void *file, size_t n, int64_t file_bytes, const char *what, fsdp_safetensors **out);
+void fsdp_safetensors_close(fsdp_safetensors *st);
+int fsdp_safetensors_count(const fsdp_safetensors *st);
+int fsdp_safetensors_find(const fsdp_safetensors *st, const char *name); /* index, or -1 */
+int fsdp_safetensors_entry_get(const fsdp_safetensors *st, int i, fsdp_safetensors_entry *out);
+const char *fsdp_safetensors_metadata(const fsdp_safetensors *st, const char *key); /* NULL: none */
+/* Elements [begin, end) of tensor i as fp32 (from F64, F32, F16, BF16) */
+int fsdp_safetensors_read(fsdp_safetensors *st, int i, int64_t begin, int64_t end, float *dst);
+/* The header (length prefix, JSON padded with spaces to 8 bytes) of a file
+ * holding n tensors back to back in the given order (shapes: n x 8),
+ * __metadata__ from nmeta key/value pairs. Returns its size in bytes; writes
+ * it when cap suffices; data_begin[i] (may be NULL): where tensor i's bytes
+ * start in the file. */
+int64_t fsdp_safetensors_header(int n, const char *const *names, const char *const *dtypes, const int32_t *ndims,
+                                const int64_t *shapes, int nmeta, const char *const *meta, char *buf, int64_t cap,
+                                int64_t *data_begin);
 
 #endif /* FSDP_IO_API_H */

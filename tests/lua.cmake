@@ -49,3 +49,8 @@ endforeach()
 # the metrics plot (gnuplot)
 add_test(NAME plot_metrics COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_plot_metrics.sh ${CMAKE_SOURCE_DIR})
 set_tests_properties(plot_metrics PROPERTIES LABELS unit TIMEOUT 60 SKIP_RETURN_CODE 77)
+# checkpoints: resume bit for bit, resharding, a rank killed mid-save,
+# corruptions, Hugging Face export/import (runs fsdprun itself, 1-4 ranks)
+add_test(NAME lua_checkpoint
+         COMMAND fsdp-host ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_checkpoint.lua $<TARGET_FILE:fsdprun> ${CMAKE_SOURCE_DIR})
+set_tests_properties(lua_checkpoint PROPERTIES LABELS multirank TIMEOUT 600 RUN_SERIAL ON)

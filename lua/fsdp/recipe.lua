@@ -30,11 +30,18 @@ M.schema = {
   train = {
     steps = { "int", 100 }, grad_accum = { "int", 1 }, global_batch_tokens = { "int", nil }, seed = { "int", 1234 },
     eval_every = { "int", 0 }, eval_batches = { "int", 4 }, log_every = { "int", 1 }, metrics = { "string", nil },
-    device = { { "cpu", "cuda" }, "cpu" }, min_free_fraction = { "number", 0.9 },
+    device = { { "cpu", "cuda" }, "cpu" }, min_free_fraction = { "number", 0.9 }, resume = { "string", nil },
+    stop_after = { "int", nil },
+  },
+  -- docs/CHECKPOINTS.md
+  checkpoint = {
+    dir = { "string", nil }, every = { "int", 0 }, keep_last = { "int", 3 }, async = { "boolean", true },
+    export_hf = { "string", nil }, export_dtype = { { "bf16", "fp32" }, "bf16" }, export_shard_mb = { "number", 5000 },
+    init_hf = { "string", nil },
   },
 }
 
-local sections = { "model", "mesh", "fsdp", "optimizer", "schedule", "data", "train" }
+local sections = { "model", "mesh", "fsdp", "optimizer", "schedule", "data", "train", "checkpoint" }
 
 local function fail(where, fmt, ...) error(where .. ": " .. string.format(fmt, ...), 0) end
 
@@ -129,6 +136,13 @@ function M.check(r, where)
   if t.steps < 1 then fail(where, "train.steps = %d; expected >= 1", t.steps) end
   if t.grad_accum < 1 then fail(where, "train.grad_accum = %d; expected >= 1", t.grad_accum) end
   if t.log_every < 1 then fail(where, "train.log_every = %d; expected >= 1", t.log_every) end
+  if t.stop_after and t.stop_after < 1 then fail(where, "train.stop_after = %d; expected >= 1", t.stop_after) end
+  local ck = r.checkpoint
+  if ck.every < 0 then fail(where, "checkpoint.every = %d; expected >= 0 (0: only at the end)", ck.every) end
+  if ck.keep_last < 0 then fail(where, "checkpoint.keep_last = %d; expected >= 0 (0: keep all)", ck.keep_last) end
+  if ck.export_shard_mb <= 0 then fail(where, "checkpoint.export_shard_mb = %g; expected > 0", ck.export_shard_mb) end
+  if ck.every > 0 and not ck.dir then fail(where, "checkpoint.every = %d needs checkpoint.dir", ck.every) end
+  if t.resume == "auto" and not ck.dir then fail(where, "train.resume = 'auto' needs checkpoint.dir (where to look)") end
   return r
 end
 

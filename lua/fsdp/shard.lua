@@ -325,6 +325,7 @@ local function all_reduce_host(comm, t, op)
     comm:synchronize()
   end
 end
+M.all_reduce_host = all_reduce_host
 
 function Sharded:train_step(batches, opt)
   live(self, "train_step")

@@ -10,6 +10,8 @@ local schedule = require "fsdp.schedule"
 local plan = require "fsdp.plan"
 local llama = require "fsdp.models.llama"
 local data = require "fsdp.data"
+local checkpoint = require "fsdp.checkpoint"
+local hf = require "fsdp.hf"
 local ffi, C, check = fsdp.ffi, fsdp.C, fsdp.check
 
 local M = {}
@@ -157,7 +159,6 @@ function M.run(r, where, args)
     error(string.format("%s: the data has token ids up to %d but model.vocab_size = %d", where, ds.vocab_size - 1, cfg.vocab_size), 0)
   end
   local seed = r.train.seed
-  local train_loader = ds:loader({ split = "train", batch = B, seq = T, rank = dp_rank, world = dp, seed = seed })
 
   local model = llama.model(cfg, { checkpoint = r.fsdp.checkpoint })
   local units = r.fsdp.units
@@ -165,6 +166,38 @@ function M.run(r, where, args)
   local sharded = fsdp.fully_shard(model, { shard = shard, outer = outer, units = units, zero = r.fsdp.zero,
     prefetch = r.fsdp.prefetch, max_live_units = r.fsdp.max_live_units, seed = seed, hfsdp = r.fsdp.hfsdp,
     mixed = { param_dtype = r.fsdp.param_dtype, reduce_dtype = r.fsdp.reduce_dtype } })
+
+  -- resume (train.resume), else initial weights from Hugging Face files
+  -- (checkpoint.init_hf), else the meta init's
+  local ck, o = r.checkpoint, r.optimizer
+  local start, consumed, resumed = 1, 0, nil
+  if r.train.resume then
+    local path = r.train.resume
+    if path == "auto" then
+      local why
+      path, why = checkpoint.latest(ck.dir)
+      if why then say("resume: skipped %s", why) end
+      if not path then say("resume: no checkpoint in %s yet: starting at step 1", ck.dir) end
+    end
+    if path then
+      local ok, meta = pcall(checkpoint.load, sharded, path, { optimizer = o.name })
+      if not ok then error(where .. ": train.resume: " .. tostring(meta), 0) end
+      start, consumed, resumed = (meta.step or 0) + 1, meta.consumed or 0, path
+      sharded.skipped = meta.skipped
+      if meta.seed and meta.seed ~= seed then
+        say("resume: %s was trained with train.seed = %d; keeping it for the data order (the recipe says %d)", path, meta.seed, seed)
+        seed = meta.seed
+      end
+      say("resumed from %s: step %d done, %d windows of data consumed", path, start - 1, consumed)
+    end
+  end
+  if not resumed and ck.init_hf then
+    local ok, e = pcall(hf.import, sharded, cfg, ck.init_hf)
+    if not ok then error(where .. ": checkpoint.init_hf: " .. tostring(e), 0) end
+    say("initial weights from %s", ck.init_hf)
+  end
+  local train_loader = ds:loader({ split = "train", batch = B, seq = T, rank = dp_rank, world = dp, seed = seed,
+    state = { consumed = consumed } })
 
   local n_params = llama.num_params(cfg)
   local flops_tok = llama.flops_per_token(cfg, T)
@@ -190,7 +223,7 @@ function M.run(r, where, args)
     local parts = {}
     for _, k in ipairs(keys) do
       local v = t[k]
-      parts[#parts + 1] = string.format('"%s":%s', k, type(v) == "number" and (v ~= v and "null" or string.format("%.6g", v)) or
+      parts[#parts + 1] = string.format('"%s":%s', k, type(v) == "number" and (v ~= v and "null" or string.format("%.17g", v)) or
         string.format('"%s"', tostring(v)))
     end
     metrics:write("{", table.concat(parts, ","), "}\n")
@@ -223,10 +256,22 @@ function M.run(r, where, args)
   end
 
   local tty = R == 0 and (os.getenv("FSDPRUN_TTY") == "1" or (os.getenv("FSDPRUN") == nil and ffi.C.isatty(1) == 1))
-  local steps, o = r.train.steps, r.optimizer
+  local steps = r.train.steps
+  local function save(step, lr)
+    local ok, e = pcall(checkpoint.save, sharded, ck.dir, { step = step, optimizer = o.name, async = ck.async,
+      keep_last = ck.keep_last, meta = { step = step, optimizer_step = sharded.step_count, consumed = train_loader.consumed,
+        seed = seed, lr = lr, world = info.size, zero = r.fsdp.zero, optimizer = o.name, param_dtype = r.fsdp.param_dtype,
+        skipped = sharded.skipped or 0, model = where } })
+    if not ok then error(where .. ": checkpoint: " .. tostring(e), 0) end
+    return e
+  end
+  local function committed(path) if path then say("checkpoint: %s", path) end end
   local t_start, tokens_done, first_loss, last_loss = C.fsdp_time_now(), 0, nil, nil
   local t_steady, steady_tokens, losses = nil, 0, {}
-  for step = 1, steps do
+  local steady_from = start + 1
+  if start > steps then say("nothing to train: %s holds step %d and train.steps = %d", resumed, start - 1, steps) end
+  local last = math.min(steps, r.train.stop_after or steps)
+  for step = start, last do
     fsdp.memory_reset_peak(device)
     local t0 = C.fsdp_time_now()
     local batches = {}
@@ -237,8 +282,8 @@ function M.run(r, where, args)
       eps = o.eps, weight_decay = o.weight_decay, clip = o.clip > 0 and o.clip or nil, momentum = o.momentum, loss = loss_fn })
     local dt = C.fsdp_time_now() - t0
     tokens_done = tokens_done + tokens_step
-    if step == 2 then t_steady = t0 end
-    if step >= 2 then steady_tokens = steady_tokens + tokens_step end
+    if step == steady_from then t_steady = t0 end
+    if step >= steady_from then steady_tokens = steady_tokens + tokens_step end
     first_loss = first_loss or loss
     last_loss = loss
     losses[step] = loss
@@ -246,9 +291,9 @@ function M.run(r, where, args)
     local mfu = flops_tok * tps / dp / peak
     local mem = fsdp.memory_stats(device).peak
     if warn then say("step %d: %s", step, warn) end
-    if step % r.train.log_every == 0 or step == steps then
+    if step % r.train.log_every == 0 or step == last then
       local elapsed = C.fsdp_time_now() - t_start
-      local eta = elapsed / step * (steps - step)
+      local eta = elapsed / (step - start + 1) * (last - step)
       local bar = ""
       if tty then
         local w = 20
@@ -260,16 +305,26 @@ function M.run(r, where, args)
     end
     record({ step = step, loss = loss, lr = lr, grad_norm = norm, tokens_per_s = tps, step_time_s = dt, mfu = mfu,
       mem_bytes = mem, tokens = tokens_done })
-    if r.train.eval_every > 0 and (step % r.train.eval_every == 0 or step == steps) then
+    if r.train.eval_every > 0 and (step % r.train.eval_every == 0 or step == last) then
       local vloss = evaluate()
       say("eval step %d | val_loss %.4f", step, vloss)
       record({ step = step, val_loss = vloss })
     end
+    committed(checkpoint.poll(sharded))
+    if ck.dir and ((ck.every > 0 and step % ck.every == 0) or step == last) then committed(save(step, lr)) end
+  end
+  committed(checkpoint.wait(sharded))
+  if ck.export_hf then
+    local ok, e = pcall(hf.export, sharded, cfg, ck.export_hf, { dtype = ck.export_dtype, shard_bytes = ck.export_shard_mb * 1e6 })
+    if not ok then error(where .. ": checkpoint.export_hf: " .. tostring(e), 0) end
+    say("exported %s (%d files, %s bytes, %s) for Hugging Face", ck.export_hf, e.files, human(e.bytes), ck.export_dtype)
   end
   local wall = C.fsdp_time_now() - t_start
   local steady = t_steady and steady_tokens / (C.fsdp_time_now() - t_steady) or tokens_done / wall
-  say("done: %d steps in %s; loss %.4f -> %.4f; %s tok/s after the first step (%s over %d ranks)", steps, duration(wall),
-    first_loss, last_loss, human(steady), human(tokens_done) .. " tokens", info.size)
+  if first_loss then
+    say("done: %d steps in %s; loss %.4f -> %.4f; %s tok/s after the first step (%s over %d ranks)", last - start + 1,
+      duration(wall), first_loss, last_loss, human(steady), human(tokens_done) .. " tokens", info.size)
+  end
   if metrics then metrics:close() end
   sharded:free()
   return { first_loss = first_loss, last_loss = last_loss, losses = losses, tokens_per_s = steady }

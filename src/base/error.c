@@ -53,6 +53,7 @@ const char *fsdp_status_name(int status) {
     case FSDP_EDEVICE: return "FSDP_EDEVICE";
     case FSDP_ESTATE: return "FSDP_ESTATE";
     case FSDP_ELAUNCH: return "FSDP_ELAUNCH";
+    case FSDP_ECORRUPT: return "FSDP_ECORRUPT";
     default: return "FSDP_E?";
   }
 }

@@ -25,34 +25,11 @@
 #include "../device/device_impl.h"
 #include "../dist/comm_impl.h"
 #include "pool.h"
+#include "unit_impl.h"
 #ifdef FSDP_HAVE_CUDA
 #include "../../kernels/kernels.h"
 #endif
 
-struct fsdp_unit {
-  char name[128];
-  fsdp_unit_config cfg;
-  fsdp_layout *layout;
-  int np;
-  int64_t *numels;
-  uint8_t *no_decay;
-  fsdp_comm *shard, *outer;
-  fsdp_pool *ppool, *gpool;
-  int W, r;
-  int dev;             /* FSDP_CPU or FSDP_CUDA: where every buffer lives */
-  void *sums;          /* CUDA: the grad norm's device counters (double, int64) */
-  int64_t S, T;
-  int64_t n_opt, sub;  /* the optimizer owns [sub, sub + n_opt) of the shard (zero 0: all T) */
-  int hf;              /* HFSDP: the optimizer's range is 1/R of the shard */
-  size_t ces;
-  float *main, *m, *v, *gmain, *tmp;
-  float *gacc; /* fp32 grad shard over the shard group: gmain, or its own S buffer with HFSDP */
-  void *cshard, *cfull, *gfull;
-  int pslot, gslot;
-  void *pbuf, *gbuf;
-  fsdp_event *gathered, *ready;
-  fsdp_unit_times times; /* written on the comm stream, read after it is waited for */
-};
 
 /* ---- host steps enqueued behind collectives ---- */
 
@@ -471,6 +448,32 @@ static int sgd_update(fsdp_unit *u, const step_args *a, int64_t off, int64_t len
                        a->grad_scale);
 }
 
+/* The compute-dtype params from the fp32 main params: after an optimizer
+ * step, or after a checkpoint load set the main params. Zero 0 casts the
+ * full copy; zero >= 1 casts the shard (HFSDP: all-gathers the replicas'
+ * ranges into it) and, for the resident levels, all-gathers the full
+ * params. */
+int fsdp_unit_publish_params(fsdp_unit *u) {
+  if (u->cfg.zero == 0) {
+    FSDP_CHECK(cast_out(u->cfull, u->cfg.compute_dtype, u->main, u->T, u->shard->stream));
+    /* the compute stream reads cfull after this event (fsdp_unit_wait) */
+    return fsdp_event_record(u->gathered, u->shard->stream);
+  }
+  if (u->hf) { /* gather the replicas' ranges into the compute shard */
+    FSDP_CHECK(cast_out(u->tmp, u->cfg.compute_dtype, u->main, u->n_opt, u->shard->stream));
+    if (u->dev == FSDP_CUDA) FSDP_CHECK(fsdp_stream_synchronize(u->shard->stream));
+    FSDP_CHECK(fsdp_comm_all_gather(u->outer, u->cshard, u->tmp, (size_t)u->n_opt, u->cfg.compute_dtype));
+    FSDP_CHECK(fsdp_comm_synchronize(u->outer));
+  } else {
+    FSDP_CHECK(cast_out(u->cshard, u->cfg.compute_dtype, u->main, u->S, u->shard->stream));
+  }
+  if (u->cfg.zero <= 2) { /* resident full params: gather the new values */
+    FSDP_CHECK(fsdp_comm_all_gather(u->shard, u->cfull, u->cshard, (size_t)u->S, u->cfg.compute_dtype));
+    FSDP_CHECK(fsdp_event_record(u->gathered, u->shard->stream));
+  }
+  return FSDP_OK;
+}
+
 /* Update what this rank owns (zero 0: everything), write the new values back
  * to the compute params, and zero the grads. */
 static int step_owned(fsdp_unit *u, update_fn update, const step_args *a) {
@@ -478,9 +481,6 @@ static int step_owned(fsdp_unit *u, update_fn update, const step_args *a) {
   const fsdp_layout *l = u->layout;
   if (u->cfg.zero == 0) {
     for (int p = 0; p < u->np; p++) FSDP_CHECK(update(u, a, fsdp_layout_param_offset(l, p), u->numels[p], p));
-    FSDP_CHECK(cast_out(u->cfull, u->cfg.compute_dtype, u->main, u->T, u->shard->stream));
-    /* the compute stream reads cfull after this event (fsdp_unit_wait) */
-    FSDP_CHECK(fsdp_event_record(u->gathered, u->shard->stream));
   } else {
     int k = fsdp_layout_rank_pieces(l, u->r, NULL, 0);
     fsdp_layout_piece *ps = malloc(sizeof *ps * (size_t)(k ? k : 1));
@@ -495,19 +495,8 @@ static int step_owned(fsdp_unit *u, update_fn update, const step_args *a) {
     }
     free(ps);
     FSDP_CHECK(rc);
-    if (u->hf) { /* gather the replicas' ranges into the compute shard */
-      FSDP_CHECK(cast_out(u->tmp, u->cfg.compute_dtype, u->main, u->n_opt, u->shard->stream));
-      if (u->dev == FSDP_CUDA) FSDP_CHECK(fsdp_stream_synchronize(u->shard->stream));
-      FSDP_CHECK(fsdp_comm_all_gather(u->outer, u->cshard, u->tmp, (size_t)u->n_opt, u->cfg.compute_dtype));
-      FSDP_CHECK(fsdp_comm_synchronize(u->outer));
-    } else {
-      FSDP_CHECK(cast_out(u->cshard, u->cfg.compute_dtype, u->main, u->S, u->shard->stream));
-    }
-    if (u->cfg.zero <= 2) { /* resident full params: gather the new values */
-      FSDP_CHECK(fsdp_comm_all_gather(u->shard, u->cfull, u->cshard, (size_t)u->S, u->cfg.compute_dtype));
-      FSDP_CHECK(fsdp_event_record(u->gathered, u->shard->stream));
-    }
   }
+  FSDP_CHECK(fsdp_unit_publish_params(u));
   return zero_main_grads(u);
 }
 

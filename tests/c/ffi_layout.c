@@ -22,6 +22,7 @@ int main(void) {
   SIZE(fsdp_unit_config);
   SIZE(fsdp_unit_times);
   SIZE(fsdp_rope_scaling);
+  SIZE(fsdp_safetensors_entry);
   printf("},\noffsets = {\n");
   OFF(fsdp_proc_info, rank);
   OFF(fsdp_proc_info, size);
@@ -85,6 +86,12 @@ int main(void) {
   OFF(fsdp_unit_memory, scratch);
   OFF(fsdp_unit_memory, shard_numel);
   OFF(fsdp_unit_memory, total_numel);
+  OFF(fsdp_safetensors_entry, name);
+  OFF(fsdp_safetensors_entry, dtype);
+  OFF(fsdp_safetensors_entry, ndim);
+  OFF(fsdp_safetensors_entry, shape);
+  OFF(fsdp_safetensors_entry, begin);
+  OFF(fsdp_safetensors_entry, end);
   printf("},\nconstants = {\n");
   CONST(FSDP_OK);
   CONST(FSDP_EINVAL);
@@ -97,6 +104,7 @@ int main(void) {
   CONST(FSDP_EDEVICE);
   CONST(FSDP_ESTATE);
   CONST(FSDP_ELAUNCH);
+  CONST(FSDP_ECORRUPT);
   CONST(FSDP_FP32);
   CONST(FSDP_BF16);
   CONST(FSDP_FP16);
@@ -104,6 +112,9 @@ int main(void) {
   CONST(FSDP_INT32);
   CONST(FSDP_VIEW_PARAM);
   CONST(FSDP_VIEW_GRAD);
+  CONST(FSDP_STATE_PARAM);
+  CONST(FSDP_STATE_OPT1);
+  CONST(FSDP_STATE_OPT2);
   CONST(FSDP_CPU);
   CONST(FSDP_CUDA);
   CONST(FSDP_SUM);

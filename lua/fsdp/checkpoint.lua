@@ -1,0 +1,397 @@
+-- fsdp.checkpoint: sharded checkpoints of a fully_shard model (docs/CHECKPOINTS.md).
+--   ckpt.save(s, dir, {step = 10, optimizer = "adamw", meta = {...}, async = true, keep_last = 3})
+--   ckpt.poll(s) / ckpt.wait(s)   -- commit a finished async save (collective)
+--   local meta = ckpt.load(s, path, {optimizer = "adamw"})
+--   local path = ckpt.latest(dir)  -- the newest checkpoint that opens, or nil
+-- Each rank writes only the state it owns; rank 0 writes the index last and
+-- renames the directory into place, so a save that does not finish leaves
+-- the previous checkpoint as it was. Loading reads, on each rank, only the
+-- element ranges it now holds: any world size, ZeRO level, mesh or unit
+-- grouping. Every call here is collective over the model's ranks.
+local base = require "fsdp.ffi"
+local tensor = require "fsdp.tensor"
+local json = require "fsdp.json"
+local shard = require "fsdp.shard"
+local ffi, C, check = base.ffi, base.C, base.check
+
+local M = {}
+
+-- the states each optimizer keeps, in the unit's state-kind order
+M.states = { adamw = { "param", "exp_avg", "exp_avg_sq" }, sgd = { "param", "momentum" } }
+
+local function last_error() return ffi.string(C.fsdp_last_error()) end
+
+-- ---- the job's ranks: the shard group, and the outer group when HSDP ----
+
+local function world(s)
+  local S, O = s.shard:size(), s.outer and s.outer:size() or 1
+  return (s.outer and s.outer:rank() or 0) * S + s.shard:rank(), S * O
+end
+
+local function all_reduce(s, t, op)
+  shard.all_reduce_host(s.shard, t, op)
+  if s.outer then shard.all_reduce_host(s.outer, t, op) end
+end
+
+local function barrier(s) all_reduce(s, tensor.new(1):fill(0), "sum") end
+
+-- Integers in [0, 2^48) that each rank fills at its own indices (zeros
+-- elsewhere), summed over the ranks exactly: as three 16-bit chunks in fp32
+-- (the collectives reduce fp32; integers below 2^24 stay exact).
+-- vals: {[i] = v} for this rank's indices (0-based); returns a function i -> v.
+local function share_ints(s, n, vals)
+  local t = tensor.new(math.max(3 * n, 1)):fill(0)
+  for i, v in pairs(vals) do
+    if v < 0 or v >= 2 ^ 48 or v % 1 ~= 0 then error("checkpoint: integer " .. tostring(v) .. " out of range", 2) end
+    t:set(3 * i, v % 65536); t:set(3 * i + 1, math.floor(v / 65536) % 65536); t:set(3 * i + 2, math.floor(v / 2 ^ 32))
+  end
+  all_reduce(s, t, "sum")
+  return function(i) return t:get(3 * i) + 65536 * t:get(3 * i + 1) + 2 ^ 32 * t:get(3 * i + 2) end
+end
+
+-- Every rank learns whether any failed: err (a message or nil) on this
+-- rank; raises on all ranks when one failed, naming the first such rank.
+local function agree(s, err, what)
+  local r, n = world(s)
+  local t = tensor.new(n):fill(0)
+  if err then t:set(r, 1) end
+  all_reduce(s, t, "sum")
+  for q = 0, n - 1 do
+    if t:get(q) > 0 then
+      if err then error(what .. ": " .. tostring(err), 0) end
+      error(string.format("%s: rank %d failed (its message says why); nothing was changed", what, q), 0)
+    end
+  end
+end
+
+M.world, M.agree = world, agree
+
+-- the model's parameters in model order: name, shape, numel, unit, index
+local function catalogue(s)
+  local list, by_name = {}, {}
+  for _, u in ipairs(s.units) do
+    for _, p in ipairs(u.params) do
+      local e = { id = #list, name = p.name, shape = p.spec.shape or { p.spec.numel }, numel = p.spec.numel, unit = u,
+        index = p.index }
+      list[#list + 1] = e
+      by_name[p.name] = e
+    end
+  end
+  return list, by_name
+end
+
+local function pieces(u, to_save)
+  local n = check(C.fsdp_unit_state_pieces(u.handle, to_save, nil, 0), "checkpoint: unit '" .. u.name .. "'")
+  local ps = ffi.new("fsdp_layout_piece[?]", math.max(n, 1))
+  C.fsdp_unit_state_pieces(u.handle, to_save, ps, n)
+  local out = {}
+  for i = 0, n - 1 do
+    out[#out + 1] = { param = ps[i].param, begin = tonumber(ps[i].begin), ["end"] = tonumber(ps[i]["end"]),
+      off = tonumber(ps[i].shard_offset) }
+  end
+  return out
+end
+
+-- ---- files and directories ----
+
+function M.list(dir)
+  local n = tonumber(C.fsdp_fs_list(dir, nil, 0))
+  check(n, "checkpoint: list '" .. dir .. "'")
+  local buf = ffi.new("char[?]", n + 1)
+  check(tonumber(C.fsdp_fs_list(dir, buf, n + 1)), "checkpoint: list '" .. dir .. "'")
+  local names = {}
+  for name in ffi.string(buf, n):gmatch("([^\n]+)\n") do names[#names + 1] = name end
+  table.sort(names)
+  return names
+end
+
+local function exists(path) return C.fsdp_fs_stat(path, nil, nil) == 0 end
+
+local function write_text(path, text)
+  check(C.fsdp_fs_write_atomic(path, text, #text), "checkpoint: write")
+end
+
+-- a whole file's bytes, or nil when it cannot be read
+function M.read_text(path)
+  local f = io.open(path, "rb")
+  if not f then return nil end
+  local t = f:read("*a")
+  f:close()
+  return t
+end
+local read_text = M.read_text
+
+-- ---- save ----
+
+-- FSDP_TEST_CKPT_KILL = "RANK:STEP:BYTES": the tests' way to kill a rank
+-- part-way through writing the checkpoint of STEP
+local function fault_hook(rank, step)
+  local spec = os.getenv("FSDP_TEST_CKPT_KILL")
+  if not spec then return end
+  local r, st, b = spec:match("^(%d+):(%d+):(%d+)$")
+  if tonumber(r) == rank and tonumber(st) == step then C.fsdp_ckpt_writer_fault(tonumber(b)) end
+end
+
+local function commit(s)
+  local p = s.ckpt_pending
+  s.ckpt_pending = nil
+  local r, n = world(s)
+  local nseg = #p.segs
+  local offsets, crcs, fbytes = ffi.new("int64_t[?]", math.max(nseg, 1)), ffi.new("uint32_t[?]", math.max(nseg, 1)),
+    ffi.new("int64_t[1]")
+  local rc = C.fsdp_ckpt_writer_finish(p.writer, offsets, crcs, fbytes)
+  p.staging:free()
+  local what = "checkpoint: saving " .. p.final
+  local ok, err = pcall(agree, s, rc < 0 and last_error() or nil, what)
+  if not ok then
+    if r == 0 then C.fsdp_fs_remove_tree(p.tmp) end
+    error(err, 0)
+  end
+  -- every rank's segment table to rank 0: counts, then the tables, by sums
+  local counts = share_ints(s, 2 * n, { [r] = nseg, [n + r] = tonumber(fbytes[0]) })
+  local first, total = 0, 0
+  for q = 0, n - 1 do
+    if q < r then first = first + counts(q) end
+    total = total + counts(q)
+  end
+  local mine = {}
+  for i, g in ipairs(p.segs) do
+    local k = (first + i - 1) * 6
+    mine[k], mine[k + 1], mine[k + 2], mine[k + 3] = g.tensor, g.state, g.begin, g["end"]
+    mine[k + 4], mine[k + 5] = tonumber(offsets[i - 1]), tonumber(crcs[i - 1])
+  end
+  local tab = share_ints(s, total * 6, mine)
+  if r == 0 then
+    local files, segments, tensors = {}, {}, {}
+    for _, e in ipairs(p.catalogue) do
+      tensors[#tensors + 1] = { name = e.name, dtype = "F32", shape = json.array(e.shape) }
+    end
+    local at = 0
+    for q = 0, n - 1 do
+      files[q + 1] = { name = string.format("rank-%05d.bin", q), bytes = counts(n + q) }
+      for _ = 1, counts(q) do
+        local k = at * 6
+        segments[#segments + 1] = { tab(k), tab(k + 1), tab(k + 2), tab(k + 3), q, tab(k + 4), tab(k + 5) }
+        at = at + 1
+      end
+    end
+    local text = json.encode({ format = "fsdp-checkpoint", version = 1, meta = p.meta, states = p.states,
+      tensors = json.array(tensors), files = files, segments = json.array(segments) })
+    write_text(p.tmp .. "/index.json", text)
+    write_text(p.tmp .. "/index.sum", string.format("crc32c %08x bytes %d\n", C.fsdp_crc32c(0, text, #text), #text))
+    if exists(p.final) then check(C.fsdp_fs_remove_tree(p.final), what) end
+    check(C.fsdp_fs_rename(p.tmp, p.final), what)
+    write_text(p.dir .. "/latest", p.name .. "\n")
+    -- retention: the newest keep_last step-* directories stay
+    if p.keep_last and p.keep_last > 0 then
+      local steps = {}
+      for _, e in ipairs(M.list(p.dir)) do if e:match("^step%-%d+$") then steps[#steps + 1] = e end end
+      for i = 1, #steps - p.keep_last do
+        if steps[i] ~= p.name then check(C.fsdp_fs_remove_tree(p.dir .. "/" .. steps[i]), "checkpoint: retention") end
+      end
+    end
+  end
+  barrier(s)
+  return p.final
+end
+
+-- Commits a pending async save once every rank's writer has finished
+-- (collective: call it on every rank, e.g. once per step). Returns the
+-- committed path, or nil.
+function M.poll(s)
+  if not s.ckpt_pending then return nil end
+  local t = tensor.new(1):fill(C.fsdp_ckpt_writer_done(s.ckpt_pending.writer))
+  all_reduce(s, t, "sum")
+  if t:get(0) == select(2, world(s)) then return commit(s) end
+  return nil
+end
+
+-- Waits for a pending save and commits it (collective). Returns its path or nil.
+function M.wait(s)
+  if not s.ckpt_pending then return nil end
+  return commit(s)
+end
+
+-- o: step (integer, names the directory), optimizer ("adamw" | "sgd"),
+-- meta (a table of numbers and strings saved in the index: the trainer's
+-- step, data position, seed...), async (default false), keep_last (0: all).
+function M.save(s, dir, o)
+  o = o or {}
+  M.wait(s)
+  local states = M.states[o.optimizer or "adamw"]
+  if not states then error("checkpoint.save: optimizer '" .. tostring(o.optimizer) .. "' (expected adamw or sgd)", 2) end
+  if type(o.step) ~= "number" or o.step < 0 or o.step % 1 ~= 0 then error("checkpoint.save: step must be an integer >= 0", 2) end
+  local r = world(s)
+  local name = string.format("step-%08d", o.step)
+  local tmp, final = dir .. "/.tmp-" .. name, dir .. "/" .. name
+  local err
+  if r == 0 then
+    local ok, e = pcall(function()
+      check(C.fsdp_fs_mkdirs(dir), "checkpoint: directory")
+      for _, e in ipairs(M.list(dir)) do -- leftovers of saves that did not finish
+        if e:match("^%.tmp%-") then check(C.fsdp_fs_remove_tree(dir .. "/" .. e), "checkpoint: clean up") end
+      end
+      check(C.fsdp_fs_mkdirs(tmp), "checkpoint: directory")
+    end)
+    err = not ok and e or nil
+  end
+  agree(s, err, "checkpoint: saving " .. final)
+  -- this rank's segments, staged in host memory (training may go on)
+  local list, by_name = catalogue(s)
+  local segs, total = {}, 0
+  for _, u in ipairs(s.units) do
+    for _, pc in ipairs(pieces(u, 1)) do
+      local e = by_name[u.params[pc.param + 1].name]
+      for k = 1, #states do
+        segs[#segs + 1] = { unit = u, kind = k - 1, off = pc.off, tensor = e.id, state = k - 1, begin = pc.begin,
+          ["end"] = pc["end"], at = total }
+        total = total + (pc["end"] - pc.begin)
+      end
+    end
+  end
+  local staging = tensor.new(math.max(total, 1))
+  local base_ptr = staging:ptr()
+  local bufs, bytes = ffi.new("const void *[?]", math.max(#segs, 1)), ffi.new("int64_t[?]", math.max(#segs, 1))
+  for i, g in ipairs(segs) do
+    local len = g["end"] - g.begin
+    check(C.fsdp_unit_state_get(g.unit.handle, g.kind, g.off, len, base_ptr + g.at), "checkpoint: unit '" .. g.unit.name .. "'")
+    bufs[i - 1], bytes[i - 1] = base_ptr + g.at, len * 4
+  end
+  fault_hook(r, o.step)
+  local w = ffi.new("fsdp_ckpt_writer *[1]")
+  check(C.fsdp_ckpt_writer_start(string.format("%s/rank-%05d.bin", tmp, r), #segs, bufs, bytes, w), "checkpoint: write")
+  s.ckpt_pending = { writer = w[0], segs = segs, staging = staging, bufs = bufs, bytes = bytes, tmp = tmp, final = final,
+    dir = dir, name = name, meta = o.meta or {}, states = states, catalogue = list, keep_last = o.keep_last }
+  if not o.async then return M.wait(s) end
+  return nil
+end
+
+-- ---- load ----
+
+local function open(path)
+  local h = ffi.new("fsdp_ckpt *[1]")
+  local rc = C.fsdp_ckpt_open(path, h)
+  if rc < 0 then return nil, last_error() end
+  return ffi.gc(h[0], C.fsdp_ckpt_close)
+end
+
+-- The newest checkpoint under dir that opens (its index and files check
+-- out): the one `latest` names, else the newest step-* directory. nil when
+-- there is none; the second value says what was skipped and why.
+function M.latest(dir)
+  local skipped = {}
+  local cands = {}
+  local l = read_text(dir .. "/latest")
+  if l and l:match("^step%-%d+%s*$") then cands[1] = l:match("^(step%-%d+)") end
+  local steps = {}
+  for _, e in ipairs(M.list(dir)) do if e:match("^step%-%d+$") then steps[#steps + 1] = e end end
+  for i = #steps, 1, -1 do cands[#cands + 1] = steps[i] end
+  for _, c in ipairs(cands) do
+    local path = dir .. "/" .. c
+    local h, err = open(path)
+    if h then
+      C.fsdp_ckpt_close(ffi.gc(h, nil))
+      return path, #skipped > 0 and table.concat(skipped, "; ") or nil
+    end
+    skipped[#skipped + 1] = err
+  end
+  return nil, #skipped > 0 and table.concat(skipped, "; ") or nil
+end
+
+-- meta values saved with the checkpoint (numbers and strings)
+local function meta_of(h)
+  local m = {}
+  local num, buf = ffi.new("double[1]"), ffi.new("char[?]", 4096)
+  for _, k in ipairs({ "step", "optimizer_step", "consumed", "seed", "world", "zero", "lr", "skipped" }) do
+    if C.fsdp_ckpt_meta_number(h, k, num) == 0 then m[k] = num[0] end
+  end
+  for _, k in ipairs({ "optimizer", "param_dtype", "mesh", "model" }) do
+    if C.fsdp_ckpt_meta_string(h, k, buf, 4096) == 0 then m[k] = ffi.string(buf) end
+  end
+  return m
+end
+
+local function shape_str(shape) return table.concat(shape, "x") end
+
+-- Checks that the checkpoint holds exactly this model's tensors with these
+-- shapes; returns nil or the first difference, named.
+local function compare_tensors(h, list, by_name, path)
+  local n = C.fsdp_ckpt_tensor_count(h)
+  local name, nd, shape = ffi.new("const char *[1]"), ffi.new("int[1]"), ffi.new("int64_t[8]")
+  local seen = {}
+  for i = 0, n - 1 do
+    C.fsdp_ckpt_tensor_info(h, i, name, nd, shape)
+    local nm = ffi.string(name[0])
+    local e = by_name[nm]
+    if not e then return string.format("%s holds tensor '%s', which this model does not have (another model?)", path, nm) end
+    local got = {}
+    for k = 0, nd[0] - 1 do got[#got + 1] = tonumber(shape[k]) end
+    if shape_str(got) ~= shape_str(e.shape) then
+      return string.format("%s: tensor '%s' has shape %s in the checkpoint, the model expects %s", path, nm,
+        shape_str(got), shape_str(e.shape))
+    end
+    seen[nm] = true
+  end
+  for _, e in ipairs(list) do
+    if not seen[e.name] then return string.format("%s has no tensor '%s' (shape %s), which the model needs", path, e.name, shape_str(e.shape)) end
+  end
+end
+
+-- Loads path into s: every rank reads the ranges it holds, all verified
+-- before any is applied; on any rank's failure no rank changes anything.
+-- o.optimizer: the states to load. Returns the saved meta table.
+function M.load(s, path, o)
+  o = o or {}
+  local what = "checkpoint: loading " .. path
+  local optimizer = o.optimizer or "adamw"
+  local states = M.states[optimizer]
+  if not states then error("checkpoint.load: optimizer '" .. tostring(optimizer) .. "' (expected adamw or sgd)", 2) end
+  local list, by_name = catalogue(s)
+  local staged, meta = {}, nil
+  -- everything into host memory first (h is closed on every path)
+  local function read_all(h)
+    meta = meta_of(h)
+    if meta.optimizer and meta.optimizer ~= optimizer then
+      error(string.format("%s was saved with optimizer '%s'; this run uses '%s'", path, meta.optimizer, optimizer), 0)
+    end
+    local diff = compare_tensors(h, list, by_name, path)
+    if diff then error(diff, 0) end
+    for _, st in ipairs(states) do
+      if C.fsdp_ckpt_has_state(h, st) ~= 1 then error(string.format("%s has no '%s' state", path, st), 0) end
+    end
+    for _, u in ipairs(s.units) do
+      local n = tonumber(C.fsdp_unit_state_numel(u.handle))
+      local bufs = {}
+      for k = 1, #states do bufs[k] = tensor.new(math.max(n, 1)):fill(0) end -- padding stays zero
+      staged[#staged + 1] = { unit = u, bufs = bufs, n = n }
+      for _, pc in ipairs(pieces(u, 0)) do
+        local nm = u.params[pc.param + 1].name
+        for k, st in ipairs(states) do
+          if C.fsdp_ckpt_read(h, nm, st, pc.begin, pc["end"], bufs[k]:ptr() + pc.off) < 0 then error(last_error(), 0) end
+        end
+      end
+    end
+  end
+  local ok, err = pcall(function()
+    local h, e = open(path)
+    if not h then error(e, 0) end
+    local ok2, e2 = pcall(read_all, h)
+    C.fsdp_ckpt_close(ffi.gc(h, nil))
+    if not ok2 then error(e2, 0) end
+  end)
+  if not ok then -- nothing is applied: free the staging now
+    for _, g in ipairs(staged) do for _, b in ipairs(g.bufs) do b:free() end end
+  end
+  agree(s, not ok and err or nil, what)
+  for _, g in ipairs(staged) do
+    for k, b in ipairs(g.bufs) do
+      check(C.fsdp_unit_state_set(g.unit.handle, k - 1, 0, g.n, b:ptr()), what)
+      b:free()
+    end
+    check(C.fsdp_unit_state_publish(g.unit.handle), what)
+  end
+  s.step_count = meta.optimizer_step or 0
+  return meta
+end
+
+return M

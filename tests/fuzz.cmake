@@ -1,0 +1,20 @@
+# The safetensors fuzzer (tests/fuzz/): libFuzzer needs clang; it is built
+# from the parser's sources with clang's fuzzer, address and undefined
+# sanitizers, apart from libfsdp, and run for a bounded time (FSDP_FUZZ_SECONDS).
+# Not in the sanitizer build (it brings its own) and skipped without clang.
+set(FSDP_FUZZ_SECONDS 30 CACHE STRING "Seconds the fuzz test runs")
+find_program(FSDP_CLANG NAMES clang clang-19 clang-16 clang-15 clang-14)
+if(FSDP_CLANG AND NOT FSDP_SANITIZE)
+  set(fuzz_bin ${CMAKE_CURRENT_BINARY_DIR}/fuzz_safetensors)
+  set(fuzz_src ${CMAKE_CURRENT_SOURCE_DIR}/fuzz/fuzz_safetensors.c ${CMAKE_SOURCE_DIR}/src/io/safetensors.c
+      ${CMAKE_SOURCE_DIR}/src/base/error.c ${CMAKE_SOURCE_DIR}/src/base/dtype.c)
+  add_custom_command(OUTPUT ${fuzz_bin}
+    COMMAND ${FSDP_CLANG} -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
+            -Wall -Wextra -Wno-unused-parameter -Werror -I${CMAKE_SOURCE_DIR}/src ${CJSON_CFLAGS} ${fuzz_src}
+            ${CJSON_LDFLAGS} -lm -o ${fuzz_bin}
+    DEPENDS ${fuzz_src} ${CMAKE_SOURCE_DIR}/src/fsdp.h ${CMAKE_SOURCE_DIR}/src/fsdp_io.h ${CMAKE_SOURCE_DIR}/src/io/json_util.h
+    COMMENT "fuzz_safetensors (clang, libFuzzer)" VERBATIM)
+  add_custom_target(fuzz_safetensors_build ALL DEPENDS ${fuzz_bin})
+  add_test(NAME fuzz_safetensors COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/fuzz/run.sh ${fuzz_bin} ${FSDP_FUZZ_SECONDS})
+  set_tests_properties(fuzz_safetensors PROPERTIES LABELS unit TIMEOUT 120 PASS_REGULAR_EXPRESSION "Done [0-9]+ runs")
+endif()
