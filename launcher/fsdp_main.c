@@ -15,7 +15,12 @@
 static const char *usage_text =
     "usage: fsdp FILE.lua [args...]     run a job file (arg[0] = FILE, arg[1..] = args)\n"
     "       fsdp -e 'lua code' [args...] run a string\n"
-    "       fsdp [repl]                  interactive prompt with the engine loaded as `fsdp`\n"
+    "       fsdp [repl [RECIPE.lua] [--world W] [--mesh SPEC] [section.field=value ...]]\n"
+    "                                    interactive prompt with the engine loaded as `fsdp`\n"
+    "                                    and the shard-layout helpers (units(), layout(u),\n"
+    "                                    owner(p, i), rank(r), mem(r), plan{...}, diff(a, b))\n"
+    "       fsdp plan RECIPE.lua [--world W] [--mesh SPEC] [--json] [section.field=value ...]\n"
+    "                                    per-rank memory and communication, no allocation\n"
     "       fsdp --help | --version\n"
     "\n"
     "Ranks are normally started by the launcher: `fsdprun -n 4 FILE.lua`. Started\n"
@@ -23,7 +28,8 @@ static const char *usage_text =
     "\n"
     "At the prompt: expressions are printed (`1+1`, `fsdp.init()`), statements run,\n"
     "an unfinished statement continues on the next line, errors are shown without\n"
-    "leaving, Ctrl-D leaves. History is kept in ~/.fsdp_history.\n"
+    "leaving, Ctrl-D leaves. History is kept in ~/.fsdp_history. `help()` lists the\n"
+    "helpers; docs/PLANNING.md explains them, the planner and scripted policies.\n"
     "\n"
     "Environment:\n"
     "  FSDP_LUA_PATH  directory holding the fsdp Lua package (default: the source tree's lua/)\n"
@@ -97,6 +103,26 @@ static int run_file(lua_State *L, const char *file, int argc, char **argv, int s
   lua_pushstring(L, file);
   for (int i = script_index + 1; i < argc; i++) lua_pushstring(L, argv[i]);
   return call(L, nargs + 2, 0) ? 1 : 0;
+}
+
+/* require(module)[fn]({argv[first..]}): the subcommands written in Lua
+ * (`fsdp plan`, the REPL's helpers). Returns its numeric result, else 0;
+ * 1 when it raised an error (printed). */
+static int run_module(lua_State *L, const char *module, const char *fn, int argc, char **argv, int first) {
+  lua_getglobal(L, "require");
+  lua_pushstring(L, module);
+  if (call(L, 1, 1)) return 1;
+  lua_getfield(L, -1, fn);
+  lua_remove(L, -2);
+  lua_createtable(L, argc > first ? argc - first : 0, 0);
+  for (int i = first; i < argc; i++) {
+    lua_pushstring(L, argv[i]);
+    lua_rawseti(L, -2, i - first + 1);
+  }
+  if (call(L, 1, 1)) return 1;
+  int rc = lua_isnumber(L, -1) ? (int)lua_tointeger(L, -1) : 0;
+  lua_pop(L, 1);
+  return rc;
 }
 
 /* "near '<eof>'" ends the message: the chunk is unfinished. */
@@ -248,6 +274,8 @@ int main(int argc, char **argv) {
       rc = luaL_loadstring(L, argv[2]) ? (fprintf(stderr, "fsdp: %s\n", lua_tostring(L, -1)), 1)
                                        : (call(L, 0, 0) ? 1 : 0);
     }
+  } else if (argc > 1 && !strcmp(argv[1], "plan")) {
+    rc = run_module(L, "fsdp.planner", "cli", argc, argv, 2);
   } else if (argc > 1 && strcmp(argv[1], "repl")) {
     if (argv[1][0] == '-') {
       fprintf(stderr, "fsdp: unknown option '%s' (fsdp --help)\n", argv[1]);
@@ -256,7 +284,9 @@ int main(int argc, char **argv) {
       rc = run_file(L, argv[1], argc, argv, 1);
     }
   } else {
-    repl(L);
+    /* the helpers (units(), layout(), plan{} ...), for RECIPE.lua when given */
+    rc = run_module(L, "fsdp.repl", "setup", argc, argv, argc > 1 ? 2 : 1);
+    if (rc == 0) repl(L);
   }
   lua_close(L);
   return rc; /* fsdp_finalize runs at exit: idempotent, a no-op without init */

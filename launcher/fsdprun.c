@@ -46,6 +46,12 @@ static const char *help_text =
     "                     (default 5)\n"
     "  --timeout SECONDS  stop the job, exit status 124, if it runs longer\n"
     "                     (default 0: no limit)\n"
+    "  --repl             a recipe's run stops for a prompt on rank 0 (at the start,\n"
+    "                     or at --break-at), the other ranks following its commands:\n"
+    "                     gather(name), shard(r, name), stats(name), units(), rank(r),\n"
+    "                     mem(r), continue(k); leaving the prompt ends the run. Rank\n"
+    "                     0's output is passed on as it comes, without a prefix\n"
+    "  --break-at STEP    with --repl: train STEP steps first (docs/PLANNING.md)\n"
     "  -h, --help         this text\n"
     "  --version          fsdprun's version\n"
     "  --                 end of options\n"
@@ -170,6 +176,8 @@ static int parse_args(int argc, char **argv) {
   if (host && !host[0]) host = NULL;
   J.prefix = 1;
   J.grace = 5;
+  J.break_at = -1;
+  J.stdin_fwd = -1;
   int i = 1;
   for (; i < argc && argv[i][0] == '-' && argv[i][1]; i++) {
     char name[64];
@@ -199,6 +207,14 @@ static int parse_args(int argc, char **argv) {
       J.prefix = 0;
     } else if (!strcmp(name, "--rank0-only") && !val) {
       J.rank0_only = 1;
+    } else if (!strcmp(name, "--repl") && !val) {
+      J.repl = 1;
+    } else if (!strcmp(name, "--break-at")) {
+      char *end;
+      if (!val) return usage_error("%s expects a step number", name);
+      long b = strtol(val, &end, 10);
+      if (end == val || *end || b < 0) return usage_error("--break-at expects a step number >= 0, got '%s'", val);
+      J.break_at = b;
     } else if (!strcmp(name, "--grace")) {
       if (parse_seconds(name, val, &J.grace)) return 2;
     } else if (!strcmp(name, "--timeout")) {
@@ -208,6 +224,7 @@ static int parse_args(int argc, char **argv) {
     }
   }
   if (!J.n) return usage_error("how many ranks? give -n N");
+  if (J.break_at >= 0 && !J.repl) return usage_error("--break-at needs --repl");
   if (!host) { /* the fsdp rank host runs FILE.lua */
     if (i >= argc) return usage_error("no job file: fsdprun -n N FILE.lua [args...]");
     if (access(argv[i], R_OK) < 0) {

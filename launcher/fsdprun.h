@@ -31,6 +31,8 @@ typedef struct job {
   int n;
   char **argv;        /* what each rank execs; argv[0] is a path */
   int prefix, rank0_only;
+  int repl;           /* --repl: rank 0's stdout passes through as it comes (prompts) */
+  long break_at;      /* --break-at STEP, -1: none */
   double grace, timeout;
   /* state */
   char tmpdir[4096];  /* PMIx server temp directory, removed on every exit path */
@@ -39,6 +41,7 @@ typedef struct job {
   pid_t pgid;         /* the ranks' process group: rank 0's pid */
   int wake_fd[2];     /* PMIx callbacks wake the loop through this pipe */
   int signal_fd;      /* signalfd for SIGINT, SIGTERM, SIGHUP, SIGCHLD */
+  int stdin_fwd;      /* --repl from a terminal: our stdin goes to rank 0 through this pipe; -1 */
 } job;
 
 /* fsdprun_pmix.c */

@@ -44,8 +44,14 @@ static void emit(job *j, int rank, int is_err, const char *line, size_t len) {
   if (buf != stack) free(buf);
 }
 
-/* Emits the complete lines in s->buf and keeps the rest. */
+/* Emits the complete lines in s->buf and keeps the rest. With --repl, rank
+ * 0's stdout goes out as it comes, unprefixed: its prompt has no newline. */
 static void emit_lines(job *j, int rank, int is_err, out_stream *s) {
+  if (j->repl && rank == 0 && !is_err) {
+    write_all(1, s->buf, s->len);
+    s->len = 0;
+    return;
+  }
   size_t start = 0;
   for (size_t i = 0; i < s->len; i++)
     if (s->buf[i] == '\n' || i + 1 - start == MAX_LINE) {
@@ -57,6 +63,7 @@ static void emit_lines(job *j, int rank, int is_err, out_stream *s) {
 }
 
 static void close_stream(job *j, int rank, int is_err, out_stream *s) {
+  if (s->len) emit_lines(j, rank, is_err, s);
   if (s->len) emit(j, rank, is_err, s->buf, s->len);
   free(s->buf);
   s->buf = NULL;

@@ -117,10 +117,29 @@ static void drain_wakeups(job *j, sup *s) {
   while (read(j->signal_fd, &si, sizeof si) == (ssize_t)sizeof si) on_signal(s, (int)si.ssi_signo);
 }
 
+/* Our terminal's input to rank 0 (--repl); end of input closes its pipe. */
+static void forward_stdin(job *j) {
+  char buf[4096];
+  ssize_t n = read(0, buf, sizeof buf);
+  if (n < 0 && (errno == EINTR || errno == EAGAIN)) return;
+  const char *p = buf;
+  while (n > 0) {
+    ssize_t w = write(j->stdin_fwd, p, (size_t)n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) break; /* rank 0 is gone */
+    p += w;
+    n -= w;
+  }
+  if (n != 0 || p == buf) { /* end of input, or nobody reads: close */
+    close(j->stdin_fwd);
+    j->stdin_fwd = -1;
+  }
+}
+
 int job_supervise(job *j) {
   sup s = {.j = j};
   double start = now();
-  size_t cap = (size_t)j->n * 2 + 2;
+  size_t cap = (size_t)j->n * 2 + 3;
   struct pollfd *fds = calloc(cap, sizeof *fds);
   int *who = calloc(cap, sizeof *who); /* rank * 2 + is_err, per pollfd */
   if (!fds || !who) {
@@ -150,6 +169,12 @@ int job_supervise(job *j) {
     nfds_t nfd = 0;
     fds[nfd++] = (struct pollfd){.fd = j->signal_fd, .events = POLLIN};
     fds[nfd++] = (struct pollfd){.fd = j->wake_fd[0], .events = POLLIN};
+    nfds_t in_at = 0; /* --repl at a terminal: our stdin, passed to rank 0 */
+    if (j->stdin_fwd >= 0 && !s.stopping) {
+      in_at = nfd;
+      who[nfd] = -1;
+      fds[nfd++] = (struct pollfd){.fd = 0, .events = POLLIN};
+    }
     for (int r = 0; r < j->n; r++) {
       if (j->ranks[r].out.fd >= 0) {
         who[nfd] = r * 2;
@@ -170,8 +195,9 @@ int job_supervise(job *j) {
     }
     if (rc <= 0) continue;
     if (fds[0].revents || fds[1].revents) drain_wakeups(j, &s);
+    if (in_at && fds[in_at].revents) forward_stdin(j);
     for (nfds_t k = 2; k < nfd; k++)
-      if (fds[k].revents) io_read(j, who[k] / 2, who[k] % 2);
+      if (fds[k].revents && who[k] >= 0) io_read(j, who[k] / 2, who[k] % 2);
   }
   free(fds);
   free(who);

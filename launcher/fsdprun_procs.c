@@ -37,17 +37,25 @@ static int inherited(const char *kv) {
  * this tells rank 0 it may draw a progress bar), built before
  * fork: after fork only async-signal-safe calls are allowed (the PMIx
  * progress thread may hold the malloc lock). Pointers are borrowed. */
-static char **rank_envp(char **pmix_env) {
+static char **rank_envp(const job *j, char **pmix_env) {
+  static char break_at[48];
   size_t n = 0, k = 0;
   for (char **e = environ; *e; e++) n++;
   for (char **e = pmix_env; *e; e++) n++;
-  char **envp = calloc(n + 3, sizeof *envp);
+  char **envp = calloc(n + 5, sizeof *envp);
   if (!envp) return NULL;
   for (char **e = environ; *e; e++)
     if (inherited(*e)) envp[k++] = *e;
   for (char **e = pmix_env; *e; e++) envp[k++] = *e;
   envp[k++] = "FSDPRUN=1";
   if (isatty(1)) envp[k++] = "FSDPRUN_TTY=1";
+  if (j->repl) { /* the trainer's prompt (lua/fsdp/repl.lua) */
+    envp[k++] = "FSDP_REPL=1";
+    if (j->break_at >= 0) {
+      snprintf(break_at, sizeof break_at, "FSDP_BREAK_AT=%ld", j->break_at);
+      envp[k++] = break_at;
+    }
+  }
   envp[k] = NULL;
   return envp;
 }
@@ -89,7 +97,7 @@ static int spawn_one(job *j, int r, int null_fd) {
   char **pmix_env = NULL, **envp = NULL;
   int out[2] = {-1, -1}, err[2] = {-1, -1}, rc = -1;
   if (pmix_rank_env(j, r, &pmix_env) < 0) goto done;
-  if (!(envp = rank_envp(pmix_env))) goto done;
+  if (!(envp = rank_envp(j, pmix_env))) goto done;
   if (pipe2(out, O_CLOEXEC) < 0 || pipe2(err, O_CLOEXEC) < 0) {
     fprintf(stderr, "fsdprun: cannot make pipes for rank %d: %s%s\n", r, strerror(errno),
             errno == EMFILE ? " (too many ranks for `ulimit -n`?)" : "");
@@ -98,13 +106,26 @@ static int spawn_one(job *j, int r, int null_fd) {
   /* Rank 0 reads fsdprun's stdin, unless that is a terminal: a rank in its
    * own process group reading the terminal would be stopped (SIGTTIN). */
   int in_fd = r == 0 && !isatty(0) ? 0 : null_fd;
+  int fwd[2] = {-1, -1};
+  if (r == 0 && j->repl && isatty(0)) { /* --repl at a terminal: we read it and pass it on */
+    if (pipe2(fwd, O_CLOEXEC) < 0) {
+      fprintf(stderr, "fsdprun: cannot make rank 0's input pipe: %s\n", strerror(errno));
+      goto done;
+    }
+    in_fd = fwd[0];
+  }
   pid_t parent = getpid();
   pid_t pid = fork();
   if (pid < 0) {
     fprintf(stderr, "fsdprun: cannot fork rank %d: %s\n", r, strerror(errno));
+    if (fwd[0] >= 0) close(fwd[0]), close(fwd[1]);
     goto done;
   }
   if (pid == 0) child_exec(j, r, envp, in_fd, out[1], err[1], parent);
+  if (fwd[0] >= 0) {
+    close(fwd[0]);
+    j->stdin_fwd = fwd[1];
+  }
   if (r == 0) j->pgid = pid;
   setpgid(pid, j->pgid);
   rp->pid = pid;

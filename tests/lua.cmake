@@ -54,3 +54,14 @@ set_tests_properties(plot_metrics PROPERTIES LABELS unit TIMEOUT 60 SKIP_RETURN_
 add_test(NAME lua_checkpoint
          COMMAND fsdp-host ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_checkpoint.lua $<TARGET_FILE:fsdprun> ${CMAKE_SOURCE_DIR})
 set_tests_properties(lua_checkpoint PROPERTIES LABELS multirank TIMEOUT 600 RUN_SERIAL ON)
+# the planner against the engine's allocations and pool peaks, the policies
+# in recipes/policies (tests/lua/test_planner.lua)
+foreach(n 1 2 3 4)
+  add_test(NAME lua_planner_np${n}
+           COMMAND $<TARGET_FILE:fsdprun> -n ${n} --timeout 200 ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_planner.lua ${CMAKE_SOURCE_DIR})
+  set_tests_properties(lua_planner_np${n} PROPERTIES LABELS multirank TIMEOUT 240 RUN_SERIAL ON)
+endforeach()
+# the REPL (offline and live through fsdprun --repl) and `fsdp plan`
+add_test(NAME lua_repl
+         COMMAND fsdp-host ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_repl.lua $<TARGET_FILE:fsdp-host> $<TARGET_FILE:fsdprun> ${CMAKE_SOURCE_DIR})
+set_tests_properties(lua_repl PROPERTIES LABELS multirank TIMEOUT 120 RUN_SERIAL ON)

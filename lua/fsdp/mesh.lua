@@ -214,4 +214,6 @@ end
 function Comm:set_timeout(s) check(C.fsdp_comm_set_timeout(comm(self, "comm:set_timeout"), s), "comm:set_timeout") end
 
 M.Mesh, M.Comm = Mesh, Comm
+M.parse_dims = parse_dims
+
 return M

@@ -123,8 +123,9 @@ function M.check(r, where)
     fail(where, "fsdp.checkpoint = %s; expected 'none', 'full' or k >= 1 (every k-th layer)", tostring(ck))
   end
   local u = f.units
-  if u ~= "default" and type(u) ~= "table" and type(u) ~= "function" then
-    fail(where, "fsdp.units = %s; expected 'default', a list of module kinds or a function(module, path)", tostring(u))
+  if type(u) ~= "string" and type(u) ~= "table" and type(u) ~= "function" then
+    fail(where, "fsdp.units = %s; expected 'default', a list of module kinds, a function(module, path, info) or the path " ..
+      "of a Lua file returning one (recipes/policies/)", tostring(u))
   end
   if o.lr <= 0 then fail(where, "optimizer.lr = %g; expected > 0", o.lr) end
   if o.clip < 0 then fail(where, "optimizer.clip = %g; expected >= 0 (0: no clipping)", o.clip) end

@@ -28,6 +28,191 @@ local function policy_of(units)
   end
 end
 
+-- Options a policy may give a unit (its second return value)
+M.unit_options = { zero = true, prefetch = true, reshard_after_forward = true, offload = true }
+
+-- Groups a model's parameters into units by a policy, in model order,
+-- without allocating anything (fully_shard and the planner both use it).
+-- Each module with parameters goes to the policy's unit for it, else the
+-- unit of its nearest ancestor the policy named (a decoder layer's linears
+-- join the layer's unit), else "root". A policy returns a unit name (and
+-- optionally options), nil to inherit, or false to refuse the module a
+-- unit (an error if it has parameters). It is called as policy(module,
+-- path, info), info = {kind, path, numel (its subtree's parameters), own
+-- (its own)}, in model order, the root ("") first. Returns
+--   {units = {{name, index, modules, params = {{module, spec, name, index}}, zero, prefetch,
+--     reshard_after_forward, first}}, unit_of = {[module] = unit}, order = {modules},
+--    visits = {{module, unit}} (forward order, shared-parameter modules included)}
+function M.assign(model, opts)
+  opts = opts or {}
+  local zero = opts.zero or 3
+  local policy = policy_of(opts.units)
+  local a = { units = {}, unit_of = {}, order = {}, visits = {} }
+  local by_name, first_path = {}, {}
+  local function check_opts(uname, uopts, path)
+    if uopts == nil then return end
+    if type(uopts) ~= "table" then
+      error(string.format("fully_shard: the units policy gave module '%s' options of type %s; expected a table", path, type(uopts)), 0)
+    end
+    for k, v in pairs(uopts) do
+      if not M.unit_options[k] then
+        error(string.format("fully_shard: the units policy gave module '%s' (unit '%s') an unknown option '%s' (expected zero, " ..
+          "prefetch, reshard_after_forward, offload)", path, uname, tostring(k)), 0)
+      end
+      if k == "zero" and v ~= 0 and v ~= 1 and v ~= 2 and v ~= 3 then
+        error(string.format("fully_shard: unit '%s' (module '%s'): zero = %s; expected 0, 1, 2 or 3", uname, path, tostring(v)), 0)
+      end
+      if k == "prefetch" and (type(v) ~= "number" or v < 0 or v % 1 ~= 0) then
+        error(string.format("fully_shard: unit '%s' (module '%s'): prefetch = %s; expected an integer >= 0", uname, path, tostring(v)), 0)
+      end
+      if k == "reshard_after_forward" and type(v) ~= "boolean" then
+        error(string.format("fully_shard: unit '%s' (module '%s'): reshard_after_forward = %s; expected true or false", uname, path, tostring(v)), 0)
+      end
+      if k == "offload" and v ~= false then
+        error(string.format("fully_shard: unit '%s' (module '%s'): offload = %s; CPU offload is not available yet (the CUDA " ..
+          "issue); leave it out or false", uname, path, tostring(v)), 0)
+      end
+    end
+  end
+  local function add(m, path, uname, uopts)
+    local u = by_name[uname]
+    if not u then
+      u = { name = uname, modules = {}, params = {}, index = #a.units + 1, opts = {} }
+      by_name[uname] = u
+      first_path[uname] = path
+      a.units[#a.units + 1] = u
+    end
+    -- options may come with any of the unit's modules; they must agree
+    for k, v in pairs(uopts or {}) do
+      if u.opts[k] ~= nil and u.opts[k] ~= v then
+        error(string.format("fully_shard: unit '%s' is given %s = %s for module '%s' but %s = %s for module '%s': one unit, " ..
+          "one strategy", uname, k, tostring(u.opts[k]), u.opts_from[k], k, tostring(v), path), 0)
+      end
+      u.opts[k] = v
+      u.opts_from = u.opts_from or {}
+      u.opts_from[k] = path
+    end
+    u.zero = u.opts.zero or zero
+    u.prefetch = u.opts.prefetch
+    u.reshard_after_forward = u.opts.reshard_after_forward ~= false
+    u.modules[#u.modules + 1] = m
+    for _, p in ipairs(m.params) do
+      u.params[#u.params + 1] = { module = m, spec = p, name = (path == "" and "" or path .. ".") .. p.name,
+        index = #u.params + 1 }
+    end
+    a.unit_of[m] = u
+    a.order[#a.order + 1] = m
+  end
+  -- the policy's third argument: {kind, path, numel = the module's and its
+  -- descendants' parameter count, own = its own parameters' count}
+  local subtree, own = {}, {}
+  local function numel(m)
+    local n = 0
+    for _, p in ipairs(m.params or {}) do n = n + p.numel end
+    own[m] = n
+    for _, c in ipairs(m.children or {}) do n = n + numel(c) end
+    subtree[m] = n
+    return n
+  end
+  numel(model)
+  -- one walk in model order; a module's unit comes from the nearest policy
+  -- decision on its path
+  local decided = {}
+  nn.walk(model, function(m, path)
+    local parent = decided[path:match("^(.*)%.[^.]*$") or (path ~= "" and "" or nil) or false]
+    local info = { kind = m.kind, path = path, numel = subtree[m], own = own[m] }
+    local ok, uname, uopts = pcall(policy, m, path, info)
+    if not ok then error(string.format("fully_shard: the units policy failed on module '%s' (%s): %s", path, tostring(m.kind), tostring(uname)), 0) end
+    if uname ~= nil and uname ~= false and type(uname) ~= "string" then
+      error(string.format("fully_shard: the units policy returned a %s for module '%s' (%s); expected a unit name, nil or false",
+        type(uname), path, tostring(m.kind)), 0)
+    end
+    if uname then check_opts(uname, uopts, path) end
+    local d
+    if uname == false then d = { refused = true } elseif uname then d = { name = uname, opts = uopts } else d = parent end
+    decided[path] = d
+    if #(m.params or {}) > 0 then
+      if d and d.refused then
+        error(string.format("fully_shard: parameter '%s' of module '%s' is left in no unit (the units policy returned false " ..
+          "for it or an ancestor); every parameter needs a unit", (path == "" and "" or path .. ".") .. m.params[1].name, path), 0)
+      end
+      add(m, path, d and d.name or "root", d and d.opts)
+    end
+  end)
+  -- a module that shares another's parameters (tied embeddings: m.shares)
+  -- runs in that module's unit, bound to the same buffers
+  nn.walk(model, function(m, path)
+    if m.shares then
+      local u = a.unit_of[m.shares]
+      if not u then error(string.format("fully_shard: module '%s' shares the parameters of a module outside the model", path), 0) end
+      a.unit_of[m] = u
+    end
+    if a.unit_of[m] then a.visits[#a.visits + 1] = { module = m, unit = a.unit_of[m], shares = m.shares ~= nil } end
+  end)
+  -- a unit is reduced after the backward of its first module (in model order)
+  for _, u in ipairs(a.units) do u.first = u.modules[1] end
+  return a
+end
+
+-- Full-unit buffers live at once when each micro-batch runs its forward
+-- and backward, by replaying the schedule (Ctx below) on unit state alone:
+-- {params = peak zero-3 buffers, grads = peak zero-2/3 grad buffers,
+-- gathers = {[unit] = all-gathers per micro-batch}}, or
+-- nil and the reason when the pools' bound (live) is too small.
+function M.simulate(a, prefetch, live)
+  local P, G = { live = 0, peak = 0 }, { live = 0, peak = 0 }
+  local gathered, gslot, cur, gathers = {}, {}, nil, {}
+  local function take(pool) pool.live = pool.live + 1; pool.peak = math.max(pool.peak, pool.live) end
+  local function unshard(u)
+    if u.zero ~= 3 or gathered[u] then return true end
+    if P.live >= live then return false end
+    take(P); gathered[u] = true
+    gathers[u] = (gathers[u] or 0) + 1
+    return true
+  end
+  local function reshard(u) if gathered[u] then gathered[u] = nil; P.live = P.live - 1 end end
+  local function enter(v, forward)
+    local u = v.unit
+    if cur ~= u then
+      if cur and cur.zero == 3 and (not forward or cur.reshard_after_forward) then reshard(cur) end
+      if not unshard(u) then return string.format("unit '%s' cannot be gathered: all %d param buffers are in use", u.name, live) end
+      for d = 1, v.shares and 0 or (u.prefetch or prefetch) do
+        local nxt = a.units[u.index + (forward and d or -d)]
+        if not nxt or not unshard(nxt) then break end
+      end
+      cur = u
+    end
+    if not forward and u.zero >= 2 and not gslot[u] then
+      if G.live >= live then return string.format("unit '%s' cannot take a grad buffer: all %d are in use", u.name, live) end
+      take(G); gslot[u] = true
+    end
+  end
+  for _, v in ipairs(a.visits) do
+    local e = enter(v, true)
+    if e then return nil, e end
+  end
+  for i = #a.visits, 1, -1 do
+    local v = a.visits[i]
+    local e = enter(v, false)
+    if e then return nil, e end
+    if v.module == v.unit.first then
+      if v.unit.zero == 3 then reshard(v.unit) end
+      cur = nil
+      if gslot[v.unit] then gslot[v.unit] = nil; G.live = G.live - 1 end
+    end
+  end
+  return { params = P.peak, grads = G.peak, gathers = gathers }
+end
+
+-- The pools' bound: max_live_units, raised so that units kept gathered
+-- between forward and backward (reshard_after_forward = false) fit with
+-- the current unit and one prefetched
+function M.pool_bound(a, max_live)
+  local kept = 0
+  for _, u in ipairs(a.units) do if u.zero == 3 and not u.reshard_after_forward then kept = kept + 1 end end
+  return math.max(max_live or 2, kept > 0 and kept + 2 or 0)
+end
+
 function M.fully_shard(model, opts)
   opts = opts or {}
   if not opts.shard then error("fully_shard: opts.shard (the shard group's comm, e.g. mesh:group('dp_shard')) is required", 2) end
@@ -35,69 +220,23 @@ function M.fully_shard(model, opts)
   if zero ~= 0 and zero ~= 1 and zero ~= 2 and zero ~= 3 then
     error("fully_shard: zero = " .. tostring(zero) .. "; expected 0, 1, 2 or 3", 2)
   end
-  local policy = policy_of(opts.units)
   local mixed = opts.mixed or {}
   local pdt, rdt = mixed.param_dtype or "fp32", mixed.reduce_dtype or "fp32"
   if (pdt ~= "fp32" and pdt ~= "bf16") or (rdt ~= "fp32" and rdt ~= pdt) then
     error(string.format("fully_shard: mixed = {param_dtype = '%s', reduce_dtype = '%s'}; expected param_dtype fp32 or bf16 " ..
       "and reduce_dtype fp32 or the param dtype", pdt, rdt), 2)
   end
-  local s = setmetatable({ model = model, shard = opts.shard, outer = opts.outer, zero = zero, units = {},
-    unit_of = {}, order = {}, step_count = 0, trace = opts.trace, param_dtype = pdt,
+  local s = setmetatable({ model = model, shard = opts.shard, outer = opts.outer, zero = zero,
+    step_count = 0, trace = opts.trace, param_dtype = pdt,
     prefetch = opts.prefetch or 1, hfsdp = opts.hfsdp and true or false, device = opts.shard.device or "cpu" }, Sharded)
   -- CUDA: the ops run on fsdp.ops' compute stream; units order their
   -- collectives against it with events. CPU: the calling thread computes.
   s.cs = s.device == "cuda" and ops.compute_stream():live("fully_shard") or nil
   if s.hfsdp and not opts.outer then error("fully_shard: hfsdp shards the optimizer over opts.outer, which is missing", 2) end
   if s.prefetch < 0 or s.prefetch % 1 ~= 0 then error("fully_shard: prefetch = " .. tostring(s.prefetch) .. "; expected an integer >= 0", 2) end
-  -- assign each module with parameters to a unit, in model order: the
-  -- policy's unit for the module, else the unit of its nearest ancestor the
-  -- policy named (a decoder layer's linears join the layer's unit), else "root"
-  local by_name = {}
-  local function add(m, path, uname, uopts)
-    local u = by_name[uname]
-    if not u then
-      local uz = uopts and uopts.zero or zero
-      if uz ~= 0 and uz ~= 1 and uz ~= 2 and uz ~= 3 then
-        error(string.format("fully_shard: unit '%s': zero = %s; expected 0, 1, 2 or 3", uname, tostring(uz)), 3)
-      end
-      u = { name = uname, modules = {}, params = {}, index = #s.units + 1, zero = uz }
-      by_name[uname] = u
-      s.units[#s.units + 1] = u
-    end
-    u.modules[#u.modules + 1] = m
-    for _, p in ipairs(m.params) do
-      u.params[#u.params + 1] = { module = m, spec = p, name = (path == "" and "" or path .. ".") .. p.name,
-        index = #u.params + 1 }
-    end
-    s.unit_of[m] = u
-    s.order[#s.order + 1] = m
-  end
-  -- one walk in model order; a module's unit comes from the nearest policy
-  -- decision on its path
-  local decided = {}
-  nn.walk(model, function(m, path)
-    local parent = decided[path:match("^(.*)%.[^.]*$") or (path ~= "" and "" or nil) or false]
-    local uname, uopts = policy(m, path)
-    if uname ~= nil and type(uname) ~= "string" then
-      error(string.format("fully_shard: the units policy returned a %s for module '%s' (%s); expected a unit name or nil",
-        type(uname), path, tostring(m.kind)), 4)
-    end
-    local d = uname and { name = uname, opts = uopts } or parent
-    decided[path] = d
-    if #(m.params or {}) > 0 then add(m, path, d and d.name or "root", d and d.opts) end
-  end)
-  -- a module that shares another's parameters (tied embeddings: m.shares)
-  -- runs in that module's unit, bound to the same buffers
-  nn.walk(model, function(m, path)
-    if m.shares then
-      local u = s.unit_of[m.shares]
-      if not u then error(string.format("fully_shard: module '%s' shares the parameters of a module outside the model", path), 4) end
-      s.unit_of[m] = u
-    end
-  end)
-  -- a unit is reduced after the backward of its first module (in model order)
-  for _, u in ipairs(s.units) do u.first = u.modules[1] end
+  local ok, a = pcall(M.assign, model, { units = opts.units, zero = zero })
+  if not ok then error(a, 2) end
+  s.units, s.unit_of, s.order, s.assignment = a.units, a.unit_of, a.order, a
   -- buffers: a pool of full-unit buffers as big as the largest unit's
   -- padded layout (the same arithmetic the units will use)
   local align, salign, biggest = 16, 32, 0
@@ -110,11 +249,18 @@ function M.fully_shard(model, opts)
     biggest = math.max(biggest, tonumber(C.fsdp_layout_numel_total(lp[0])))
     C.fsdp_layout_destroy(lp[0])
   end
-  local live = opts.max_live_units or 2
+  local live = M.pool_bound(a, opts.max_live_units)
+  local need_p, need_g = false, false
+  for _, u in ipairs(s.units) do
+    need_p = need_p or u.zero == 3
+    need_g = need_g or u.zero >= 2
+  end
   local pp, gp = ffi.new("fsdp_pool *[1]"), ffi.new("fsdp_pool *[1]")
   local dev = tensor.device(s.device)
-  check(C.fsdp_pool_create(dev, biggest * 4, live, pp), "fully_shard: param pool")
-  check(C.fsdp_pool_create(dev, biggest * 4, live, gp), "fully_shard: grad pool")
+  local es = pdt == "bf16" and 2 or 4 -- full buffers hold the compute dtype
+  if need_p then check(C.fsdp_pool_create(dev, biggest * es, live, pp), "fully_shard: param pool") end
+  if need_g then check(C.fsdp_pool_create(dev, biggest * es, live, gp), "fully_shard: grad pool") end
+  s.live_bound = live
   s.ppool, s.gpool = pp[0], gp[0]
   -- one finalizer for the lot, so units go before the pools they borrow
   -- from; it holds the handles (s.res), not s: a closure over s would be a
@@ -162,6 +308,7 @@ end
 
 function Sharded:free()
   M.release(self.res)
+  self.freed = true
   self.ppool, self.gpool = nil, nil
 end
 
@@ -266,7 +413,8 @@ function Ctx:enter(m, phase)
   -- bound, no grads, prefetching in the backward direction)
   local forward = phase == "forward"
   if self.cur ~= u then
-    if self.cur and self.cur.zero == 3 then reshard(self.cur, s) end
+    -- reshard_after_forward = false keeps a unit gathered until its backward
+    if self.cur and self.cur.zero == 3 and (not forward or self.cur.reshard_after_forward) then reshard(self.cur, s) end
     unshard(u, s)
     -- prefetch the units that run next (following ones in forward,
     -- preceding ones in backward), up to opts.prefetch; stops at the pool's
@@ -274,7 +422,7 @@ function Ctx:enter(m, phase)
     -- (not from a module that borrows another unit's params: that unit runs
     -- out of order, and its neighbours are not next)
     local dir = forward and 1 or -1
-    for d = 1, m.shares and 0 or s.prefetch do
+    for d = 1, m.shares and 0 or (u.prefetch or s.prefetch) do
       local nxt = s.units[u.index + d * dir]
       if not nxt or not unshard(nxt, s) then break end
     end
@@ -309,7 +457,7 @@ end
 -- the units (the step is then skipped on every rank; the step counter does
 -- not advance).
 local function live(s, what)
-  if s.ppool == nil then error(what .. ": the sharded model was freed", 3) end
+  if s.freed then error(what .. ": the sharded model was freed", 3) end
 end
 
 -- all-reduce a small CPU tensor over comm (through the device for NCCL)

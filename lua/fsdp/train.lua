@@ -7,7 +7,7 @@
 local fsdp = require "fsdp"
 local recipe = require "fsdp.recipe"
 local schedule = require "fsdp.schedule"
-local plan = require "fsdp.plan"
+local planner = require "fsdp.planner"
 local llama = require "fsdp.models.llama"
 local data = require "fsdp.data"
 local checkpoint = require "fsdp.checkpoint"
@@ -95,7 +95,7 @@ local function dataset_of(r, where)
   return data.token_file({ path = d.token_file, format = d.format, val_path = d.val_token_file, val_fraction = d.val_fraction })
 end
 
-function M.run(r, where, args)
+function M.run(r, where, args, break_at)
   local info = fsdp.init()
   local R = info.rank
   r = recipe.check(recipe.apply_overrides(r, args, where), where)
@@ -110,19 +110,23 @@ function M.run(r, where, args)
   -- before anything is allocated
   local B, T = r.data.micro_batch, r.data.seq
   local ranks_per_device = info.local_size
-  local pb = r.fsdp.param_dtype == "bf16" and 2 or 4
-  local function planned(shard_world)
-    return plan.llama_memory(cfg, { world = shard_world, zero = r.fsdp.zero, param_bytes = pb, micro_batch = B, seq = T,
-      checkpoint = r.fsdp.checkpoint, max_live_units = r.fsdp.max_live_units })
+  local the_plan -- fsdp.planner, as `fsdp plan` prints it
+  local function planned()
+    the_plan = the_plan or planner.plan(r, { world = info.size, where = where, strict = true })
+    return the_plan.need
   end
   if device == "cuda" then
     if C.fsdp_device_available(C.FSDP_CUDA) ~= 1 then
-      local need = planned(info.size)
+      -- planned on this many ranks, or sharded over them all when the
+      -- recipe's mesh needs more ranks than this job has
+      local ok, p = pcall(planner.plan, r, { world = info.size, where = where })
+      if not ok then p = planner.plan(r, { world = info.size, where = where, mesh = "dp_shard=-1" }) end
+      local need = p.need
       error(string.format("%s: train.device = 'cuda', but no CUDA device can be used here (none is visible, or fsdp was " ..
         "built without CUDA). The recipe needs %.2f GiB per rank on %d ranks (params %.2f, grads %.2f, optimizer %.2f, unit " ..
         "buffers %.2f, activations %.2f). Run it on GPU machines, or try a small model with train.device=cpu.", where,
-        plan.gib(need.total), info.size, plan.gib(need.params), plan.gib(need.grads),
-        plan.gib(need.optimizer), plan.gib(need.unit_buffers), plan.gib(need.activations)), 0)
+        planner.gib(need.total), info.size, planner.gib(need.params), planner.gib(need.grads),
+        planner.gib(need.optimizer), planner.gib(need.unit_buffers), planner.gib(need.activations)), 0)
     end
     local ndev = C.fsdp_device_count(C.FSDP_CUDA)
     check(C.fsdp_device_set(C.FSDP_CUDA, info.local_rank % ndev), "select the GPU")
@@ -142,16 +146,16 @@ function M.run(r, where, args)
   end
 
   -- pre-flight: the planned need per rank against what this machine has
-  local need = planned(shard:size())
+  local need = planned()
   local free, total = ffi.new("int64_t[1]"), ffi.new("int64_t[1]")
   check(C.fsdp_device_memory_info(device == "cuda" and C.FSDP_CUDA or C.FSDP_CPU, free, total), "memory info")
   local have = tonumber(free[0]) * r.train.min_free_fraction / ranks_per_device
   if need.total > have then
     error(string.format("%s: this recipe needs %.2f GiB per rank (params %.2f, grads %.2f, optimizer %.2f, unit buffers %.2f, " ..
       "activations %.2f), and this %s has %.2f GiB free for each of its %d ranks. Lower data.micro_batch or data.seq, " ..
-      "use fsdp.zero = 3, fsdp.checkpoint = 'full', fsdp.param_dtype = 'bf16', or more ranks.", where, plan.gib(need.total),
-      plan.gib(need.params), plan.gib(need.grads), plan.gib(need.optimizer), plan.gib(need.unit_buffers),
-      plan.gib(need.activations), device == "cuda" and "GPU" or "machine", plan.gib(have), ranks_per_device), 0)
+      "use fsdp.zero = 3, fsdp.checkpoint = 'full', fsdp.param_dtype = 'bf16', or more ranks.", where, planner.gib(need.total),
+      planner.gib(need.params), planner.gib(need.grads), planner.gib(need.optimizer), planner.gib(need.unit_buffers),
+      planner.gib(need.activations), device == "cuda" and "GPU" or "machine", planner.gib(have), ranks_per_device), 0)
   end
 
   local ds = dataset_of(r, where)
@@ -161,8 +165,7 @@ function M.run(r, where, args)
   local seed = r.train.seed
 
   local model = llama.model(cfg, { checkpoint = r.fsdp.checkpoint })
-  local units = r.fsdp.units
-  if units == "default" then units = llama.units end
+  local units = planner.policy(r.fsdp.units, where)
   local sharded = fsdp.fully_shard(model, { shard = shard, outer = outer, units = units, zero = r.fsdp.zero,
     prefetch = r.fsdp.prefetch, max_live_units = r.fsdp.max_live_units, seed = seed, hfsdp = r.fsdp.hfsdp,
     mixed = { param_dtype = r.fsdp.param_dtype, reduce_dtype = r.fsdp.reduce_dtype } })
@@ -206,7 +209,7 @@ function M.run(r, where, args)
   say("fsdp: %s parameters in %d units over %d ranks (mesh %s, zero %d, %s params); %d tokens per step (%d x %d x %d " ..
     "micro-batches x %d ranks); planned %.2f GiB per rank", human(n_params), #sharded.units, info.size,
     type(r.mesh) == "string" and r.mesh or "custom", r.fsdp.zero, r.fsdp.param_dtype, tokens_step, B, T, K, dp,
-    plan.gib(need.total))
+    planner.gib(need.total))
 
   local metrics
   if R == 0 and r.train.metrics then
@@ -271,7 +274,22 @@ function M.run(r, where, args)
   local steady_from = start + 1
   if start > steps then say("nothing to train: %s holds step %d and train.steps = %d", resumed, start - 1, steps) end
   local last = math.min(steps, r.train.stop_after or steps)
-  for step = start, last do
+  -- fsdprun --repl [--break-at STEP]: a prompt on rank 0 at that step
+  local next_break = os.getenv("FSDP_REPL") == "1" and (break_at or tonumber(os.getenv("FSDP_BREAK_AT") or "") or 0) or nil
+  local live
+  local function prompt(step)
+    live = live or { sharded = sharded, recipe = r, where = where, rank = R, size = info.size, world = mesh:group("world") }
+    live.step = step
+    local t0 = C.fsdp_time_now()
+    local k = require("fsdp.repl").live(live)
+    local paused = C.fsdp_time_now() - t0 -- time at the prompt is not training time
+    t_start = t_start + paused
+    if t_steady then t_steady = t_steady + paused end
+    next_break = k and step + k or nil
+    return k ~= nil
+  end
+  local stopped = next_break and next_break < start and not prompt(start - 1)
+  for step = start, stopped and -1 or last do
     fsdp.memory_reset_peak(device)
     local t0 = C.fsdp_time_now()
     local batches = {}
@@ -312,6 +330,11 @@ function M.run(r, where, args)
     end
     committed(checkpoint.poll(sharded))
     if ck.dir and ((ck.every > 0 and step % ck.every == 0) or step == last) then committed(save(step, lr)) end
+    if next_break == step and not prompt(step) then stopped = true; break end
+  end
+  if next_break and not stopped then -- the run is over: one last look
+    say("fsdp: training finished (train.steps = %d); continue(k) cannot train further", steps)
+    prompt(math.min(last, steps))
   end
   committed(checkpoint.wait(sharded))
   if ck.export_hf then
@@ -322,7 +345,7 @@ function M.run(r, where, args)
   local wall = C.fsdp_time_now() - t_start
   local steady = t_steady and steady_tokens / (C.fsdp_time_now() - t_steady) or tokens_done / wall
   if first_loss then
-    say("done: %d steps in %s; loss %.4f -> %.4f; %s tok/s after the first step (%s over %d ranks)", last - start + 1,
+    say("done: %d steps in %s; loss %.4f -> %.4f; %s tok/s after the first step (%s over %d ranks)", tokens_done / tokens_step,
       duration(wall), first_loss, last_loss, human(steady), human(tokens_done) .. " tokens", info.size)
   end
   if metrics then metrics:close() end
@@ -331,8 +354,24 @@ function M.run(r, where, args)
 end
 
 -- `fsdp RECIPE.lua args...`: the rank host calls this when a file returns a table
+-- (`--break-at STEP` may follow the recipe: fsdprun -n 2 --repl r.lua --break-at 10)
 function M.main(r, path, ...)
-  return M.run(r, path, { ... })
+  local args, break_at = {}, nil
+  local a = { ... }
+  local i = 1
+  while i <= #a do
+    local v = a[i]:match("^%-%-break%-at=(.*)$")
+    if a[i] == "--break-at" then i = i + 1; v = a[i] or "" end
+    if v then
+      break_at = tonumber(v)
+      if not break_at or break_at < 0 or break_at % 1 ~= 0 then error(path .. ": --break-at expects a step number >= 0", 0) end
+      if os.getenv("FSDP_REPL") ~= "1" then error(path .. ": --break-at needs fsdprun --repl", 0) end
+    else
+      args[#args + 1] = a[i]
+    end
+    i = i + 1
+  end
+  return M.run(r, path, args, break_at)
 end
 
 return M

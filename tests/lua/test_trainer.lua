@@ -7,7 +7,7 @@ local schedule = require "fsdp.schedule"
 local data = require "fsdp.data"
 local train = require "fsdp.train"
 local llama = require "fsdp.models.llama"
-local plan = require "fsdp.plan"
+local planner = require "fsdp.planner"
 local C = fsdp.C
 
 local info = fsdp.init()
@@ -198,8 +198,6 @@ do
   r.model = { preset = "llama3_70b" }
   r.fsdp.zero = 0
   fails(function() train.run(r, "big.lua", {}) end, "big.lua: this recipe needs", "70B unsharded on a CPU rank is refused")
-  local m = plan.llama_memory(llama.config("llama3_70b"), { world = 64, zero = 3, micro_batch = 1, seq = 8192 })
-  check(m.optimizer == 2 * 4 * llama.num_params(llama.config("llama3_70b")) / 64, "optimizer bytes at zero 3")
   check(math.abs(llama.num_params(llama.config("llama3_70b")) / 70.55e9 - 1) < 1e-3, "70B has 70.55B parameters")
   check(math.abs(llama.num_params(llama.config("llama3_8b")) / 8.03e9 - 1) < 1e-3, "8B has 8.03B parameters")
 end

@@ -1,0 +1,389 @@
+-- fsdp.planner: what a recipe needs on every rank, from arithmetic alone (no
+-- allocation, no launch): the model built on the meta device, grouped into
+-- units by the recipe's policy exactly as fully_shard groups it, each unit's
+-- layout computed by the engine (src/shard/layout.c), and the bytes each
+-- ZeRO level keeps resident per unit (the same buffers src/shard/unit.c
+-- allocates), the full-unit buffer pools, the peak number of full buffers
+-- live at once (the schedule replayed), activations for one micro-batch,
+-- and the communication volume per step. `fsdp plan`, the REPL and the
+-- trainer's pre-flight check all use it (docs/PLANNING.md).
+--   local p = planner.plan(recipe_table, {world = 64, mesh = "dp_outer=8,dp_shard=8", where = "r.lua"})
+--   print(planner.render(p)); planner.json(p)
+local base = require "fsdp.ffi"
+local recipe = require "fsdp.recipe"
+local llama = require "fsdp.models.llama"
+local shard = require "fsdp.shard"
+local mesh = require "fsdp.mesh"
+local json = require "fsdp.json"
+local ffi, C, check = base.ffi, base.C, base.check
+
+local M = {}
+
+local ALIGN, SALIGN = 16, 32 -- as fully_shard lays units out
+
+function M.gib(b) return b / 2 ^ 30 end
+
+-- dims of a mesh spec for world ranks: shard group size S, outer size R
+function M.mesh_sizes(spec, world, where)
+  local ok, dims = pcall(mesh.parse_dims, spec)
+  if not ok then error(where .. ": mesh: " .. tostring(dims):gsub("^.-fsdp%.mesh: ", ""), 0) end
+  local known, rest = 1, nil
+  for _, d in ipairs(dims) do
+    if d[2] == -1 then
+      if rest then error(where .. ": mesh: only one dimension may be -1", 0) end
+      rest = d
+    else
+      known = known * d[2]
+    end
+  end
+  if rest then
+    if world % known ~= 0 then error(string.format("%s: mesh: %d ranks do not divide by the other dimensions' %d", where, world, known), 0) end
+    rest[2] = world / known
+  elseif known ~= world then
+    error(string.format("%s: mesh %s has %d ranks, the world %d", where, type(spec) == "string" and spec or "(table)", known, world), 0)
+  end
+  local S, R = nil, 1
+  for _, d in ipairs(dims) do
+    if d[1] == "dp_shard" then S = d[2] elseif d[1] == "dp_outer" then R = d[2] end
+  end
+  return S or world, S and R or 1
+end
+
+-- The recipe's units policy as fully_shard takes it: "default" (Llama's),
+-- a list of module kinds, a function, or a path to a Lua file returning one
+-- (relative to the working directory or the repository root).
+function M.policy(units, where)
+  if units == "default" or units == nil then return llama.units end
+  if type(units) == "string" then
+    local root = debug.getinfo(1, "S").source:match("^@(.*)/lua/fsdp/[^/]*$") or "."
+    local path = units
+    local f = io.open(path)
+    if not f and units:sub(1, 1) ~= "/" then path = root .. "/" .. units; f = io.open(path) end
+    if not f then error(string.format("%s: fsdp.units = '%s': no such policy file (give 'default', a list of kinds, a function, " ..
+      "or a path such as recipes/policies/two_layers_per_unit.lua)", where, units), 0) end
+    f:close()
+    local chunk, err = loadfile(path)
+    if not chunk then error(string.format("%s: fsdp.units: %s", where, err), 0) end
+    local ok, fn = pcall(chunk)
+    if not ok or type(fn) ~= "function" then
+      error(string.format("%s: fsdp.units: %s must return a function(module, path), got %s", where, path, ok and type(fn) or tostring(fn)), 0)
+    end
+    return fn
+  end
+  return units
+end
+
+local function layout_of(u, S, shard_align)
+  local numels = ffi.new("int64_t[?]", math.max(#u.params, 1))
+  for i, p in ipairs(u.params) do numels[i - 1] = p.spec.numel end
+  local lp = ffi.new("fsdp_layout *[1]")
+  check(C.fsdp_layout_create(#u.params, numels, S, ALIGN, shard_align, lp), "plan: unit '" .. u.name .. "' layout")
+  return ffi.gc(lp[0], C.fsdp_layout_destroy)
+end
+
+-- activation bytes of one micro-batch, as the CPU modules save them (fp32):
+-- per token and layer the layer input, two norm outputs, q, k, v, the
+-- attention output, the residual, gate, up and the SwiGLU output; a
+-- checkpointed layer keeps its input only, and one layer is recomputed at a
+-- time; plus the logits and their gradient
+local function activations(cfg, B, T, ck)
+  local h, I, L = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers
+  local kv = cfg.num_key_value_heads * cfg.head_dim
+  local per_layer = (6 * h + 2 * kv + 3 * I) * 4
+  local keep = 0
+  for i = 1, L do
+    local on = ck == "full" or (type(ck) == "number" and (i - 1) % ck == 0)
+    keep = keep + (on and h * 4 or per_layer)
+  end
+  return B * T * (keep + (ck ~= "none" and per_layer or 0) + 2 * cfg.vocab_size * 4 + 2 * h * 4)
+end
+
+-- The plan of recipe r (a table, checked here) on o.world ranks.
+-- o: world (default 1), mesh (overrides r.mesh), where (for messages),
+-- strict (the trainer's: a global batch that does not divide is an error;
+-- otherwise a warning in p.warnings, planned with 1 micro-batch).
+function M.plan(r, o)
+  o = o or {}
+  local where = o.where or "recipe"
+  r = recipe.check(r, where)
+  local W = o.world or 1
+  if W < 1 or W % 1 ~= 0 then error(string.format("%s: world = %s; expected a positive integer", where, tostring(W)), 0) end
+  local S, R = M.mesh_sizes(o.mesh or r.mesh, W, where)
+  local f = r.fsdp
+  local mcfg = {}
+  for k, v in pairs(r.model) do if k ~= "preset" then mcfg[k] = v end end
+  local cfg = llama.config(r.model.preset, mcfg, where .. ": model")
+  local model = llama.model(cfg, { checkpoint = f.checkpoint })
+  local ok, a = pcall(shard.assign, model, { units = M.policy(f.units, where), zero = f.zero })
+  if not ok then error(where .. ": fsdp.units: " .. tostring(a):gsub("^fully_shard: ", ""), 0) end
+  local hf = f.hfsdp
+  if hf and R == 1 then error(where .. ": fsdp.hfsdp = true needs a dp_outer mesh dimension above 1", 0) end
+  local Rh = hf and R or 1
+  local ces = f.param_dtype == "bf16" and 2 or 4
+  local res = f.reduce_dtype == "bf16" and 2 or 4
+  local dp = S * R
+  local B, T = r.data.micro_batch, r.data.seq
+  local okK, K = pcall(recipe.grad_accum, r, dp, where)
+  local warnings = {}
+  if not okK then -- the trainer refuses this; a plan still says what the rest would cost
+    if o.strict then error(K, 0) end
+    warnings[1] = tostring(K) .. "; planned with 1 micro-batch per step"
+    K = 1
+  end
+  local p = { where = where, world = W, shard = S, outer = R, hfsdp = hf, zero = f.zero, param_dtype = f.param_dtype,
+    cfg = cfg, n_params = llama.num_params(cfg), units = {}, micro_batch = B, seq = T, grad_accum = K,
+    checkpoint = f.checkpoint, prefetch = f.prefetch, max_live_units = f.max_live_units, assignment = a,
+    mesh = type(o.mesh or r.mesh) == "string" and (o.mesh or r.mesh) or "custom", warnings = warnings }
+  local biggest, need_p, need_g = 0, false, false
+  local resident = { params_full = 0, params_shard = 0, main_params = 0, optimizer = 0, grads_full = 0, grads_main = 0, scratch = 0 }
+  for _, u in ipairs(a.units) do
+    if hf and u.zero == 0 then error(string.format("%s: unit '%s' has zero 0; hfsdp needs zero >= 1 everywhere", where, u.name), 0) end
+    local l = layout_of(u, S, SALIGN * Rh)
+    local Su, Tu = tonumber(C.fsdp_layout_shard_numel(l)), tonumber(C.fsdp_layout_numel_total(l))
+    local n_opt = u.zero == 0 and Tu or Su / Rh
+    local z = u.zero
+    local mem = { -- what src/shard/unit.c allocates for this unit on every rank
+      params_full = z <= 2 and Tu * ces or 0, params_shard = z >= 1 and Su * ces or 0, main_params = n_opt * 4,
+      optimizer = 2 * n_opt * 4, grads_full = z <= 1 and Tu * ces or 0, grads_main = n_opt * 4 + (hf and Su * 4 or 0),
+      scratch = Su * 4 }
+    local total = 0
+    for k, v in pairs(mem) do resident[k] = resident[k] + v; total = total + v end
+    local params = {}
+    for i, q in ipairs(u.params) do
+      params[i] = { name = q.name, shape = q.spec.shape or { q.spec.numel }, numel = q.spec.numel,
+        offset = tonumber(C.fsdp_layout_param_offset(l, i - 1)) }
+    end
+    p.units[#p.units + 1] = { name = u.name, index = u.index, zero = z, layout = l, shard_numel = Su, total_numel = Tu,
+      numel = tonumber(C.fsdp_layout_numel_used(l)), n_opt = n_opt, mem = mem, bytes = total, params = params,
+      prefetch = u.prefetch or f.prefetch, reshard_after_forward = u.reshard_after_forward }
+    biggest = math.max(biggest, Tu)
+    need_p = need_p or z == 3
+    need_g = need_g or z >= 2
+  end
+  p.resident = resident
+  local bound = shard.pool_bound(a, f.max_live_units)
+  local peak, why = shard.simulate(a, f.prefetch, bound)
+  if not peak then error(where .. ": the schedule does not fit its buffer pools: " .. why .. " (raise fsdp.max_live_units)", 0) end
+  p.pools = { bound = bound, buffer_bytes = biggest * ces, params = need_p and bound * biggest * ces or 0,
+    grads = need_g and bound * biggest * ces or 0, peak_params = peak.params, peak_grads = peak.grads }
+  p.activations = activations(cfg, B, T, f.checkpoint)
+  local sum = 0
+  for _, v in pairs(resident) do sum = sum + v end
+  p.resident_total = sum
+  p.transient = p.pools.params + p.pools.grads + p.activations
+  p.peak = sum + p.transient
+  -- the trainer's pre-flight summary
+  p.need = { params = resident.params_full + resident.params_shard + resident.main_params,
+    grads = resident.grads_full + resident.grads_main + resident.scratch, optimizer = resident.optimizer,
+    unit_buffers = p.pools.params + p.pools.grads, activations = p.activations, total = p.peak }
+  -- communication per rank per step: bytes each rank sends in ring
+  -- algorithms ((n-1)/n of the buffer for all-gather and reduce-scatter,
+  -- twice that for all-reduce), summed over the step's collectives
+  local ag, rs, ar = 0, 0, 0
+  for i, u in ipairs(p.units) do
+    local au = a.units[i]
+    local gathers = u.zero == 3 and (peak.gathers[au] or 0) * K or 0
+    ag = ag + gathers * (S - 1) * u.shard_numel * ces
+    if u.zero == 1 or u.zero == 2 then ag = ag + (S - 1) * u.shard_numel * ces end -- new params after the step
+    if u.zero >= 2 then rs = rs + K * (S - 1) * u.shard_numel * res
+    elseif u.zero == 1 then rs = rs + (S - 1) * u.shard_numel * res
+    else ar = ar + 2 * (S - 1) * u.shard_numel * res end
+    if R > 1 then
+      if hf then
+        rs = rs + (R - 1) * u.n_opt * 4
+        ag = ag + (R - 1) * u.n_opt * ces
+      else
+        ar = ar + 2 * (R - 1) / R * u.n_opt * 4
+      end
+    end
+  end
+  p.comm = { all_gather = ag, reduce_scatter = rs, all_reduce = ar }
+  return p
+end
+
+-- pieces rank r (world rank) holds in unit u of plan p: {param, begin, end, shard_offset}
+function M.pieces(p, u, r)
+  local sr = r % p.shard
+  local n = C.fsdp_layout_rank_pieces(u.layout, sr, nil, 0)
+  local ps = ffi.new("fsdp_layout_piece[?]", math.max(n, 1))
+  C.fsdp_layout_rank_pieces(u.layout, sr, ps, n)
+  local out = {}
+  for i = 0, n - 1 do
+    out[#out + 1] = { param = u.params[ps[i].param + 1].name, begin = tonumber(ps[i].begin), ["end"] = tonumber(ps[i]["end"]),
+      shard_offset = tonumber(ps[i].shard_offset) }
+  end
+  return out
+end
+
+local function human(n)
+  if n >= 1e9 then return string.format("%.2fB", n / 1e9) end
+  if n >= 1e6 then return string.format("%.2fM", n / 1e6) end
+  if n >= 1e3 then return string.format("%.1fk", n / 1e3) end
+  return string.format("%d", n)
+end
+M.human = human
+
+local function bytes(b)
+  if b >= 2 ^ 30 then return string.format("%.2f GiB", b / 2 ^ 30) end
+  if b >= 2 ^ 20 then return string.format("%.2f MiB", b / 2 ^ 20) end
+  if b >= 2 ^ 10 then return string.format("%.1f KiB", b / 2 ^ 10) end
+  return string.format("%d B", b)
+end
+M.bytes = bytes
+
+-- A text table: rows of cells, the first row the header; numbers right-aligned
+function M.table(rows)
+  local w = {}
+  for _, row in ipairs(rows) do
+    for i, c in ipairs(row) do w[i] = math.max(w[i] or 0, #tostring(c)) end
+  end
+  local out = {}
+  for k, row in ipairs(rows) do
+    local cells = {}
+    for i, c in ipairs(row) do
+      local s = tostring(c)
+      local right = k > 1 and i > 1 and s:match("^[%d.%-]")
+      cells[i] = right and string.rep(" ", w[i] - #s) .. s or s .. string.rep(" ", w[i] - #s)
+    end
+    out[#out + 1] = "  " .. table.concat(cells, "  "):gsub("%s+$", "")
+  end
+  return table.concat(out, "\n")
+end
+
+function M.memory_rows(p)
+  local m = p.resident
+  return {
+    { "what", "bytes per rank", "" },
+    { "params (compute copy)", bytes(m.params_full + m.params_shard), "resident" },
+    { "main params (fp32)", bytes(m.main_params), "resident" },
+    { "optimizer state", bytes(m.optimizer), "resident" },
+    { "grads", bytes(m.grads_full + m.grads_main), "resident" },
+    { "reduce scratch", bytes(m.scratch), "resident" },
+    { "unit buffer pools", bytes(p.pools.params + p.pools.grads), string.format("%d + %d buffers of %s; live at once: %d params, %d grads",
+      p.pools.params > 0 and p.pools.bound or 0, p.pools.grads > 0 and p.pools.bound or 0, bytes(p.pools.buffer_bytes),
+      p.pools.peak_params, p.pools.peak_grads) },
+    { "activations", bytes(p.activations), string.format("micro-batch %d x %d, checkpoint %s", p.micro_batch, p.seq, tostring(p.checkpoint)) },
+    { "peak", bytes(p.peak), "" },
+  }
+end
+
+function M.unit_rows(p)
+  local rows = { { "#", "unit", "zero", "params", "shard", "compute", "main", "optimizer", "grads", "total" } }
+  for _, u in ipairs(p.units) do
+    local m = u.mem
+    rows[#rows + 1] = { u.index, u.name, u.zero, human(u.numel), human(u.shard_numel), bytes(m.params_full + m.params_shard),
+      bytes(m.main_params), bytes(m.optimizer), bytes(m.grads_full + m.grads_main + m.scratch), bytes(u.bytes) }
+  end
+  return rows
+end
+
+-- Elements each rank owns (padding left out): equal up to padding; the
+-- ranks are listed in runs of equal counts
+function M.rank_rows(p)
+  local runs = {}
+  for r = 0, p.shard - 1 do
+    local n = 0
+    for _, u in ipairs(p.units) do
+      for _, pc in ipairs(M.pieces(p, u, r)) do n = n + pc["end"] - pc.begin end
+    end
+    local last = runs[#runs]
+    if last and last.n == n then last.to = r else runs[#runs + 1] = { from = r, to = r, n = n } end
+  end
+  local rows = { { "shard ranks", "parameter elements owned", "bytes per rank" } }
+  for _, run in ipairs(runs) do
+    rows[#rows + 1] = { run.from == run.to and tostring(run.from) or (run.from .. "-" .. run.to), human(run.n), bytes(p.peak) }
+  end
+  return rows
+end
+
+function M.render(p)
+  local out = {}
+  for _, w in ipairs(p.warnings or {}) do out[#out + 1] = "warning: " .. w end
+  out[#out + 1] = string.format("plan: %s on %d ranks (mesh %s: dp_shard %d x dp_outer %d%s), zero %d, %s params; %s parameters " ..
+    "in %d units; %d micro-batch%s of %d x %d per step", p.where, p.world, p.mesh, p.shard, p.outer, p.hfsdp and ", hfsdp" or "",
+    p.zero, p.param_dtype, human(p.n_params), #p.units, p.grad_accum, p.grad_accum == 1 and "" or "es", p.micro_batch, p.seq)
+  out[#out + 1] = "memory per rank (every rank holds the same bytes):"
+  out[#out + 1] = M.table(M.memory_rows(p))
+  out[#out + 1] = string.format("communication per rank per step (bytes sent, ring algorithms): all-gather %s, reduce-scatter %s, all-reduce %s",
+    bytes(p.comm.all_gather), bytes(p.comm.reduce_scatter), bytes(p.comm.all_reduce))
+  out[#out + 1] = "units:"
+  out[#out + 1] = M.table(M.unit_rows(p))
+  out[#out + 1] = "ranks (of the shard group; replicas hold the same):"
+  out[#out + 1] = M.table(M.rank_rows(p))
+  return table.concat(out, "\n")
+end
+
+function M.json(p)
+  local units = {}
+  for _, u in ipairs(p.units) do
+    local params = {}
+    for _, q in ipairs(u.params) do params[#params + 1] = { name = q.name, shape = json.array(q.shape), numel = q.numel, offset = q.offset } end
+    units[#units + 1] = { name = u.name, zero = u.zero, numel = u.numel, shard_numel = u.shard_numel, total_numel = u.total_numel,
+      bytes = u.mem, params = json.array(params) }
+  end
+  return json.encode({ recipe = p.where, world = p.world, dp_shard = p.shard, dp_outer = p.outer, hfsdp = p.hfsdp, zero = p.zero,
+    param_dtype = p.param_dtype, parameters = p.n_params, micro_batches = p.grad_accum, resident = p.resident,
+    pools = p.pools, activations = p.activations, peak = p.peak, comm = p.comm, units = json.array(units) })
+end
+
+-- Lines of difference between two plans: the totals, then units whose bytes differ
+function M.diff(a, b)
+  local rows = { { "", "A", "B", "B - A" } }
+  local function row(name, x, y) if x ~= y then rows[#rows + 1] = { name, bytes(x), bytes(y), (y >= x and "+" or "-") .. bytes(math.abs(y - x)) } end end
+  for _, k in ipairs({ "params_full", "params_shard", "main_params", "optimizer", "grads_full", "grads_main", "scratch" }) do
+    row(k, a.resident[k], b.resident[k])
+  end
+  row("unit buffer pools", a.pools.params + a.pools.grads, b.pools.params + b.pools.grads)
+  row("activations", a.activations, b.activations)
+  row("peak", a.peak, b.peak)
+  row("all-gather / step", a.comm.all_gather, b.comm.all_gather)
+  row("reduce-scatter / step", a.comm.reduce_scatter, b.comm.reduce_scatter)
+  row("all-reduce / step", a.comm.all_reduce, b.comm.all_reduce)
+  local out = { string.format("A: %d ranks, zero %d, %d units; B: %d ranks, zero %d, %d units", a.world, a.zero, #a.units, b.world, b.zero, #b.units) }
+  out[#out + 1] = #rows > 1 and M.table(rows) or "  (the same bytes)"
+  return table.concat(out, "\n")
+end
+
+-- `fsdp plan RECIPE.lua --world W [--mesh SPEC] [--json] [section.field=value ...]`
+M.usage = [[usage: fsdp plan RECIPE.lua [--world W] [--mesh dp_outer=R,dp_shard=S] [--json] [section.field=value ...]
+Builds the recipe's model on the meta device (nothing is allocated, nothing launched), groups it into units by
+its policy and prints, per rank: the resident bytes of params, main params, optimizer state and grads, the
+full-unit buffer pools and how many buffers are live at once, activations for one micro-batch, the peak, the
+communication per step, a table of units and the elements each rank owns. --json prints the same as JSON.
+--world defaults to 1; --mesh overrides the recipe's mesh.]]
+
+function M.cli(args)
+  local path, world, spec, as_json, over = nil, 1, nil, false, {}
+  local i = 1
+  while i <= #args do
+    local a = args[i]
+    local key, val = a:match("^(%-%-[%w-]+)=(.*)$")
+    key = key or a
+    local function value()
+      if val then return val end
+      i = i + 1
+      if args[i] == nil then error("fsdp plan: " .. key .. " needs a value\n" .. M.usage, 0) end
+      return args[i]
+    end
+    if key == "--world" then world = tonumber(value())
+      if not world then error("fsdp plan: --world needs a number\n" .. M.usage, 0) end
+    elseif key == "--mesh" then spec = value()
+    elseif key == "--json" then as_json = true
+    elseif key == "-h" or key == "--help" then print(M.usage) return 0
+    elseif a:sub(1, 2) == "--" then error("fsdp plan: unknown option '" .. a .. "'\n" .. M.usage, 0)
+    elseif not path then path = a
+    else over[#over + 1] = a end
+    i = i + 1
+  end
+  if not path then error("fsdp plan: which recipe?\n" .. M.usage, 0) end
+  local chunk, err = loadfile(path)
+  if not chunk then error(err, 0) end
+  local ok, r = pcall(chunk)
+  if not ok then error(path .. ": " .. tostring(r), 0) end
+  recipe.apply_overrides(r, over, path)
+  local p = M.plan(r, { world = world, mesh = spec, where = path })
+  print(as_json and M.json(p) or M.render(p))
+  return 0
+end
+
+return M

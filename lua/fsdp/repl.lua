@@ -1,0 +1,410 @@
+-- fsdp.repl: the prompt's shard-layout helpers (docs/PLANNING.md).
+-- Offline (`fsdp repl RECIPE.lua --world 512`): the recipe's plan, built on
+-- the meta device; nothing is allocated.
+--   units()            the units: zero level, parameters, shard size, bytes per rank
+--   layout(u)          unit u (index or name): each parameter's offset, shape, owners
+--   owner(p, i)        which rank holds element i of parameter p, and where
+--   rank(r)            everything rank r holds, unit by unit
+--   mem(r)             rank r's memory (planned; measured too in a live run)
+--   plan{world = W, mesh = ..., zero = ..., ...}  a plan with other options
+--   diff(a, b)         what changes between two plans
+-- Live (`fsdprun -n N --repl RECIPE.lua [--break-at STEP]`): the trainer
+-- stops and rank 0 reads commands that every rank runs, so these also work:
+--   gather(name)       the full parameter (its values in .values)
+--   shard(r, name)     rank r's piece of it (fp32 main values)
+--   stats(name)        min, max, mean, norm, non-finite count
+--   continue(k)        train k more steps, then prompt again
+-- Leaving the prompt (Ctrl-D, quit()) ends the run cleanly.
+local base = require "fsdp.ffi"
+local planner = require "fsdp.planner"
+local recipe = require "fsdp.recipe"
+local tensor = require "fsdp.tensor"
+local ffi, C, check = base.ffi, base.C, base.check
+
+pcall(ffi.cdef, "int isatty(int fd);")
+
+local M = {}
+local state = {} -- recipe (raw table), where, plan, world, mesh; live: the run
+
+-- a value the prompt prints as text and code can still read (.data)
+local Text = { __tostring = function(t) return t.text end }
+local function text(s, data) return setmetatable({ text = s, data = data }, Text) end
+
+local function deep_copy(v)
+  if type(v) ~= "table" then return v end
+  local c = {}
+  for k, x in pairs(v) do c[k] = deep_copy(x) end
+  return c
+end
+
+local function need_plan(p)
+  p = p or state.plan
+  if not p then error("no recipe loaded: start `fsdp repl RECIPE.lua [--world W]`, or pass a plan made by plan{...}", 3) end
+  return p
+end
+
+local function find_unit(p, u)
+  for _, x in ipairs(p.units) do
+    if x.index == u or x.name == u then return x end
+  end
+  error(string.format("no unit %s (units() lists them)", tostring(u)), 3)
+end
+
+local function find_param(p, name)
+  for _, u in ipairs(p.units) do
+    for i, q in ipairs(u.params) do if q.name == name then return u, i, q end end
+  end
+  error(string.format("no parameter '%s' (layout(u) lists a unit's parameters)", tostring(name)), 3)
+end
+
+function M.units(p)
+  p = need_plan(p)
+  return text(planner.table(planner.unit_rows(p)), p.units)
+end
+
+function M.layout(u, p)
+  p = need_plan(p)
+  u = find_unit(p, u)
+  local rows = { { "param", "shape", "numel", "offset", "owners (shard rank: element range)" } }
+  local owners = {}
+  for r = 0, p.shard - 1 do
+    for _, pc in ipairs(planner.pieces(p, u, r)) do
+      owners[pc.param] = owners[pc.param] or {}
+      local o = owners[pc.param]
+      o[#o + 1] = string.format("%d:[%d,%d)", r, pc.begin, pc["end"])
+    end
+  end
+  for _, q in ipairs(u.params) do
+    local o = owners[q.name] or {}
+    local shown = #o <= 6 and table.concat(o, " ") or
+      (table.concat({ o[1], o[2], o[3] }, " ") .. string.format(" ... (%d ranks) ... ", #o) .. o[#o])
+    rows[#rows + 1] = { q.name, table.concat(q.shape, "x"), q.numel, q.offset, shown }
+  end
+  return text(string.format("unit %d '%s': zero %d, %d elements + %d padding = %d shards of %d\n", u.index, u.name, u.zero,
+    u.numel, u.total_numel - u.numel, p.shard, u.shard_numel) .. planner.table(rows), u)
+end
+
+function M.owner(name, index, p)
+  p = need_plan(p)
+  local u, i, q = find_param(p, name)
+  if type(index) ~= "number" or index < 0 or index >= q.numel or index % 1 ~= 0 then
+    error(string.format("owner: index %s outside '%s' (0 to %d)", tostring(index), name, q.numel - 1), 2)
+  end
+  local pc = ffi.new("fsdp_layout_piece")
+  check(C.fsdp_layout_owner(u.layout, i - 1, index, pc), "owner")
+  local r, at = pc.rank, tonumber(pc.shard_offset)
+  local lo, hi = index, index + 1 -- the run of this parameter on that rank
+  for _, x in ipairs(planner.pieces(p, u, r)) do
+    if x.param == name then lo, hi = x.begin, x["end"] end
+  end
+  local replicas = ""
+  if p.outer > 1 then
+    local list = {}
+    for o = 0, p.outer - 1 do list[#list + 1] = tostring(o * p.shard + r) end
+    replicas = string.format("; world ranks %s (one per dp_outer replica)", table.concat(list, ", "))
+  end
+  return text(string.format("%s[%d] is element %d of shard rank %d's shard of unit '%s' (that rank holds elements [%d, %d) " ..
+    "of it)%s", name, index, at, r, u.name, lo, hi, replicas),
+    { rank = r, unit = u.name, shard_offset = at, begin = lo, ["end"] = hi })
+end
+
+function M.rank(r, p)
+  p = need_plan(p)
+  if type(r) ~= "number" or r < 0 or r >= p.world or r % 1 ~= 0 then
+    error(string.format("rank: %s is not a rank of this plan (0 to %d)", tostring(r), p.world - 1), 2)
+  end
+  local rows = { { "unit", "param", "elements", "count", "at in shard" } }
+  local total = 0
+  for _, u in ipairs(p.units) do
+    for _, pc in ipairs(planner.pieces(p, u, r)) do
+      rows[#rows + 1] = { u.name, pc.param, string.format("[%d, %d)", pc.begin, pc["end"]), pc["end"] - pc.begin, pc.shard_offset }
+      total = total + pc["end"] - pc.begin
+    end
+  end
+  return text(string.format("rank %d: shard rank %d, replica %d of %d; %s parameter elements, %s resident, %s at peak\n", r,
+    r % p.shard, math.floor(r / p.shard), p.outer, planner.human(total), planner.bytes(p.resident_total), planner.bytes(p.peak)) ..
+    planner.table(rows), { elements = total })
+end
+
+-- measured bytes of the live run on this rank, by the units' own accounts
+local function measured()
+  local s = state.live.sharded
+  local m = ffi.new("fsdp_unit_memory")
+  local t = { params_full = 0, params_shard = 0, main_params = 0, optimizer = 0, grads_full = 0, grads_main = 0, scratch = 0 }
+  for _, u in ipairs(s.units) do
+    check(C.fsdp_unit_memory_info(u.handle, m), "mem")
+    for k in pairs(t) do t[k] = t[k] + tonumber(m[k]) end
+  end
+  return t
+end
+
+function M.mem(r, p)
+  p = need_plan(p)
+  local rows = planner.memory_rows(p)
+  if state.live and p == state.plan then
+    local t = measured()
+    rows[1][#rows[1] + 1] = "measured (this rank)"
+    local sums = { t.params_full + t.params_shard, t.main_params, t.optimizer, t.grads_full + t.grads_main, t.scratch }
+    for i, v in ipairs(sums) do rows[i + 1][#rows[i + 1] + 1] = planner.bytes(v) end
+    local stats = ffi.new("fsdp_memory_stats")
+    check(C.fsdp_memory_get_stats(tensor.device(state.live.sharded.device), stats), "mem")
+    rows[#rows + 1] = { "allocator (this rank)", planner.bytes(tonumber(stats.allocated)), "allocated now",
+      "peak " .. planner.bytes(tonumber(stats.peak)) }
+  end
+  return text(string.format("rank %s (every rank holds the same bytes):\n", tostring(r or 0)) .. planner.table(rows), p)
+end
+
+local plan_keys = { zero = "fsdp", units = "fsdp", prefetch = "fsdp", max_live_units = "fsdp", checkpoint = "fsdp",
+  param_dtype = "fsdp", reduce_dtype = "fsdp", hfsdp = "fsdp", micro_batch = "data", seq = "data",
+  global_batch_tokens = "train", grad_accum = "train" }
+
+-- plan{world = W, mesh = "dp_outer=2,dp_shard=-1", zero = 2, ["model.num_hidden_layers"] = 2, ...}
+function M.plan(o)
+  o = o or {}
+  if not state.recipe then error("plan{}: no recipe loaded (fsdp repl RECIPE.lua)", 2) end
+  local r = deep_copy(state.recipe)
+  for k, v in pairs(o) do
+    if k ~= "world" and k ~= "mesh" then
+      local sec, field = tostring(k):match("^([%a_]+)%.([%w_]+)$")
+      if not sec then sec, field = plan_keys[k], k end
+      if not sec then error(string.format("plan{}: unknown option '%s' (world, mesh, %s, or 'section.field')", tostring(k),
+        "zero, units, prefetch, max_live_units, checkpoint, param_dtype, micro_batch, seq, ..."), 2) end
+      r[sec] = r[sec] or {}
+      r[sec][field] = v
+    end
+  end
+  local p = planner.plan(r, { world = o.world or state.world, mesh = o.mesh or state.mesh, where = state.where })
+  return setmetatable(p, { __tostring = planner.render })
+end
+
+function M.diff(a, b)
+  if not (a and b) then error("diff(a, b): two plans, e.g. diff(plan{world = 64}, plan{world = 128})", 2) end
+  return text(planner.diff(a, b))
+end
+
+M.help_text = [[helpers (docs/PLANNING.md):
+  units()          the units: zero level, parameters, shard, bytes per rank
+  layout(u)        unit u (index or name): each parameter's offset, shape and owners
+  owner(p, i)      which rank holds element i of parameter p
+  rank(r)          everything rank r holds
+  mem(r)           rank r's memory: planned (and measured in a live run)
+  plan{world = W, mesh = "dp_outer=2,dp_shard=-1", zero = 2, ...}   re-plan with other options
+  diff(a, b)       what changes between two plans
+live (fsdprun --repl): gather(name), shard(r, name), stats(name), continue(k), step(); quit() or Ctrl-D ends the run]]
+
+function M.help() return text(M.help_text) end
+
+local function install(live)
+  for _, k in ipairs({ "units", "layout", "owner", "rank", "mem", "plan", "diff", "help" }) do _G[k] = M[k] end
+  if live then for _, k in ipairs({ "gather", "shard", "stats", "continue", "step", "quit" }) do _G[k] = M[k] end end
+end
+
+-- `fsdp repl [RECIPE.lua] [--world W] [--mesh SPEC] [section.field=value ...]`
+function M.setup(args)
+  local path, over = nil, {}
+  state.world = 1
+  local i = 1
+  while i <= #args do
+    local a = args[i]
+    local key, val = a:match("^(%-%-[%w-]+)=(.*)$")
+    key = key or a
+    if key == "--world" or key == "--mesh" then
+      if not val then i = i + 1; val = args[i] end
+      if val == nil then error("fsdp repl: " .. key .. " needs a value", 0) end
+      if key == "--world" then
+        state.world = tonumber(val)
+        if not state.world then error("fsdp repl: --world needs a number", 0) end
+      else
+        state.mesh = val
+      end
+    elseif a:sub(1, 2) == "--" then error("fsdp repl: unknown option '" .. a .. "' (fsdp --help)", 0)
+    elseif not path then path = a
+    else over[#over + 1] = a end
+    i = i + 1
+  end
+  install(false)
+  if not path then return 0 end
+  local chunk, err = loadfile(path)
+  if not chunk then error(err, 0) end
+  local ok, r = pcall(chunk)
+  if not ok then error(path .. ": " .. tostring(r), 0) end
+  if type(r) ~= "table" then error(path .. ": a recipe returns a table of sections", 0) end
+  recipe.apply_overrides(r, over, path)
+  state.recipe, state.where = deep_copy(r), path
+  state.plan = planner.plan(deep_copy(r), { world = state.world, mesh = state.mesh, where = path })
+  if ffi.C.isatty(0) == 1 then
+    print(string.format("%s on %d ranks: %d units, %s per rank at peak; help() lists the helpers", path, state.world,
+      #state.plan.units, planner.bytes(state.plan.peak)))
+  end
+  return 0
+end
+
+-- ---- live: the trainer's prompt ----
+
+local function world_comm() return state.live.world end
+
+-- rank 0's string (nil: end of input) on every rank
+local function broadcast_string(s)
+  local comm = world_comm()
+  local root = comm:rank() == 0
+  local n = tensor.new(1):fill(root and (s and #s or -1) or 0)
+  comm:broadcast(n, 0)
+  comm:synchronize()
+  local len = n:get(0)
+  if len < 0 then return nil end
+  local t = tensor.new(math.max(len, 1)):fill(0)
+  if root then for i = 1, len do t:set(i - 1, s:byte(i)) end end
+  comm:broadcast(t, 0)
+  comm:synchronize()
+  local bytes = {}
+  for i = 1, len do bytes[i] = string.char(t:get(i - 1)) end
+  return table.concat(bytes)
+end
+
+local function read_line(prompt)
+  if ffi.C.isatty(0) == 1 or os.getenv("FSDPRUN_TTY") == "1" then
+    io.write(prompt)
+    io.flush()
+  end
+  return io.read("*l")
+end
+
+-- compile as `return CHUNK` (printed) when that works, else as a statement
+local function compile(chunk)
+  local fn, err = loadstring("return " .. chunk, "=prompt")
+  if fn then return fn end
+  fn, err = loadstring(chunk, "=prompt")
+  return fn, err
+end
+
+-- rank 0 reads a whole chunk (continuation lines while it is unfinished)
+local function read_chunk()
+  local line = read_line(string.format("fsdp[step %d]> ", state.live.step))
+  if not line then return nil end
+  local chunk = line
+  while true do
+    local fn, err = compile(chunk)
+    if fn or not tostring(err):find("'<eof>'$") then return chunk end
+    local more = read_line(">> ")
+    if not more then return chunk end
+    chunk = chunk .. "\n" .. more
+  end
+end
+
+function M.gather(name)
+  local s = state.live.sharded
+  local v = s:gather(name)
+  local u, _, q = find_param(state.plan, name)
+  local head = {}
+  for i = 1, math.min(#v, 6) do head[i] = string.format("%.6g", v[i]) end
+  return text(string.format("%s: %s (%d values, unit '%s'): %s%s", name, table.concat(q.shape, "x"), #v, u.name,
+    table.concat(head, " "), #v > 6 and " ..." or ""), v)
+end
+
+function M.shard(r, name)
+  local live = state.live
+  local s = live.sharded
+  local me, n = live.rank, live.size
+  if type(r) ~= "number" or r < 0 or r >= n or r % 1 ~= 0 then error(string.format("shard: rank %s (0 to %d)", tostring(r), n - 1), 2) end
+  find_param(state.plan, name)
+  -- rank r's held range of the parameter: its element range, then the values
+  local lo, hi, vals = 0, 0, nil
+  if me == r then
+    for _, u in ipairs(s.units) do
+      local k = C.fsdp_unit_state_pieces(u.handle, 0, nil, 0)
+      local ps = ffi.new("fsdp_layout_piece[?]", math.max(k, 1))
+      C.fsdp_unit_state_pieces(u.handle, 0, ps, k)
+      for i = 0, k - 1 do
+        if u.params[ps[i].param + 1].name == name then
+          lo, hi = tonumber(ps[i].begin), tonumber(ps[i]["end"])
+          vals = tensor.new(math.max(hi - lo, 1))
+          check(C.fsdp_unit_state_get(u.handle, C.FSDP_STATE_PARAM, ps[i].shard_offset, hi - lo, vals:ptr()), "shard")
+        end
+      end
+    end
+  end
+  local range = tensor.new(2):fill(0)
+  if me == r then range:set(0, lo); range:set(1, hi) end
+  local comm = world_comm()
+  comm:all_reduce(range, range, "sum")
+  comm:synchronize()
+  lo, hi = range:get(0), range:get(1)
+  local t = tensor.new(math.max(hi - lo, 1)):fill(0)
+  if me == r and vals then t:copy_from(vals) end
+  comm:all_reduce(t, t, "sum")
+  comm:synchronize()
+  local out = {}
+  for i = 1, hi - lo do out[i] = t:get(i - 1) end
+  local head = {}
+  for i = 1, math.min(#out, 6) do head[i] = string.format("%.6g", out[i]) end
+  return text(string.format("rank %d holds %s elements [%d, %d)%s", r, name, lo, hi,
+    hi > lo and (": " .. table.concat(head, " ") .. (#out > 6 and " ..." or "")) or " (none of it)"),
+    { begin = lo, ["end"] = hi, values = out })
+end
+
+function M.stats(name)
+  local v = state.live.sharded:gather(name)
+  local mn, mx, sum, sq, bad = math.huge, -math.huge, 0, 0, 0
+  for i = 1, #v do
+    local x = v[i]
+    if x ~= x or x == math.huge or x == -math.huge then bad = bad + 1
+    else
+      mn, mx, sum, sq = math.min(mn, x), math.max(mx, x), sum + x, sq + x * x
+    end
+  end
+  local n = #v - bad
+  local st = { min = mn, max = mx, mean = n > 0 and sum / n or 0, norm = math.sqrt(sq), nonfinite = bad, numel = #v }
+  return text(string.format("%s: min %.6g max %.6g mean %.6g norm %.6g non-finite %d (of %d)", name, st.min, st.max, st.mean,
+    st.norm, bad, #v), st)
+end
+
+function M.continue(k)
+  k = k or 1
+  if type(k) ~= "number" or k < 1 or k % 1 ~= 0 then error("continue(k): k steps, an integer >= 1", 2) end
+  state.live.resume = k
+  return text(string.format("training %d more step%s", k, k == 1 and "" or "s"))
+end
+
+function M.step() return state.live.step end
+function M.quit() state.live.quit = true end
+
+-- The trainer's prompt. live: {sharded, recipe, where, step, rank, size,
+-- world (a comm over every rank)}. Returns the steps to train before the
+-- next prompt, or nil: end the run.
+function M.live(live)
+  state.live = live
+  if not state.plan then
+    state.recipe, state.where, state.world = deep_copy(live.recipe), live.where, live.size
+    state.plan = planner.plan(deep_copy(live.recipe), { world = live.size, where = live.where })
+  end
+  install(true)
+  live.resume, live.quit = nil, nil
+  if live.rank == 0 then
+    print(string.format("fsdp: stopped after step %d; commands run on every rank (help() lists them); continue(k) trains on, " ..
+      "Ctrl-D or quit() ends the run", live.step))
+    io.stdout:flush()
+  end
+  while true do
+    local chunk = ""
+    if live.rank == 0 then chunk = read_chunk() end
+    chunk = broadcast_string(chunk)
+    if chunk == nil then break end
+    local fn, err = compile(chunk)
+    if not fn then
+      if live.rank == 0 then io.stderr:write(tostring(err), "\n") end
+    else
+      local res = { pcall(fn) }
+      if live.rank == 0 then
+        if not res[1] then io.stderr:write(tostring(res[2]), "\n")
+        elseif #res > 1 then require("fsdp.pretty").show(unpack(res, 2, table.maxn(res))) end
+        io.stdout:flush()
+      end
+    end
+    if live.resume then return live.resume end
+    if live.quit then break end
+  end
+  if live.rank == 0 then print(string.format("fsdp: the prompt was left; ending the run after step %d", live.step)) end
+  return nil
+end
+
+return M

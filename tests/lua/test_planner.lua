@@ -1,0 +1,170 @@
+-- test_planner.lua (fsdprun -n W): the planner against reality, and the
+-- scripted policies.
+--   * the tiny recipe on W ranks for zero 0-3 (and tied embeddings, a policy
+--     mixing zero levels with a unit kept gathered after forward, HFSDP on 4
+--     ranks): every unit's planned resident bytes equal what the engine
+--     allocated (fsdp_unit_memory_info), byte for byte, and the planned
+--     peak of live full-unit buffers equals the pools' measured peak after
+--     a training step;
+--   * llama70b at W = 64 against a hand calculation: 70.55B parameters
+--     (within 0.1%), and the optimizer bytes per rank from the layout rule
+--     (parameters padded to 16 elements, each unit to dp_shard x 32);
+--   * each policy in recipes/policies trains the tiny model to the default
+--     grouping's losses (within 1e-5: the grouping and the zero levels
+--     change only the order of fp32 sums);
+--   * invalid policies fail naming the module path.
+local fsdp = require "fsdp"
+local planner = require "fsdp.planner"
+local recipe = require "fsdp.recipe"
+local llama = require "fsdp.models.llama"
+local train = require "fsdp.train"
+local ffi, C = fsdp.ffi, fsdp.C
+
+local info = fsdp.init()
+local W, R = info.size, info.rank
+local root = arg[1] or "."
+local T = dofile((arg[0]:match("^(.*/)") or "./") .. "testkit.lua")(string.format("test_planner rank %d/%d", R, W))
+local check, fails = T.check, T.fails
+
+local function tiny(over)
+  local r = dofile(root .. "/recipes/tiny.lua")
+  r.data.seq, r.data.micro_batch = 32, 2
+  r.train.eval_every, r.train.log_every, r.train.metrics = 0, 1000, nil
+  for k, v in pairs(over or {}) do
+    local sec, field = k:match("^(%w+)%.([%w_]+)$")
+    if sec then r[sec][field] = v else r[k] = v end
+  end
+  return recipe.check(r, "tiny.lua")
+end
+
+-- the trainer's way: the plan, then the model sharded by the same policy
+local function build(r)
+  local p = planner.plan(r, { world = W, where = "tiny.lua" })
+  local mcfg = {}
+  for k, v in pairs(r.model) do mcfg[k] = v end
+  local cfg = llama.config(mcfg)
+  local mesh = fsdp.mesh(r.mesh)
+  local names = {}
+  for _, d in ipairs(mesh:dims()) do names[d.name or d[1]] = true end
+  local s = fsdp.fully_shard(llama.model(cfg, { checkpoint = r.fsdp.checkpoint }), { shard = mesh:group("dp_shard"),
+    outer = names.dp_outer and mesh:group("dp_outer") or nil, units = planner.policy(r.fsdp.units, "tiny.lua"),
+    zero = r.fsdp.zero, prefetch = r.fsdp.prefetch, max_live_units = r.fsdp.max_live_units, hfsdp = r.fsdp.hfsdp })
+  return p, s, cfg
+end
+
+local function one_step(s, cfg, r)
+  local B, L = r.data.micro_batch, r.data.seq
+  local batches = {}
+  for k = 1, r.train.grad_accum do
+    local x, y = fsdp.tensor({ B, L }, "int32"), fsdp.tensor({ B, L }, "int32")
+    for i = 0, B * L - 1 do x:set(i, (i * 7 + k + R) % cfg.vocab_size); y:set(i, (i * 11 + k + 3 * R) % cfg.vocab_size) end
+    batches[k] = { x = x, y = y }
+  end
+  return s:train_step(batches, { lr = 1e-3, loss = function(logits, b, scale) return llama.loss(logits, b.y, scale) end })
+end
+
+local fields = { "params_full", "params_shard", "main_params", "optimizer", "grads_full", "grads_main", "scratch" }
+local function compare(label, over)
+  local r = tiny(over)
+  local p, s, cfg = build(r)
+  check(#p.units == #s.units, label .. ": unit count")
+  local m, bad = ffi.new("fsdp_unit_memory"), {}
+  for i, u in ipairs(s.units) do
+    C.fsdp_unit_memory_info(u.handle, m)
+    for _, f in ipairs(fields) do
+      if tonumber(m[f]) ~= p.units[i].mem[f] then
+        bad[#bad + 1] = string.format("%s.%s planned %d, allocated %d", u.name, f, p.units[i].mem[f], tonumber(m[f]))
+      end
+    end
+  end
+  check(#bad == 0, label .. ": planned resident bytes = allocated: " .. table.concat(bad, "; "))
+  one_step(s, cfg, r)
+  local pp = s.ppool ~= nil and C.fsdp_pool_peak(s.ppool) or 0
+  local gp = s.gpool ~= nil and C.fsdp_pool_peak(s.gpool) or 0
+  check(pp == p.pools.peak_params and gp == p.pools.peak_grads and s.live_bound == p.pools.bound,
+    string.format("%s: peak live buffers: planned %d params %d grads (bound %d), measured %d, %d (bound %d)", label,
+      p.pools.peak_params, p.pools.peak_grads, p.pools.bound, pp, gp, s.live_bound))
+  s:free()
+end
+
+for zero = 0, 3 do compare("zero " .. zero, { ["fsdp.zero"] = zero }) end
+compare("zero 3, 2 micro-batches, prefetch 2, 3 buffers", { ["fsdp.zero"] = 3, ["train.grad_accum"] = 2, ["fsdp.prefetch"] = 2,
+  ["fsdp.max_live_units"] = 3 })
+compare("tied embeddings, zero 3", { ["fsdp.zero"] = 3, ["model.tie_word_embeddings"] = true })
+local mixed = function(m, path)
+  if m.kind == "LlamaDecoderLayer" then
+    local i = tonumber(path:match("(%d+)$"))
+    return path, { zero = i % 2 == 0 and 3 or 2, reshard_after_forward = i ~= 0 }
+  end
+  if path == "model.embed_tokens" then return "embed", { zero = 1 } end
+  if path == "lm_head" or path == "model.norm" then return "head" end
+end
+compare("a policy mixing zero 1-3, one unit kept gathered", { ["fsdp.units"] = mixed })
+for _, pol in ipairs({ "two_layers_per_unit", "replicate_embeddings", "zero_by_size", "param_budget" }) do
+  compare("policy " .. pol, { ["fsdp.units"] = "recipes/policies/" .. pol .. ".lua" })
+end
+if W == 4 then
+  compare("2x2 HFSDP", { ["mesh"] = "dp_outer=2,dp_shard=2", ["fsdp.hfsdp"] = true })
+end
+
+-- llama70b at W = 64 against a hand calculation
+do
+  local r = dofile(root .. "/recipes/llama70b.lua")
+  local p = planner.plan(r, { world = 64, where = "llama70b.lua" })
+  check(math.abs(p.n_params / 70.55e9 - 1) < 1e-3, string.format("70B: %.4gB parameters", p.n_params / 1e9))
+  local S = 8 -- the recipe's dp_shard
+  local function up(x, m) return math.ceil(x / m) * m end
+  local h, I, L, V = 8192, 28672, 80, 128256
+  local kv = 8 * 128
+  local layer = up(h, 16) + up(h * h, 16) + 2 * up(kv * h, 16) + up(h * h, 16) + up(h, 16) + 3 * up(h * I, 16)
+  local units = { up(V * h, 16) } -- embed, then the layers, then norm + head
+  for _ = 1, L do units[#units + 1] = layer end
+  units[#units + 1] = up(h, 16) + up(V * h, 16)
+  local opt = 0
+  for _, n in ipairs(units) do opt = opt + 2 * 4 * up(n, S * 32) / S end
+  check(p.resident.optimizer == opt, string.format("70B optimizer bytes per rank: planned %.0f, by hand %.0f", p.resident.optimizer, opt))
+  check(math.abs(p.resident.optimizer / (8 * 70.55e9 / S) - 1) < 1e-3, "70B optimizer bytes ~ 8 x 70.55B / 8")
+  local p64 = planner.plan(r, { world = 64, mesh = "dp_shard=-1", where = "llama70b.lua" })
+  check(math.abs(p64.resident.optimizer / (8 * 70.55e9 / 64) - 1) < 1e-3, "sharded 64 ways: ~ 8 x 70.55B / 64")
+  local t0 = C.fsdp_time_now()
+  for _, w in ipairs({ 8, 16, 128, 512, 1024 }) do planner.plan(r, { world = w, where = "llama70b.lua" }) end
+  check(C.fsdp_time_now() - t0 < 10, "planning 70B at 8-1024 ranks takes seconds")
+end
+
+-- invalid policies, named by module path
+do
+  local function bad(units, needle, what)
+    fails(function() planner.plan(tiny({ ["fsdp.units"] = units }), { world = W, where = "p.lua" }) end, needle, what)
+  end
+  bad(function(m, path) if m.kind == "LlamaDecoderLayer" then return path, { zeroo = 2 } end end,
+    "module 'model.layers.0' (unit 'model.layers.0') an unknown option 'zeroo'", "an unknown option")
+  bad(function(m, path) if path == "model.norm" then return false end end,
+    "parameter 'model.norm.weight' of module 'model.norm' is left in no unit", "a parameter in no unit")
+  bad(function(m, path) if path == "model.norm" then return "head", { zero = 2 } elseif path == "lm_head" then return "head", { zero = 3 } end end,
+    "unit 'head' is given zero = 2 for module 'model.norm' but zero = 3 for module 'lm_head'", "two strategies")
+  bad(function(m, path) if m.kind == "LlamaDecoderLayer" then return path, { zero = 5 } end end,
+    "unit 'model.layers.0' (module 'model.layers.0'): zero = 5", "a bad zero level")
+  bad(function(m, path) if path == "lm_head" then return 42 end end, "returned a number for module 'lm_head'", "not a name")
+  bad("recipes/policies/nope.lua", "no such policy file", "a missing policy file")
+end
+
+-- each example policy trains like the default grouping
+do
+  local function losses(units)
+    local args = { "train.steps=4", "data.seq=64", "data.micro_batch=4", "train.eval_every=0", "train.log_every=1000",
+      "schedule.warmup=2" }
+    if units then args[#args + 1] = "fsdp.units=" .. units end
+    local r = dofile(root .. "/recipes/tiny.lua")
+    r.train.metrics = nil
+    return train.run(r, "tiny.lua", args).losses
+  end
+  local ref = losses(nil)
+  for _, pol in ipairs({ "two_layers_per_unit", "replicate_embeddings", "zero_by_size", "param_budget" }) do
+    local l = losses("recipes/policies/" .. pol .. ".lua")
+    local worst = 0
+    for s = 1, 4 do worst = math.max(worst, math.abs(l[s] - ref[s])) end
+    check(worst <= 1e-5, string.format("policy %s: losses within 1e-5 of the default grouping (worst %.2g)", pol, worst))
+  end
+end
+
+T.finish()
