@@ -10,7 +10,7 @@
 --   diff(a, b)         what changes between two plans
 -- Live (`fsdprun -n N --repl RECIPE.lua [--break-at STEP]`): the trainer
 -- stops and rank 0 reads commands that every rank runs, so these also work:
---   gather(name)       the full parameter (its values in .values)
+--   gather(name)       the full parameter, as an fp32 tensor of its shape
 --   shard(r, name)     rank r's piece of it (fp32 main values)
 --   stats(name)        min, max, mean, norm, non-finite count
 --   continue(k)        train k more steps, then prompt again
@@ -293,12 +293,12 @@ end
 
 function M.gather(name)
   local s = state.live.sharded
+  local _, _, q = find_param(state.plan, name)
   local v = s:gather(name)
-  local u, _, q = find_param(state.plan, name)
-  local head = {}
-  for i = 1, math.min(#v, 6) do head[i] = string.format("%.6g", v[i]) end
-  return text(string.format("%s: %s (%d values, unit '%s'): %s%s", name, table.concat(q.shape, "x"), #v, u.name,
-    table.concat(head, " "), #v > 6 and " ..." or ""), v)
+  local t = tensor.new(q.shape)
+  local p = t:ptr()
+  for i = 1, #v do p[i - 1] = v[i] end
+  return t
 end
 
 function M.shard(r, name)

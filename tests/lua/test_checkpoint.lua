@@ -7,6 +7,7 @@
 --     sharded over replicas) resumed on 1 rank: within RESHARD_TOL
 --   * a rank killed while writing a checkpoint: the previous one loads, and
 --     the resumed run repeats the killed run's losses bit for bit
+--   * bf16 params (zero 3) and SGD with momentum (zero 0): bit for bit
 -- then, in this process (one rank): corruptions rejected with their
 -- messages and the model left as it was, `latest` skipping a damaged
 -- checkpoint, and the Hugging Face export read back: fp32 equal to the
@@ -140,7 +141,19 @@ same(F1, losses(work .. "/F2.jsonl"), 5, 8, "the resumed run repeats the killed 
 local left = ckpt.list(ckF)
 check(table.concat(left, ",") == "latest,step-00000008", "keep_last = 1 leaves the newest, and no leftovers: " .. table.concat(left, ","))
 
--- 6. in this process, one rank
+-- 6. bf16 params (the compute copy re-cast from the fp32 main params) and
+-- SGD's momentum at zero 0 resume bit for bit too
+for _, v in ipairs({ { "bf16", { "fsdp.param_dtype=bf16", "fsdp.zero=3" } }, { "sgd", { "optimizer.name=sgd", "fsdp.zero=0" } } }) do
+  local dir, name = work .. "/ck-" .. v[1], v[1]
+  local a1 = { "train.steps=6", "checkpoint.dir=" .. dir, "checkpoint.every=3", "train.metrics=" .. work .. "/" .. name .. "1.jsonl" }
+  local a2 = { "train.steps=6", "train.resume=" .. dir .. "/step-00000003", "train.metrics=" .. work .. "/" .. name .. "2.jsonl" }
+  for _, a in ipairs(v[2]) do a1[#a1 + 1] = a; a2[#a2 + 1] = a end
+  runs_ok(name .. ": saving run", run(2, a1))
+  runs_ok(name .. ": resumed run", run(2, a2))
+  same(losses(work .. "/" .. name .. "1.jsonl"), losses(work .. "/" .. name .. "2.jsonl"), 4, 6, name .. ": resumed = straight")
+end
+
+-- 7. in this process, one rank
 fsdp.init()
 local recipe = dofile(root .. "/recipes/tiny.lua")
 local function model(over, zero)

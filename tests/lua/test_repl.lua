@@ -73,18 +73,19 @@ has(out, "fsdp.zero = 7; expected 0, 1, 2 or 3", "a bad override is named")
 -- live, 2 ranks
 out, code = sh(fsdprun .. " -n 2 --repl recipes/tiny.lua --break-at 2 train.steps=6 train.log_every=1 train.eval_every=0 " ..
   "data.seq=64 data.micro_batch=4 train.metrics=" .. os.tmpname(), table.concat({
-    "step()", "units()", "g = gather('model.norm.weight')", "#g.data",
+    "step()", "units()", "g = gather('model.norm.weight')", "g:numel()", "gather('lm_head.weight')",
     "a = shard(0, 'lm_head.weight'); b = shard(1, 'lm_head.weight')",
-    "full = gather('lm_head.weight').data",
-    "ok = a.data.begin == 0 and b.data['end'] == #full and a.data['end'] == b.data.begin",
-    "for i = 1, #a.data.values do ok = ok and a.data.values[i] == full[i] end",
-    "for i = 1, #b.data.values do ok = ok and b.data.values[i] == full[b.data.begin + i] end",
+    "full = gather('lm_head.weight')",
+    "ok = a.data.begin == 0 and b.data['end'] == full:numel() and a.data['end'] == b.data.begin",
+    "for i = 1, #a.data.values do ok = ok and a.data.values[i] == full:get(i - 1) end",
+    "for i = 1, #b.data.values do ok = ok and b.data.values[i] == full:get(b.data.begin + i - 1) end",
     "ok", "stats('model.norm.weight')", "error('boom')", "continue(2)", "step()", "" }, "\n"))
 check(code == 0, "the live run ends with status 0 when the prompt is left (" .. tostring(code) .. ")")
 has(out, "step 2/6", "trained to step 2")
 has(out, "fsdp: stopped after step 2", "then prompted")
 has(out, "#  unit", "units() live")
 has(out, "\n128\n", "gather(): 128 values")
+has(out, "tensor(256x128, fp32, cpu) [", "gather() returns the parameter's shape")
 has(out, "\ntrue\n", "the shards of rank 0 and 1 tile the gathered parameter")
 has(out, "model.norm.weight: min", "stats()")
 has(out, "boom", "an error is shown")
