@@ -1,16 +1,17 @@
 -- llama70b.lua: Llama 3 70B (80 layers, hidden 8192, 64 heads / 8 kv heads,
 -- SwiGLU 28672, vocab 128256, rope theta 500000), 70.55B parameters.
--- HSDP: ZeRO-3 inside a node of 8 GPUs (dp_shard = 8), replicated across
--- nodes (dp_outer), bf16 params, fp32 gradient reduction, full activation
--- checkpointing; 4M-token global batches of 8192-token sequences:
---   srun --mpi=pmix -N 16 --ntasks-per-node 8 fsdp recipes/llama70b.lua data.token_file=/data/train.bin
--- Until the CUDA backend trains units (the CUDA issue), running it stops
--- with a message saying so; the planner and the REPL already read it.
+-- ZeRO-3 over every GPU, bf16 params, fp32 gradient reduction, full
+-- activation checkpointing; 4M-token global batches of 8192-token sequences.
+-- On 4 nodes of 8 80 GB GPUs the optimizer state does not fit next to the
+-- rest (85.5 GiB per GPU), so it is offloaded: 60.9 GiB per GPU and 37 GiB
+-- of host memory per rank (`fsdp plan recipes/llama70b.lua --world 32`);
+-- from 8 nodes on, fsdp.offload=false fits (62.9 GiB at 64 GPUs).
+--   srun --mpi=pmix -N 4 --ntasks-per-node 8 fsdp recipes/llama70b.lua data.token_file=/data/train.bin
 return {
   model = { preset = "llama3_70b" },
-  mesh = "dp_outer=-1,dp_shard=8",
+  mesh = "dp_shard=-1",
   fsdp = { zero = 3, units = "default", meta_init = true, prefetch = 1, max_live_units = 2, checkpoint = "full",
-    param_dtype = "bf16", reduce_dtype = "fp32" },
+    param_dtype = "bf16", reduce_dtype = "fp32", offload = true },
   optimizer = { name = "adamw", lr = 1.5e-4, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1, clip = 1.0 },
   schedule = { warmup = 2000, decay = "cosine", min_lr_ratio = 0.1 },
   data = { token_file = "data/train.bin", val_token_file = "data/val.bin", seq = 8192, micro_batch = 1 },

@@ -3,7 +3,8 @@
 # (scripts/build.sh) and carried along:
 #   scripts/gpu_check.sh [BUILD_DIR] [OUT_DIR]
 # test_cuda, test_kernels, test_cuda_train, the demo recipe on the GPU and on
-# CPU ranks (TINY_STEPS, default 400); GPU_CHECK_COLLECTIVES=1 adds the
+# CPU ranks (TINY_STEPS, default 400), the optimizer-step benchmark and the
+# demo with the optimizer offloaded; GPU_CHECK_COLLECTIVES=1 adds the
 # collective benchmarks and the multi-rank CPU tests.
 # Libraries the GPU machine lacks (PMIx, LuaJIT, ...) may sit in .devlibs/;
 # NCCL is taken from the system or from Python's nvidia-nccl package.
@@ -35,6 +36,14 @@ for run in "cuda fp32 1" "cuda bf16 1" "cpu fp32 1"; do
   "$build/fsdprun" -n "$3" --rank0-only --host "$build/fsdp" recipes/tiny.lua train.device="$1" fsdp.param_dtype="$2" \
     train.steps="$steps" train.log_every=50 train.metrics="$out/tiny_$1_$2.jsonl" 2>&1 | tee "$out/tiny_$1_$2.log" || status=1
 done
+
+echo "== the optimizer step: plain loop, CPU threads, CUDA kernel (bench/bench_adamw.c)" | tee "$out/bench_adamw.log"
+if [ -x "$build/bench/bench_adamw" ]; then
+  "$build/bench/bench_adamw" 67108864 5 2>&1 | tee -a "$out/bench_adamw.log" || status=1
+fi
+echo "== the demo recipe on one GPU with the optimizer offloaded (fsdp.offload)"
+"$build/fsdprun" -n 1 --rank0-only --host "$build/fsdp" recipes/tiny.lua train.device=cuda fsdp.offload=true \
+  train.steps="$steps" train.log_every=50 train.metrics="$out/tiny_cuda_offload.jsonl" 2>&1 | tee "$out/tiny_cuda_offload.log" || status=1
 
 if [ "${GPU_CHECK_COLLECTIVES:-0}" = 1 ]; then
 for dt in fp32 bf16; do

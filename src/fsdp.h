@@ -272,6 +272,10 @@ int fsdp_adamw_step(float *param, uint16_t *param_bf16, const float *grad, float
 /* SGD with momentum mu (0: plain SGD), coupled weight decay. */
 int fsdp_sgd_step(float *param, uint16_t *param_bf16, const float *grad, float *momentum, int64_t n, int64_t step,
                   float lr, float mu, float weight_decay, float grad_scale);
+/* CPU threads the optimizer steps (and other elementwise host loops) use:
+ * FSDP_CPU_THREADS, else the machine's cores divided among its ranks. */
+int fsdp_cpu_threads(void);
+int fsdp_cpu_threads_set(int n);
 /* Sum of squares (float64) of the finite elements, and how many were not. */
 int fsdp_sum_squares(const float *x, int64_t n, double *sum, int64_t *nonfinite);
 
@@ -293,7 +297,9 @@ typedef struct fsdp_unit_config {
   int64_t param_align, shard_align; /* elements; see fsdp_layout_create */
   int32_t hfsdp;         /* 1: also shard the fp32 main params and optimizer state over
                             the outer group (HSDP + optimizer sharding); zero >= 1 */
-  int32_t pad;
+  int32_t offload;       /* 1: the fp32 main params, optimizer state and the grads it reads
+                            live in (pinned) host memory and the step runs on CPU threads;
+                            zero >= 1, not with hfsdp */
 } fsdp_unit_config;
 
 /* A unit of parameters sharded over `shard` (and, HSDP, replicated over
@@ -359,6 +365,8 @@ typedef struct fsdp_unit_memory {
   int64_t grads_main;     /* fp32 grads the optimizer reads */
   int64_t scratch;        /* fp32 reduce-scatter staging */
   int64_t shard_numel, total_numel;
+  int64_t offloaded;      /* of the above, bytes in host memory (offload), with the
+                             host staging of the compute shard */
 } fsdp_unit_memory;
 int fsdp_unit_memory_info(const fsdp_unit *u, fsdp_unit_memory *out);
 

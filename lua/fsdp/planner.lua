@@ -114,7 +114,7 @@ function M.plan(r, o)
   for k, v in pairs(r.model) do if k ~= "preset" then mcfg[k] = v end end
   local cfg = llama.config(r.model.preset, mcfg, where .. ": model")
   local model = llama.model(cfg, { checkpoint = f.checkpoint })
-  local ok, a = pcall(shard.assign, model, { units = M.policy(f.units, where), zero = f.zero })
+  local ok, a = pcall(shard.assign, model, { units = M.policy(f.units, where), zero = f.zero, offload = f.offload, hfsdp = f.hfsdp })
   if not ok then error(where .. ": fsdp.units: " .. tostring(a):gsub("^fully_shard: ", ""), 0) end
   local hf = f.hfsdp
   if hf and R == 1 then error(where .. ": fsdp.hfsdp = true needs a dp_outer mesh dimension above 1", 0) end
@@ -135,7 +135,9 @@ function M.plan(r, o)
     checkpoint = f.checkpoint, prefetch = f.prefetch, max_live_units = f.max_live_units, assignment = a,
     mesh = type(o.mesh or r.mesh) == "string" and (o.mesh or r.mesh) or "custom", warnings = warnings }
   local biggest, need_p, need_g = 0, false, false
-  local resident = { params_full = 0, params_shard = 0, main_params = 0, optimizer = 0, grads_full = 0, grads_main = 0, scratch = 0 }
+  local resident = { params_full = 0, params_shard = 0, main_params = 0, optimizer = 0, grads_full = 0, grads_main = 0, scratch = 0,
+    host_stage = 0, offloaded = 0 }
+  local gpu = r.train.device == "cuda"
   for _, u in ipairs(a.units) do
     if hf and u.zero == 0 then error(string.format("%s: unit '%s' has zero 0; hfsdp needs zero >= 1 everywhere", where, u.name), 0) end
     local l = layout_of(u, S, SALIGN * Rh)
@@ -144,10 +146,18 @@ function M.plan(r, o)
     local z = u.zero
     local mem = { -- what src/shard/unit.c allocates for this unit on every rank
       params_full = z <= 2 and Tu * ces or 0, params_shard = z >= 1 and Su * ces or 0, main_params = n_opt * 4,
-      optimizer = 2 * n_opt * 4, grads_full = z <= 1 and Tu * ces or 0, grads_main = n_opt * 4 + (hf and Su * 4 or 0),
-      scratch = Su * 4 }
+      optimizer = 2 * n_opt * 4, grads_full = z <= 1 and Tu * ces or 0,
+      grads_main = n_opt * 4 + ((hf or u.offload) and Su * 4 or 0), scratch = Su * 4,
+      -- offload on a GPU: the compute shard is cast on the host, then copied up
+      host_stage = gpu and u.offload and Su * ces or 0 }
+    -- offload: main params, both optimizer arrays and the grads they read,
+    -- and the staging, are host memory (the rest is on the device)
+    mem.offloaded = u.offload and 4 * n_opt * 4 + mem.host_stage or 0
     local total = 0
-    for k, v in pairs(mem) do resident[k] = resident[k] + v; total = total + v end
+    for k, v in pairs(mem) do
+      resident[k] = resident[k] + v
+      if k ~= "offloaded" then total = total + v end -- a part of the others, not more
+    end
     local params = {}
     for i, q in ipairs(u.params) do
       params[i] = { name = q.name, shape = q.spec.shape or { q.spec.numel }, numel = q.spec.numel,
@@ -168,14 +178,17 @@ function M.plan(r, o)
     grads = need_g and bound * biggest * ces or 0, peak_params = peak.params, peak_grads = peak.grads }
   p.activations = activations(cfg, B, T, f.checkpoint)
   local sum = 0
-  for _, v in pairs(resident) do sum = sum + v end
+  for k, v in pairs(resident) do if k ~= "offloaded" then sum = sum + v end end
   p.resident_total = sum
   p.transient = p.pools.params + p.pools.grads + p.activations
   p.peak = sum + p.transient
+  p.host = resident.offloaded          -- of the peak, what lives in host memory
+  p.device_peak = p.peak - p.host
   -- the trainer's pre-flight summary
   p.need = { params = resident.params_full + resident.params_shard + resident.main_params,
     grads = resident.grads_full + resident.grads_main + resident.scratch, optimizer = resident.optimizer,
-    unit_buffers = p.pools.params + p.pools.grads, activations = p.activations, total = p.peak }
+    unit_buffers = p.pools.params + p.pools.grads, activations = p.activations, total = p.peak,
+    device = p.device_peak, host = p.host }
   -- communication per rank per step: bytes each rank sends in ring
   -- algorithms ((n-1)/n of the buffer for all-gather and reduce-scatter,
   -- twice that for all-reduce), summed over the step's collectives
@@ -242,7 +255,8 @@ function M.table(rows)
     local cells = {}
     for i, c in ipairs(row) do
       local s = tostring(c)
-      local right = k > 1 and i > 1 and s:match("^[%d.%-]")
+      local right = k > 1 and i > 1 and s:match("^%-?[%d.]+%s?%a*$") -- numbers and sizes
+
       cells[i] = right and string.rep(" ", w[i] - #s) .. s or s .. string.rep(" ", w[i] - #s)
     end
     out[#out + 1] = "  " .. table.concat(cells, "  "):gsub("%s+$", "")
@@ -259,11 +273,13 @@ function M.memory_rows(p)
     { "optimizer state", bytes(m.optimizer), "resident" },
     { "grads", bytes(m.grads_full + m.grads_main), "resident" },
     { "reduce scratch", bytes(m.scratch), "resident" },
+    { "host staging (offload)", bytes(m.host_stage), "resident, host" },
     { "unit buffer pools", bytes(p.pools.params + p.pools.grads), string.format("%d + %d buffers of %s; live at once: %d params, %d grads",
       p.pools.params > 0 and p.pools.bound or 0, p.pools.grads > 0 and p.pools.bound or 0, bytes(p.pools.buffer_bytes),
       p.pools.peak_params, p.pools.peak_grads) },
     { "activations", bytes(p.activations), string.format("micro-batch %d x %d, checkpoint %s", p.micro_batch, p.seq, tostring(p.checkpoint)) },
-    { "peak", bytes(p.peak), "" },
+    { "peak", bytes(p.peak), p.host > 0 and string.format("%s on the device, %s in host memory (offload)", bytes(p.device_peak),
+      bytes(p.host)) or "" },
   }
 end
 

@@ -2,7 +2,8 @@
 -- and train it sharded.
 --   local s = fsdp.fully_shard(model, { shard = comm, outer = comm_or_nil,
 --     units = {"Linear"} | function(module, path) -> unit name | nil,
---     zero = 3, max_live_units = 2, prefetch = 1, seed = 1234 })
+--     zero = 3, max_live_units = 2, prefetch = 1, seed = 1234,
+--     offload = false })  -- true: optimizer state in host memory, the step on CPU threads
 --   local loss = s:train_step(micro_batches, {lr = 1e-3, ...})
 -- Parameters of modules the policy leaves out go to a unit named "root".
 -- A policy function may return a second value with per-unit options:
@@ -68,9 +69,8 @@ function M.assign(model, opts)
       if k == "reshard_after_forward" and type(v) ~= "boolean" then
         error(string.format("fully_shard: unit '%s' (module '%s'): reshard_after_forward = %s; expected true or false", uname, path, tostring(v)), 0)
       end
-      if k == "offload" and v ~= false then
-        error(string.format("fully_shard: unit '%s' (module '%s'): offload = %s; CPU offload is not available yet (the CUDA " ..
-          "issue); leave it out or false", uname, path, tostring(v)), 0)
+      if k == "offload" and type(v) ~= "boolean" then
+        error(string.format("fully_shard: unit '%s' (module '%s'): offload = %s; expected true or false", uname, path, tostring(v)), 0)
       end
     end
   end
@@ -93,6 +93,11 @@ function M.assign(model, opts)
       u.opts_from[k] = path
     end
     u.zero = u.opts.zero or zero
+    if u.opts.offload ~= nil then u.offload = u.opts.offload else u.offload = opts.offload or false end
+    if u.offload and (u.zero == 0 or opts.hfsdp) then
+      error(string.format("fully_shard: unit '%s' (module '%s'): offload needs zero >= 1 and no hfsdp (zero %d%s)", uname,
+        path, u.zero, opts.hfsdp and ", hfsdp" or ""), 0)
+    end
     u.prefetch = u.opts.prefetch
     u.reshard_after_forward = u.opts.reshard_after_forward ~= false
     u.modules[#u.modules + 1] = m
@@ -234,7 +239,7 @@ function M.fully_shard(model, opts)
   s.cs = s.device == "cuda" and ops.compute_stream():live("fully_shard") or nil
   if s.hfsdp and not opts.outer then error("fully_shard: hfsdp shards the optimizer over opts.outer, which is missing", 2) end
   if s.prefetch < 0 or s.prefetch % 1 ~= 0 then error("fully_shard: prefetch = " .. tostring(s.prefetch) .. "; expected an integer >= 0", 2) end
-  local ok, a = pcall(M.assign, model, { units = opts.units, zero = zero })
+  local ok, a = pcall(M.assign, model, { units = opts.units, zero = zero, offload = opts.offload, hfsdp = s.hfsdp })
   if not ok then error(a, 2) end
   s.units, s.unit_of, s.order, s.assignment = a.units, a.unit_of, a.order, a
   -- buffers: a pool of full-unit buffers as big as the largest unit's
@@ -270,7 +275,7 @@ function M.fully_shard(model, opts)
   s.gc = ffi.gc(ffi.new("char[1]"), function() M.release(res) end)
   for _, u in ipairs(s.units) do
     local cfg = ffi.new("fsdp_unit_config", { u.zero, tensor.dtype(pdt), tensor.dtype(rdt), C.FSDP_AVG, align, salign,
-      s.hfsdp and 1 or 0 })
+      s.hfsdp and 1 or 0, u.offload and 1 or 0 })
     local n = #u.params
     local names, numels = ffi.new("const char *[?]", n), ffi.new("int64_t[?]", n)
     local rules, nd = ffi.new("fsdp_init_rule[?]", n), ffi.new("uint8_t[?]", n)

@@ -146,16 +146,33 @@ function M.run(r, where, args, break_at)
   end
 
   -- pre-flight: the planned need per rank against what this machine has
+  -- (on GPUs: the device part against the GPU, the offloaded part against
+  -- the host's memory)
   local need = planned()
-  local free, total = ffi.new("int64_t[1]"), ffi.new("int64_t[1]")
-  check(C.fsdp_device_memory_info(device == "cuda" and C.FSDP_CUDA or C.FSDP_CPU, free, total), "memory info")
-  local have = tonumber(free[0]) * r.train.min_free_fraction / ranks_per_device
-  if need.total > have then
-    error(string.format("%s: this recipe needs %.2f GiB per rank (params %.2f, grads %.2f, optimizer %.2f, unit buffers %.2f, " ..
+  local function free_gib(dev, share)
+    local free, total = ffi.new("int64_t[1]"), ffi.new("int64_t[1]")
+    check(C.fsdp_device_memory_info(dev, free, total), "memory info")
+    return tonumber(free[0]) * r.train.min_free_fraction / share
+  end
+  local on_gpu = device == "cuda"
+  local have = free_gib(on_gpu and C.FSDP_CUDA or C.FSDP_CPU, ranks_per_device)
+  local want = on_gpu and need.device or need.total
+  if want > have then
+    error(string.format("%s: this recipe needs %.2f GiB per rank%s (params %.2f, grads %.2f, optimizer %.2f, unit buffers %.2f, " ..
       "activations %.2f), and this %s has %.2f GiB free for each of its %d ranks. Lower data.micro_batch or data.seq, " ..
-      "use fsdp.zero = 3, fsdp.checkpoint = 'full', fsdp.param_dtype = 'bf16', or more ranks.", where, planner.gib(need.total),
+      "use fsdp.zero = 3, fsdp.checkpoint = 'full', fsdp.param_dtype = 'bf16'%s, or more ranks.", where, planner.gib(want),
+      on_gpu and need.host > 0 and string.format(" on the GPU (and %.2f GiB offloaded to host memory)", planner.gib(need.host)) or "",
       planner.gib(need.params), planner.gib(need.grads), planner.gib(need.optimizer), planner.gib(need.unit_buffers),
-      planner.gib(need.activations), device == "cuda" and "GPU" or "machine", planner.gib(have), ranks_per_device), 0)
+      planner.gib(need.activations), on_gpu and "GPU" or "machine", planner.gib(have), ranks_per_device,
+      on_gpu and ", fsdp.offload = true" or ""), 0)
+  end
+  if on_gpu and need.host > 0 then
+    local host = free_gib(C.FSDP_CPU, info.local_size)
+    if need.host > host then
+      error(string.format("%s: fsdp.offload keeps %.2f GiB per rank in host memory, and this machine has %.2f GiB free for " ..
+        "each of its %d ranks. Use more machines, or offload fewer units (a policy's offload option).", where,
+        planner.gib(need.host), planner.gib(host), info.local_size), 0)
+    end
   end
 
   local ds = dataset_of(r, where)
@@ -168,6 +185,7 @@ function M.run(r, where, args, break_at)
   local units = planner.policy(r.fsdp.units, where)
   local sharded = fsdp.fully_shard(model, { shard = shard, outer = outer, units = units, zero = r.fsdp.zero,
     prefetch = r.fsdp.prefetch, max_live_units = r.fsdp.max_live_units, seed = seed, hfsdp = r.fsdp.hfsdp,
+    offload = r.fsdp.offload,
     mixed = { param_dtype = r.fsdp.param_dtype, reduce_dtype = r.fsdp.reduce_dtype } })
 
   -- resume (train.resume), else initial weights from Hugging Face files

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "../base/error.h"
+#include "../base/parallel.h"
 #include "../base/log.h"
 #include "../device/device_impl.h"
 #include "../ops/ops.h"
@@ -83,6 +84,7 @@ int fsdp_init(fsdp_proc_info *info) {
   }
   boot.initialized = 1;
   fsdp_ops_set_threads(boot.info.local_size);
+  fsdp_cpu_threads_share(boot.info.local_size);
   /* One GPU per local rank, the usual mapping; CPU-only hosts skip this. */
   int ndev = fsdp_cuda_available() ? fsdp_cuda_device_count() : 0;
   boot.info.device_count = ndev;

@@ -8,12 +8,34 @@
  *   m <- b1 m + (1 - b1) g          g = grad * grad_scale
  *   v <- b2 v + (1 - b2) g^2
  *   p <- p - lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
- */
+ *
+ * Large shards are split over the CPU threads (base/parallel.c): with the
+ * optimizer offloaded to the host this loop is the step's critical path. */
 #include <math.h>
 
 #include "../base/bf16.h"
 #include "../base/error.h"
+#include "../base/parallel.h"
 #include "adamw_math.h"
+
+/* below this many elements a step stays on the calling thread */
+enum { GRAIN = 1 << 16 };
+
+typedef struct adamw_job {
+  float *param, *m, *v;
+  uint16_t *param_bf16;
+  const float *grad;
+  float grad_scale, b1, b2, lr, eps, decay, c1, c2;
+} adamw_job;
+
+static void adamw_range(void *arg, int64_t lo, int64_t hi) {
+  const adamw_job *j = arg;
+  for (int64_t i = lo; i < hi; i++) {
+    float p = fsdp_adamw_element(j->param + i, j->m + i, j->v + i, j->grad[i] * j->grad_scale, j->b1, j->b2, j->lr,
+                                 j->eps, j->decay, j->c1, j->c2);
+    if (j->param_bf16) j->param_bf16[i] = fsdp_bf16_round(p);
+  }
+}
 
 int fsdp_adamw_step(float *param, uint16_t *param_bf16, const float *grad, float *m, float *v, int64_t n,
                     int64_t step, const fsdp_adamw_config *cfg, float grad_scale) {
@@ -30,12 +52,10 @@ int fsdp_adamw_step(float *param, uint16_t *param_bf16, const float *grad, float
   /* the corrections in double: 1 - 0.999^t loses digits in float for small t */
   const float c1 = (float)(1.0 / (1.0 - pow(cfg->beta1, (double)step)));
   const float c2 = (float)(1.0 / (1.0 - pow(cfg->beta2, (double)step)));
-  const float b1 = cfg->beta1, b2 = cfg->beta2, lr = cfg->lr, eps = cfg->eps;
-  const float decay = 1.0f - cfg->lr * cfg->weight_decay;
-  for (int64_t i = 0; i < n; i++) {
-    float p = fsdp_adamw_element(param + i, m + i, v + i, grad[i] * grad_scale, b1, b2, lr, eps, decay, c1, c2);
-    if (param_bf16) param_bf16[i] = fsdp_bf16_round(p);
-  }
+  adamw_job j = {param, m, v, param_bf16, grad, grad_scale, cfg->beta1, cfg->beta2, cfg->lr, cfg->eps,
+                 1.0f - cfg->lr * cfg->weight_decay, c1, c2};
+  /* elementwise: the same values on any number of threads */
+  fsdp_parallel_for(n, GRAIN, adamw_range, &j);
   return FSDP_OK;
 }
 

@@ -131,6 +131,9 @@ static int check_config(const char *name, const fsdp_unit_config *c) {
     return fsdp_fail(FSDP_EINVAL, "unit '%s': reduce dtype must be fp32 or the compute dtype", name);
   if (c->grad_op != FSDP_AVG && c->grad_op != FSDP_SUM)
     return fsdp_fail(FSDP_EINVAL, "unit '%s': grad_op must be avg or sum", name);
+  if (c->offload && (c->zero == 0 || c->hfsdp))
+    return fsdp_fail(FSDP_EINVAL, "unit '%s': offload needs zero >= 1 and no hfsdp (zero %d%s)", name, c->zero,
+                     c->hfsdp ? ", hfsdp" : "");
   return FSDP_OK;
 }
 
@@ -139,6 +142,21 @@ static int alloc0(int dev, size_t bytes, void **out) {
   if (dev == FSDP_CUDA) return fsdp_memset(*out, 0, bytes, NULL);
   memset(*out, 0, bytes ? bytes : 1);
   return FSDP_OK;
+}
+
+/* the optimizer's buffers: on the unit's device, or offloaded to host
+ * memory (pinned when the unit is on a GPU, so copies run asynchronously) */
+static int alloc_opt(fsdp_unit *u, size_t bytes, void **out) {
+  if (!u->off || u->dev == FSDP_CPU) return alloc0(u->dev, bytes, out);
+  FSDP_CHECK(fsdp_alloc_host_pinned(bytes ? bytes : 1, out));
+  memset(*out, 0, bytes ? bytes : 1);
+  return FSDP_OK;
+}
+
+static void free_opt(fsdp_unit *u, void *p) {
+  if (!p) return;
+  if (u->off && u->dev == FSDP_CUDA) fsdp_free_host_pinned(p);
+  else fsdp_free(u->dev, p);
 }
 
 int fsdp_unit_create(const char *name, int nparams, const char *const *param_names, const int64_t *numels,
@@ -171,6 +189,7 @@ int fsdp_unit_create(const char *name, int nparams, const char *const *param_nam
   u->pslot = u->gslot = -1;
   u->ces = fsdp_dtype_size(cfg->compute_dtype);
   u->hf = cfg->hfsdp != 0;
+  u->off = cfg->offload != 0;
   int R = u->hf ? outer->size : 1;
   /* HFSDP splits each shard R ways: keep shards a multiple of R */
   int rc = fsdp_layout_create(nparams, numels, u->W, cfg->param_align, cfg->shard_align * R, &u->layout);
@@ -189,13 +208,16 @@ int fsdp_unit_create(const char *name, int nparams, const char *const *param_nam
     }
   }
   size_t f = sizeof(float);
-  if (rc == FSDP_OK) rc = alloc0(u->dev, (size_t)u->n_opt * f, (void **)&u->main);
-  if (rc == FSDP_OK) rc = alloc0(u->dev, (size_t)u->n_opt * f, (void **)&u->m);
-  if (rc == FSDP_OK) rc = alloc0(u->dev, (size_t)u->n_opt * f, (void **)&u->v);
-  if (rc == FSDP_OK) rc = alloc0(u->dev, (size_t)u->n_opt * f, (void **)&u->gmain);
+  if (rc == FSDP_OK) rc = alloc_opt(u, (size_t)u->n_opt * f, (void **)&u->main);
+  if (rc == FSDP_OK) rc = alloc_opt(u, (size_t)u->n_opt * f, (void **)&u->m);
+  if (rc == FSDP_OK) rc = alloc_opt(u, (size_t)u->n_opt * f, (void **)&u->v);
+  if (rc == FSDP_OK) rc = alloc_opt(u, (size_t)u->n_opt * f, (void **)&u->gmain);
   if (rc == FSDP_OK) rc = alloc0(u->dev, (size_t)u->S * f, (void **)&u->tmp);
   u->gacc = u->gmain;
-  if (rc == FSDP_OK && u->hf) rc = alloc0(u->dev, (size_t)u->S * f, (void **)&u->gacc);
+  /* the grads accumulate on the device; HFSDP then reduce-scatters them over
+   * the replicas, offload copies them down after the last micro-batch */
+  if (rc == FSDP_OK && (u->hf || u->off)) rc = alloc0(u->dev, (size_t)u->S * f, (void **)&u->gacc);
+  if (rc == FSDP_OK && u->off && u->dev == FSDP_CUDA) rc = alloc_opt(u, (size_t)u->S * u->ces, &u->hstage);
   if (rc == FSDP_OK && cfg->zero >= 1) rc = alloc0(u->dev, (size_t)u->S * u->ces, &u->cshard);
   if (rc == FSDP_OK && cfg->zero <= 2) rc = alloc0(u->dev, (size_t)u->T * u->ces, &u->cfull);
   if (rc == FSDP_OK && cfg->zero <= 1) rc = alloc0(u->dev, (size_t)u->T * u->ces, &u->gfull);
@@ -240,8 +262,10 @@ int fsdp_unit_destroy(fsdp_unit *u) {
   if (u->pslot >= 0) fsdp_pool_release(u->ppool, u->pslot, NULL);
   if (u->gslot >= 0) fsdp_pool_release(u->gpool, u->gslot, NULL);
   if (u->gacc != u->gmain) fsdp_free(u->dev, u->gacc);
-  void *bufs[] = {u->main, u->m, u->v, u->gmain, u->tmp, u->cshard, u->cfull, u->gfull, u->sums};
+  void *bufs[] = {u->tmp, u->cshard, u->cfull, u->gfull, u->sums};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) fsdp_free(u->dev, bufs[i]);
+  void *opt[] = {u->main, u->m, u->v, u->gmain, u->hstage};
+  for (size_t i = 0; i < sizeof opt / sizeof opt[0]; i++) free_opt(u, opt[i]);
   fsdp_event_destroy(u->gathered);
   fsdp_event_destroy(u->ready);
   fsdp_layout_destroy(u->layout);
@@ -363,6 +387,17 @@ int fsdp_unit_reduce(fsdp_unit *u, fsdp_stream *compute, int sync) {
     u->gbuf = NULL;
   }
   FSDP_CHECK(enqueue_stamp(c->stream, &u->times.reduce_end));
+  if (sync && u->off) { /* offload: agree across replicas on the device, then copy down for the host step */
+    fsdp_stream *s = c->stream;
+    if (u->outer) {
+      FSDP_CHECK(fsdp_event_record(u->ready, c->stream));
+      FSDP_CHECK(fsdp_stream_wait_event(u->outer->stream, u->ready));
+      FSDP_CHECK(fsdp_comm_all_reduce(u->outer, u->gacc, u->gacc, (size_t)u->n_opt, FSDP_FP32, u->cfg.grad_op));
+      s = u->outer->stream;
+    }
+    FSDP_CHECK(enqueue_host(s, 1, u->gmain, u->gacc, FSDP_FP32, u->n_opt));
+    return enqueue_host(s, 2, u->gacc, NULL, 0, u->S * (int64_t)sizeof(float)); /* the next step accumulates from 0 */
+  }
   if (sync && u->outer) { /* HSDP: the grad shards agree across replicas */
     FSDP_CHECK(fsdp_event_record(u->ready, c->stream));
     FSDP_CHECK(fsdp_stream_wait_event(u->outer->stream, u->ready));
@@ -390,7 +425,7 @@ int fsdp_unit_grad_sumsq(fsdp_unit *u, double *sum, int64_t *nonfinite) {
    * that the sum over the shard group is the total for every zero level */
   const float *g = u->cfg.zero == 0 ? u->gmain + (int64_t)u->r * u->S : u->gmain;
   int64_t n = u->cfg.zero == 0 ? u->S : u->n_opt;
-  if (u->dev == FSDP_CPU) return fsdp_sum_squares(g, n, sum, nonfinite);
+  if (u->dev == FSDP_CPU || u->off) return fsdp_sum_squares(g, n, sum, nonfinite);
 #ifdef FSDP_HAVE_CUDA
   fsdp_stream *cs = u->shard->stream;
   FSDP_CHECK(fsdp_memset(u->sums, 0, 16, cs));
@@ -405,7 +440,7 @@ int fsdp_unit_grad_sumsq(fsdp_unit *u, double *sum, int64_t *nonfinite) {
 
 static int zero_main_grads(fsdp_unit *u) {
   size_t bytes = (size_t)u->n_opt * sizeof(float);
-  if (u->dev == FSDP_CUDA) return fsdp_memset(u->gmain, 0, bytes, u->shard->stream);
+  if (u->dev == FSDP_CUDA && !u->off) return fsdp_memset(u->gmain, 0, bytes, u->shard->stream);
   memset(u->gmain, 0, bytes);
   return FSDP_OK;
 }
@@ -429,7 +464,7 @@ static int adamw_update(fsdp_unit *u, const step_args *a, int64_t off, int64_t l
   fsdp_adamw_config c = *a->adamw;
   if (u->no_decay[param]) c.weight_decay = 0;
 #ifdef FSDP_HAVE_CUDA
-  if (u->dev == FSDP_CUDA)
+  if (u->dev == FSDP_CUDA && !u->off)
     return fsdp_cuda_adamw_step(u->main + off, NULL, FSDP_FP32, u->gmain + off, u->m + off, u->v + off, len, a->step, &c,
                                 a->grad_scale, u->shard->stream);
 #endif
@@ -440,7 +475,7 @@ static int adamw_update(fsdp_unit *u, const step_args *a, int64_t off, int64_t l
 static int sgd_update(fsdp_unit *u, const step_args *a, int64_t off, int64_t len, int param) {
   float wd = u->no_decay[param] ? 0.0f : a->weight_decay;
 #ifdef FSDP_HAVE_CUDA
-  if (u->dev == FSDP_CUDA)
+  if (u->dev == FSDP_CUDA && !u->off)
     return fsdp_cuda_sgd_step(u->main + off, NULL, FSDP_FP32, u->gmain + off, u->m + off, len, a->step, a->lr,
                               a->momentum, wd, a->grad_scale, u->shard->stream);
 #endif
@@ -464,6 +499,9 @@ int fsdp_unit_publish_params(fsdp_unit *u) {
     if (u->dev == FSDP_CUDA) FSDP_CHECK(fsdp_stream_synchronize(u->shard->stream));
     FSDP_CHECK(fsdp_comm_all_gather(u->outer, u->cshard, u->tmp, (size_t)u->n_opt, u->cfg.compute_dtype));
     FSDP_CHECK(fsdp_comm_synchronize(u->outer));
+  } else if (u->hstage) { /* offload on a GPU: cast on the host, one copy up */
+    FSDP_CHECK(cast_out(u->hstage, u->cfg.compute_dtype, u->main, u->S, NULL));
+    FSDP_CHECK(fsdp_memcpy(u->cshard, u->hstage, (size_t)u->S * u->ces, u->shard->stream));
   } else {
     FSDP_CHECK(cast_out(u->cshard, u->cfg.compute_dtype, u->main, u->S, u->shard->stream));
   }
@@ -521,10 +559,11 @@ int fsdp_unit_memory_info(const fsdp_unit *u, fsdp_unit_memory *out) {
       .main_params = u->n_opt * f,
       .optimizer = 2 * u->n_opt * f,
       .grads_full = u->gfull ? u->T * c : 0,
-      .grads_main = u->n_opt * f + (u->hf ? u->S * f : 0),
+      .grads_main = u->n_opt * f + (u->gacc != u->gmain ? u->S * f : 0),
       .scratch = u->S * f,
       .shard_numel = u->S,
       .total_numel = u->T,
+      .offloaded = u->off ? 4 * u->n_opt * f + (u->hstage ? u->S * c : 0) : 0,
   };
   return FSDP_OK;
 }

@@ -18,7 +18,8 @@ struct fsdp_unit {
   fsdp_comm *shard, *outer;
   fsdp_pool *ppool, *gpool;
   int W, r;
-  int dev;             /* FSDP_CPU or FSDP_CUDA: where every buffer lives */
+  int dev;             /* FSDP_CPU or FSDP_CUDA: where every buffer lives, but: */
+  int off;             /* offload: main, m, v, gmain (and hstage) in host memory */
   void *sums;          /* CUDA: the grad norm's device counters (double, int64) */
   int64_t S, T;
   int64_t n_opt, sub;  /* the optimizer owns [sub, sub + n_opt) of the shard (zero 0: all T) */
@@ -27,6 +28,7 @@ struct fsdp_unit {
   float *main, *m, *v, *gmain, *tmp;
   float *gacc; /* fp32 grad shard over the shard group: gmain, or its own S buffer with HFSDP */
   void *cshard, *cfull, *gfull;
+  void *hstage;        /* offload on CUDA: the compute shard cast on the host, then copied up */
   int pslot, gslot;
   void *pbuf, *gbuf;
   fsdp_event *gathered, *ready;

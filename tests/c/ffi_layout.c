@@ -76,7 +76,7 @@ int main(void) {
   OFF(fsdp_unit_config, param_align);
   OFF(fsdp_unit_config, shard_align);
   OFF(fsdp_unit_config, hfsdp);
-  OFF(fsdp_unit_config, pad);
+  OFF(fsdp_unit_config, offload);
   OFF(fsdp_unit_memory, params_full);
   OFF(fsdp_unit_memory, params_shard);
   OFF(fsdp_unit_memory, main_params);
@@ -86,6 +86,7 @@ int main(void) {
   OFF(fsdp_unit_memory, scratch);
   OFF(fsdp_unit_memory, shard_numel);
   OFF(fsdp_unit_memory, total_numel);
+  OFF(fsdp_unit_memory, offloaded);
   OFF(fsdp_safetensors_entry, name);
   OFF(fsdp_safetensors_entry, dtype);
   OFF(fsdp_safetensors_entry, ndim);

@@ -5,6 +5,7 @@
  * equal the rounded fp32 value exactly. */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "check.h"
 #include "fsdp.h"
@@ -66,7 +67,34 @@ static void test_sgd(void) {
   free(p); free(g); free(buf); free(rp); free(rb);
 }
 
+/* a shard big enough to be split over threads gives exactly the values of
+ * the single-threaded loop (the update is elementwise) */
+static void test_adamw_threads(void) {
+  enum { BIG = 1000003 };
+  fsdp_adamw_config cfg = {1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f};
+  float *p[2], *m[2], *v[2], *g = malloc(BIG * 4);
+  uint16_t *pb[2];
+  for (int k = 0; k < 2; k++) {
+    p[k] = malloc(BIG * 4), m[k] = calloc(BIG, 4), v[k] = calloc(BIG, 4), pb[k] = malloc(BIG * 2);
+    for (int i = 0; i < BIG; i++) p[k][i] = 0.01f * (float)cos(i);
+  }
+  for (int t = 1; t <= 3; t++) {
+    for (int i = 0; i < BIG; i++) g[i] = grad_at(t, i);
+    for (int k = 0; k < 2; k++) {
+      CHECK_OK(fsdp_cpu_threads_set(k == 0 ? 1 : 4));
+      CHECK_OK(fsdp_adamw_step(p[k], pb[k], g, m[k], v[k], BIG, t, &cfg, 0.5f));
+    }
+  }
+  CHECK(fsdp_cpu_threads() == 4);
+  CHECK(!memcmp(p[0], p[1], BIG * 4) && !memcmp(m[0], m[1], BIG * 4) && !memcmp(v[0], v[1], BIG * 4) &&
+        !memcmp(pb[0], pb[1], BIG * 2));
+  CHECK_FAILS(fsdp_cpu_threads_set(0), FSDP_EINVAL, "expected >= 1");
+  for (int k = 0; k < 2; k++) free(p[k]), free(m[k]), free(v[k]), free(pb[k]);
+  free(g);
+}
+
 int main(void) {
+  test_adamw_threads();
   test_adamw(0.0f, 1.0f);
   test_adamw(0.1f, 0.25f);
   test_sgd();

@@ -12,6 +12,8 @@
 --   * each policy in recipes/policies trains the tiny model to the default
 --     grouping's losses (within 1e-5: the grouping and the zero levels
 --     change only the order of fp32 sums);
+--   * the offloaded optimizer (fsdp.offload: host buffers, the step on CPU
+--     threads) trains bit for bit like the optimizer in place on CPU ranks;
 --   * invalid policies fail naming the module path.
 local fsdp = require "fsdp"
 local planner = require "fsdp.planner"
@@ -48,7 +50,8 @@ local function build(r)
   for _, d in ipairs(mesh:dims()) do names[d.name or d[1]] = true end
   local s = fsdp.fully_shard(llama.model(cfg, { checkpoint = r.fsdp.checkpoint }), { shard = mesh:group("dp_shard"),
     outer = names.dp_outer and mesh:group("dp_outer") or nil, units = planner.policy(r.fsdp.units, "tiny.lua"),
-    zero = r.fsdp.zero, prefetch = r.fsdp.prefetch, max_live_units = r.fsdp.max_live_units, hfsdp = r.fsdp.hfsdp })
+    zero = r.fsdp.zero, prefetch = r.fsdp.prefetch, max_live_units = r.fsdp.max_live_units, hfsdp = r.fsdp.hfsdp,
+    offload = r.fsdp.offload })
   return p, s, cfg
 end
 
@@ -63,7 +66,7 @@ local function one_step(s, cfg, r)
   return s:train_step(batches, { lr = 1e-3, loss = function(logits, b, scale) return llama.loss(logits, b.y, scale) end })
 end
 
-local fields = { "params_full", "params_shard", "main_params", "optimizer", "grads_full", "grads_main", "scratch" }
+local fields = { "params_full", "params_shard", "main_params", "optimizer", "grads_full", "grads_main", "scratch", "offloaded" }
 local function compare(label, over)
   local r = tiny(over)
   local p, s, cfg = build(r)
@@ -91,6 +94,7 @@ for zero = 0, 3 do compare("zero " .. zero, { ["fsdp.zero"] = zero }) end
 compare("zero 3, 2 micro-batches, prefetch 2, 3 buffers", { ["fsdp.zero"] = 3, ["train.grad_accum"] = 2, ["fsdp.prefetch"] = 2,
   ["fsdp.max_live_units"] = 3 })
 compare("tied embeddings, zero 3", { ["fsdp.zero"] = 3, ["model.tie_word_embeddings"] = true })
+for zero = 1, 3 do compare("offload, zero " .. zero, { ["fsdp.zero"] = zero, ["fsdp.offload"] = true, ["train.grad_accum"] = 2 }) end
 local mixed = function(m, path)
   if m.kind == "LlamaDecoderLayer" then
     local i = tonumber(path:match("(%d+)$"))
@@ -105,6 +109,7 @@ for _, pol in ipairs({ "two_layers_per_unit", "replicate_embeddings", "zero_by_s
 end
 if W == 4 then
   compare("2x2 HFSDP", { ["mesh"] = "dp_outer=2,dp_shard=2", ["fsdp.hfsdp"] = true })
+  compare("2x2 HSDP, offload", { ["mesh"] = "dp_outer=2,dp_shard=2", ["fsdp.offload"] = true })
 end
 
 -- llama70b at W = 64 against a hand calculation
@@ -112,7 +117,7 @@ do
   local r = dofile(root .. "/recipes/llama70b.lua")
   local p = planner.plan(r, { world = 64, where = "llama70b.lua" })
   check(math.abs(p.n_params / 70.55e9 - 1) < 1e-3, string.format("70B: %.4gB parameters", p.n_params / 1e9))
-  local S = 8 -- the recipe's dp_shard
+  local S = 64 -- the recipe shards over every rank
   local function up(x, m) return math.ceil(x / m) * m end
   local h, I, L, V = 8192, 28672, 80, 128256
   local kv = 8 * 128
@@ -123,9 +128,10 @@ do
   local opt = 0
   for _, n in ipairs(units) do opt = opt + 2 * 4 * up(n, S * 32) / S end
   check(p.resident.optimizer == opt, string.format("70B optimizer bytes per rank: planned %.0f, by hand %.0f", p.resident.optimizer, opt))
-  check(math.abs(p.resident.optimizer / (8 * 70.55e9 / S) - 1) < 1e-3, "70B optimizer bytes ~ 8 x 70.55B / 8")
-  local p64 = planner.plan(r, { world = 64, mesh = "dp_shard=-1", where = "llama70b.lua" })
-  check(math.abs(p64.resident.optimizer / (8 * 70.55e9 / 64) - 1) < 1e-3, "sharded 64 ways: ~ 8 x 70.55B / 64")
+  check(math.abs(p.resident.optimizer / (8 * 70.55e9 / S) - 1) < 1e-3, "70B optimizer bytes ~ 8 x 70.55B / 64")
+  check(p.host == 16 * (p.resident.optimizer / 8) + p.resident.host_stage, "offloaded: 16 bytes per owned parameter + staging")
+  local hsdp = planner.plan(r, { world = 64, mesh = "dp_outer=8,dp_shard=8", where = "llama70b.lua" })
+  check(math.abs(hsdp.resident.optimizer / (8 * 70.55e9 / 8) - 1) < 1e-3, "HSDP 8 x 8: ~ 8 x 70.55B / 8")
   local t0 = C.fsdp_time_now()
   for _, w in ipairs({ 8, 16, 128, 512, 1024 }) do planner.plan(r, { world = w, where = "llama70b.lua" }) end
   check(C.fsdp_time_now() - t0 < 10, "planning 70B at 8-1024 ranks takes seconds")
@@ -146,6 +152,8 @@ do
     "unit 'model.layers.0' (module 'model.layers.0'): zero = 5", "a bad zero level")
   bad(function(m, path) if path == "lm_head" then return 42 end end, "returned a number for module 'lm_head'", "not a name")
   bad("recipes/policies/nope.lua", "no such policy file", "a missing policy file")
+  bad(function(m, path) if path == "model.embed_tokens" then return "embed", { zero = 0, offload = true } end end,
+    "unit 'embed' (module 'model.embed_tokens'): offload needs zero >= 1", "offload at zero 0")
 end
 
 -- each example policy trains like the default grouping
@@ -159,6 +167,22 @@ do
     return train.run(r, "tiny.lua", args).losses
   end
   local ref = losses(nil)
+  -- the offloaded optimizer (host buffers, the step on CPU threads) is the
+  -- same arithmetic: on CPU ranks the same losses bit for bit
+  local function losses_with(extra)
+    local r = dofile(root .. "/recipes/tiny.lua")
+    r.train.metrics = nil
+    local args = { "train.steps=4", "data.seq=64", "data.micro_batch=4", "train.eval_every=0", "train.log_every=1000",
+      "schedule.warmup=2", "train.grad_accum=2" }
+    for _, a in ipairs(extra) do args[#args + 1] = a end
+    return train.run(r, "tiny.lua", args).losses
+  end
+  for z = 1, 3 do
+    local a, b = losses_with({ "fsdp.zero=" .. z }), losses_with({ "fsdp.zero=" .. z, "fsdp.offload=true" })
+    local same = true
+    for s = 1, 4 do same = same and a[s] == b[s] end
+    check(same, string.format("zero %d: offload trains bit for bit like the optimizer in place", z))
+  end
   for _, pol in ipairs({ "two_layers_per_unit", "replicate_embeddings", "zero_by_size", "param_budget" }) do
     local l = losses("recipes/policies/" .. pol .. ".lua")
     local worst = 0
