@@ -123,6 +123,22 @@ local read_text = M.read_text
 
 -- ---- save ----
 
+-- n floats of host memory for a save's staging copy: pinned when the model
+-- is on a GPU (the device-to-host copies then run at full speed), else a
+-- plain engine tensor; :ptr() and :free() either way
+local function staging_buffer(s, n)
+  if s.device ~= "cuda" then return tensor.new(math.max(n, 1)) end
+  local p = ffi.new("void *[1]")
+  check(C.fsdp_alloc_host_pinned(math.max(n, 1) * 4, p), "checkpoint: pinned staging")
+  local b = { raw = ffi.gc(p[0], C.fsdp_free_host_pinned) }
+  function b:ptr() return ffi.cast("float *", self.raw) end
+  function b:free()
+    if self.raw ~= nil then C.fsdp_free_host_pinned(ffi.gc(self.raw, nil)) end
+    self.raw = nil
+  end
+  return b
+end
+
 -- FSDP_TEST_CKPT_KILL = "RANK:STEP:BYTES": the tests' way to kill a rank
 -- part-way through writing the checkpoint of STEP
 local function fault_hook(rank, step)
@@ -249,7 +265,7 @@ function M.save(s, dir, o)
       end
     end
   end
-  local staging = tensor.new(math.max(total, 1))
+  local staging = staging_buffer(s, total)
   local base_ptr = staging:ptr()
   local bufs, bytes = ffi.new("const void *[?]", math.max(#segs, 1)), ffi.new("int64_t[?]", math.max(#segs, 1))
   for i, g in ipairs(segs) do

@@ -3,7 +3,8 @@
 -- Trains the tiny recipe through fsdprun (several world sizes), compares
 -- per-step losses from the metrics files (written with 17 digits):
 --   * 20 straight steps vs 10 + save + resume + 10: bit for bit (4 ranks, zero 3)
---   * 4 ranks zero 3 resumed on 3 ranks zero 1, and 2x2 HSDP (optimizer
+--   * 4 ranks zero 3 resumed on 3 ranks zero 1 grouping two layers per
+--     unit, and 2x2 HSDP (optimizer
 --     sharded over replicas) resumed on 1 rank: within RESHARD_TOL
 --   * a rank killed while writing a checkpoint: the previous one loads, and
 --     the resumed run repeats the killed run's losses bit for bit
@@ -111,10 +112,12 @@ runs_ok("resumed run", ok, out)
 check(out:find("resumed from " .. ckA .. "/step-00000010", 1, true) ~= nil, "resume = auto picks step 10")
 same(A, losses(work .. "/C.jsonl"), 11, 20, "10 + save + load + 10 = 20 straight")
 
--- 3. resharded: 4 ranks zero 3 -> 3 ranks zero 1 (same global batch)
-runs_ok("3-rank zero-1 resume", run(3, { "fsdp.zero=1", "train.resume=" .. ckA .. "/step-00000010", "checkpoint.dir=" .. ckD,
+-- 3. resharded: 4 ranks zero 3 -> 3 ranks zero 1 with two layers per unit
+-- (same global batch)
+runs_ok("3-rank zero-1 resume", run(3, { "fsdp.zero=1", "fsdp.units=recipes/policies/two_layers_per_unit.lua",
+  "train.resume=" .. ckA .. "/step-00000010", "checkpoint.dir=" .. ckD,
   "checkpoint.export_hf=" .. hfD, "train.metrics=" .. work .. "/D.jsonl" }))
-close(A, losses(work .. "/D.jsonl"), 11, 20, RESHARD_TOL, "4 ranks zero 3 -> 3 ranks zero 1")
+close(A, losses(work .. "/D.jsonl"), 11, 20, RESHARD_TOL, "4 ranks zero 3 -> 3 ranks zero 1, 2 layers per unit")
 
 -- 4. 2x2 HSDP with the optimizer sharded over replicas -> 1 rank zero 2
 runs_ok("HSDP run", run(4, { "mesh=dp_outer=2,dp_shard=2", "fsdp.zero=3", "fsdp.hfsdp=true", "checkpoint.dir=" .. ckE,
