@@ -7,7 +7,7 @@ set -euo pipefail
 
 need=()
 have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
-for p in build-essential cmake ninja-build pkg-config libluajit-5.1-dev luajit libpmix-dev libreadline-dev libopenblas-dev libcjson-dev clang python3 gnuplot-nox; do
+for p in build-essential cmake ninja-build pkg-config libluajit-5.1-dev luajit libpmix-dev libreadline-dev libopenblas-dev libcjson-dev clang libclang-rt-dev python3 gnuplot-nox; do
   have_pkg "$p" || need+=("$p")
 done
 
