@@ -3,8 +3,9 @@
 # (scripts/build.sh) and carried along:
 #   scripts/gpu_check.sh [BUILD_DIR] [OUT_DIR]
 # test_cuda, test_kernels, test_cuda_train, the demo recipe on the GPU and on
-# CPU ranks (TINY_STEPS, default 400), the optimizer-step benchmark and the
-# demo with the optimizer offloaded; GPU_CHECK_COLLECTIVES=1 adds the
+# CPU ranks (TINY_STEPS, default 400), the optimizer-step and per-kernel
+# benchmarks (copy build/bench/bench_{adamw,kernels} along), the demo with
+# the optimizer offloaded; GPU_CHECK_COLLECTIVES=1 adds the
 # collective benchmarks and the multi-rank CPU tests.
 # Libraries the GPU machine lacks (PMIx, LuaJIT, ...) may sit in .devlibs/;
 # NCCL is taken from the system or from Python's nvidia-nccl package.
@@ -40,6 +41,10 @@ done
 echo "== the optimizer step: plain loop, CPU threads, CUDA kernel (bench/bench_adamw.c)" | tee "$out/bench_adamw.log"
 if [ -x "$build/bench/bench_adamw" ]; then
   "$build/bench/bench_adamw" 67108864 5 2>&1 | tee -a "$out/bench_adamw.log" || status=1
+fi
+echo "== each CUDA kernel vs the GPU's GEMM and copy ceilings (bench/bench_kernels.c)" | tee "$out/bench_kernels.log"
+if [ -x "$build/bench/bench_kernels" ]; then
+  "$build/bench/bench_kernels" 4096 10 2>&1 | tee -a "$out/bench_kernels.log" || status=1
 fi
 echo "== the demo recipe on one GPU with the optimizer offloaded (fsdp.offload)"
 "$build/fsdprun" -n 1 --rank0-only --host "$build/fsdp" recipes/tiny.lua train.device=cuda fsdp.offload=true \
