@@ -331,6 +331,12 @@ int fsdp_unit_synchronize(fsdp_unit *u);
 /* This rank's part of the squared grad norm (sum over the shard group gives
  * the unit's total) and its non-finite count. Call after synchronize. */
 int fsdp_unit_grad_sumsq(fsdp_unit *u, double *sum, int64_t *nonfinite);
+/* The same in two halves, so that the sum is computed while other units
+ * still run their backward: start right after the unit's last reduce
+ * (queued behind it on the comm stream: no host wait), get after the
+ * backward (waits for the unit's streams; one small copy on a GPU). */
+int fsdp_unit_grad_norm_start(fsdp_unit *u);
+int fsdp_unit_grad_norm_get(fsdp_unit *u, double *sum, int64_t *nonfinite);
 /* AdamW on the owned fp32 main params, write back to the compute params
  * (zero 3: the shard; zero 1/2: all-gathered into the full params), zero
  * the grads. */

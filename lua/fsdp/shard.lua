@@ -449,6 +449,9 @@ function Ctx:leave(m, phase)
     if u.zero == 3 then reshard(u, self.s) end
     self.cur = nil
     check(C.fsdp_unit_reduce(u.handle, self.s.cs, self.sync and 1 or 0), "unit '" .. u.name .. "' reduce")
+    -- the last micro-batch: its share of the grad norm, queued behind the
+    -- reduction, computed while the other units run their backward
+    if self.sync then check(C.fsdp_unit_grad_norm_start(u.handle), "unit '" .. u.name .. "' grad norm") end
     u.reduce_trace = trace(self.s, "reduce", u)
   end
 end
@@ -505,7 +508,7 @@ function Sharded:train_step(batches, opt)
     comm_times(u, u.reduce_trace, "reduce")
     u.reduce_trace = nil
     local sq, bad = ffi.new("double[1]"), ffi.new("int64_t[1]")
-    check(C.fsdp_unit_grad_sumsq(u.handle, sq, bad), "grad norm")
+    check(C.fsdp_unit_grad_norm_get(u.handle, sq, bad), "grad norm")
     sums:set(i - 1, sq[0])
     sums:set(nu + i - 1, tonumber(bad[0]))
   end

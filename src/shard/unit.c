@@ -420,22 +420,78 @@ int fsdp_unit_synchronize(fsdp_unit *u) {
 
 /* ---- optimizer ---- */
 
-int fsdp_unit_grad_sumsq(fsdp_unit *u, double *sum, int64_t *nonfinite) {
-  /* zero 0 holds full grads everywhere: count this rank's slice only, so
-   * that the sum over the shard group is the total for every zero level */
-  const float *g = u->cfg.zero == 0 ? u->gmain + (int64_t)u->r * u->S : u->gmain;
-  int64_t n = u->cfg.zero == 0 ? u->S : u->n_opt;
-  if (u->dev == FSDP_CPU || u->off) return fsdp_sum_squares(g, n, sum, nonfinite);
+/* the grads the optimizer reads, this rank's part of the norm: zero 0 holds
+ * full grads everywhere, so only this rank's slice counts, and the sum over
+ * the shard group is the total for every zero level */
+static void norm_range(const fsdp_unit *u, const float **g, int64_t *n) {
+  *g = u->cfg.zero == 0 ? u->gmain + (int64_t)u->r * u->S : u->gmain;
+  *n = u->cfg.zero == 0 ? u->S : u->n_opt;
+}
+
+static int host_norm(void *arg) {
+  fsdp_unit *u = arg;
+  const float *g;
+  int64_t n;
+  norm_range(u, &g, &n);
+  u->hstatus = fsdp_sum_squares(g, n, &u->hsum, &u->hbad);
+  return u->hstatus;
+}
+
+/* the stream that writes the optimizer's grads last: the outer group's
+ * when replicas reduce, else the shard group's */
+static fsdp_stream *last_stream(const fsdp_unit *u) { return u->outer ? u->outer->stream : u->shard->stream; }
+
+int fsdp_unit_grad_norm_start(fsdp_unit *u) {
+  if (!u) return fsdp_fail(FSDP_EINVAL, "unit_grad_norm_start: NULL unit");
+  fsdp_stream *s = last_stream(u);
+  if (u->dev == FSDP_CPU) { /* a task behind the reduction on the comm worker */
+    u->hstatus = FSDP_OK;
+    FSDP_CHECK(fsdp_cpu_stream_enqueue(s, host_norm, u, NULL));
+    u->norm_pending = 1;
+    return FSDP_OK;
+  }
+  if (u->off) return FSDP_OK; /* the grads reach the host at the synchronize: summed there */
 #ifdef FSDP_HAVE_CUDA
-  fsdp_stream *cs = u->shard->stream;
-  FSDP_CHECK(fsdp_memset(u->sums, 0, 16, cs));
-  FSDP_CHECK(fsdp_cuda_sum_squares(g, n, (double *)u->sums, (int64_t *)u->sums + 1, cs));
-  FSDP_CHECK(fsdp_stream_synchronize(cs));
-  FSDP_CHECK(fsdp_memcpy(sum, u->sums, sizeof(double), NULL));
-  return fsdp_memcpy(nonfinite, (char *)u->sums + 8, sizeof(int64_t), NULL);
+  const float *g;
+  int64_t n;
+  norm_range(u, &g, &n);
+  FSDP_CHECK(fsdp_memset(u->sums, 0, 16, s));
+  FSDP_CHECK(fsdp_cuda_sum_squares(g, n, (double *)u->sums, (int64_t *)u->sums + 1, s));
+  u->norm_pending = 1;
+  return FSDP_OK;
 #else
   return fsdp_fail(FSDP_EUNSUPPORTED, "unit '%s': built without CUDA", u->name);
 #endif
+}
+
+int fsdp_unit_grad_norm_get(fsdp_unit *u, double *sum, int64_t *nonfinite) {
+  if (!u || !sum || !nonfinite) return fsdp_fail(FSDP_EINVAL, "unit_grad_norm_get: NULL argument");
+  FSDP_CHECK(fsdp_unit_synchronize(u));
+  int pending = u->norm_pending;
+  u->norm_pending = 0;
+  if (u->dev == FSDP_CPU && pending) {
+    *sum = u->hsum;
+    *nonfinite = u->hbad;
+    return u->hstatus;
+  }
+  if (u->dev == FSDP_CPU || u->off) {
+    const float *g;
+    int64_t n;
+    norm_range(u, &g, &n);
+    return fsdp_sum_squares(g, n, sum, nonfinite);
+  }
+  if (!pending) FSDP_CHECK(fsdp_unit_grad_norm_start(u));
+  u->norm_pending = 0;
+  /* the kernel ran on a comm stream, which the default stream does not wait for */
+  FSDP_CHECK(fsdp_stream_synchronize(last_stream(u)));
+  FSDP_CHECK(fsdp_memcpy(sum, u->sums, sizeof(double), NULL));
+  return fsdp_memcpy(nonfinite, (char *)u->sums + 8, sizeof(int64_t), NULL);
+}
+
+int fsdp_unit_grad_sumsq(fsdp_unit *u, double *sum, int64_t *nonfinite) {
+  FSDP_CHECK(fsdp_unit_synchronize(u));
+  u->norm_pending = 0;
+  return fsdp_unit_grad_norm_get(u, sum, nonfinite);
 }
 
 static int zero_main_grads(fsdp_unit *u) {

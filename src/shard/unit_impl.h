@@ -21,6 +21,10 @@ struct fsdp_unit {
   int dev;             /* FSDP_CPU or FSDP_CUDA: where every buffer lives, but: */
   int off;             /* offload: main, m, v, gmain (and hstage) in host memory */
   void *sums;          /* CUDA: the grad norm's device counters (double, int64) */
+  int norm_pending;    /* grad_norm_start queued the sum of squares behind the reduction */
+  double hsum;         /* CPU ranks: its result, written on the comm stream */
+  int64_t hbad;
+  int hstatus;
   int64_t S, T;
   int64_t n_opt, sub;  /* the optimizer owns [sub, sub + n_opt) of the shard (zero 0: all T) */
   int hf;              /* HFSDP: the optimizer's range is 1/R of the shard */

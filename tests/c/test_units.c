@@ -153,6 +153,7 @@ static void run(fsdp_comm *shard, fsdp_comm *outer, int zero, int K, int hfsdp, 
           CHECK_FAILS(fsdp_unit_param_view(units[u], 9, FSDP_VIEW_GRAD, 1, wrong, &v), FSDP_EINVAL, "does not exist");
         }
         CHECK_OK(fsdp_unit_reduce(units[u], NULL, k == K - 1));
+        if (k == K - 1 && u % 2 == 0) CHECK_OK(fsdp_unit_grad_norm_start(units[u])); /* queued behind the reduce */
       }
     }
     float sums[NU];
@@ -160,7 +161,15 @@ static void run(fsdp_comm *shard, fsdp_comm *outer, int zero, int K, int hfsdp, 
       double s;
       int64_t nonfinite;
       CHECK_OK(fsdp_unit_synchronize(units[u]));
-      CHECK_OK(fsdp_unit_grad_sumsq(units[u], &s, &nonfinite));
+      if (u % 2 == 0) { /* started early on the comm stream: the same sum as computed now */
+        double early;
+        int64_t bad_early;
+        CHECK_OK(fsdp_unit_grad_norm_get(units[u], &early, &bad_early));
+        CHECK_OK(fsdp_unit_grad_sumsq(units[u], &s, &nonfinite));
+        CHECK(early == s && bad_early == nonfinite);
+      } else {
+        CHECK_OK(fsdp_unit_grad_sumsq(units[u], &s, &nonfinite));
+      }
       CHECK(nonfinite == 0);
       sums[u] = (float)s;
     }
