@@ -36,7 +36,10 @@ static const char *usage_text =
     "  FSDP_LIB       path of libfsdp.so (default: the one this binary was built with)\n"
     "  FSDP_HEADER    path of fsdp.h, read for the FFI declarations\n"
     "  FSDP_LOG       error | warn | info | debug\n"
-    "  FSDP_COMM_TIMEOUT  seconds a collective waits for its peers (default 300)\n";
+    "  FSDP_COMM_TIMEOUT  seconds a collective waits for its peers (default 300)\n"
+    "  FSDP_TRACEBACK=1   a Lua stack trace with every error (by default only for errors\n"
+    "                     that carry a source position: internal faults)\n"
+    "  FSDP_CPU_THREADS   threads for the optimizer step on the host (default: cores / ranks)\n";
 
 static void set_default_env(const char *name, const char *value) {
   if (!getenv(name)) setenv(name, value, 1);
@@ -53,10 +56,26 @@ static void setup_paths(lua_State *L) {
   lua_pop(L, 2);
 }
 
+/* "file:LINE: ..." is where Lua raised the error: a bug's report wants the
+ * stack. A message without a position (error(msg, 0): a recipe field, a bad
+ * option, a corrupted file) is the whole story for the user; FSDP_TRACEBACK=1
+ * shows the stack for those too. */
+static int has_position(const char *msg) {
+  const char *c = strchr(msg, ':');
+  if (!c || c == msg || memchr(msg, '\n', (size_t)(c - msg))) return 0;
+  const char *d = c + 1;
+  while (*d >= '0' && *d <= '9') d++;
+  return d > c + 1 && *d == ':';
+}
+
 static int traceback(lua_State *L) {
   const char *msg = lua_tostring(L, 1);
   if (!msg) msg = "(error object is not a string)";
-  luaL_traceback(L, L, msg, 1);
+  const char *always = getenv("FSDP_TRACEBACK");
+  if (has_position(msg) || (always && !strcmp(always, "1")))
+    luaL_traceback(L, L, msg, 1);
+  else
+    lua_pushstring(L, msg);
   return 1;
 }
 
