@@ -3,9 +3,10 @@
 -- ZeRO-3 over every GPU, bf16 params, fp32 gradient reduction, full
 -- activation checkpointing; 4M-token global batches of 8192-token sequences.
 -- On 4 nodes of 8 80 GB GPUs the optimizer state does not fit next to the
--- rest (85.5 GiB per GPU), so it is offloaded: 60.9 GiB per GPU and 37 GiB
--- of host memory per rank (`fsdp plan recipes/llama70b.lua --world 32`);
--- from 8 nodes on, fsdp.offload=false fits (62.9 GiB at 64 GPUs).
+-- rest (77.4 GiB per GPU, over the 90% of free memory the pre-flight check
+-- allows), so it is offloaded: 52.8 GiB per GPU and 37 GiB of host memory
+-- per rank (`fsdp plan recipes/llama70b.lua --world 32`); from 8 nodes on,
+-- fsdp.offload=false fits (58.9 GiB at 64 GPUs).
 --   srun --mpi=pmix -N 4 --ntasks-per-node 8 fsdp recipes/llama70b.lua data.token_file=/data/train.bin
 return {
   model = { preset = "llama3_70b" },

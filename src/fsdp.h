@@ -222,6 +222,8 @@ int fsdp_comm_synchronize(fsdp_comm *c);
 /* Seconds a collective may wait for its peers before failing (default 300,
  * or FSDP_COMM_TIMEOUT in the environment). */
 int fsdp_comm_set_timeout(fsdp_comm *c, double seconds);
+/* Bytes of the fp32 staging the FSDP units on this comm share (0: none). */
+int64_t fsdp_comm_scratch_bytes(const fsdp_comm *c);
 
 /* ---- layout: parameters in a unit's flat buffer, and their owners ------ */
 typedef struct fsdp_layout fsdp_layout;
@@ -369,7 +371,8 @@ typedef struct fsdp_unit_memory {
   int64_t optimizer;      /* AdamW m and v */
   int64_t grads_full;     /* compute-dtype full grads (zero 0-1) */
   int64_t grads_main;     /* fp32 grads the optimizer reads */
-  int64_t scratch;        /* fp32 reduce-scatter staging */
+  int64_t scratch;        /* 0: the fp32 reduce-scatter staging is shared by the
+                             units of a shard group (fsdp_comm_scratch_bytes) */
   int64_t shard_numel, total_numel;
   int64_t offloaded;      /* of the above, bytes in host memory (offload), with the
                              host staging of the compute shard */

@@ -134,7 +134,7 @@ function M.plan(r, o)
     cfg = cfg, n_params = llama.num_params(cfg), units = {}, micro_batch = B, seq = T, grad_accum = K,
     checkpoint = f.checkpoint, prefetch = f.prefetch, max_live_units = f.max_live_units, assignment = a,
     mesh = type(o.mesh or r.mesh) == "string" and (o.mesh or r.mesh) or "custom", warnings = warnings }
-  local biggest, need_p, need_g = 0, false, false
+  local biggest, need_p, need_g, max_shard = 0, false, false, 0
   local resident = { params_full = 0, params_shard = 0, main_params = 0, optimizer = 0, grads_full = 0, grads_main = 0, scratch = 0,
     host_stage = 0, offloaded = 0 }
   local gpu = r.train.device == "cuda"
@@ -147,7 +147,7 @@ function M.plan(r, o)
     local mem = { -- what src/shard/unit.c allocates for this unit on every rank
       params_full = z <= 2 and Tu * ces or 0, params_shard = z >= 1 and Su * ces or 0, main_params = n_opt * 4,
       optimizer = 2 * n_opt * 4, grads_full = z <= 1 and Tu * ces or 0,
-      grads_main = n_opt * 4 + ((hf or u.offload) and Su * 4 or 0), scratch = Su * 4,
+      grads_main = n_opt * 4 + ((hf or u.offload) and Su * 4 or 0), scratch = 0, -- shared: below
       -- offload on a GPU: the compute shard is cast on the host, then copied up
       host_stage = gpu and u.offload and Su * ces or 0 }
     -- offload: main params, both optimizer arrays and the grads they read,
@@ -167,9 +167,13 @@ function M.plan(r, o)
       numel = tonumber(C.fsdp_layout_numel_used(l)), n_opt = n_opt, mem = mem, bytes = total, params = params,
       prefetch = u.prefetch or f.prefetch, reshard_after_forward = u.reshard_after_forward }
     biggest = math.max(biggest, Tu)
+    max_shard = math.max(max_shard, Su)
     need_p = need_p or z == 3
     need_g = need_g or z >= 2
   end
+  -- one fp32 staging shard per rank, shared by the units (their reductions
+  -- run one after another on the shard group's stream)
+  resident.scratch = max_shard * 4
   p.resident = resident
   local bound = shard.pool_bound(a, f.max_live_units)
   local peak, why = shard.simulate(a, f.prefetch, bound)
@@ -272,7 +276,7 @@ function M.memory_rows(p)
     { "main params (fp32)", bytes(m.main_params), "resident" },
     { "optimizer state", bytes(m.optimizer), "resident" },
     { "grads", bytes(m.grads_full + m.grads_main), "resident" },
-    { "reduce scratch", bytes(m.scratch), "resident" },
+    { "reduce scratch", bytes(m.scratch), "resident, one shard shared by the units" },
     { "host staging (offload)", bytes(m.host_stage), "resident, host" },
     { "unit buffer pools", bytes(p.pools.params + p.pools.grads), string.format("%d + %d buffers of %s; live at once: %d params, %d grads",
       p.pools.params > 0 and p.pools.bound or 0, p.pools.grads > 0 and p.pools.bound or 0, bytes(p.pools.buffer_bytes),

@@ -33,8 +33,38 @@ int fsdp_comm_init_common(fsdp_comm *c, const comm_group_spec *spec, int device,
   return FSDP_OK;
 }
 
+int fsdp_comm_scratch_reserve(fsdp_comm *c, size_t bytes) {
+  if (!c) return fsdp_fail(FSDP_EINVAL, "comm_scratch_reserve: NULL comm");
+  /* the new user writes it at once (meta init): nothing queued may still use it */
+  FSDP_CHECK(fsdp_stream_synchronize(c->stream));
+  if (c->scratch_bytes < bytes) {
+    void *p = NULL;
+    FSDP_CHECK(fsdp_alloc(c->device, bytes, &p));
+    if (c->scratch) fsdp_free(c->device, c->scratch);
+    c->scratch = p;
+    c->scratch_bytes = bytes;
+  }
+  c->scratch_users++;
+  return FSDP_OK;
+}
+
+void fsdp_comm_scratch_release(fsdp_comm *c) {
+  if (!c || c->scratch_users <= 0 || --c->scratch_users > 0) return;
+  fsdp_stream_synchronize(c->stream);
+  fsdp_free(c->device, c->scratch);
+  c->scratch = NULL;
+  c->scratch_bytes = 0;
+}
+
+int64_t fsdp_comm_scratch_bytes(const fsdp_comm *c) { return c ? (int64_t)c->scratch_bytes : 0; }
+
 void fsdp_comm_free(fsdp_comm *c) {
   if (!c) return;
+  if (c->scratch) { /* units left alive past their comm: do not leak the scratch */
+    fsdp_stream_synchronize(c->stream);
+    fsdp_free(c->device, c->scratch);
+    c->scratch = NULL;
+  }
   if (c->ops && c->ops->destroy) c->ops->destroy(c);
   free(c->members);
   free(c);

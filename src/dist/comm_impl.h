@@ -30,7 +30,18 @@ struct fsdp_comm {
   double timeout_s;
   fsdp_stream *stream;
   void *impl;
+  /* staging shared by the units on this comm (their reduce-scatters run one
+   * after another on its stream): as big as the largest unit needs */
+  void *scratch;
+  size_t scratch_bytes;
+  int scratch_users;
 };
+
+/* A unit takes the comm's scratch, grown to at least bytes (waits for the
+ * stream before replacing a smaller one), and gives it back when destroyed;
+ * the last user frees it. */
+int fsdp_comm_scratch_reserve(fsdp_comm *c, size_t bytes);
+void fsdp_comm_scratch_release(fsdp_comm *c);
 
 /* Group construction. Collective over the whole world: every rank calls it
  * at the same time (each with its own group's members); the transport's

@@ -26,6 +26,9 @@
 #include "../dist/comm_impl.h"
 #include "pool.h"
 #include "unit_impl.h"
+
+/* the shared scratch of the unit's shard group, at least S fp32 elements */
+#define TMP(u) ((float *)(u)->shard->scratch)
 #ifdef FSDP_HAVE_CUDA
 #include "../../kernels/kernels.h"
 #endif
@@ -212,7 +215,9 @@ int fsdp_unit_create(const char *name, int nparams, const char *const *param_nam
   if (rc == FSDP_OK) rc = alloc_opt(u, (size_t)u->n_opt * f, (void **)&u->m);
   if (rc == FSDP_OK) rc = alloc_opt(u, (size_t)u->n_opt * f, (void **)&u->v);
   if (rc == FSDP_OK) rc = alloc_opt(u, (size_t)u->n_opt * f, (void **)&u->gmain);
-  if (rc == FSDP_OK) rc = alloc0(u->dev, (size_t)u->S * f, (void **)&u->tmp);
+  /* tmp: the shard group's shared scratch (reduce-scatter staging, casts) */
+  if (rc == FSDP_OK) rc = fsdp_comm_scratch_reserve(shard, (size_t)(u->S ? u->S : 1) * f);
+  if (rc == FSDP_OK) u->has_scratch = 1;
   u->gacc = u->gmain;
   /* the grads accumulate on the device; HFSDP then reduce-scatters them over
    * the replicas, offload copies them down after the last micro-batch */
@@ -235,12 +240,12 @@ int fsdp_unit_create(const char *name, int nparams, const char *const *param_nam
   if (rc == FSDP_OK && cfg->zero >= 1) rc = fsdp_layout_init_shard(u->layout, u->r, param_names, rules, seed, init, FSDP_FP32);
   /* the optimizer keeps its range of the shard; tmp holds the whole shard */
   if (rc == FSDP_OK) rc = fsdp_memcpy(u->main, init + (cfg->zero >= 1 ? u->sub : 0), (size_t)u->n_opt * f, NULL);
-  if (rc == FSDP_OK && cfg->zero >= 1) rc = fsdp_memcpy(u->tmp, init, (size_t)u->S * f, NULL);
+  if (rc == FSDP_OK && cfg->zero >= 1) rc = fsdp_memcpy(TMP(u), init, (size_t)u->S * f, NULL);
   fsdp_host_free(init);
   fsdp_stream *cs0 = shard->stream;
   if (rc == FSDP_OK) {
     if (cfg->zero == 0) rc = cast_out(u->cfull, cfg->compute_dtype, u->main, u->T, cs0);
-    if (cfg->zero >= 1 && rc == FSDP_OK) rc = cast_out(u->cshard, cfg->compute_dtype, u->tmp, u->S, cs0);
+    if (cfg->zero >= 1 && rc == FSDP_OK) rc = cast_out(u->cshard, cfg->compute_dtype, TMP(u), u->S, cs0);
     if (rc == FSDP_OK && u->dev == FSDP_CUDA) rc = fsdp_stream_synchronize(cs0);
     if (cfg->zero == 1 || cfg->zero == 2) {
       rc = fsdp_comm_all_gather(shard, u->cfull, u->cshard, (size_t)u->S, cfg->compute_dtype);
@@ -262,7 +267,8 @@ int fsdp_unit_destroy(fsdp_unit *u) {
   if (u->pslot >= 0) fsdp_pool_release(u->ppool, u->pslot, NULL);
   if (u->gslot >= 0) fsdp_pool_release(u->gpool, u->gslot, NULL);
   if (u->gacc != u->gmain) fsdp_free(u->dev, u->gacc);
-  void *bufs[] = {u->tmp, u->cshard, u->cfull, u->gfull, u->sums};
+  if (u->has_scratch) fsdp_comm_scratch_release(u->shard);
+  void *bufs[] = {u->cshard, u->cfull, u->gfull, u->sums};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) fsdp_free(u->dev, bufs[i]);
   void *opt[] = {u->main, u->m, u->v, u->gmain, u->hstage};
   for (size_t i = 0; i < sizeof opt / sizeof opt[0]; i++) free_opt(u, opt[i]);
@@ -354,8 +360,8 @@ static int reduce_scatter_into(fsdp_unit *u, float *dst, const void *full, int a
   int cd = u->cfg.compute_dtype, rd = u->cfg.reduce_dtype;
   if (!accumulate && rd == FSDP_FP32)
     return fsdp_comm_reduce_scatter(c, dst, FSDP_FP32, full, cd, (size_t)u->S, u->cfg.grad_op);
-  FSDP_CHECK(fsdp_comm_reduce_scatter(c, u->tmp, rd, full, cd, (size_t)u->S, u->cfg.grad_op));
-  return enqueue_host(c->stream, accumulate ? 0 : 1, dst, u->tmp, rd, u->S);
+  FSDP_CHECK(fsdp_comm_reduce_scatter(c, TMP(u), rd, full, cd, (size_t)u->S, u->cfg.grad_op));
+  return enqueue_host(c->stream, accumulate ? 0 : 1, dst, TMP(u), rd, u->S);
 }
 
 int fsdp_unit_reduce(fsdp_unit *u, fsdp_stream *compute, int sync) {
@@ -551,9 +557,9 @@ int fsdp_unit_publish_params(fsdp_unit *u) {
     return fsdp_event_record(u->gathered, u->shard->stream);
   }
   if (u->hf) { /* gather the replicas' ranges into the compute shard */
-    FSDP_CHECK(cast_out(u->tmp, u->cfg.compute_dtype, u->main, u->n_opt, u->shard->stream));
+    FSDP_CHECK(cast_out(TMP(u), u->cfg.compute_dtype, u->main, u->n_opt, u->shard->stream));
     if (u->dev == FSDP_CUDA) FSDP_CHECK(fsdp_stream_synchronize(u->shard->stream));
-    FSDP_CHECK(fsdp_comm_all_gather(u->outer, u->cshard, u->tmp, (size_t)u->n_opt, u->cfg.compute_dtype));
+    FSDP_CHECK(fsdp_comm_all_gather(u->outer, u->cshard, TMP(u), (size_t)u->n_opt, u->cfg.compute_dtype));
     FSDP_CHECK(fsdp_comm_synchronize(u->outer));
   } else if (u->hstage) { /* offload on a GPU: cast on the host, one copy up */
     FSDP_CHECK(cast_out(u->hstage, u->cfg.compute_dtype, u->main, u->S, NULL));
@@ -616,7 +622,7 @@ int fsdp_unit_memory_info(const fsdp_unit *u, fsdp_unit_memory *out) {
       .optimizer = 2 * u->n_opt * f,
       .grads_full = u->gfull ? u->T * c : 0,
       .grads_main = u->n_opt * f + (u->gacc != u->gmain ? u->S * f : 0),
-      .scratch = u->S * f,
+      .scratch = 0, /* shared by the group's units: fsdp_comm_scratch_bytes */
       .shard_numel = u->S,
       .total_numel = u->T,
       .offloaded = u->off ? 4 * u->n_opt * f + (u->hstage ? u->S * c : 0) : 0,

@@ -29,7 +29,8 @@ struct fsdp_unit {
   int64_t n_opt, sub;  /* the optimizer owns [sub, sub + n_opt) of the shard (zero 0: all T) */
   int hf;              /* HFSDP: the optimizer's range is 1/R of the shard */
   size_t ces;
-  float *main, *m, *v, *gmain, *tmp;
+  float *main, *m, *v, *gmain;
+  int has_scratch;     /* holds a share of the shard comm's scratch (TMP in unit.c) */
   float *gacc; /* fp32 grad shard over the shard group: gmain, or its own S buffer with HFSDP */
   void *cshard, *cfull, *gfull;
   void *hstage;        /* offload on CUDA: the compute shard cast on the host, then copied up */

@@ -97,7 +97,7 @@ static void run(fsdp_comm *shard, fsdp_comm *outer, int zero, int K, int hfsdp, 
   /* resident bytes per buffer: exactly what the ZeRO level and layout say,
    * and together with the two pools exactly what the allocator handed out */
   CHECK_OK(fsdp_memory_get_stats(FSDP_CPU, &after));
-  int64_t predicted = 2 * 2 * (int64_t)maxbytes;
+  int64_t predicted = 2 * 2 * (int64_t)maxbytes, max_shard = 0;
   for (int u = 0; u < NU; u++) {
     fsdp_unit_memory mem;
     CHECK_OK(fsdp_unit_memory_info(units[u], &mem));
@@ -111,7 +111,12 @@ static void run(fsdp_comm *shard, fsdp_comm *outer, int zero, int K, int hfsdp, 
     CHECK(mem.main_params == opt_n * 4 && mem.optimizer == 2 * opt_n * 4);
     CHECK(mem.grads_main == opt_n * 4 + (hfsdp ? S * 4 : 0));
     CHECK(mem.grads_full == (zero <= 1 ? T * 4 : 0));
+    CHECK(mem.scratch == 0);
+    if (S > max_shard) max_shard = S;
   }
+  /* one fp32 staging shard for the group, as big as the largest unit's */
+  CHECK(fsdp_comm_scratch_bytes(shard) == max_shard * 4);
+  predicted += fsdp_comm_scratch_bytes(shard);
   CHECK(after.allocated - before.allocated == predicted);
   fsdp_adamw_config opt = {1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f};
   int bad_norm = 0;

@@ -81,6 +81,9 @@ local function compare(label, over)
     end
   end
   check(#bad == 0, label .. ": planned resident bytes = allocated: " .. table.concat(bad, "; "))
+  local scratch = tonumber(C.fsdp_comm_scratch_bytes(s.shard.handle))
+  check(scratch == p.resident.scratch, string.format("%s: the shared scratch: planned %d, allocated %d", label,
+    p.resident.scratch, scratch))
   one_step(s, cfg, r)
   local pp = s.ppool ~= nil and C.fsdp_pool_peak(s.ppool) or 0
   local gp = s.gpool ~= nil and C.fsdp_pool_peak(s.gpool) or 0
