@@ -80,17 +80,20 @@ local function catalogue(s)
   return list, by_name
 end
 
+-- the element ranges a unit's state holds on this rank (to_save = 0) or
+-- this rank saves (1): {param (0-based), name, begin, end, off (in the state arrays)}
 local function pieces(u, to_save)
   local n = check(C.fsdp_unit_state_pieces(u.handle, to_save, nil, 0), "checkpoint: unit '" .. u.name .. "'")
   local ps = ffi.new("fsdp_layout_piece[?]", math.max(n, 1))
   C.fsdp_unit_state_pieces(u.handle, to_save, ps, n)
   local out = {}
   for i = 0, n - 1 do
-    out[#out + 1] = { param = ps[i].param, begin = tonumber(ps[i].begin), ["end"] = tonumber(ps[i]["end"]),
-      off = tonumber(ps[i].shard_offset) }
+    out[#out + 1] = { param = ps[i].param, name = u.params[ps[i].param + 1].name, begin = tonumber(ps[i].begin),
+      ["end"] = tonumber(ps[i]["end"]), off = tonumber(ps[i].shard_offset) }
   end
   return out
 end
+M.catalogue, M.pieces = catalogue, pieces
 
 -- ---- files and directories ----
 
@@ -257,7 +260,7 @@ function M.save(s, dir, o)
   local segs, total = {}, 0
   for _, u in ipairs(s.units) do
     for _, pc in ipairs(pieces(u, 1)) do
-      local e = by_name[u.params[pc.param + 1].name]
+      local e = by_name[pc.name]
       for k = 1, #states do
         segs[#segs + 1] = { unit = u, kind = k - 1, off = pc.off, tensor = e.id, state = k - 1, begin = pc.begin,
           ["end"] = pc["end"], at = total }
@@ -381,9 +384,8 @@ function M.load(s, path, o)
       for k = 1, #states do bufs[k] = tensor.new(math.max(n, 1)):fill(0) end -- padding stays zero
       staged[#staged + 1] = { unit = u, bufs = bufs, n = n }
       for _, pc in ipairs(pieces(u, 0)) do
-        local nm = u.params[pc.param + 1].name
         for k, st in ipairs(states) do
-          if C.fsdp_ckpt_read(h, nm, st, pc.begin, pc["end"], bufs[k]:ptr() + pc.off) < 0 then error(last_error(), 0) end
+          if C.fsdp_ckpt_read(h, pc.name, st, pc.begin, pc["end"], bufs[k]:ptr() + pc.off) < 0 then error(last_error(), 0) end
         end
       end
     end

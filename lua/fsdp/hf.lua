@@ -18,16 +18,6 @@ local M = {}
 local function last_error() return ffi.string(C.fsdp_last_error()) end
 local world, agree = ckpt.world, ckpt.agree
 
-local function params(s)
-  local list = {}
-  for _, u in ipairs(s.units) do
-    for _, p in ipairs(u.params) do
-      list[#list + 1] = { name = p.name, shape = p.spec.shape or { p.spec.numel }, numel = p.spec.numel, unit = u, index = p.index }
-    end
-  end
-  return list
-end
-
 local function config_json(cfg, dtype)
   local c = {
     architectures = { "LlamaForCausalLM" }, model_type = "llama", hidden_act = "silu", attention_bias = false,
@@ -92,7 +82,7 @@ function M.export(s, cfg, dir, o)
   if dtype ~= "bf16" and dtype ~= "fp32" then error("hf.export: dtype '" .. tostring(dtype) .. "' (expected bf16 or fp32)", 2) end
   local st_dtype, es = dtype == "bf16" and "BF16" or "F32", dtype == "bf16" and 2 or 4
   local r = world(s)
-  local list = params(s)
+  local list = ckpt.catalogue(s)
   local files = plan_files(list, es, o.shard_bytes or 5e9)
   local by_name, file_of = {}, {}
   local total = 0
@@ -126,14 +116,11 @@ function M.export(s, cfg, dir, o)
   local ok, e = pcall(function()
     local touched = {}
     for _, u in ipairs(s.units) do
-      local n = check(C.fsdp_unit_state_pieces(u.handle, 1, nil, 0), what)
-      local ps = ffi.new("fsdp_layout_piece[?]", math.max(n, 1))
-      C.fsdp_unit_state_pieces(u.handle, 1, ps, n)
-      for i = 0, n - 1 do
-        local name = u.params[ps[i].param + 1].name
-        local len = tonumber(ps[i]["end"] - ps[i].begin)
+      for _, pc in ipairs(ckpt.pieces(u, 1)) do
+        local name = pc.name
+        local len = pc["end"] - pc.begin
         local vals = tensor.new(len)
-        check(C.fsdp_unit_state_get(u.handle, C.FSDP_STATE_PARAM, ps[i].shard_offset, len, vals:ptr()), what)
+        check(C.fsdp_unit_state_get(u.handle, C.FSDP_STATE_PARAM, pc.off, len, vals:ptr()), what)
         local out = vals
         if dtype == "bf16" then
           out = tensor.new(len, "bf16")
@@ -141,7 +128,7 @@ function M.export(s, cfg, dir, o)
         end
         local f = file_of[name]
         local path = tmp .. "/" .. f.name
-        check(C.fsdp_fs_pwrite(path, by_name[name].data_begin + tonumber(ps[i].begin) * es, out.data, len * es), what)
+        check(C.fsdp_fs_pwrite(path, by_name[name].data_begin + pc.begin * es, out.data, len * es), what)
         touched[path] = true
         vals:free()
         if out ~= vals then out:free() end
@@ -200,7 +187,7 @@ end
 -- main params from the files, optimizer state zero, optimizer step 0.
 function M.import(s, cfg, dir)
   local what = "hf.import from " .. dir
-  local list = params(s)
+  local list = ckpt.catalogue(s)
   local staged = {}
   local ok, err = pcall(function()
     local found, handles = open_dir(dir)
@@ -224,12 +211,9 @@ function M.import(s, cfg, dir)
       for _, u in ipairs(s.units) do
         local n = tonumber(C.fsdp_unit_state_numel(u.handle))
         local buf = tensor.new(math.max(n, 1)):fill(0)
-        local k = check(C.fsdp_unit_state_pieces(u.handle, 0, nil, 0), what)
-        local ps = ffi.new("fsdp_layout_piece[?]", math.max(k, 1))
-        C.fsdp_unit_state_pieces(u.handle, 0, ps, k)
-        for i = 0, k - 1 do
-          local f = found[u.params[ps[i].param + 1].name]
-          if C.fsdp_safetensors_read(f.st, f.index, ps[i].begin, ps[i]["end"], buf:ptr() + ps[i].shard_offset) < 0 then
+        for _, pc in ipairs(ckpt.pieces(u, 0)) do
+          local f = found[pc.name]
+          if C.fsdp_safetensors_read(f.st, f.index, pc.begin, pc["end"], buf:ptr() + pc.off) < 0 then
             error(last_error(), 0)
           end
         end

@@ -372,37 +372,42 @@ full-unit buffer pools and how many buffers are live at once, activations for on
 communication per step, a table of units and the elements each rank owns. --json prints the same as JSON.
 --world defaults to 1; --mesh overrides the recipe's mesh.]]
 
-function M.cli(args)
-  local path, world, spec, as_json, over = nil, 1, nil, false, {}
+-- The options `fsdp plan` and `fsdp repl` share: [RECIPE] --world W
+-- --mesh SPEC [--json] section.field=value...; who names the command in
+-- errors, usage follows them. Returns {path, world, mesh, json, over, help}.
+function M.parse_args(args, who, allow_json, usage)
+  usage = usage or M.usage
+  local o = { world = 1, over = {} }
   local i = 1
   while i <= #args do
     local a = args[i]
     local key, val = a:match("^(%-%-[%w-]+)=(.*)$")
     key = key or a
-    local function value()
-      if val then return val end
-      i = i + 1
-      if args[i] == nil then error("fsdp plan: " .. key .. " needs a value\n" .. M.usage, 0) end
-      return args[i]
-    end
-    if key == "--world" then world = tonumber(value())
-      if not world then error("fsdp plan: --world needs a number\n" .. M.usage, 0) end
-    elseif key == "--mesh" then spec = value()
-    elseif key == "--json" then as_json = true
-    elseif key == "-h" or key == "--help" then print(M.usage) return 0
-    elseif a:sub(1, 2) == "--" then error("fsdp plan: unknown option '" .. a .. "'\n" .. M.usage, 0)
-    elseif not path then path = a
-    else over[#over + 1] = a end
+    if key == "--world" or key == "--mesh" then
+      if not val then i = i + 1; val = args[i] end
+      if val == nil then error(string.format("fsdp %s: %s needs a value\n%s", who, key, usage), 0) end
+      if key == "--world" then
+        o.world = tonumber(val)
+        if not o.world then error(string.format("fsdp %s: --world needs a number\n%s", who, usage), 0) end
+      else
+        o.mesh = val
+      end
+    elseif key == "--json" and allow_json then o.json = true
+    elseif key == "-h" or key == "--help" then o.help = true
+    elseif a:sub(1, 2) == "--" then error(string.format("fsdp %s: unknown option '%s'\n%s", who, a, usage), 0)
+    elseif not o.path then o.path = a
+    else o.over[#o.over + 1] = a end
     i = i + 1
   end
-  if not path then error("fsdp plan: which recipe?\n" .. M.usage, 0) end
-  local chunk, err = loadfile(path)
-  if not chunk then error(err, 0) end
-  local ok, r = pcall(chunk)
-  if not ok then error(path .. ": " .. tostring(r), 0) end
-  recipe.apply_overrides(r, over, path)
-  local p = M.plan(r, { world = world, mesh = spec, where = path })
-  print(as_json and M.json(p) or M.render(p))
+  return o
+end
+
+function M.cli(args)
+  local o = M.parse_args(args, "plan", true)
+  if o.help then print(M.usage) return 0 end
+  if not o.path then error("fsdp plan: which recipe?\n" .. M.usage, 0) end
+  local p = M.plan(recipe.load(o.path, o.over), { world = o.world, mesh = o.mesh, where = o.path })
+  print(o.json and M.json(p) or M.render(p))
   return 0
 end
 

@@ -201,35 +201,12 @@ end
 
 -- `fsdp repl [RECIPE.lua] [--world W] [--mesh SPEC] [section.field=value ...]`
 function M.setup(args)
-  local path, over = nil, {}
-  state.world = 1
-  local i = 1
-  while i <= #args do
-    local a = args[i]
-    local key, val = a:match("^(%-%-[%w-]+)=(.*)$")
-    key = key or a
-    if key == "--world" or key == "--mesh" then
-      if not val then i = i + 1; val = args[i] end
-      if val == nil then error("fsdp repl: " .. key .. " needs a value", 0) end
-      if key == "--world" then
-        state.world = tonumber(val)
-        if not state.world then error("fsdp repl: --world needs a number", 0) end
-      else
-        state.mesh = val
-      end
-    elseif a:sub(1, 2) == "--" then error("fsdp repl: unknown option '" .. a .. "' (fsdp --help)", 0)
-    elseif not path then path = a
-    else over[#over + 1] = a end
-    i = i + 1
-  end
+  local o = planner.parse_args(args, "repl", false, "(fsdp --help)")
+  if o.help then print(M.help_text) return 0 end
+  state.world, state.mesh = o.world, o.mesh
   install(false)
-  if not path then return 0 end
-  local chunk, err = loadfile(path)
-  if not chunk then error(err, 0) end
-  local ok, r = pcall(chunk)
-  if not ok then error(path .. ": " .. tostring(r), 0) end
-  if type(r) ~= "table" then error(path .. ": a recipe returns a table of sections", 0) end
-  recipe.apply_overrides(r, over, path)
+  if not o.path then return 0 end
+  local path, r = o.path, recipe.load(o.path, o.over)
   state.recipe, state.where = deep_copy(r), path
   state.plan = planner.plan(deep_copy(r), { world = state.world, mesh = state.mesh, where = path })
   if ffi.C.isatty(0) == 1 then
@@ -311,14 +288,11 @@ function M.shard(r, name)
   local lo, hi, vals = 0, 0, nil
   if me == r then
     for _, u in ipairs(s.units) do
-      local k = C.fsdp_unit_state_pieces(u.handle, 0, nil, 0)
-      local ps = ffi.new("fsdp_layout_piece[?]", math.max(k, 1))
-      C.fsdp_unit_state_pieces(u.handle, 0, ps, k)
-      for i = 0, k - 1 do
-        if u.params[ps[i].param + 1].name == name then
-          lo, hi = tonumber(ps[i].begin), tonumber(ps[i]["end"])
+      for _, pc in ipairs(require("fsdp.checkpoint").pieces(u, 0)) do
+        if pc.name == name then
+          lo, hi = pc.begin, pc["end"]
           vals = tensor.new(math.max(hi - lo, 1))
-          check(C.fsdp_unit_state_get(u.handle, C.FSDP_STATE_PARAM, ps[i].shard_offset, hi - lo, vals:ptr()), "shard")
+          check(C.fsdp_unit_state_get(u.handle, C.FSDP_STATE_PARAM, pc.off, hi - lo, vals:ptr()), "shard")
         end
       end
     end

@@ -495,9 +495,7 @@ int fsdp_unit_grad_norm_get(fsdp_unit *u, double *sum, int64_t *nonfinite) {
 }
 
 int fsdp_unit_grad_sumsq(fsdp_unit *u, double *sum, int64_t *nonfinite) {
-  FSDP_CHECK(fsdp_unit_synchronize(u));
-  u->norm_pending = 0;
-  return fsdp_unit_grad_norm_get(u, sum, nonfinite);
+  return fsdp_unit_grad_norm_get(u, sum, nonfinite); /* started or not */
 }
 
 static int zero_main_grads(fsdp_unit *u) {
@@ -578,24 +576,17 @@ int fsdp_unit_publish_params(fsdp_unit *u) {
  * to the compute params, and zero the grads. */
 static int step_owned(fsdp_unit *u, update_fn update, const step_args *a) {
   FSDP_CHECK(fsdp_unit_synchronize(u));
-  const fsdp_layout *l = u->layout;
-  if (u->cfg.zero == 0) {
-    for (int p = 0; p < u->np; p++) FSDP_CHECK(update(u, a, fsdp_layout_param_offset(l, p), u->numels[p], p));
-  } else {
-    int k = fsdp_layout_rank_pieces(l, u->r, NULL, 0);
-    fsdp_layout_piece *ps = malloc(sizeof *ps * (size_t)(k ? k : 1));
-    if (!ps) return fsdp_fail(FSDP_ENOMEM, "unit '%s': out of memory", u->name);
-    fsdp_layout_rank_pieces(l, u->r, ps, k);
-    int rc = FSDP_OK;
-    for (int j = 0; j < k && rc == FSDP_OK; j++) { /* the part of each piece in the optimizer's range */
-      int64_t lo = ps[j].shard_offset, hi = lo + (ps[j].end - ps[j].begin);
-      if (lo < u->sub) lo = u->sub;
-      if (hi > u->sub + u->n_opt) hi = u->sub + u->n_opt;
-      if (lo < hi) rc = update(u, a, lo - u->sub, hi - lo, ps[j].param);
-    }
-    free(ps);
-    FSDP_CHECK(rc);
-  }
+  /* the element ranges this rank's optimizer holds (unit_state.c): every
+   * parameter at zero 0, else its shard's pieces in the optimizer's range */
+  int k = fsdp_unit_state_pieces(u, 0, NULL, 0);
+  FSDP_CHECK(k);
+  fsdp_layout_piece *ps = malloc(sizeof *ps * (size_t)(k ? k : 1));
+  if (!ps) return fsdp_fail(FSDP_ENOMEM, "unit '%s': out of memory", u->name);
+  fsdp_unit_state_pieces(u, 0, ps, k);
+  int rc = FSDP_OK;
+  for (int j = 0; j < k && rc == FSDP_OK; j++) rc = update(u, a, ps[j].shard_offset, ps[j].end - ps[j].begin, ps[j].param);
+  free(ps);
+  FSDP_CHECK(rc);
   FSDP_CHECK(fsdp_unit_publish_params(u));
   return zero_main_grads(u);
 }
