@@ -317,6 +317,9 @@ const fsdp_layout *fsdp_unit_layout(const fsdp_unit *u);
 /* Start gathering the full params (zero 3; no-op otherwise). 1: not started,
  * the pool is at its bound (prefetch stops there). */
 int fsdp_unit_unshard(fsdp_unit *u);
+/* unshard for a unit needed later: also 1 (not started) while the unit's
+ * offloaded step is still running on the host, instead of waiting for it. */
+int fsdp_unit_prefetch(fsdp_unit *u);
 /* compute (NULL: the calling thread) waits until the full params are there. */
 int fsdp_unit_wait(fsdp_unit *u, fsdp_stream *compute);
 /* The full compute-dtype params (after wait), or NULL while sharded. */
@@ -341,7 +344,9 @@ int fsdp_unit_grad_norm_start(fsdp_unit *u);
 int fsdp_unit_grad_norm_get(fsdp_unit *u, double *sum, int64_t *nonfinite);
 /* AdamW on the owned fp32 main params, write back to the compute params
  * (zero 3: the shard; zero 1/2: all-gathered into the full params), zero
- * the grads. */
+ * the grads. An offloaded unit queues the step on the host and returns at
+ * once: its next unshard / wait (or any call that reads its state) orders
+ * the new params after it (src/shard/offload.c). */
 int fsdp_unit_step(fsdp_unit *u, int64_t step, const fsdp_adamw_config *cfg, float grad_scale);
 /* The same with SGD (momentum buffer in the AdamW m state). */
 int fsdp_unit_step_sgd(fsdp_unit *u, int64_t step, float lr, float momentum, float weight_decay, float grad_scale);
@@ -353,10 +358,11 @@ int fsdp_unit_zero_grad(fsdp_unit *u);
  * reshard), FSDP_VIEW_GRAD for its full gradient (after fsdp_unit_grads,
  * until reduce). ESTATE while the buffer is not there. */
 /* When the unit's last all-gather and last reduction (over the shard group)
- * began and ended on the comm stream, in fsdp_time_now() seconds (0: none
- * yet). Read after waiting for that work (unit_wait, unit_synchronize). */
+ * began and ended on the comm stream, and its last offloaded step on the
+ * host, in fsdp_time_now() seconds (0: none yet). Read after waiting for
+ * that work (unit_wait, unit_synchronize). */
 typedef struct fsdp_unit_times {
-  double gather_begin, gather_end, reduce_begin, reduce_end;
+  double gather_begin, gather_end, reduce_begin, reduce_end, step_begin, step_end;
 } fsdp_unit_times;
 int fsdp_unit_times_get(const fsdp_unit *u, fsdp_unit_times *out);
 typedef enum { FSDP_VIEW_PARAM = 0, FSDP_VIEW_GRAD = 1 } fsdp_unit_view_kind;

@@ -54,6 +54,13 @@ set_tests_properties(plot_metrics PROPERTIES LABELS unit TIMEOUT 60 SKIP_RETURN_
 add_test(NAME lua_checkpoint
          COMMAND fsdp-host ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_checkpoint.lua $<TARGET_FILE:fsdprun> ${CMAKE_SOURCE_DIR})
 set_tests_properties(lua_checkpoint PROPERTIES LABELS multirank TIMEOUT 600 RUN_SERIAL ON)
+# the offloaded optimizer: bit for bit against the optimizer in place, and
+# its overlap with the next forward (tests/lua/test_offload.lua)
+foreach(n 1 2 4)
+  add_test(NAME lua_offload_np${n}
+           COMMAND $<TARGET_FILE:fsdprun> -n ${n} --timeout 120 ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_offload.lua)
+  set_tests_properties(lua_offload_np${n} PROPERTIES LABELS multirank TIMEOUT 150 RUN_SERIAL ON)
+endforeach()
 # the planner against the engine's allocations and pool peaks, the policies
 # in recipes/policies (tests/lua/test_planner.lua)
 foreach(n 1 2 3 4)

@@ -120,19 +120,53 @@ function M.add(y, a, b)
   check(C.fsdp_add(y:ptr(), a:ptr(), b:ptr(), y:numel()), "add")
 end
 
+-- A scalar the GPU has not finished computing: the loss of a micro-batch
+-- stays on the device until the step reads every micro-batch's at once
+-- (M.value), so the host never waits for the compute stream inside a step.
+-- Scaling by a number (x / n, x * n) stays deferred.
+local Deferred = {}
+Deferred.__index = Deferred
+local function deferred(buf, mul) return setmetatable({ buf = buf, mul = mul }, Deferred) end
+Deferred.__div = function(a, b)
+  if type(b) ~= "number" then error("a deferred loss divides by numbers only", 2) end
+  return deferred(a.buf, a.mul / b)
+end
+Deferred.__mul = function(a, b)
+  if type(a) == "number" then a, b = b, a end
+  if type(b) ~= "number" then error("a deferred loss multiplies by numbers only", 2) end
+  return deferred(a.buf, a.mul * b)
+end
+M.deferred = deferred
+
+-- the number x stands for (waits for the compute stream the first time a
+-- buffer is read; the others are ready by then)
+function M.value(x)
+  if type(x) == "number" then return x end
+  local buf = x.buf
+  if not buf.host then
+    if buf.device then
+      M.compute_stream():synchronize()
+      local host = ffi.new("double[1]")
+      check(C.fsdp_memcpy(host, buf.device.data, 8, nil), "deferred loss")
+      buf.device:free()
+      buf.host, buf.device = host[0], nil
+    else
+      buf.host = buf.read() -- a CPU stand-in (tests)
+    end
+  end
+  return buf.host * x.mul
+end
+
 -- Mean cross-entropy pieces: the loss summed over the rows whose target is
--- not ignore_index, and the gradient written over the logits; targets is a
--- CPU int32 tensor (counted and checked here), tdev its device copy or nil.
-local sums
+-- not ignore_index (CPU: a number; CUDA: deferred), and the gradient
+-- written over the logits; targets is a CPU int32 tensor (counted and
+-- checked by the caller), tdev its device copy or nil.
 function M.cross_entropy(logits, targets, tdev, n, V, ignore_index, grad_scale)
   if on_cuda(logits) then
-    if not sums then sums = tensor.new(2, "fp64", "cuda") end
+    local sums = tensor.new(2, "fp64", "cuda") -- from the caching allocator
     check(C.fsdp_cuda_cross_entropy(ffi.cast("double *", sums.data), ffi.cast("int64_t *", sums.data) + 1, logits.data,
       logits.data, tdev:ptr(), n, V, ignore_index, grad_scale, logits.dtype_id, S()), "cross entropy")
-    M.compute_stream():synchronize()
-    local host = ffi.new("double[2]")
-    check(C.fsdp_memcpy(host, sums.data, 16, nil), "cross entropy")
-    return host[0]
+    return deferred({ device = sums }, 1)
   end
   local sum, cnt = ffi.new("double[1]"), ffi.new("int64_t[1]")
   check(C.fsdp_cross_entropy(sum, cnt, logits:ptr(), logits:ptr(), targets:ptr(), n, V, ignore_index, grad_scale), "cross entropy")

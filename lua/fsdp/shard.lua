@@ -370,10 +370,12 @@ local function flush_grads(m)
 end
 
 -- opts.trace (a table) collects the schedule in the order it is issued:
--- {op = "unshard" | "compute" | "reduce", unit = name, phase = ...}, with
--- times (fsdp.now() seconds): compute t0, t1 on this thread; unshard and
--- reduce begin, finish: when the comm stream ran the all-gather or the
--- reduction (filled in once that work has been waited for).
+-- {op = "unshard" | "compute" | "reduce" | "step", unit = name, phase = ...},
+-- with times (fsdp.now() seconds): compute t0, t1 on this thread; unshard
+-- and reduce begin, finish: when the comm stream ran the all-gather or the
+-- reduction; step begin, finish: when an offloaded unit's optimizer step
+-- ran on the host (filled in once that work has been waited for: the
+-- step's in the next train_step).
 local function trace(s, op, u, phase)
   if not s.trace then return nil end
   local e = { op = op, unit = u.name, phase = phase }
@@ -389,9 +391,10 @@ local function comm_times(u, e, which)
 end
 
 -- zero 3: start gathering u's params unless already there (or at the
--- pool's bound); a no-op for the resident levels
-local function unshard(u, s)
-  local rc = C.fsdp_unit_unshard(u.handle)
+-- pool's bound); a no-op for the resident levels. A prefetch also skips a
+-- unit whose offloaded step still runs on the host (rather than wait here).
+local function unshard(u, s, prefetch)
+  local rc = (prefetch and C.fsdp_unit_prefetch or C.fsdp_unit_unshard)(u.handle)
   check(rc, "unit '" .. u.name .. "' unshard")
   if rc == 0 and not u.gathered and s and u.zero == 3 then
     u.gathered = true
@@ -429,7 +432,7 @@ function Ctx:enter(m, phase)
     local dir = forward and 1 or -1
     for d = 1, m.shares and 0 or (u.prefetch or s.prefetch) do
       local nxt = s.units[u.index + d * dir]
-      if not nxt or not unshard(nxt, s) then break end
+      if not nxt or not unshard(nxt, s, true) then break end
     end
     check(C.fsdp_unit_wait(u.handle, s.cs), "unit '" .. u.name .. "' wait")
     comm_times(u, u.gather_trace, "gather")
@@ -459,7 +462,9 @@ end
 -- One optimizer step over micro-batches {{x = tensor, y = tensor}, ...}:
 -- forward, loss, backward per micro-batch, reduce, clip, AdamW.
 -- opt.loss(y, batch, scale) -> loss, dy (default: MSE against batch.y);
--- scale is 1 / micro-batches, for dy.
+-- scale is 1 / micro-batches, for dy. The loss may be a number or an
+-- ops.deferred (a GPU's, still on the device): every micro-batch's is read
+-- once, after the last backward has been issued.
 -- Returns the loss averaged over micro-batches and data-parallel ranks, the
 -- global grad norm, and, when some gradient was not finite, a message naming
 -- the units (the step is then skipped on every rank; the step counter does
@@ -486,13 +491,13 @@ M.all_reduce_host = all_reduce_host
 function Sharded:train_step(batches, opt)
   live(self, "train_step")
   opt = opt or {}
-  local K, total = #batches, 0
+  local K, total, parts = #batches, 0, {}
   local lossfn = opt.loss or function(y, b, scale) return nn.mse(y, b.y, scale) end
   for k, b in ipairs(batches) do
     local ctx = setmetatable({ s = self, sync = k == K }, Ctx)
     local y = self.model:forward(ctx, b.x)
     local loss, dy = lossfn(y, b, 1 / K)
-    total = total + loss / K
+    parts[k] = loss -- on a GPU still on the device (ops.deferred): read below, once
     self.model:backward(ctx, dy)
     -- activations are engine memory behind small Lua proxies: collect them
     -- now so that the pool reuses their blocks in the next micro-batch
@@ -506,12 +511,14 @@ function Sharded:train_step(batches, opt)
   for i, u in ipairs(self.units) do
     check(C.fsdp_unit_synchronize(u.handle), "unit '" .. u.name .. "' synchronize")
     comm_times(u, u.reduce_trace, "reduce")
-    u.reduce_trace = nil
+    comm_times(u, u.step_trace, "step") -- the previous step, on the host
+    u.reduce_trace, u.step_trace = nil, nil
     local sq, bad = ffi.new("double[1]"), ffi.new("int64_t[1]")
     check(C.fsdp_unit_grad_norm_get(u.handle, sq, bad), "grad norm")
     sums:set(i - 1, sq[0])
     sums:set(nu + i - 1, tonumber(bad[0]))
   end
+  for k = 1, K do total = total + ops.value(parts[k]) / K end
   sums:set(2 * nu, total)
   all_reduce_host(self.shard, sums, "sum")
   local norm2 = 0
@@ -540,6 +547,11 @@ function Sharded:train_step(batches, opt)
   end
   local clip = opt.clip and math.min(1, opt.clip / (norm + 1e-6)) or 1
   self.step_count = self.step_count + 1
+  -- offloaded units step on the host while the next forward runs; their
+  -- trace entries get their times once that step has been waited for
+  for _, u in ipairs(self.units) do
+    if u.offload then u.step_trace = trace(self, "step", u) end
+  end
   local optimizer = opt.optimizer or "adamw"
   if optimizer == "adamw" then
     local cfg = ffi.new("fsdp_adamw_config", { opt.lr or 1e-3, opt.beta1 or 0.9, opt.beta2 or 0.999, opt.eps or 1e-8,
@@ -563,14 +575,15 @@ end
 -- ranks. The last unit is resharded afterwards.
 function Sharded:evaluate(batches, lossfn)
   live(self, "evaluate")
-  local total = 0
+  local total, parts = 0, {}
   local ctx = setmetatable({ s = self }, Ctx)
-  for _, b in ipairs(batches) do
+  for k, b in ipairs(batches) do
     local y = self.model:forward(ctx, b.x)
-    total = total + lossfn(y, b) / #batches
+    parts[k] = lossfn(y, b)
     y = nil
     collectgarbage()
   end
+  for k = 1, #batches do total = total + ops.value(parts[k]) / #batches end
   if ctx.cur and ctx.cur.zero == 3 then reshard(ctx.cur, self) end
   for _, u in ipairs(self.units) do
     if u.gathered then -- prefetched, not used: let its gather land first

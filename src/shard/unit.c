@@ -223,6 +223,8 @@ int fsdp_unit_create(const char *name, int nparams, const char *const *param_nam
    * the replicas, offload copies them down after the last micro-batch */
   if (rc == FSDP_OK && (u->hf || u->off)) rc = alloc0(u->dev, (size_t)u->S * f, (void **)&u->gacc);
   if (rc == FSDP_OK && u->off && u->dev == FSDP_CUDA) rc = alloc_opt(u, (size_t)u->S * u->ces, &u->hstage);
+  if (rc == FSDP_OK && u->hstage) memset(u->hstage, 0, (size_t)u->S * u->ces); /* padding stays 0 */
+  if (rc == FSDP_OK && u->off) rc = fsdp_offload_attach(u);
   if (rc == FSDP_OK && cfg->zero >= 1) rc = alloc0(u->dev, (size_t)u->S * u->ces, &u->cshard);
   if (rc == FSDP_OK && cfg->zero <= 2) rc = alloc0(u->dev, (size_t)u->T * u->ces, &u->cfull);
   if (rc == FSDP_OK && cfg->zero <= 1) rc = alloc0(u->dev, (size_t)u->T * u->ces, &u->gfull);
@@ -262,6 +264,7 @@ int fsdp_unit_create(const char *name, int nparams, const char *const *param_nam
 
 int fsdp_unit_destroy(fsdp_unit *u) {
   if (!u) return FSDP_OK;
+  fsdp_offload_detach(u);
   if (u->shard) fsdp_stream_synchronize(u->shard->stream);
   if (u->outer) fsdp_stream_synchronize(u->outer->stream);
   if (u->pslot >= 0) fsdp_pool_release(u->ppool, u->pslot, NULL);
@@ -286,6 +289,7 @@ const fsdp_layout *fsdp_unit_layout(const fsdp_unit *u) { return u ? u->layout :
 /* ---- forward: params ---- */
 
 int fsdp_unit_unshard(fsdp_unit *u) {
+  FSDP_CHECK(fsdp_offload_settle(u));
   if (u->cfg.zero != 3 || u->pslot >= 0) return FSDP_OK;
   fsdp_stream *cs = u->shard->stream;
   int rc = fsdp_pool_acquire(u->ppool, (size_t)u->T * u->ces, cs, &u->pslot, &u->pbuf);
@@ -296,7 +300,14 @@ int fsdp_unit_unshard(fsdp_unit *u) {
   return fsdp_event_record(u->gathered, cs);
 }
 
+int fsdp_unit_prefetch(fsdp_unit *u) {
+  int busy = fsdp_offload_busy(u);
+  FSDP_CHECK(busy);
+  return busy ? 1 : fsdp_unit_unshard(u);
+}
+
 int fsdp_unit_wait(fsdp_unit *u, fsdp_stream *compute) {
+  FSDP_CHECK(fsdp_offload_settle(u));
   if (u->cfg.zero == 3 && u->pslot < 0)
     return fsdp_fail(FSDP_ESTATE, "unit '%s': wait() before unshard() (or unshard was deferred at the pool's bound)",
                      u->name);
@@ -315,6 +326,7 @@ int fsdp_unit_reshard(fsdp_unit *u, fsdp_stream *compute) {
 
 int fsdp_unit_param_view(fsdp_unit *u, int param, int which, int ndim, const int64_t *shape, fsdp_tensor *out) {
   if (!u || !out) return fsdp_fail(FSDP_EINVAL, "unit_param_view: NULL unit or out");
+  FSDP_CHECK(fsdp_offload_settle(u));
   if (param < 0 || param >= u->np)
     return fsdp_fail(FSDP_EINVAL, "unit '%s': parameter %d does not exist (it has %d)", u->name, param, u->np);
   if (which != FSDP_VIEW_PARAM && which != FSDP_VIEW_GRAD)
@@ -338,6 +350,7 @@ int fsdp_unit_param_view(fsdp_unit *u, int param, int which, int ndim, const int
 /* ---- backward: grads ---- */
 
 int fsdp_unit_grads(fsdp_unit *u, fsdp_stream *compute, void **out) {
+  FSDP_CHECK(fsdp_offload_settle(u));
   if (u->cfg.zero <= 1) {
     *out = u->gfull;
     return FSDP_OK;
@@ -369,6 +382,8 @@ int fsdp_unit_reduce(fsdp_unit *u, fsdp_stream *compute, int sync) {
   int z = u->cfg.zero;
   if (z <= 1 && !sync) return FSDP_OK; /* accumulate in the full grads */
   if (z >= 2 && u->gslot < 0) return fsdp_fail(FSDP_ESTATE, "unit '%s': reduce() without grads()", u->name);
+  FSDP_CHECK(fsdp_offload_settle(u));
+  FSDP_CHECK(fsdp_offload_before_reduce(u));
   FSDP_CHECK(fsdp_event_record(u->ready, compute));
   FSDP_CHECK(fsdp_stream_wait_event(c->stream, u->ready));
   FSDP_CHECK(enqueue_stamp(c->stream, &u->times.reduce_begin));
@@ -401,6 +416,8 @@ int fsdp_unit_reduce(fsdp_unit *u, fsdp_stream *compute, int sync) {
       FSDP_CHECK(fsdp_comm_all_reduce(u->outer, u->gacc, u->gacc, (size_t)u->n_opt, FSDP_FP32, u->cfg.grad_op));
       s = u->outer->stream;
     }
+    u->gstale = 0;
+    if (u->dev == FSDP_CUDA) return fsdp_offload_grads_down(u, s); /* on the transfer stream */
     FSDP_CHECK(enqueue_host(s, 1, u->gmain, u->gacc, FSDP_FP32, u->n_opt));
     return enqueue_host(s, 2, u->gacc, NULL, 0, u->S * (int64_t)sizeof(float)); /* the next step accumulates from 0 */
   }
@@ -419,9 +436,10 @@ int fsdp_unit_reduce(fsdp_unit *u, fsdp_stream *compute, int sync) {
 }
 
 int fsdp_unit_synchronize(fsdp_unit *u) {
+  FSDP_CHECK(fsdp_offload_settle(u));
   FSDP_CHECK(fsdp_comm_synchronize(u->shard));
   if (u->outer) FSDP_CHECK(fsdp_comm_synchronize(u->outer));
-  return FSDP_OK;
+  return fsdp_offload_synchronize(u);
 }
 
 /* ---- optimizer ---- */
@@ -456,7 +474,7 @@ int fsdp_unit_grad_norm_start(fsdp_unit *u) {
     u->norm_pending = 1;
     return FSDP_OK;
   }
-  if (u->off) return FSDP_OK; /* the grads reach the host at the synchronize: summed there */
+  if (u->off) return FSDP_OK; /* summed on the device before the grads go down (offload.c) */
 #ifdef FSDP_HAVE_CUDA
   const float *g;
   int64_t n;
@@ -480,13 +498,13 @@ int fsdp_unit_grad_norm_get(fsdp_unit *u, double *sum, int64_t *nonfinite) {
     *nonfinite = u->hbad;
     return u->hstatus;
   }
-  if (u->dev == FSDP_CPU || u->off) {
+  if (u->dev == FSDP_CPU || (u->off && !pending)) {
     const float *g;
     int64_t n;
     norm_range(u, &g, &n);
     return fsdp_sum_squares(g, n, sum, nonfinite);
   }
-  if (!pending) FSDP_CHECK(fsdp_unit_grad_norm_start(u));
+  if (!pending) FSDP_CHECK(fsdp_unit_grad_norm_start(u)); /* not offloaded here */
   u->norm_pending = 0;
   /* the kernel ran on a comm stream, which the default stream does not wait for */
   FSDP_CHECK(fsdp_stream_synchronize(last_stream(u)));
@@ -510,17 +528,12 @@ int fsdp_unit_zero_grad(fsdp_unit *u) {
   return zero_main_grads(u);
 }
 
-/* An optimizer update of elements [off, off + len) of the main params,
- * which belong to parameter `param`. */
-typedef struct step_args {
-  int64_t step;
-  float grad_scale;
-  const fsdp_adamw_config *adamw;
-  float lr, momentum, weight_decay; /* SGD */
-} step_args;
-typedef int (*update_fn)(fsdp_unit *u, const step_args *a, int64_t off, int64_t len, int param);
+/* the compute-dtype output of an offloaded update (fsdp_step_args.stage) */
+static uint16_t *stage_bf16(const fsdp_unit *u, const fsdp_step_args *a, int64_t off) {
+  return a->stage && u->cfg.compute_dtype == FSDP_BF16 ? (uint16_t *)a->stage + off : NULL;
+}
 
-static int adamw_update(fsdp_unit *u, const step_args *a, int64_t off, int64_t len, int param) {
+static int adamw_update(fsdp_unit *u, const fsdp_step_args *a, int64_t off, int64_t len, int param) {
   fsdp_adamw_config c = *a->adamw;
   if (u->no_decay[param]) c.weight_decay = 0;
 #ifdef FSDP_HAVE_CUDA
@@ -528,19 +541,19 @@ static int adamw_update(fsdp_unit *u, const step_args *a, int64_t off, int64_t l
     return fsdp_cuda_adamw_step(u->main + off, NULL, FSDP_FP32, u->gmain + off, u->m + off, u->v + off, len, a->step, &c,
                                 a->grad_scale, u->shard->stream);
 #endif
-  return fsdp_adamw_step(u->main + off, NULL, u->gmain + off, u->m + off, u->v + off, len, a->step, &c,
-                         a->grad_scale);
+  return fsdp_adamw_step(u->main + off, stage_bf16(u, a, off), u->gmain + off, u->m + off, u->v + off, len, a->step,
+                         &c, a->grad_scale);
 }
 
-static int sgd_update(fsdp_unit *u, const step_args *a, int64_t off, int64_t len, int param) {
+static int sgd_update(fsdp_unit *u, const fsdp_step_args *a, int64_t off, int64_t len, int param) {
   float wd = u->no_decay[param] ? 0.0f : a->weight_decay;
 #ifdef FSDP_HAVE_CUDA
   if (u->dev == FSDP_CUDA && !u->off)
     return fsdp_cuda_sgd_step(u->main + off, NULL, FSDP_FP32, u->gmain + off, u->m + off, len, a->step, a->lr,
                               a->momentum, wd, a->grad_scale, u->shard->stream);
 #endif
-  return fsdp_sgd_step(u->main + off, NULL, u->gmain + off, u->m + off, len, a->step, a->lr, a->momentum, wd,
-                       a->grad_scale);
+  return fsdp_sgd_step(u->main + off, stage_bf16(u, a, off), u->gmain + off, u->m + off, len, a->step, a->lr,
+                       a->momentum, wd, a->grad_scale);
 }
 
 /* The compute-dtype params from the fp32 main params: after an optimizer
@@ -574,7 +587,7 @@ int fsdp_unit_publish_params(fsdp_unit *u) {
 
 /* Update what this rank owns (zero 0: everything), write the new values back
  * to the compute params, and zero the grads. */
-static int step_owned(fsdp_unit *u, update_fn update, const step_args *a) {
+static int step_owned(fsdp_unit *u, fsdp_update_fn update, const fsdp_step_args *a) {
   FSDP_CHECK(fsdp_unit_synchronize(u));
   /* the element ranges this rank's optimizer holds (unit_state.c): every
    * parameter at zero 0, else its shard's pieces in the optimizer's range */
@@ -583,6 +596,7 @@ static int step_owned(fsdp_unit *u, update_fn update, const step_args *a) {
   fsdp_layout_piece *ps = malloc(sizeof *ps * (size_t)(k ? k : 1));
   if (!ps) return fsdp_fail(FSDP_ENOMEM, "unit '%s': out of memory", u->name);
   fsdp_unit_state_pieces(u, 0, ps, k);
+  if (u->off) return fsdp_offload_step(u, update, a, ps, k); /* returns at once (offload.c) */
   int rc = FSDP_OK;
   for (int j = 0; j < k && rc == FSDP_OK; j++) rc = update(u, a, ps[j].shard_offset, ps[j].end - ps[j].begin, ps[j].param);
   free(ps);
@@ -593,13 +607,15 @@ static int step_owned(fsdp_unit *u, update_fn update, const step_args *a) {
 
 int fsdp_unit_step(fsdp_unit *u, int64_t step, const fsdp_adamw_config *cfg, float grad_scale) {
   if (!u || !cfg) return fsdp_fail(FSDP_EINVAL, "unit_step: NULL argument");
-  step_args a = {step, grad_scale, cfg, 0, 0, 0};
+  FSDP_CHECK(fsdp_adamw_step(NULL, NULL, NULL, NULL, NULL, 0, step, cfg, grad_scale)); /* the arguments, here */
+  fsdp_step_args a = {step, grad_scale, cfg, 0, 0, 0, NULL};
   return step_owned(u, adamw_update, &a);
 }
 
 int fsdp_unit_step_sgd(fsdp_unit *u, int64_t step, float lr, float momentum, float weight_decay, float grad_scale) {
   if (!u) return fsdp_fail(FSDP_EINVAL, "unit_step_sgd: NULL unit");
-  step_args a = {step, grad_scale, NULL, lr, momentum, weight_decay};
+  FSDP_CHECK(fsdp_sgd_step(NULL, NULL, NULL, NULL, 0, step, lr, momentum, weight_decay, grad_scale));
+  fsdp_step_args a = {step, grad_scale, NULL, lr, momentum, weight_decay, NULL};
   return step_owned(u, sgd_update, &a);
 }
 

@@ -38,7 +38,47 @@ struct fsdp_unit {
   void *pbuf, *gbuf;
   fsdp_event *gathered, *ready;
   fsdp_unit_times times; /* written on the comm stream, read after it is waited for */
+  /* offload (offload.c): the step runs on the shared host stream while the
+   * next forward starts; settle() before the params are used again */
+  fsdp_stream *host, *xfer; /* the shared host stream, and (CUDA) the host-transfer stream */
+  fsdp_event *stepped;      /* host stream: the step's new values are in the staging */
+  fsdp_event *reduced, *moved, *uploaded; /* CUDA: grads reduced, copied down; params copied up */
+  int step_pending;         /* a step is queued on the host stream, not yet settled */
+  int gstale;               /* gmain holds grads a step already consumed (no reduce since) */
 };
+
+/* An optimizer update of elements [off, off + len) of the optimizer's
+ * arrays, which belong to parameter `param` (unit.c). With stage set (an
+ * offloaded step) the new values also go to stage + off in the compute
+ * dtype, in the same pass. */
+typedef struct fsdp_step_args {
+  int64_t step;
+  float grad_scale;
+  const fsdp_adamw_config *adamw;
+  float lr, momentum, weight_decay; /* SGD */
+  void *stage;
+} fsdp_step_args;
+typedef int (*fsdp_update_fn)(fsdp_unit *u, const fsdp_step_args *a, int64_t off, int64_t len, int param);
+
+/* offload.c: the offloaded step, off the caller's thread */
+int fsdp_offload_attach(fsdp_unit *u);
+void fsdp_offload_detach(fsdp_unit *u);
+/* CUDA: behind the reductions on s, the grad norm's sum on the device, then
+ * the grads copied down on the transfer stream */
+int fsdp_offload_grads_down(fsdp_unit *u, fsdp_stream *s);
+/* CUDA: the comm stream waits until the last copy-down is done with the
+ * device grads (the next step accumulates into them) */
+int fsdp_offload_before_reduce(fsdp_unit *u);
+/* Queue the update of pieces ps[0..k) (takes ps) and returns at once. */
+int fsdp_offload_step(fsdp_unit *u, fsdp_update_fn update, const fsdp_step_args *a, fsdp_layout_piece *ps, int k);
+/* Before anything uses the params or the optimizer's buffers again: order
+ * the upload (CUDA) and the all-gather (zero 1/2) after the queued step.
+ * CPU ranks: event-ordered, no wait; CUDA: waits for the host step. */
+int fsdp_offload_settle(fsdp_unit *u);
+/* 1 when a queued step has not finished yet (prefetch skips the unit) */
+int fsdp_offload_busy(fsdp_unit *u);
+/* CUDA: wait for the copy-down of the grads */
+int fsdp_offload_synchronize(fsdp_unit *u);
 
 /* the compute-dtype params recomputed from the fp32 main params (unit.c) */
 int fsdp_unit_publish_params(fsdp_unit *u);

@@ -45,6 +45,8 @@ int main(void) {
   OFF(fsdp_unit_times, gather_end);
   OFF(fsdp_unit_times, reduce_begin);
   OFF(fsdp_unit_times, reduce_end);
+  OFF(fsdp_unit_times, step_begin);
+  OFF(fsdp_unit_times, step_end);
   OFF(fsdp_rope_scaling, factor);
   OFF(fsdp_rope_scaling, low_freq_factor);
   OFF(fsdp_rope_scaling, high_freq_factor);

@@ -8,7 +8,8 @@
 --     sharded over replicas) resumed on 1 rank: within RESHARD_TOL
 --   * a rank killed while writing a checkpoint: the previous one loads, and
 --     the resumed run repeats the killed run's losses bit for bit
---   * bf16 params (zero 3) and SGD with momentum (zero 0): bit for bit
+--   * bf16 params (zero 3), SGD with momentum (zero 0) and the offloaded
+--     optimizer (zero 3): bit for bit
 -- then, in this process (one rank): corruptions rejected with their
 -- messages and the model left as it was, `latest` skipping a damaged
 -- checkpoint, and the Hugging Face export read back: fp32 equal to the
@@ -144,9 +145,11 @@ same(F1, losses(work .. "/F2.jsonl"), 5, 8, "the resumed run repeats the killed 
 local left = ckpt.list(ckF)
 check(table.concat(left, ",") == "latest,step-00000008", "keep_last = 1 leaves the newest, and no leftovers: " .. table.concat(left, ","))
 
--- 6. bf16 params (the compute copy re-cast from the fp32 main params) and
--- SGD's momentum at zero 0 resume bit for bit too
-for _, v in ipairs({ { "bf16", { "fsdp.param_dtype=bf16", "fsdp.zero=3" } }, { "sgd", { "optimizer.name=sgd", "fsdp.zero=0" } } }) do
+-- 6. bf16 params (the compute copy re-cast from the fp32 main params),
+-- SGD's momentum at zero 0, and the offloaded optimizer (saved while its
+-- step may still run on the host) resume bit for bit too
+for _, v in ipairs({ { "bf16", { "fsdp.param_dtype=bf16", "fsdp.zero=3" } }, { "sgd", { "optimizer.name=sgd", "fsdp.zero=0" } },
+  { "offload", { "fsdp.offload=true", "fsdp.zero=3", "checkpoint.async=true" } } }) do
   local dir, name = work .. "/ck-" .. v[1], v[1]
   local a1 = { "train.steps=6", "checkpoint.dir=" .. dir, "checkpoint.every=3", "train.metrics=" .. work .. "/" .. name .. "1.jsonl" }
   local a2 = { "train.steps=6", "train.resume=" .. dir .. "/step-00000003", "train.metrics=" .. work .. "/" .. name .. "2.jsonl" }

@@ -212,6 +212,35 @@ do
   m:free()
 end
 
+-- a loss left on the device (ops.deferred, as cross-entropy's on a GPU) is
+-- read once per micro-batch after every backward has been issued (no host
+-- wait inside the step), and gives the same loss bit for bit
+do
+  local ops = require "fsdp.ops"
+  local a = fsdp.fully_shard(mlp(), { shard = dp, units = { "Linear" }, zero = 3, seed = 7 })
+  local b = fsdp.fully_shard(mlp(), { shard = dp, units = { "Linear" }, zero = 3, seed = 7 })
+  local order = {}
+  local bw = a.model.backward
+  a.model.backward = function(self, ctx, dy) order[#order + 1] = "backward"; return bw(self, ctx, dy) end
+  local function deferred_mse(y, bt, scale)
+    local l, dy = nn.mse(y, bt.y, scale)
+    return ops.deferred({ read = function() order[#order + 1] = "read"; return l * 4 end }, 1) / 4, dy
+  end
+  local ok = true
+  for t = 1, 3 do
+    local mb = { batch(R, 1, t), batch(R, 2, t) }
+    local la = a:train_step(mb, { lr = 1e-2, loss = deferred_mse })
+    local lb = b:train_step(mb, { lr = 1e-2 })
+    ok = ok and la == lb
+  end
+  check(ok, "a deferred loss trains like a number, bit for bit")
+  check(table.concat(order, ",", 1, 4) == "backward,backward,read,read" and #order == 12,
+    "deferred losses are read after both micro-batches' backward: " .. table.concat(order, ","))
+  local e = a:evaluate({ batch(R, 1, 9) }, function(y, bt) return ops.deferred({ read = function() return 2 * nn.mse(y, bt.y) end }, 0.5) end)
+  check(e == b:evaluate({ batch(R, 1, 9) }, function(y, bt) return (nn.mse(y, bt.y)) end), "evaluate reads deferred losses too")
+  a:free(); b:free()
+end
+
 -- prefetch depth: with 4 buffers and depth 2 both following units are
 -- gathered before unit 0 computes; with 2 buffers the bound stops it at one
 do

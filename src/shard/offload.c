@@ -1,0 +1,205 @@
+/* offload.c: the offloaded optimizer step, overlapped with compute.
+ *
+ * An offloaded unit keeps its fp32 main params, optimizer state and the
+ * grads the optimizer reads in host memory, and steps on the CPU. That step
+ * is long (it streams 16 bytes per owned parameter through the host's memory
+ * bandwidth), so it does not run on the caller's thread: fsdp_unit_step
+ * queues it on one host stream shared by every offloaded unit of the
+ * process and returns. The units step in the order they were stepped (the
+ * trainer steps them in forward order), and the next forward waits only
+ * for the unit it is about to use:
+ *
+ *   host stream:     step u0 | step u1 | step u2 | ...
+ *   transfer (CUDA):          up u0     up u1     up u2
+ *   compute:                  (waits)   fwd u0    fwd u1    fwd u2
+ *
+ * The step writes the new values in the compute dtype into a staging shard
+ * in the same pass (the compute shard itself on CPU ranks, pinned host
+ * memory on a GPU). settle() is where the unit is used again (unshard,
+ * wait, reduce, synchronize, its state read for a checkpoint...): on CPU
+ * ranks the comm stream waits for the step's event, so nothing blocks; on
+ * a GPU the caller waits for the host step, then the shard is copied up on
+ * the transfer stream and the comm stream waits for that copy. The
+ * resident levels (zero 1/2) then all-gather the new full params.
+ *
+ * Going down, the grads leave the device on the transfer stream after the
+ * last reduction, so the next unit's reduce-scatter does not queue behind
+ * the copy; the grad norm is summed on the device first.
+ *
+ * FSDP_TEST_HOST_STEP_DELAY_US delays each host step (tests show the
+ * overlap with it). */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../base/error.h"
+#include "unit_impl.h"
+
+static struct {
+  pthread_mutex_t lock;
+  fsdp_stream *host, *xfer;
+  int users;
+  int64_t delay_us;
+} shared = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static int acquire(int device, fsdp_stream **host, fsdp_stream **xfer) {
+  pthread_mutex_lock(&shared.lock);
+  int rc = FSDP_OK;
+  if (!shared.host) {
+    rc = fsdp_stream_create(FSDP_CPU, &shared.host);
+    const char *d = getenv("FSDP_TEST_HOST_STEP_DELAY_US");
+    shared.delay_us = d ? atoll(d) : 0;
+  }
+  if (rc == FSDP_OK && device == FSDP_CUDA && !shared.xfer) rc = fsdp_stream_create(FSDP_CUDA, &shared.xfer);
+  if (rc == FSDP_OK) {
+    shared.users++;
+    *host = shared.host;
+    *xfer = device == FSDP_CUDA ? shared.xfer : NULL;
+  }
+  pthread_mutex_unlock(&shared.lock);
+  return rc;
+}
+
+static void release(void) {
+  pthread_mutex_lock(&shared.lock);
+  if (--shared.users == 0) {
+    fsdp_stream_destroy(shared.host); /* waits for queued steps */
+    if (shared.xfer) fsdp_stream_destroy(shared.xfer);
+    shared.host = shared.xfer = NULL;
+  }
+  pthread_mutex_unlock(&shared.lock);
+}
+
+int fsdp_offload_attach(fsdp_unit *u) {
+  FSDP_CHECK(acquire(u->dev, &u->host, &u->xfer));
+  FSDP_CHECK(fsdp_event_create(FSDP_CPU, &u->stepped));
+  if (u->dev == FSDP_CUDA) {
+    FSDP_CHECK(fsdp_event_create(FSDP_CUDA, &u->reduced));
+    FSDP_CHECK(fsdp_event_create(FSDP_CUDA, &u->moved));
+    FSDP_CHECK(fsdp_event_create(FSDP_CUDA, &u->uploaded));
+  }
+  return FSDP_OK;
+}
+
+void fsdp_offload_detach(fsdp_unit *u) {
+  if (!u->host) return;
+  (void)fsdp_event_synchronize(u->stepped); /* a queued step still writes into the unit */
+  if (u->xfer) (void)fsdp_stream_synchronize(u->xfer);
+  fsdp_event *evs[] = {u->stepped, u->reduced, u->moved, u->uploaded};
+  for (size_t i = 0; i < sizeof evs / sizeof evs[0]; i++)
+    if (evs[i]) fsdp_event_destroy(evs[i]);
+  u->stepped = u->reduced = u->moved = u->uploaded = NULL;
+  u->host = u->xfer = NULL;
+  u->step_pending = 0;
+  release();
+}
+
+/* ---- down: grads to the host ---- */
+
+int fsdp_offload_grads_down(fsdp_unit *u, fsdp_stream *s) {
+#ifdef FSDP_HAVE_CUDA
+  /* the norm where the grads are, before they leave (n_opt == S: no hfsdp) */
+  FSDP_CHECK(fsdp_memset(u->sums, 0, 16, s));
+  FSDP_CHECK(fsdp_cuda_sum_squares(u->gacc, u->n_opt, (double *)u->sums, (int64_t *)u->sums + 1, s));
+  u->norm_pending = 1;
+  FSDP_CHECK(fsdp_event_record(u->reduced, s));
+  FSDP_CHECK(fsdp_stream_wait_event(u->xfer, u->reduced));
+  FSDP_CHECK(fsdp_memcpy(u->gmain, u->gacc, (size_t)u->n_opt * sizeof(float), u->xfer));
+  FSDP_CHECK(fsdp_memset(u->gacc, 0, (size_t)u->S * sizeof(float), u->xfer)); /* the next step accumulates from 0 */
+  return fsdp_event_record(u->moved, u->xfer);
+#else
+  (void)s;
+  return fsdp_fail(FSDP_EUNSUPPORTED, "unit '%s': built without CUDA", u->name);
+#endif
+}
+
+int fsdp_offload_before_reduce(fsdp_unit *u) {
+  if (!u->xfer) return FSDP_OK;
+  FSDP_CHECK(fsdp_stream_wait_event(u->shard->stream, u->moved));
+  return u->outer ? fsdp_stream_wait_event(u->outer->stream, u->moved) : FSDP_OK;
+}
+
+int fsdp_offload_synchronize(fsdp_unit *u) { return u->xfer ? fsdp_event_synchronize(u->moved) : FSDP_OK; }
+
+/* ---- the step on the host stream ---- */
+
+typedef struct step_job {
+  fsdp_unit *u;
+  fsdp_update_fn update;
+  fsdp_step_args a;
+  fsdp_adamw_config adamw; /* the caller's config may not outlive the call */
+  fsdp_layout_piece *ps;
+  int k;
+} step_job;
+
+static int step_task(void *arg) {
+  step_job *j = arg;
+  fsdp_unit *u = j->u;
+  u->times.step_begin = fsdp_time_now();
+  int rc = FSDP_OK;
+  int copy = u->cfg.compute_dtype == FSDP_FP32; /* bf16: the update writes it */
+  for (int i = 0; i < j->k && rc == FSDP_OK; i++) {
+    int64_t off = j->ps[i].shard_offset, len = j->ps[i].end - j->ps[i].begin;
+    rc = j->update(u, &j->a, off, len, j->ps[i].param);
+    if (rc == FSDP_OK && copy) memcpy((float *)j->a.stage + off, u->main + off, (size_t)len * sizeof(float));
+  }
+  u->times.step_end = fsdp_time_now();
+  return rc < 0 ? fsdp_fail_context(rc, "unit '%s': offloaded optimizer step", u->name) : FSDP_OK;
+}
+
+static void free_job(void *arg) {
+  step_job *j = arg;
+  free(j->ps);
+  free(j);
+}
+
+int fsdp_offload_step(fsdp_unit *u, fsdp_update_fn update, const fsdp_step_args *a, fsdp_layout_piece *ps, int k) {
+  step_job *j = calloc(1, sizeof *j);
+  if (!j) {
+    free(ps);
+    return fsdp_fail(FSDP_ENOMEM, "unit '%s': out of memory", u->name);
+  }
+  j->u = u;
+  j->update = update;
+  j->a = *a;
+  j->ps = ps;
+  j->k = k;
+  if (a->adamw) {
+    j->adamw = *a->adamw;
+    j->a.adamw = &j->adamw;
+  }
+  j->a.stage = u->hstage ? u->hstage : u->cshard;
+  /* no reduce since the last step: the grads are zero, not the old ones */
+  if (u->gstale) memset(u->gmain, 0, (size_t)u->n_opt * sizeof(float));
+  if (shared.delay_us > 0) FSDP_CHECK(fsdp_stream_delay(u->host, shared.delay_us));
+  FSDP_CHECK(fsdp_cpu_stream_enqueue(u->host, step_task, j, free_job));
+  FSDP_CHECK(fsdp_event_record(u->stepped, u->host));
+  u->step_pending = 1;
+  u->gstale = 1;
+  return FSDP_OK;
+}
+
+int fsdp_offload_busy(fsdp_unit *u) {
+  if (!u->step_pending || u->dev != FSDP_CUDA) return 0; /* CPU ranks order it by events: never busy */
+  int q = fsdp_event_query(u->stepped);
+  return q < 0 ? q : !q;
+}
+
+int fsdp_offload_settle(fsdp_unit *u) {
+  if (!u->step_pending) return FSDP_OK;
+  u->step_pending = 0;
+  fsdp_stream *cs = u->shard->stream;
+  if (u->xfer) {
+    FSDP_CHECK(fsdp_event_synchronize(u->stepped));
+    FSDP_CHECK(fsdp_memcpy(u->cshard, u->hstage, (size_t)u->S * u->ces, u->xfer));
+    FSDP_CHECK(fsdp_event_record(u->uploaded, u->xfer));
+    FSDP_CHECK(fsdp_stream_wait_event(cs, u->uploaded));
+  } else {
+    FSDP_CHECK(fsdp_stream_wait_event(cs, u->stepped));
+  }
+  if (u->cfg.zero <= 2) { /* resident full params: gather the new values */
+    FSDP_CHECK(fsdp_comm_all_gather(u->shard, u->cfull, u->cshard, (size_t)u->S, u->cfg.compute_dtype));
+    FSDP_CHECK(fsdp_event_record(u->gathered, cs));
+  }
+  return FSDP_OK;
+}
