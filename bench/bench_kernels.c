@@ -169,8 +169,14 @@ int main(int argc, char **argv) {
              .dout = dev((size_t)n * heads * hd * es), .lse = dev((size_t)n * heads * 4), .seq = n, .h = heads, .kvh = kvh, .d = hd};
   double aflops = 2.0 * heads * (double)n * n * hd;
   double abytes = (double)n * (2 * heads + 2 * kvh) * hd * es;
-  row("attention fwd (ours)", timed(att_f, &at), aflops, abytes);
-  row("attention bwd (ours)", timed(att_b, &at), 2.5 * aflops, 2.5 * abytes);
+  /* the fp32 CUDA-core kernels and the tensor-core ones, side by side */
+  fsdp_cuda_attention_impl_set(FSDP_ATTN_SIMPLE);
+  row("attention fwd (fp32 cores)", timed(att_f, &at), aflops, abytes);
+  row("attention bwd (fp32 cores)", timed(att_b, &at), 2.5 * aflops, 2.5 * abytes);
+  fsdp_cuda_attention_impl_set(FSDP_ATTN_TENSOR_CORES); /* bf16, head_dim 64: they apply */
+  row("attention fwd (tensor cores)", timed(att_f, &at), aflops, abytes);
+  row("attention bwd (tensor cores)", timed(att_b, &at), 2.5 * aflops, 2.5 * abytes);
+  fsdp_cuda_attention_impl_set(FSDP_ATTN_AUTO);
 
   /* the loss over the logits, in place */
   act ce = {.a = dev((size_t)n * V * es), .ids = e.ids, .sum = e.sum, .cnt = e.cnt, .n = n, .dim = V};

@@ -85,6 +85,14 @@ int fsdp_cuda_rope_forward(void *x, const float *cos_t, const float *sin_t, int6
                            int64_t head_dim, int32_t dtype, fsdp_stream *s);
 int fsdp_cuda_rope_backward(void *dx, const float *cos_t, const float *sin_t, int64_t batch, int64_t seq, int64_t heads,
                             int64_t head_dim, int32_t dtype, fsdp_stream *s);
+/* Which CUDA attention kernels run (process-wide; returns the previous
+ * choice): AUTO: tensor cores (kernels/attention_tc.cu) for bf16 with
+ * head_dim 64 or 128 on compute capability 8.0+, else the fp32 CUDA-core
+ * kernels (kernels/attention.cu); SIMPLE: always the latter; TENSOR_CORES:
+ * always the former (EUNSUPPORTED where they do not apply). The
+ * environment's FSDP_ATTENTION=auto|simple|tc sets the starting choice. */
+typedef enum { FSDP_ATTN_AUTO = 0, FSDP_ATTN_SIMPLE = 1, FSDP_ATTN_TENSOR_CORES = 2 } fsdp_attention_impl;
+int fsdp_cuda_attention_impl_set(int which);
 int fsdp_cuda_attention_forward(void *out, float *lse, const void *q, const void *k, const void *v, int64_t batch,
                                 int64_t seq, int64_t heads, int64_t kv_heads, int64_t head_dim, int32_t dtype,
                                 fsdp_stream *s);

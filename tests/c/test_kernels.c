@@ -189,8 +189,11 @@ static void test_rope(void) {
   free(c), free(s);
 }
 
-static void test_attention(int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D) {
+/* impl: FSDP_ATTN_SIMPLE (the fp32 CUDA-core kernels) or FSDP_ATTN_AUTO
+ * (tensor cores where they apply: bf16, head_dim 64 or 128) */
+static void test_attention_impl(int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, int impl) {
   int64_t nq = B * T * H * D, nk = B * T * Hkv * D, nl = B * H * T;
+  CHECK(fsdp_cuda_attention_impl_set(impl) >= 0);
   DT_LOOP {
     float *q = rand_host(nq, 1, dt), *k = rand_host(nk, 1, dt), *v = rand_host(nk, 1, dt), *dout = rand_host(nq, 1, dt);
     float *out = malloc(sizeof(float) * nq), *lse = malloc(sizeof(float) * nl);
@@ -205,8 +208,9 @@ static void test_attention(int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t
     void *DQ = poisoned(nq, dt), *DK = poisoned(nk, dt), *DV = poisoned(nk, dt);
     CHECK_OK(fsdp_cuda_attention_backward(DQ, DK, DV, DO, Q, K, V, O, L, B, T, H, Hkv, D, dt, NULL));
     char what[96];
-    snprintf(what, sizeof what, "attention B%lld T%lld H%lld/%lld D%lld", (long long)B, (long long)T, (long long)H,
-             (long long)Hkv, (long long)D);
+    snprintf(what, sizeof what, "attention%s B%lld T%lld H%lld/%lld D%lld",
+             impl == FSDP_ATTN_SIMPLE ? " (fp32 cores)" : "", (long long)B, (long long)T, (long long)H, (long long)Hkv,
+             (long long)D);
     same(what, dt, O, out, nq, 2e-5);
     same("attention lse", FSDP_FP32, L, lse, nl, dt == FSDP_BF16 ? 1e-3 : 2e-6);
     same("attention dq", dt, DQ, dq, nq, 5e-5);
@@ -216,6 +220,21 @@ static void test_attention(int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t
     for (int i = 0; i < 4; i++) fsdp_free(FSDP_CUDA, bufs[i]);
     free(q), free(k), free(v), free(dout), free(out), free(lse), free(dq), free(dk), free(dv), free(og), free(lg);
   }
+}
+
+static void test_attention(int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D) {
+  test_attention_impl(B, T, H, Hkv, D, FSDP_ATTN_SIMPLE);
+  test_attention_impl(B, T, H, Hkv, D, FSDP_ATTN_AUTO);
+}
+
+static void test_attention_choice(void) {
+  /* asking for tensor cores where they do not apply is an error, not a fallback */
+  void *Q = poisoned(64, FSDP_FP32), *O = poisoned(64, FSDP_FP32), *L = poisoned(4, FSDP_FP32);
+  CHECK(fsdp_cuda_attention_impl_set(FSDP_ATTN_TENSOR_CORES) >= 0);
+  CHECK_FAILS(fsdp_cuda_attention_forward(O, L, Q, Q, Q, 1, 4, 1, 1, 16, FSDP_FP32, NULL), FSDP_EUNSUPPORTED, "tensor-core");
+  CHECK_FAILS(fsdp_cuda_attention_impl_set(7), FSDP_EINVAL, "expected");
+  CHECK(fsdp_cuda_attention_impl_set(FSDP_ATTN_AUTO) == FSDP_ATTN_TENSOR_CORES);
+  fsdp_free(FSDP_CUDA, Q), fsdp_free(FSDP_CUDA, O), fsdp_free(FSDP_CUDA, L);
 }
 
 static void test_elementwise(void) {
@@ -325,6 +344,10 @@ int main(void) {
   test_attention(2, 37, 4, 2, 16);
   test_attention(1, 70, 2, 1, 64);
   test_attention(1, 40, 4, 4, 128);
+  /* several tiles of 64 rows, a partial last tile, grouped heads */
+  test_attention(2, 150, 8, 2, 128);
+  test_attention(1, 200, 4, 1, 64);
+  test_attention_choice();
   test_elementwise();
   test_cross_entropy();
   test_optimizers();
