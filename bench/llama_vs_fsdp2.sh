@@ -4,18 +4,30 @@
 # tokens with PyTorch FSDP2 (bench/fsdp2_llama.py), and prints tokens/s,
 # MFU (the same FLOP count and the same measured bf16 GEMM peak for both)
 # and peak memory side by side, with the ratio.
-#   bench/llama_vs_fsdp2.sh [BUILD_DIR] [STEPS]
+# --offload: the same with the optimizer offloaded to the host, on a model
+# that does not fit an 80 GB GPU without it (bench/llama4b_offload.lua,
+# 4.4B; FSDP2 with CPUOffloadPolicy), both with activation checkpointing.
+#   bench/llama_vs_fsdp2.sh [BUILD_DIR] [STEPS] [--offload]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
 steps=${2:-8}
+mode=${3:-}
 out=${OUT:-runs/bench}
+recipe=bench/llama1b.lua name=llama1b title="Llama 3.2 1B shape, seq 4096, batch 1, bf16, one GPU"
+if [ "$mode" = --offload ]; then
+  recipe=bench/llama4b_offload.lua name=llama4b_offload
+  title="Llama-3-style 4.4B, seq 4096, batch 1, bf16, optimizer offloaded to the host, one GPU"
+elif [ -n "$mode" ]; then
+  echo "llama_vs_fsdp2.sh: unknown option '$mode' (expected --offload)" >&2
+  exit 2
+fi
 [ -f "$build/CMakeCache.txt" ] || . scripts/gpu_env.sh "$build" # a carried build
 mkdir -p "$out"
-"$build/fsdprun" -n 1 --rank0-only --host "$build/fsdp" bench/llama1b.lua train.steps="$steps" \
-  train.metrics="$out/llama1b.jsonl" 2>&1 | tee "$out/ours.log"
-python3 bench/fsdp2_llama.py "$steps" 4096 2>&1 | tee "$out/fsdp2.log"
-python3 - "$out/llama1b.jsonl" "$out/fsdp2.log" "$out/ours.log" <<'PY'
+"$build/fsdprun" -n 1 --rank0-only --host "$build/fsdp" "$recipe" train.steps="$steps" \
+  train.metrics="$out/$name.jsonl" 2>&1 | tee "$out/ours_$name.log"
+python3 bench/fsdp2_llama.py "$steps" 4096 $mode 2>&1 | tee "$out/fsdp2_$name.log"
+python3 - "$out/$name.jsonl" "$out/fsdp2_$name.log" "$title" <<'PY'
 import json, re, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if '"tokens_per_s"' in l]
 steady = rows[1:] or rows
@@ -24,7 +36,7 @@ ours_mfu = sum(r["mfu"] for r in steady) / len(steady)
 ours_mem = max(r["mem_bytes"] for r in rows)
 theirs = [json.loads(l) for l in open(sys.argv[2]) if l.startswith("{")][-1]
 their_mfu = ours_mfu * theirs["tokens_per_s"] / ours_tps  # same FLOPs per token, same peak
-print("\n# Llama 3.2 1B shape, seq 4096, batch 1, bf16, one GPU (steps after the first)")
+print(f"\n# {sys.argv[3]} (steps after the first)")
 print(f"{'engine':16} {'tokens/s':>10} {'MFU':>7} {'peak GiB':>9}")
 print(f"{'fsdp (ours)':16} {ours_tps:10.0f} {100 * ours_mfu:6.1f}% {ours_mem / 2**30:9.2f}")
 print(f"{'pytorch fsdp2':16} {theirs['tokens_per_s']:10.0f} {100 * their_mfu:6.1f}% {theirs['peak_bytes'] / 2**30:9.2f}")

@@ -5,8 +5,10 @@
 # test_cuda, test_kernels, test_cuda_train, the demo recipe on the GPU and on
 # CPU ranks (TINY_STEPS, default 400), the optimizer-step and per-kernel
 # benchmarks (copy build/bench/bench_{adamw,kernels} along), the demo with
-# the optimizer offloaded; GPU_CHECK_COLLECTIVES=1 adds the
-# collective benchmarks and the multi-rank CPU tests.
+# the optimizer offloaded; GPU_CHECK_BENCH=1 adds the comparisons with
+# PyTorch FSDP2 (bench/llama_vs_fsdp2.sh, plain and --offload);
+# GPU_CHECK_COLLECTIVES=1 adds the collective benchmarks and the multi-rank
+# CPU tests.
 # Libraries the GPU machine lacks (PMIx, LuaJIT, ...) may sit in .devlibs/;
 # NCCL is taken from the system or from Python's nvidia-nccl package.
 set -uo pipefail
@@ -49,6 +51,12 @@ fi
 echo "== the demo recipe on one GPU with the optimizer offloaded (fsdp.offload)"
 "$build/fsdprun" -n 1 --rank0-only --host "$build/fsdp" recipes/tiny.lua train.device=cuda fsdp.offload=true \
   train.steps="$steps" train.log_every=50 train.metrics="$out/tiny_cuda_offload.jsonl" 2>&1 | tee "$out/tiny_cuda_offload.log" || status=1
+
+if [ "${GPU_CHECK_BENCH:-0}" = 1 ]; then
+  echo "== this engine vs PyTorch FSDP2: the 1B model, then the 4.4B one with the optimizer offloaded"
+  OUT="$out" bash bench/llama_vs_fsdp2.sh "$build" 8 2>&1 | tail -6 | tee "$out/vs_fsdp2.txt" || status=1
+  OUT="$out" bash bench/llama_vs_fsdp2.sh "$build" 6 --offload 2>&1 | tail -6 | tee "$out/vs_fsdp2_offload.txt" || status=1
+fi
 
 if [ "${GPU_CHECK_COLLECTIVES:-0}" = 1 ]; then
 for dt in fp32 bf16; do
