@@ -225,6 +225,25 @@ int fsdp_comm_set_timeout(fsdp_comm *c, double seconds);
 /* Bytes of the fp32 staging the FSDP units on this comm share (0: none). */
 int64_t fsdp_comm_scratch_bytes(const fsdp_comm *c);
 
+/* User-buffer registration (src/dist/comm_register.c), off unless asked
+ * for. NCCL: FSDP_REG_BUFFER registers a buffer with ncclCommRegister
+ * (zero-copy collectives over NVLink and, with buffers from
+ * fsdp_comm_mem_alloc, NVLink SHARP on NVSwitch systems); FSDP_REG_WINDOW
+ * makes it a symmetric window (ncclCommWindowRegister, NCCL 2.27+:
+ * collective, every member registers the same size at the same time). The
+ * CPU transport registers nothing and says so by a NULL handle inside. */
+typedef enum { FSDP_REG_NONE = 0, FSDP_REG_BUFFER = 1, FSDP_REG_WINDOW = 2 } fsdp_comm_reg_mode;
+typedef struct fsdp_comm_reg fsdp_comm_reg;
+/* Memory for buffers that will be registered in `mode` (NCCL: ncclMemAlloc;
+ * FSDP_REG_NONE or other transports: fsdp_alloc on the comm's device),
+ * zeroed; free it with fsdp_comm_mem_free and the same mode. */
+int fsdp_comm_mem_alloc(fsdp_comm *c, int mode, size_t bytes, void **out);
+int fsdp_comm_mem_free(fsdp_comm *c, int mode, void *p);
+int fsdp_comm_register(fsdp_comm *c, void *buf, size_t bytes, int mode, fsdp_comm_reg **out);
+/* 1 when the transport really registered it, 0 when it had nothing to do */
+int fsdp_comm_reg_active(const fsdp_comm_reg *r);
+int fsdp_comm_deregister(fsdp_comm *c, fsdp_comm_reg *r); /* NULL: no-op */
+
 /* ---- layout: parameters in a unit's flat buffer, and their owners ------ */
 typedef struct fsdp_layout fsdp_layout;
 typedef struct fsdp_layout_piece {
@@ -290,6 +309,9 @@ int fsdp_pool_create(int device, size_t bytes, int max_live, fsdp_pool **out);
 void fsdp_pool_destroy(fsdp_pool *p);
 int fsdp_pool_live(const fsdp_pool *p);
 int fsdp_pool_peak(const fsdp_pool *p);
+/* Reallocate the pool's buffers with fsdp_comm_mem_alloc and register them
+ * with c in `mode` (before any is acquired; collective for windows). */
+int fsdp_pool_register(fsdp_pool *p, fsdp_comm *c, int mode);
 
 typedef struct fsdp_unit_config {
   int32_t zero;          /* 0..3, see docs/ARCHITECTURE.md */
@@ -302,6 +324,8 @@ typedef struct fsdp_unit_config {
   int32_t offload;       /* 1: the fp32 main params, optimizer state and the grads it reads
                             live in (pinned) host memory and the step runs on CPU threads;
                             zero >= 1, not with hfsdp */
+  int32_t comm_register; /* fsdp_comm_reg_mode for the buffers the shard group's collectives
+                            read and write (compute shard, full params and grads); 0: none */
 } fsdp_unit_config;
 
 /* A unit of parameters sharded over `shard` (and, HSDP, replicated over

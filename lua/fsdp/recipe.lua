@@ -14,7 +14,7 @@ M.schema = {
     zero = { "int", 3 }, units = { "any", "default" }, prefetch = { "int", 1 }, max_live_units = { "int", 2 },
     meta_init = { "boolean", true }, checkpoint = { "any", "none" }, hfsdp = { "boolean", false },
     param_dtype = { { "fp32", "bf16" }, "fp32" }, reduce_dtype = { { "fp32", "bf16" }, "fp32" },
-    offload = { "boolean", false },
+    offload = { "boolean", false }, comm_register = { { "none", "buffer", "window" }, "none" },
   },
   optimizer = {
     name = { { "adamw", "sgd" }, "adamw" }, lr = { "number", 3e-4 }, beta1 = { "number", 0.9 }, beta2 = { "number", 0.95 },

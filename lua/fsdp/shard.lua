@@ -263,8 +263,21 @@ function M.fully_shard(model, opts)
   local pp, gp = ffi.new("fsdp_pool *[1]"), ffi.new("fsdp_pool *[1]")
   local dev = tensor.device(s.device)
   local es = pdt == "bf16" and 2 or 4 -- full buffers hold the compute dtype
+  -- opts.comm_register: the buffers the collectives use, registered with the
+  -- shard group's transport (NCCL user buffers or symmetric windows)
+  local reg = ({ none = 0, buffer = C.FSDP_REG_BUFFER, window = C.FSDP_REG_WINDOW })[opts.comm_register or "none"]
+  if not reg then
+    error("fully_shard: comm_register = '" .. tostring(opts.comm_register) .. "'; expected 'none', 'buffer' or 'window'", 2)
+  end
   if need_p then check(C.fsdp_pool_create(dev, biggest * es, live, pp), "fully_shard: param pool") end
   if need_g then check(C.fsdp_pool_create(dev, biggest * es, live, gp), "fully_shard: grad pool") end
+  for _, p in ipairs(reg ~= 0 and { pp[0], gp[0] } or {}) do
+    if p ~= nil then
+      local rc = C.fsdp_pool_register(p, opts.shard.handle, reg)
+      if rc < 0 then C.fsdp_pool_destroy(pp[0]); C.fsdp_pool_destroy(gp[0]) end
+      check(rc, "fully_shard: registering the unit buffer pools")
+    end
+  end
   s.live_bound = live
   s.ppool, s.gpool = pp[0], gp[0]
   -- one finalizer for the lot, so units go before the pools they borrow
@@ -275,7 +288,7 @@ function M.fully_shard(model, opts)
   s.gc = ffi.gc(ffi.new("char[1]"), function() M.release(res) end)
   for _, u in ipairs(s.units) do
     local cfg = ffi.new("fsdp_unit_config", { u.zero, tensor.dtype(pdt), tensor.dtype(rdt), C.FSDP_AVG, align, salign,
-      s.hfsdp and 1 or 0, u.offload and 1 or 0 })
+      s.hfsdp and 1 or 0, u.offload and 1 or 0, reg })
     local n = #u.params
     local names, numels = ffi.new("const char *[?]", n), ffi.new("int64_t[?]", n)
     local rules, nd = ffi.new("fsdp_init_rule[?]", n), ffi.new("uint8_t[?]", n)

@@ -19,6 +19,14 @@ typedef struct comm_ops {
   int (*synchronize)(fsdp_comm *c);
   /* Waits for pending work and frees impl (and the stream). */
   void (*destroy)(fsdp_comm *c);
+  /* Optional (comm_register.c): memory the transport can register (NCCL:
+   * ncclMemAlloc, cuMem-backed, what NVLink SHARP needs), and registering
+   * it (mode FSDP_REG_BUFFER or FSDP_REG_WINDOW). NULL: plain device memory,
+   * and registration is a no-op. */
+  int (*mem_alloc)(fsdp_comm *c, size_t bytes, void **out);
+  void (*mem_free)(fsdp_comm *c, void *p);
+  int (*register_buffer)(fsdp_comm *c, void *buf, size_t bytes, int mode, void **handle);
+  void (*deregister_buffer)(fsdp_comm *c, void *handle, int mode);
 } comm_ops;
 
 struct fsdp_comm {

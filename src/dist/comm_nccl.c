@@ -12,6 +12,7 @@
  * bounded: ncclCommInitRank itself, which waits for every member; the
  * PMIx fence just before it has seen them all alive. */
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
 #include <nccl.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -144,8 +145,42 @@ static void keep_pool_cache(void) {
     cudaGetLastError(); /* only a cache: no pool support is not an error */
 }
 
+/* ---- user-buffer registration (comm_register.c) ---- */
+
+static int nccl_mem_alloc(fsdp_comm *c, size_t bytes, void **out) { return NC(c, ncclMemAlloc(out, bytes)); }
+
+static void nccl_mem_free(fsdp_comm *c, void *p) {
+  (void)c;
+  ncclMemFree(p);
+}
+
+/* Symmetric windows arrived in NCCL 2.27; the library found at run time may
+ * be older than the header, so they are looked up, not linked. */
+typedef ncclResult_t (*window_register_fn)(ncclComm_t, void *, size_t, void **, int);
+typedef ncclResult_t (*window_deregister_fn)(ncclComm_t, void *);
+
+static int nccl_register(fsdp_comm *c, void *buf, size_t bytes, int mode, void **handle) {
+  if (mode == FSDP_REG_BUFFER) return NC(c, ncclCommRegister(comm_of(c), buf, bytes, handle));
+  window_register_fn reg = (window_register_fn)dlsym(RTLD_DEFAULT, "ncclCommWindowRegister");
+  if (!reg)
+    return fsdp_fail(FSDP_EUNSUPPORTED, "comm '%s': symmetric windows need NCCL 2.27 or newer (the NCCL loaded has no "
+                     "ncclCommWindowRegister); use FSDP_REG_BUFFER", c->name);
+  return nccl_check(reg(comm_of(c), buf, bytes, handle, 1 /* NCCL_WIN_COLL_SYMMETRIC */), comm_of(c),
+                    "ncclCommWindowRegister", c->name);
+}
+
+static void nccl_deregister(fsdp_comm *c, void *handle, int mode) {
+  if (mode == FSDP_REG_BUFFER) {
+    ncclCommDeregister(comm_of(c), handle);
+    return;
+  }
+  window_deregister_fn dereg = (window_deregister_fn)dlsym(RTLD_DEFAULT, "ncclCommWindowDeregister");
+  if (dereg) dereg(comm_of(c), handle);
+}
+
 static const comm_ops nccl_ops = {"nccl",         nccl_all_gather, nccl_reduce_scatter, nccl_all_reduce,
-                                  nccl_broadcast, nccl_barrier,    nccl_synchronize,    nccl_destroy};
+                                  nccl_broadcast, nccl_barrier,    nccl_synchronize,    nccl_destroy,
+                                  nccl_mem_alloc, nccl_mem_free,   nccl_register,       nccl_deregister};
 
 int fsdp_comm_nccl_create(const comm_group_spec *spec, fsdp_comm **out) {
   *out = NULL;

@@ -317,7 +317,7 @@ static void shm_destroy(fsdp_comm *c) {
 }
 
 static const comm_ops shm_ops = {"shm", shm_all_gather, shm_reduce_scatter, shm_all_reduce, shm_broadcast,
-                                 shm_barrier_op, NULL, shm_destroy};
+                                 shm_barrier_op, NULL, shm_destroy, NULL, NULL, NULL, NULL};
 
 /* ---- creation ---- */
 

@@ -15,6 +15,9 @@ struct fsdp_pool {
   void **buf;
   fsdp_event **released;
   int *taken;
+  fsdp_comm *comm; /* fsdp_pool_register: buffers from comm, registered in mode */
+  int mode;
+  fsdp_comm_reg **reg;
 };
 
 int fsdp_pool_create(int device, size_t bytes, int max_live, fsdp_pool **out) {
@@ -45,8 +48,13 @@ void fsdp_pool_destroy(fsdp_pool *p) {
   if (!p) return;
   for (int i = 0; i < p->max_live; i++) {
     if (p->released && p->released[i]) fsdp_event_destroy(p->released[i]); /* waits for its last user */
-    if (p->buf && p->buf[i]) fsdp_free(p->device, p->buf[i]);
+    if (p->reg) fsdp_comm_deregister(p->comm, p->reg[i]);
+    if (p->buf && p->buf[i]) {
+      if (p->comm) fsdp_comm_mem_free(p->comm, p->mode, p->buf[i]);
+      else fsdp_free(p->device, p->buf[i]);
+    }
   }
+  free(p->reg);
   free(p->buf);
   free(p->released);
   free(p->taken);
@@ -75,6 +83,26 @@ int fsdp_pool_release(fsdp_pool *p, int slot, fsdp_stream *last_user) {
   FSDP_CHECK(fsdp_event_record(p->released[slot], last_user));
   p->taken[slot] = 0;
   p->live--;
+  return FSDP_OK;
+}
+
+int fsdp_pool_register(fsdp_pool *p, fsdp_comm *c, int mode) {
+  if (!p || !c) return fsdp_fail(FSDP_EINVAL, "pool_register: NULL pool or comm");
+  if (p->comm) return fsdp_fail(FSDP_ESTATE, "pool_register: the pool is registered already");
+  if (p->live || p->peak) return fsdp_fail(FSDP_ESTATE, "pool_register: buffers were handed out already");
+  if (fsdp_comm_device(c) != p->device) return fsdp_fail(FSDP_EINVAL, "pool_register: the comm is on another device");
+  p->reg = calloc((size_t)p->max_live, sizeof *p->reg);
+  if (!p->reg) return fsdp_fail(FSDP_ENOMEM, "pool: out of memory");
+  for (int i = 0; i < p->max_live; i++) { /* the plain buffers give way to the transport's */
+    fsdp_free(p->device, p->buf[i]);
+    p->buf[i] = NULL;
+  }
+  p->comm = c;
+  p->mode = mode;
+  for (int i = 0; i < p->max_live; i++) {
+    FSDP_CHECK(fsdp_comm_mem_alloc(c, mode, p->bytes, &p->buf[i]));
+    FSDP_CHECK(fsdp_comm_register(c, p->buf[i], p->bytes, mode, &p->reg[i]));
+  }
   return FSDP_OK;
 }
 

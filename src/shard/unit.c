@@ -134,6 +134,9 @@ static int check_config(const char *name, const fsdp_unit_config *c) {
     return fsdp_fail(FSDP_EINVAL, "unit '%s': reduce dtype must be fp32 or the compute dtype", name);
   if (c->grad_op != FSDP_AVG && c->grad_op != FSDP_SUM)
     return fsdp_fail(FSDP_EINVAL, "unit '%s': grad_op must be avg or sum", name);
+  if (c->comm_register < FSDP_REG_NONE || c->comm_register > FSDP_REG_WINDOW)
+    return fsdp_fail(FSDP_EINVAL, "unit '%s': comm_register = %d; expected 0 (none), 1 (buffers) or 2 (windows)", name,
+                     c->comm_register);
   if (c->offload && (c->zero == 0 || c->hfsdp))
     return fsdp_fail(FSDP_EINVAL, "unit '%s': offload needs zero >= 1 and no hfsdp (zero %d%s)", name, c->zero,
                      c->hfsdp ? ", hfsdp" : "");
@@ -145,6 +148,20 @@ static int alloc0(int dev, size_t bytes, void **out) {
   if (dev == FSDP_CUDA) return fsdp_memset(*out, 0, bytes, NULL);
   memset(*out, 0, bytes ? bytes : 1);
   return FSDP_OK;
+}
+
+/* a buffer the shard group's collectives read or write: from the comm and
+ * registered with it when the config asks (fsdp.comm_register) */
+static int alloc_comm(fsdp_unit *u, size_t bytes, void **out) {
+  int mode = u->cfg.comm_register;
+  if (!mode) return alloc0(u->dev, bytes, out);
+  FSDP_CHECK(fsdp_comm_mem_alloc(u->shard, mode, bytes, out));
+  return fsdp_comm_register(u->shard, *out, bytes, mode, &u->reg[u->nreg++]);
+}
+
+static void free_comm(fsdp_unit *u, void *p) {
+  if (!u->cfg.comm_register) fsdp_free(u->dev, p);
+  else fsdp_comm_mem_free(u->shard, u->cfg.comm_register, p);
 }
 
 /* the optimizer's buffers: on the unit's device, or offloaded to host
@@ -225,9 +242,9 @@ int fsdp_unit_create(const char *name, int nparams, const char *const *param_nam
   if (rc == FSDP_OK && u->off && u->dev == FSDP_CUDA) rc = alloc_opt(u, (size_t)u->S * u->ces, &u->hstage);
   if (rc == FSDP_OK && u->hstage) memset(u->hstage, 0, (size_t)u->S * u->ces); /* padding stays 0 */
   if (rc == FSDP_OK && u->off) rc = fsdp_offload_attach(u);
-  if (rc == FSDP_OK && cfg->zero >= 1) rc = alloc0(u->dev, (size_t)u->S * u->ces, &u->cshard);
-  if (rc == FSDP_OK && cfg->zero <= 2) rc = alloc0(u->dev, (size_t)u->T * u->ces, &u->cfull);
-  if (rc == FSDP_OK && cfg->zero <= 1) rc = alloc0(u->dev, (size_t)u->T * u->ces, &u->gfull);
+  if (rc == FSDP_OK && cfg->zero >= 1) rc = alloc_comm(u, (size_t)u->S * u->ces, &u->cshard);
+  if (rc == FSDP_OK && cfg->zero <= 2) rc = alloc_comm(u, (size_t)u->T * u->ces, &u->cfull);
+  if (rc == FSDP_OK && cfg->zero <= 1) rc = alloc_comm(u, (size_t)u->T * u->ces, &u->gfull);
   if (rc == FSDP_OK && u->dev == FSDP_CUDA) rc = alloc0(u->dev, 16, &u->sums);
   if (rc == FSDP_OK) rc = fsdp_event_create(u->dev, &u->gathered);
   if (rc == FSDP_OK) rc = fsdp_event_create(u->dev, &u->ready);
@@ -271,8 +288,10 @@ int fsdp_unit_destroy(fsdp_unit *u) {
   if (u->gslot >= 0) fsdp_pool_release(u->gpool, u->gslot, NULL);
   if (u->gacc != u->gmain) fsdp_free(u->dev, u->gacc);
   if (u->has_scratch) fsdp_comm_scratch_release(u->shard);
-  void *bufs[] = {u->cshard, u->cfull, u->gfull, u->sums};
-  for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) fsdp_free(u->dev, bufs[i]);
+  for (int i = 0; i < u->nreg; i++) fsdp_comm_deregister(u->shard, u->reg[i]);
+  void *bufs[] = {u->cshard, u->cfull, u->gfull};
+  for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free_comm(u, bufs[i]);
+  fsdp_free(u->dev, u->sums);
   void *opt[] = {u->main, u->m, u->v, u->gmain, u->hstage};
   for (size_t i = 0; i < sizeof opt / sizeof opt[0]; i++) free_opt(u, opt[i]);
   fsdp_event_destroy(u->gathered);

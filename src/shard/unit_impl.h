@@ -32,7 +32,9 @@ struct fsdp_unit {
   float *main, *m, *v, *gmain;
   int has_scratch;     /* holds a share of the shard comm's scratch (TMP in unit.c) */
   float *gacc; /* fp32 grad shard over the shard group: gmain, or its own S buffer with HFSDP */
-  void *cshard, *cfull, *gfull;
+  void *cshard, *cfull, *gfull; /* with cfg.comm_register: from the shard comm, registered there */
+  fsdp_comm_reg *reg[3];
+  int nreg;
   void *hstage;        /* offload on CUDA: the compute shard cast on the host, then copied up */
   int pslot, gslot;
   void *pbuf, *gbuf;

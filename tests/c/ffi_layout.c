@@ -79,6 +79,7 @@ int main(void) {
   OFF(fsdp_unit_config, shard_align);
   OFF(fsdp_unit_config, hfsdp);
   OFF(fsdp_unit_config, offload);
+  OFF(fsdp_unit_config, comm_register);
   OFF(fsdp_unit_memory, params_full);
   OFF(fsdp_unit_memory, params_shard);
   OFF(fsdp_unit_memory, main_params);
@@ -96,6 +97,12 @@ int main(void) {
   OFF(fsdp_safetensors_entry, begin);
   OFF(fsdp_safetensors_entry, end);
   printf("},\nconstants = {\n");
+  CONST(FSDP_REG_NONE);
+  CONST(FSDP_REG_BUFFER);
+  CONST(FSDP_REG_WINDOW);
+  CONST(FSDP_ATTN_AUTO);
+  CONST(FSDP_ATTN_SIMPLE);
+  CONST(FSDP_ATTN_TENSOR_CORES);
   CONST(FSDP_OK);
   CONST(FSDP_EINVAL);
   CONST(FSDP_ENOMEM);

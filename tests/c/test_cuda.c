@@ -198,6 +198,46 @@ static void test_comm_stream_order(fsdp_comm *c) {
   fsdp_free_host_pinned(back);
 }
 
+/* User-buffer registration: buffers from ncclMemAlloc, registered (and,
+ * where this NCCL has them, as symmetric windows), gather and reduce exactly
+ * like plain ones, and a pool can be registered before use. */
+static void test_registration(fsdp_comm *c) {
+  size_t n = (size_t)1 << 20, bytes = n * sizeof(float);
+  float *h = malloc(bytes), *back = malloc(bytes * (size_t)fsdp_comm_size(c));
+  for (size_t i = 0; i < n; i++) h[i] = value(i);
+  for (int mode = FSDP_REG_BUFFER; mode <= FSDP_REG_WINDOW; mode++) {
+    void *in = NULL, *out = NULL;
+    fsdp_comm_reg *ri = NULL, *ro = NULL;
+    size_t ob = bytes * (size_t)fsdp_comm_size(c);
+    CHECK_OK(fsdp_comm_mem_alloc(c, mode, bytes, &in));
+    CHECK_OK(fsdp_comm_mem_alloc(c, mode, ob, &out));
+    int rc = fsdp_comm_register(c, in, bytes, mode, &ri);
+    if (rc == FSDP_EUNSUPPORTED && mode == FSDP_REG_WINDOW) { /* an NCCL before 2.27: said, not hidden */
+      printf("test_cuda: symmetric windows not available: %s\n", fsdp_last_error());
+    } else {
+      CHECK(rc == FSDP_OK && fsdp_comm_reg_active(ri));
+      CHECK_OK(fsdp_comm_register(c, out, ob, mode, &ro));
+      CHECK_OK(fsdp_memcpy(in, h, bytes, NULL));
+      CHECK_OK(fsdp_comm_all_gather(c, out, in, n, FSDP_FP32));
+      CHECK_OK(fsdp_comm_synchronize(c));
+      CHECK_OK(fsdp_memcpy(back, out, ob, NULL));
+      int bad = 0;
+      for (int r = 0; r < fsdp_comm_size(c); r++) bad += memcmp(back + (size_t)r * n, h, bytes) != 0;
+      CHECK(bad == 0);
+      CHECK_OK(fsdp_comm_deregister(c, ro));
+      CHECK_OK(fsdp_comm_deregister(c, ri));
+    }
+    CHECK_OK(fsdp_comm_mem_free(c, mode, in));
+    CHECK_OK(fsdp_comm_mem_free(c, mode, out));
+  }
+  fsdp_pool *p = NULL;
+  CHECK_OK(fsdp_pool_create(FSDP_CUDA, bytes, 2, &p));
+  CHECK_OK(fsdp_pool_register(p, c, FSDP_REG_BUFFER));
+  fsdp_pool_destroy(p);
+  free(h);
+  free(back);
+}
+
 /* The CUDA caching pool: statistics follow allocations, a freed block is
  * reused for its size class, empty_cache gives it back to the device. */
 static void test_cuda_pool(void) {
@@ -237,6 +277,7 @@ int main(void) {
     CHECK_FAILS(fsdp_comm_reduce_scatter(c, &x, FSDP_BF16, &x, FSDP_FP32, 1, FSDP_SUM), FSDP_EINVAL, "not supported");
     test_collectives(c);
     test_comm_stream_order(c);
+    test_registration(c);
     char desc[1024];
     CHECK_OK(fsdp_mesh_describe(m, desc, sizeof desc));
     printf("%s\n", desc);

@@ -51,8 +51,10 @@ static int params_off(fsdp_unit **units, ref_param ref[NU][MAXP], double rel, do
   return bad;
 }
 
-static void run(fsdp_comm *shard, fsdp_comm *outer, int zero, int K, int hfsdp, const char *label) {
-  fsdp_unit_config cfg = {zero, FSDP_FP32, FSDP_FP32, FSDP_AVG, 16, 32, hfsdp, 0};
+/* reg: fsdp.comm_register's mode for the units and pools (a no-op on CPU
+ * ranks: the same results, the same memory) */
+static void run(fsdp_comm *shard, fsdp_comm *outer, int zero, int K, int hfsdp, int reg, const char *label) {
+  fsdp_unit_config cfg = {zero, FSDP_FP32, FSDP_FP32, FSDP_AVG, 16, 32, hfsdp, 0, reg};
   fsdp_pool *pp = NULL, *gp = NULL;
   size_t maxbytes = 0;
   for (int u = 0; u < NU; u++) {
@@ -64,6 +66,11 @@ static void run(fsdp_comm *shard, fsdp_comm *outer, int zero, int K, int hfsdp, 
   CHECK_OK(fsdp_memory_get_stats(FSDP_CPU, &before));
   CHECK_OK(fsdp_pool_create(FSDP_CPU, maxbytes, 2, &pp));
   CHECK_OK(fsdp_pool_create(FSDP_CPU, maxbytes, 2, &gp));
+  if (reg) {
+    CHECK_OK(fsdp_pool_register(pp, shard, reg));
+    CHECK_OK(fsdp_pool_register(gp, shard, reg));
+    CHECK_FAILS(fsdp_pool_register(gp, shard, reg), FSDP_ESTATE, "registered already");
+  }
   fsdp_unit *units[NU] = {0};
   ref_param ref[NU][MAXP];
   for (int u = 0; u < NU; u++) {
@@ -255,8 +262,22 @@ int main(void) {
   for (int zero = 0; zero <= 3 && dp; zero++)
     for (int K = 1; K <= 3; K += 2) {
       snprintf(label, sizeof label, "zero %d, %d micro-batch(es)", zero, K);
-      run(dp, NULL, zero, K, 0, label);
+      run(dp, NULL, zero, K, 0, 0, label);
     }
+  for (int zero = 0; zero <= 3 && dp; zero++) {
+    snprintf(label, sizeof label, "zero %d, registered buffers", zero);
+    run(dp, NULL, zero, 3, 0, FSDP_REG_WINDOW, label);
+  }
+  if (dp) { /* the CPU transport registers nothing, and says so */
+    fsdp_comm_reg *r = NULL;
+    void *b = NULL;
+    CHECK_OK(fsdp_comm_mem_alloc(dp, FSDP_REG_BUFFER, 64, &b));
+    CHECK_OK(fsdp_comm_register(dp, b, 64, FSDP_REG_BUFFER, &r));
+    CHECK(r != NULL && !fsdp_comm_reg_active(r));
+    CHECK_OK(fsdp_comm_deregister(dp, r));
+    CHECK_OK(fsdp_comm_mem_free(dp, FSDP_REG_BUFFER, b));
+    CHECK_FAILS(fsdp_comm_register(dp, NULL, 0, 9, &r), FSDP_EINVAL, "expected FSDP_REG_NONE");
+  }
   if (W == 4) {
     const char *d2[] = {"dp_outer", "dp_shard"};
     int64_t s2[] = {2, 2};
@@ -269,17 +290,20 @@ int main(void) {
       for (int zero = 1; zero <= 3 && sh && out; zero++)
         for (int K = 1; K <= 3; K += 2) {
           snprintf(label, sizeof label, "%s 2x2 zero %d, %d micro-batch(es)", hf ? "HFSDP" : "HSDP", zero, K);
-          run(sh, out, zero, K, hf, label);
+          run(sh, out, zero, K, hf, 0, label);
         }
     fsdp_mesh_destroy(h);
   }
-  fsdp_unit_config bad = {4, FSDP_FP32, FSDP_FP32, FSDP_AVG, 1, 1, 0, 0};
+  fsdp_unit_config bad = {4, FSDP_FP32, FSDP_FP32, FSDP_AVG, 1, 1, 0, 0, 0};
   fsdp_unit *u = NULL;
   int64_t n = 4;
   const char *nm[] = {"x"};
   CHECK_FAILS(fsdp_unit_create("u", 1, nm, &n, &P[0][0].rule, NULL, 1, dp, NULL, &bad, NULL, NULL, &u), FSDP_EINVAL,
               "zero = 4");
-  fsdp_unit_config no_outer = {1, FSDP_FP32, FSDP_FP32, FSDP_AVG, 1, 1, 1, 0};
+  fsdp_unit_config bad_reg = {1, FSDP_FP32, FSDP_FP32, FSDP_AVG, 1, 1, 0, 0, 5};
+  CHECK_FAILS(fsdp_unit_create("u", 1, nm, &n, &P[0][0].rule, NULL, 1, dp, NULL, &bad_reg, NULL, NULL, &u), FSDP_EINVAL,
+              "comm_register = 5");
+  fsdp_unit_config no_outer = {1, FSDP_FP32, FSDP_FP32, FSDP_AVG, 1, 1, 1, 0, 0};
   CHECK_FAILS(fsdp_unit_create("u", 1, nm, &n, &P[0][0].rule, NULL, 1, dp, NULL, &no_outer, NULL, NULL, &u),
               FSDP_EINVAL, "needs an outer group");
   fsdp_mesh_destroy(m);

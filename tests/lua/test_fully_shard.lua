@@ -212,6 +212,21 @@ do
   m:free()
 end
 
+-- fsdp.comm_register: the CPU transport registers nothing (the pools and
+-- unit buffers still go through the registration path): the same training
+do
+  for _, zero in ipairs({ 1, 3 }) do
+    local a = fsdp.fully_shard(mlp(), { shard = dp, units = { "Linear" }, zero = zero, seed = 7, comm_register = "window" })
+    local b = fsdp.fully_shard(mlp(), { shard = dp, units = { "Linear" }, zero = zero, seed = 7 })
+    local same = true
+    for t = 1, 3 do same = same and a:train_step({ batch(R, 1, t) }, opt) == b:train_step({ batch(R, 1, t) }, opt) end
+    check(same, "zero " .. zero .. ": registered buffers train bit for bit like plain ones")
+    a:free(); b:free()
+  end
+  fails(function() fsdp.fully_shard(mlp(), { shard = dp, comm_register = "yes" }) end, "comm_register = 'yes'",
+    "a bad comm_register")
+end
+
 -- a loss left on the device (ops.deferred, as cross-entropy's on a GPU) is
 -- read once per micro-batch after every backward has been issued (no host
 -- wait inside the step), and gives the same loss bit for bit
