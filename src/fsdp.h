@@ -193,6 +193,12 @@ int fsdp_mesh_device(const fsdp_mesh *m);
  * rank must ask for the same sets in the same order); later calls are local.
  * The mesh owns the comm. */
 int fsdp_mesh_group(fsdp_mesh *m, const char *dims, fsdp_comm **out);
+/* Another communicator over the same group's members (channel 1..7; 0 is
+ * fsdp_mesh_group's): its own stream and, on GPUs, its own NCCL
+ * communicator, so that collectives on two channels run at the same time
+ * (FSDP reduces on channel 1 while it gathers on channel 0). Named like
+ * the group with "#channel" appended. Collective like fsdp_mesh_group. */
+int fsdp_mesh_group_channel(fsdp_mesh *m, const char *dims, int channel, fsdp_comm **out);
 /* Human-readable description into buf (always NUL-terminated). */
 int fsdp_mesh_describe(const fsdp_mesh *m, char *buf, size_t cap);
 
@@ -329,13 +335,16 @@ typedef struct fsdp_unit_config {
 } fsdp_unit_config;
 
 /* A unit of parameters sharded over `shard` (and, HSDP, replicated over
- * `outer`, may be NULL). Materialises only this rank's shard (meta init).
+ * `outer`, may be NULL). Its reductions over the shard group run on
+ * `reduce` (the same members on another channel, so that they overlap the
+ * all-gathers on `shard`; NULL: on `shard`), which also holds the shared
+ * reduce scratch. Materialises only this rank's shard (meta init).
  * zero 3 takes full param buffers from param_pool; zero 2/3 take full grad
  * buffers from grad_pool. */
 int fsdp_unit_create(const char *name, int nparams, const char *const *param_names, const int64_t *numels,
                      const fsdp_init_rule *rules, const uint8_t *no_decay, uint64_t seed, fsdp_comm *shard,
-                     fsdp_comm *outer, const fsdp_unit_config *cfg, fsdp_pool *param_pool, fsdp_pool *grad_pool,
-                     fsdp_unit **out);
+                     fsdp_comm *reduce, fsdp_comm *outer, const fsdp_unit_config *cfg, fsdp_pool *param_pool,
+                     fsdp_pool *grad_pool, fsdp_unit **out);
 int fsdp_unit_destroy(fsdp_unit *u);
 const fsdp_layout *fsdp_unit_layout(const fsdp_unit *u);
 /* Start gathering the full params (zero 3; no-op otherwise). 1: not started,

@@ -96,17 +96,19 @@ end
 function Mesh:size(name) return tonumber(C.fsdp_mesh_dim_size(self.handle, dim_index(self, name, "mesh:size"))) end
 function Mesh:coord(name) return tonumber(C.fsdp_mesh_coord(self.handle, dim_index(self, name, "mesh:coord"))) end
 
--- mesh:group("dp_shard"), mesh:group("dp_outer,dp_shard"), mesh:group({"dp_outer", "dp_shard"}), mesh:group("world")
-function Mesh:group(names)
+-- mesh:group("dp_shard"), mesh:group("dp_outer,dp_shard"), mesh:group({"dp_outer", "dp_shard"}), mesh:group("world");
+-- mesh:group(names, k): the same members' communicator on channel k (1..7),
+-- with its own stream, so that its collectives run beside channel 0's
+function Mesh:group(names, channel)
   if type(names) == "table" then names = table.concat(names, ",") end
   names = names or "world"
   local h = live(self, "mesh:group")
   local p = ffi.new("fsdp_comm *[1]")
-  check(C.fsdp_mesh_group(h, names, p), "mesh:group")
+  check(C.fsdp_mesh_group_channel(h, names, channel or 0, p), "mesh:group")
   local key = tostring(ffi.cast("uintptr_t", p[0]))
   local c = self.comms[key]
   if not c then
-    c = setmetatable({ handle = p[0], mesh = self, device = self.device }, Comm)
+    c = setmetatable({ handle = p[0], mesh = self, device = self.device, dims = names, channel = channel or 0 }, Comm)
     self.comms[key] = c
   end
   return c

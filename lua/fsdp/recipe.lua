@@ -15,6 +15,7 @@ M.schema = {
     meta_init = { "boolean", true }, checkpoint = { "any", "none" }, hfsdp = { "boolean", false },
     param_dtype = { { "fp32", "bf16" }, "fp32" }, reduce_dtype = { { "fp32", "bf16" }, "fp32" },
     offload = { "boolean", false }, comm_register = { { "none", "buffer", "window" }, "none" },
+    separate_reduce = { "boolean", true },
   },
   optimizer = {
     name = { { "adamw", "sgd" }, "adamw" }, lr = { "number", 3e-4 }, beta1 = { "number", 0.9 }, beta2 = { "number", 0.95 },

@@ -237,6 +237,17 @@ function M.fully_shard(model, opts)
   -- CUDA: the ops run on fsdp.ops' compute stream; units order their
   -- collectives against it with events. CPU: the calling thread computes.
   s.cs = s.device == "cuda" and ops.compute_stream():live("fully_shard") or nil
+  -- the reductions run on their own communicator (the shard group on
+  -- channel 1: its own stream, and on GPUs its own NCCL communicator), so
+  -- a unit's reduce-scatter and the next unit's all-gather overlap;
+  -- opts.separate_reduce = false keeps them on opts.shard
+  if opts.reduce then
+    s.reduce = opts.reduce
+  elseif opts.separate_reduce ~= false and opts.shard.mesh and opts.shard.dims then
+    s.reduce = opts.shard.mesh:group(opts.shard.dims, 1)
+  else
+    s.reduce = opts.shard
+  end
   if s.hfsdp and not opts.outer then error("fully_shard: hfsdp shards the optimizer over opts.outer, which is missing", 2) end
   if s.prefetch < 0 or s.prefetch % 1 ~= 0 then error("fully_shard: prefetch = " .. tostring(s.prefetch) .. "; expected an integer >= 0", 2) end
   local ok, a = pcall(M.assign, model, { units = opts.units, zero = zero, offload = opts.offload, hfsdp = s.hfsdp })
@@ -271,9 +282,11 @@ function M.fully_shard(model, opts)
   end
   if need_p then check(C.fsdp_pool_create(dev, biggest * es, live, pp), "fully_shard: param pool") end
   if need_g then check(C.fsdp_pool_create(dev, biggest * es, live, gp), "fully_shard: grad pool") end
-  for _, p in ipairs(reg ~= 0 and { pp[0], gp[0] } or {}) do
+  -- the param pool is gathered into (shard), the grad pool reduced from (reduce)
+  for _, pc in ipairs(reg ~= 0 and { { pp[0], opts.shard }, { gp[0], s.reduce } } or {}) do
+    local p = pc[1]
     if p ~= nil then
-      local rc = C.fsdp_pool_register(p, opts.shard.handle, reg)
+      local rc = C.fsdp_pool_register(p, pc[2].handle, reg)
       if rc < 0 then C.fsdp_pool_destroy(pp[0]); C.fsdp_pool_destroy(gp[0]) end
       check(rc, "fully_shard: registering the unit buffer pools")
     end
@@ -303,7 +316,7 @@ function M.fully_shard(model, opts)
       nd[i - 1] = p.spec.no_decay and 1 or 0
     end
     local h = ffi.new("fsdp_unit *[1]")
-    check(C.fsdp_unit_create(u.name, n, names, numels, rules, nd, opts.seed or 1234, opts.shard.handle,
+    check(C.fsdp_unit_create(u.name, n, names, numels, rules, nd, opts.seed or 1234, opts.shard.handle, s.reduce.handle,
       opts.outer and opts.outer.handle or nil, cfg, s.ppool, s.gpool, h), "fully_shard: unit '" .. u.name .. "'")
     u.handle = h[0]
     local layout = C.fsdp_unit_layout(u.handle)

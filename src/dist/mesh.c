@@ -18,6 +18,7 @@ struct fsdp_mesh {
   int64_t sizes[MESH_MAX_DIMS], coord[MESH_MAX_DIMS], stride[MESH_MAX_DIMS];
   struct {
     unsigned dims; /* bit set of dimension indices */
+    int channel;   /* 0, or another communicator over the same members */
     fsdp_comm *comm;
   } groups[MESH_MAX_GROUPS];
   int ngroups;
@@ -166,13 +167,16 @@ static int parse_dims(const fsdp_mesh *m, const char *spec, unsigned *set) {
   return FSDP_OK;
 }
 
-int fsdp_mesh_group(fsdp_mesh *m, const char *dims, fsdp_comm **out) {
+int fsdp_mesh_group(fsdp_mesh *m, const char *dims, fsdp_comm **out) { return fsdp_mesh_group_channel(m, dims, 0, out); }
+
+int fsdp_mesh_group_channel(fsdp_mesh *m, const char *dims, int channel, fsdp_comm **out) {
   if (!m || !out) return fsdp_fail(FSDP_EINVAL, "mesh group: NULL mesh or out");
   *out = NULL;
+  if (channel < 0 || channel > 7) return fsdp_fail(FSDP_EINVAL, "mesh group: channel %d; expected 0..7", channel);
   unsigned set;
   FSDP_CHECK(parse_dims(m, dims, &set));
   for (int g = 0; g < m->ngroups; g++)
-    if (m->groups[g].dims == set) {
+    if (m->groups[g].dims == set && m->groups[g].channel == channel) {
       *out = m->groups[g].comm;
       return FSDP_OK;
     }
@@ -215,8 +219,9 @@ int fsdp_mesh_group(fsdp_mesh *m, const char *dims, fsdp_comm **out) {
                               (long long)m->coord[i]);
       first = 0;
     }
-  if (!first && len < sizeof name) snprintf(name + len, sizeof name - len, "}");
-  snprintf(tag, sizeof tag, "m%d.s%u.c%lld", m->id, set, (long long)color);
+  if (!first && len < sizeof name) len += (size_t)snprintf(name + len, sizeof name - len, "}");
+  if (channel && len < sizeof name) snprintf(name + len, sizeof name - len, "#%d", channel);
+  snprintf(tag, sizeof tag, "m%d.s%u.c%lld.k%d", m->id, set, (long long)color, channel);
 
   comm_group_spec spec = {name, tag, members, nm, me};
   fsdp_comm *c = NULL;
@@ -224,6 +229,7 @@ int fsdp_mesh_group(fsdp_mesh *m, const char *dims, fsdp_comm **out) {
   free(members);
   if (rc < 0) return fsdp_fail_context(rc, "mesh group '%s'", name);
   m->groups[m->ngroups].dims = set;
+  m->groups[m->ngroups].channel = channel;
   m->groups[m->ngroups].comm = c;
   m->ngroups++;
   *out = c;

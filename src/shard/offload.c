@@ -115,7 +115,7 @@ int fsdp_offload_grads_down(fsdp_unit *u, fsdp_stream *s) {
 
 int fsdp_offload_before_reduce(fsdp_unit *u) {
   if (!u->xfer) return FSDP_OK;
-  FSDP_CHECK(fsdp_stream_wait_event(u->shard->stream, u->moved));
+  FSDP_CHECK(fsdp_stream_wait_event(u->red->stream, u->moved));
   return u->outer ? fsdp_stream_wait_event(u->outer->stream, u->moved) : FSDP_OK;
 }
 

@@ -28,7 +28,7 @@
 #include "unit_impl.h"
 
 /* the shared scratch of the unit's shard group, at least S fp32 elements */
-#define TMP(u) ((float *)(u)->shard->scratch)
+#define TMP(u) ((float *)(u)->red->scratch)
 #ifdef FSDP_HAVE_CUDA
 #include "../../kernels/kernels.h"
 #endif
@@ -152,16 +152,17 @@ static int alloc0(int dev, size_t bytes, void **out) {
 
 /* a buffer the shard group's collectives read or write: from the comm and
  * registered with it when the config asks (fsdp.comm_register) */
-static int alloc_comm(fsdp_unit *u, size_t bytes, void **out) {
+static int alloc_comm(fsdp_unit *u, fsdp_comm *c, size_t bytes, void **out) {
   int mode = u->cfg.comm_register;
   if (!mode) return alloc0(u->dev, bytes, out);
-  FSDP_CHECK(fsdp_comm_mem_alloc(u->shard, mode, bytes, out));
-  return fsdp_comm_register(u->shard, *out, bytes, mode, &u->reg[u->nreg++]);
+  FSDP_CHECK(fsdp_comm_mem_alloc(c, mode, bytes, out));
+  u->regc[u->nreg] = c;
+  return fsdp_comm_register(c, *out, bytes, mode, &u->reg[u->nreg++]);
 }
 
-static void free_comm(fsdp_unit *u, void *p) {
+static void free_comm(fsdp_unit *u, fsdp_comm *c, void *p) {
   if (!u->cfg.comm_register) fsdp_free(u->dev, p);
-  else fsdp_comm_mem_free(u->shard, u->cfg.comm_register, p);
+  else fsdp_comm_mem_free(c, u->cfg.comm_register, p);
 }
 
 /* the optimizer's buffers: on the unit's device, or offloaded to host
@@ -181,11 +182,15 @@ static void free_opt(fsdp_unit *u, void *p) {
 
 int fsdp_unit_create(const char *name, int nparams, const char *const *param_names, const int64_t *numels,
                      const fsdp_init_rule *rules, const uint8_t *no_decay, uint64_t seed, fsdp_comm *shard,
-                     fsdp_comm *outer, const fsdp_unit_config *cfg, fsdp_pool *param_pool, fsdp_pool *grad_pool,
-                     fsdp_unit **out) {
+                     fsdp_comm *reduce, fsdp_comm *outer, const fsdp_unit_config *cfg, fsdp_pool *param_pool,
+                     fsdp_pool *grad_pool, fsdp_unit **out) {
   if (!out || !cfg || !shard || !name) return fsdp_fail(FSDP_EINVAL, "unit_create: NULL argument");
   *out = NULL;
   FSDP_CHECK(check_config(name, cfg));
+  if (reduce && (reduce->size != shard->size || reduce->rank != shard->rank || reduce->device != shard->device))
+    return fsdp_fail(FSDP_EINVAL, "unit '%s': the reduce comm '%s' (rank %d of %d) is not the shard group '%s' (rank %d "
+                     "of %d) on another channel", name, reduce->name, reduce->rank, reduce->size, shard->name,
+                     shard->rank, shard->size);
   if (outer && outer->device != shard->device)
     return fsdp_fail(FSDP_EINVAL, "unit '%s': the shard group is on %s, the outer group on %s: one device for both",
                      name, shard->device == FSDP_CUDA ? "cuda" : "cpu", outer->device == FSDP_CUDA ? "cuda" : "cpu");
@@ -200,6 +205,7 @@ int fsdp_unit_create(const char *name, int nparams, const char *const *param_nam
   u->cfg = *cfg;
   u->np = nparams;
   u->shard = shard;
+  u->red = reduce ? reduce : shard;
   u->outer = outer;
   u->ppool = param_pool;
   u->gpool = grad_pool;
@@ -233,7 +239,7 @@ int fsdp_unit_create(const char *name, int nparams, const char *const *param_nam
   if (rc == FSDP_OK) rc = alloc_opt(u, (size_t)u->n_opt * f, (void **)&u->v);
   if (rc == FSDP_OK) rc = alloc_opt(u, (size_t)u->n_opt * f, (void **)&u->gmain);
   /* tmp: the shard group's shared scratch (reduce-scatter staging, casts) */
-  if (rc == FSDP_OK) rc = fsdp_comm_scratch_reserve(shard, (size_t)(u->S ? u->S : 1) * f);
+  if (rc == FSDP_OK) rc = fsdp_comm_scratch_reserve(u->red, (size_t)(u->S ? u->S : 1) * f);
   if (rc == FSDP_OK) u->has_scratch = 1;
   u->gacc = u->gmain;
   /* the grads accumulate on the device; HFSDP then reduce-scatters them over
@@ -242,12 +248,13 @@ int fsdp_unit_create(const char *name, int nparams, const char *const *param_nam
   if (rc == FSDP_OK && u->off && u->dev == FSDP_CUDA) rc = alloc_opt(u, (size_t)u->S * u->ces, &u->hstage);
   if (rc == FSDP_OK && u->hstage) memset(u->hstage, 0, (size_t)u->S * u->ces); /* padding stays 0 */
   if (rc == FSDP_OK && u->off) rc = fsdp_offload_attach(u);
-  if (rc == FSDP_OK && cfg->zero >= 1) rc = alloc_comm(u, (size_t)u->S * u->ces, &u->cshard);
-  if (rc == FSDP_OK && cfg->zero <= 2) rc = alloc_comm(u, (size_t)u->T * u->ces, &u->cfull);
-  if (rc == FSDP_OK && cfg->zero <= 1) rc = alloc_comm(u, (size_t)u->T * u->ces, &u->gfull);
+  if (rc == FSDP_OK && cfg->zero >= 1) rc = alloc_comm(u, shard, (size_t)u->S * u->ces, &u->cshard);
+  if (rc == FSDP_OK && cfg->zero <= 2) rc = alloc_comm(u, shard, (size_t)u->T * u->ces, &u->cfull);
+  if (rc == FSDP_OK && cfg->zero <= 1) rc = alloc_comm(u, u->red, (size_t)u->T * u->ces, &u->gfull);
   if (rc == FSDP_OK && u->dev == FSDP_CUDA) rc = alloc0(u->dev, 16, &u->sums);
   if (rc == FSDP_OK) rc = fsdp_event_create(u->dev, &u->gathered);
   if (rc == FSDP_OK) rc = fsdp_event_create(u->dev, &u->ready);
+  if (rc == FSDP_OK && u->red != shard && u->dev == FSDP_CUDA) rc = fsdp_event_create(u->dev, &u->zeroed);
   /* meta init: only the owned shard is drawn (zero 0 draws every shard),
    * on the host (the RNG is the CPU's: the same values on every device),
    * then copied to the device */
@@ -283,19 +290,22 @@ int fsdp_unit_destroy(fsdp_unit *u) {
   if (!u) return FSDP_OK;
   fsdp_offload_detach(u);
   if (u->shard) fsdp_stream_synchronize(u->shard->stream);
+  if (u->red && u->red != u->shard) fsdp_stream_synchronize(u->red->stream);
   if (u->outer) fsdp_stream_synchronize(u->outer->stream);
   if (u->pslot >= 0) fsdp_pool_release(u->ppool, u->pslot, NULL);
   if (u->gslot >= 0) fsdp_pool_release(u->gpool, u->gslot, NULL);
   if (u->gacc != u->gmain) fsdp_free(u->dev, u->gacc);
-  if (u->has_scratch) fsdp_comm_scratch_release(u->shard);
-  for (int i = 0; i < u->nreg; i++) fsdp_comm_deregister(u->shard, u->reg[i]);
-  void *bufs[] = {u->cshard, u->cfull, u->gfull};
-  for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free_comm(u, bufs[i]);
+  if (u->has_scratch) fsdp_comm_scratch_release(u->red);
+  for (int i = 0; i < u->nreg; i++) fsdp_comm_deregister(u->regc[i], u->reg[i]);
+  free_comm(u, u->shard, u->cshard);
+  free_comm(u, u->shard, u->cfull);
+  free_comm(u, u->red, u->gfull);
   fsdp_free(u->dev, u->sums);
   void *opt[] = {u->main, u->m, u->v, u->gmain, u->hstage};
   for (size_t i = 0; i < sizeof opt / sizeof opt[0]; i++) free_opt(u, opt[i]);
   fsdp_event_destroy(u->gathered);
   fsdp_event_destroy(u->ready);
+  if (u->zeroed) fsdp_event_destroy(u->zeroed);
   fsdp_layout_destroy(u->layout);
   free(u->no_decay);
   free(u->numels);
@@ -388,7 +398,7 @@ int fsdp_unit_grads(fsdp_unit *u, fsdp_stream *compute, void **out) {
 
 /* reduce-scatter `full` into fp32 `dst`; accumulate adds instead of writing */
 static int reduce_scatter_into(fsdp_unit *u, float *dst, const void *full, int accumulate) {
-  fsdp_comm *c = u->shard;
+  fsdp_comm *c = u->red;
   int cd = u->cfg.compute_dtype, rd = u->cfg.reduce_dtype;
   if (!accumulate && rd == FSDP_FP32)
     return fsdp_comm_reduce_scatter(c, dst, FSDP_FP32, full, cd, (size_t)u->S, u->cfg.grad_op);
@@ -397,12 +407,13 @@ static int reduce_scatter_into(fsdp_unit *u, float *dst, const void *full, int a
 }
 
 int fsdp_unit_reduce(fsdp_unit *u, fsdp_stream *compute, int sync) {
-  fsdp_comm *c = u->shard;
+  fsdp_comm *c = u->red;
   int z = u->cfg.zero;
   if (z <= 1 && !sync) return FSDP_OK; /* accumulate in the full grads */
   if (z >= 2 && u->gslot < 0) return fsdp_fail(FSDP_ESTATE, "unit '%s': reduce() without grads()", u->name);
   FSDP_CHECK(fsdp_offload_settle(u));
   FSDP_CHECK(fsdp_offload_before_reduce(u));
+  if (u->zeroed) FSDP_CHECK(fsdp_stream_wait_event(c->stream, u->zeroed)); /* the last step's zeroing, on shard */
   FSDP_CHECK(fsdp_event_record(u->ready, compute));
   FSDP_CHECK(fsdp_stream_wait_event(c->stream, u->ready));
   FSDP_CHECK(enqueue_stamp(c->stream, &u->times.reduce_begin));
@@ -457,6 +468,7 @@ int fsdp_unit_reduce(fsdp_unit *u, fsdp_stream *compute, int sync) {
 int fsdp_unit_synchronize(fsdp_unit *u) {
   FSDP_CHECK(fsdp_offload_settle(u));
   FSDP_CHECK(fsdp_comm_synchronize(u->shard));
+  if (u->red != u->shard) FSDP_CHECK(fsdp_comm_synchronize(u->red));
   if (u->outer) FSDP_CHECK(fsdp_comm_synchronize(u->outer));
   return fsdp_offload_synchronize(u);
 }
@@ -482,7 +494,7 @@ static int host_norm(void *arg) {
 
 /* the stream that writes the optimizer's grads last: the outer group's
  * when replicas reduce, else the shard group's */
-static fsdp_stream *last_stream(const fsdp_unit *u) { return u->outer ? u->outer->stream : u->shard->stream; }
+static fsdp_stream *last_stream(const fsdp_unit *u) { return u->outer ? u->outer->stream : u->red->stream; }
 
 int fsdp_unit_grad_norm_start(fsdp_unit *u) {
   if (!u) return fsdp_fail(FSDP_EINVAL, "unit_grad_norm_start: NULL unit");
@@ -537,7 +549,10 @@ int fsdp_unit_grad_sumsq(fsdp_unit *u, double *sum, int64_t *nonfinite) {
 
 static int zero_main_grads(fsdp_unit *u) {
   size_t bytes = (size_t)u->n_opt * sizeof(float);
-  if (u->dev == FSDP_CUDA && !u->off) return fsdp_memset(u->gmain, 0, bytes, u->shard->stream);
+  if (u->dev == FSDP_CUDA && !u->off) { /* behind the optimizer's kernels on the shard stream */
+    FSDP_CHECK(fsdp_memset(u->gmain, 0, bytes, u->shard->stream));
+    return u->zeroed ? fsdp_event_record(u->zeroed, u->shard->stream) : FSDP_OK;
+  }
   memset(u->gmain, 0, bytes);
   return FSDP_OK;
 }

@@ -16,6 +16,7 @@ struct fsdp_unit {
   int64_t *numels;
   uint8_t *no_decay;
   fsdp_comm *shard, *outer;
+  fsdp_comm *red;      /* reductions over the shard group: the same members on another channel, or shard */
   fsdp_pool *ppool, *gpool;
   int W, r;
   int dev;             /* FSDP_CPU or FSDP_CUDA: where every buffer lives, but: */
@@ -34,11 +35,13 @@ struct fsdp_unit {
   float *gacc; /* fp32 grad shard over the shard group: gmain, or its own S buffer with HFSDP */
   void *cshard, *cfull, *gfull; /* with cfg.comm_register: from the shard comm, registered there */
   fsdp_comm_reg *reg[3];
+  fsdp_comm *regc[3];  /* the comm each is registered with */
   int nreg;
   void *hstage;        /* offload on CUDA: the compute shard cast on the host, then copied up */
   int pslot, gslot;
   void *pbuf, *gbuf;
   fsdp_event *gathered, *ready;
+  fsdp_event *zeroed;  /* CUDA, red != shard: the step's zeroing of gmain, which the next reduction waits for */
   fsdp_unit_times times; /* written on the comm stream, read after it is waited for */
   /* offload (offload.c): the step runs on the shared host stream while the
    * next forward starts; settle() before the params are used again */

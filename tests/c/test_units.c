@@ -52,8 +52,10 @@ static int params_off(fsdp_unit **units, ref_param ref[NU][MAXP], double rel, do
 }
 
 /* reg: fsdp.comm_register's mode for the units and pools (a no-op on CPU
- * ranks: the same results, the same memory) */
-static void run(fsdp_comm *shard, fsdp_comm *outer, int zero, int K, int hfsdp, int reg, const char *label) {
+ * ranks: the same results, the same memory); red: the comm the reductions
+ * run on (the shard group on another channel), or NULL for shard itself */
+static void run(fsdp_comm *shard, fsdp_comm *red, fsdp_comm *outer, int zero, int K, int hfsdp, int reg,
+                const char *label) {
   fsdp_unit_config cfg = {zero, FSDP_FP32, FSDP_FP32, FSDP_AVG, 16, 32, hfsdp, 0, reg};
   fsdp_pool *pp = NULL, *gp = NULL;
   size_t maxbytes = 0;
@@ -68,7 +70,7 @@ static void run(fsdp_comm *shard, fsdp_comm *outer, int zero, int K, int hfsdp, 
   CHECK_OK(fsdp_pool_create(FSDP_CPU, maxbytes, 2, &gp));
   if (reg) {
     CHECK_OK(fsdp_pool_register(pp, shard, reg));
-    CHECK_OK(fsdp_pool_register(gp, shard, reg));
+    CHECK_OK(fsdp_pool_register(gp, red ? red : shard, reg));
     CHECK_FAILS(fsdp_pool_register(gp, shard, reg), FSDP_ESTATE, "registered already");
   }
   fsdp_unit *units[NU] = {0};
@@ -97,7 +99,7 @@ static void run(fsdp_comm *shard, fsdp_comm *outer, int zero, int K, int hfsdp, 
     }
     char name[32];
     snprintf(name, sizeof name, "unit%d", u);
-    CHECK_OK(fsdp_unit_create(name, unit_np[u], names, n, rules, nd, 7, shard, outer, &cfg, pp, gp, &units[u]));
+    CHECK_OK(fsdp_unit_create(name, unit_np[u], names, n, rules, nd, 7, shard, red, outer, &cfg, pp, gp, &units[u]));
   }
   /* before any step, the gathered params are the reference's fp32 init, bit for bit */
   CHECK(params_off(units, ref, 0, 0, label) == 0);
@@ -122,8 +124,10 @@ static void run(fsdp_comm *shard, fsdp_comm *outer, int zero, int K, int hfsdp, 
     if (S > max_shard) max_shard = S;
   }
   /* one fp32 staging shard for the group, as big as the largest unit's */
-  CHECK(fsdp_comm_scratch_bytes(shard) == max_shard * 4);
-  predicted += fsdp_comm_scratch_bytes(shard);
+  fsdp_comm *sc = red ? red : shard; /* the scratch belongs to the reductions' comm */
+  CHECK(fsdp_comm_scratch_bytes(sc) == max_shard * 4);
+  CHECK(red == NULL || fsdp_comm_scratch_bytes(shard) == 0);
+  predicted += fsdp_comm_scratch_bytes(sc);
   CHECK(after.allocated - before.allocated == predicted);
   fsdp_adamw_config opt = {1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f};
   int bad_norm = 0;
@@ -262,11 +266,24 @@ int main(void) {
   for (int zero = 0; zero <= 3 && dp; zero++)
     for (int K = 1; K <= 3; K += 2) {
       snprintf(label, sizeof label, "zero %d, %d micro-batch(es)", zero, K);
-      run(dp, NULL, zero, K, 0, 0, label);
+      run(dp, NULL, NULL, zero, K, 0, 0, label);
     }
   for (int zero = 0; zero <= 3 && dp; zero++) {
     snprintf(label, sizeof label, "zero %d, registered buffers", zero);
-    run(dp, NULL, zero, 3, 0, FSDP_REG_WINDOW, label);
+    run(dp, NULL, NULL, zero, 3, 0, FSDP_REG_WINDOW, label);
+  }
+  fsdp_comm *red = NULL; /* the reductions on their own channel (and stream) */
+  if (dp) CHECK_OK(fsdp_mesh_group_channel(m, "world", 1, &red));
+  for (int zero = 0; zero <= 3 && red; zero++) {
+    snprintf(label, sizeof label, "zero %d, reductions on channel 1", zero);
+    run(dp, red, NULL, zero, 3, 0, 0, label);
+  }
+  if (red) {
+    CHECK(red != dp && strstr(fsdp_comm_name(red), "#1") != NULL);
+    fsdp_comm *again = NULL;
+    CHECK_OK(fsdp_mesh_group_channel(m, "world", 1, &again));
+    CHECK(again == red);
+    CHECK_FAILS(fsdp_mesh_group_channel(m, "world", 9, &again), FSDP_EINVAL, "channel 9");
   }
   if (dp) { /* the CPU transport registers nothing, and says so */
     fsdp_comm_reg *r = NULL;
@@ -290,21 +307,27 @@ int main(void) {
       for (int zero = 1; zero <= 3 && sh && out; zero++)
         for (int K = 1; K <= 3; K += 2) {
           snprintf(label, sizeof label, "%s 2x2 zero %d, %d micro-batch(es)", hf ? "HFSDP" : "HSDP", zero, K);
-          run(sh, out, zero, K, hf, 0, label);
+          run(sh, NULL, out, zero, K, hf, 0, label);
         }
+    fsdp_comm *sh1 = NULL;
+    CHECK_OK(fsdp_mesh_group_channel(h, "dp_shard", 1, &sh1));
+    for (int hf = 0; hf <= 1 && sh1 && out; hf++) {
+      snprintf(label, sizeof label, "%s 2x2 zero 3, reductions on channel 1", hf ? "HFSDP" : "HSDP");
+      run(sh, sh1, out, 3, 3, hf, 0, label);
+    }
     fsdp_mesh_destroy(h);
   }
   fsdp_unit_config bad = {4, FSDP_FP32, FSDP_FP32, FSDP_AVG, 1, 1, 0, 0, 0};
   fsdp_unit *u = NULL;
   int64_t n = 4;
   const char *nm[] = {"x"};
-  CHECK_FAILS(fsdp_unit_create("u", 1, nm, &n, &P[0][0].rule, NULL, 1, dp, NULL, &bad, NULL, NULL, &u), FSDP_EINVAL,
+  CHECK_FAILS(fsdp_unit_create("u", 1, nm, &n, &P[0][0].rule, NULL, 1, dp, NULL, NULL, &bad, NULL, NULL, &u), FSDP_EINVAL,
               "zero = 4");
   fsdp_unit_config bad_reg = {1, FSDP_FP32, FSDP_FP32, FSDP_AVG, 1, 1, 0, 0, 5};
-  CHECK_FAILS(fsdp_unit_create("u", 1, nm, &n, &P[0][0].rule, NULL, 1, dp, NULL, &bad_reg, NULL, NULL, &u), FSDP_EINVAL,
+  CHECK_FAILS(fsdp_unit_create("u", 1, nm, &n, &P[0][0].rule, NULL, 1, dp, NULL, NULL, &bad_reg, NULL, NULL, &u), FSDP_EINVAL,
               "comm_register = 5");
   fsdp_unit_config no_outer = {1, FSDP_FP32, FSDP_FP32, FSDP_AVG, 1, 1, 1, 0, 0};
-  CHECK_FAILS(fsdp_unit_create("u", 1, nm, &n, &P[0][0].rule, NULL, 1, dp, NULL, &no_outer, NULL, NULL, &u),
+  CHECK_FAILS(fsdp_unit_create("u", 1, nm, &n, &P[0][0].rule, NULL, 1, dp, NULL, NULL, &no_outer, NULL, NULL, &u),
               FSDP_EINVAL, "needs an outer group");
   fsdp_mesh_destroy(m);
   snprintf(label, sizeof label, "test_units[%d/%d]", R, W);

@@ -256,6 +256,36 @@ do
   a:free(); b:free()
 end
 
+-- reductions on their own channel: with the reduce comm's stream held up
+-- 150 ms once the backward starts, the backward's prefetch of unit 0 (issued
+-- after unit 4's reduce-scatter) still completes before that reduction
+-- begins; with separate_reduce = false, on one stream, it cannot
+do
+  local function run_held(separate)
+    local tr = {}
+    local m = fsdp.fully_shard(mlp(), { shard = dp, units = { "Linear" }, zero = 3, trace = tr, separate_reduce = separate })
+    local bw = m.model.backward
+    m.model.backward = function(self, ctx, dy)
+      fsdp.check(fsdp.C.fsdp_stream_delay(fsdp.C.fsdp_comm_stream(m.reduce.handle), 150000), "delay")
+      return bw(self, ctx, dy)
+    end
+    m:train_step({ batch(R, 1, 1) }, opt)
+    local gathers, r4 = {}, nil
+    for _, e in ipairs(tr) do
+      if e.op == "unshard" and e.unit == "0" then gathers[#gathers + 1] = e end
+      if e.op == "reduce" and e.unit == "4" then r4 = e end
+    end
+    m:free()
+    return gathers[2], r4
+  end
+  local g0, r4 = run_held(nil)
+  check(g0 and r4 and g0.finish > 0 and g0.finish < r4.begin, string.format(
+    "separate reduce channel: unit 0's backward gather ended %.3f s before unit 4's reduce-scatter began",
+    g0 and r4 and r4.begin - g0.finish or 0))
+  g0, r4 = run_held(false)
+  check(g0 and r4 and g0.begin >= r4.begin, "one stream: the gather waits behind the held reduction")
+end
+
 -- prefetch depth: with 4 buffers and depth 2 both following units are
 -- gathered before unit 0 computes; with 2 buffers the bound stops it at one
 do

@@ -81,7 +81,7 @@ local function compare(label, over)
     end
   end
   check(#bad == 0, label .. ": planned resident bytes = allocated: " .. table.concat(bad, "; "))
-  local scratch = tonumber(C.fsdp_comm_scratch_bytes(s.shard.handle))
+  local scratch = tonumber(C.fsdp_comm_scratch_bytes(s.reduce.handle)) -- the reductions' comm holds it
   check(scratch == p.resident.scratch, string.format("%s: the shared scratch: planned %d, allocated %d", label,
     p.resident.scratch, scratch))
   one_step(s, cfg, r)
