@@ -329,7 +329,9 @@ typedef struct fsdp_unit_config {
                             the outer group (HSDP + optimizer sharding); zero >= 1 */
   int32_t offload;       /* 1: the fp32 main params, optimizer state and the grads it reads
                             live in (pinned) host memory and the step runs on CPU threads;
-                            zero >= 1, not with hfsdp */
+                            zero >= 1, not with hfsdp. 2: the compute-dtype param shard too
+                            (zero 3; on GPUs it is copied up before each all-gather; on
+                            CPU ranks the same as 1) */
   int32_t comm_register; /* fsdp_comm_reg_mode for the buffers the shard group's collectives
                             read and write (compute shard, full params and grads); 0: none */
 } fsdp_unit_config;

@@ -134,7 +134,7 @@ function M.plan(r, o)
     cfg = cfg, n_params = llama.num_params(cfg), units = {}, micro_batch = B, seq = T, grad_accum = K,
     checkpoint = f.checkpoint, prefetch = f.prefetch, max_live_units = f.max_live_units, assignment = a,
     mesh = type(o.mesh or r.mesh) == "string" and (o.mesh or r.mesh) or "custom", warnings = warnings }
-  local biggest, need_p, need_g, max_shard = 0, false, false, 0
+  local biggest, need_p, need_g, max_shard, max_offp = 0, false, false, 0, 0
   local resident = { params_full = 0, params_shard = 0, main_params = 0, optimizer = 0, grads_full = 0, grads_main = 0, scratch = 0,
     host_stage = 0, offloaded = 0 }
   local gpu = r.train.device == "cuda"
@@ -144,8 +144,10 @@ function M.plan(r, o)
     local Su, Tu = tonumber(C.fsdp_layout_shard_numel(l)), tonumber(C.fsdp_layout_numel_total(l))
     local n_opt = u.zero == 0 and Tu or Su / Rh
     local z = u.zero
+    -- offload = {params = true} on a GPU: no device shard; the host staging is the shard
+    local offp = gpu and u.offload_params
     local mem = { -- what src/shard/unit.c allocates for this unit on every rank
-      params_full = z <= 2 and Tu * ces or 0, params_shard = z >= 1 and Su * ces or 0, main_params = n_opt * 4,
+      params_full = z <= 2 and Tu * ces or 0, params_shard = (z >= 1 and not offp) and Su * ces or 0, main_params = n_opt * 4,
       optimizer = 2 * n_opt * 4, grads_full = z <= 1 and Tu * ces or 0,
       grads_main = n_opt * 4 + ((hf or u.offload) and Su * 4 or 0), scratch = 0, -- shared: below
       -- offload on a GPU: the compute shard is cast on the host, then copied up
@@ -168,12 +170,17 @@ function M.plan(r, o)
       prefetch = u.prefetch or f.prefetch, reshard_after_forward = u.reshard_after_forward }
     biggest = math.max(biggest, Tu)
     max_shard = math.max(max_shard, Su)
+    if offp then max_offp = math.max(max_offp, Su) end
     need_p = need_p or z == 3
     need_g = need_g or z >= 2
   end
   -- one fp32 staging shard per rank, shared by the units (their reductions
   -- run one after another on the shard group's stream)
   resident.scratch = max_shard * 4
+  -- units with their param shard on the host copy it up into the shard
+  -- comm's scratch before each all-gather: a second one when reductions
+  -- have their own comm (fsdp.separate_reduce), else the same
+  if max_offp > 0 and f.separate_reduce ~= false then resident.scratch = resident.scratch + max_offp * ces end
   p.resident = resident
   local bound = shard.pool_bound(a, f.max_live_units)
   local peak, why = shard.simulate(a, f.prefetch, bound)

@@ -14,7 +14,7 @@ M.schema = {
     zero = { "int", 3 }, units = { "any", "default" }, prefetch = { "int", 1 }, max_live_units = { "int", 2 },
     meta_init = { "boolean", true }, checkpoint = { "any", "none" }, hfsdp = { "boolean", false },
     param_dtype = { { "fp32", "bf16" }, "fp32" }, reduce_dtype = { { "fp32", "bf16" }, "fp32" },
-    offload = { "boolean", false }, comm_register = { { "none", "buffer", "window" }, "none" },
+    offload = { "any", false }, comm_register = { { "none", "buffer", "window" }, "none" },
     separate_reduce = { "boolean", true },
   },
   optimizer = {

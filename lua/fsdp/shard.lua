@@ -3,7 +3,8 @@
 --   local s = fsdp.fully_shard(model, { shard = comm, outer = comm_or_nil,
 --     units = {"Linear"} | function(module, path) -> unit name | nil,
 --     zero = 3, max_live_units = 2, prefetch = 1, seed = 1234,
---     offload = false })  -- true: optimizer state in host memory, the step on CPU threads
+--     offload = false })  -- true: optimizer state in host memory, the step on CPU threads;
+--                         -- {params = true}: the param shards too (zero 3, GPUs)
 --   local loss = s:train_step(micro_batches, {lr = 1e-3, ...})
 -- Parameters of modules the policy leaves out go to a unit named "root".
 -- A policy function may return a second value with per-unit options:
@@ -32,6 +33,25 @@ end
 -- Options a policy may give a unit (its second return value)
 M.unit_options = { zero = true, prefetch = true, reshard_after_forward = true, offload = true }
 
+-- fsdp.offload (or a unit's offload option) as the engine's mode: 0 none;
+-- 1 (true, {optimizer = true}, "optimizer"): the fp32 main params, the optimizer state
+-- and the grads it reads in host memory, the step on CPU threads; 2
+-- ({params = true}, "params"): the compute-dtype param shard too (zero 3, on GPUs;
+-- gathered from the host). nil for anything else.
+function M.offload_mode(v)
+  if v == nil or v == false then return 0 end
+  if v == true then return 1 end
+  if type(v) == "number" and (v == 0 or v == 1 or v == 2) then return v end
+  if v == "optimizer" then return 1 end
+  if v == "params" then return 2 end -- for the command line: fsdp.offload=params
+  if type(v) ~= "table" then return nil end
+  for k, x in pairs(v) do
+    if (k ~= "optimizer" and k ~= "params") or type(x) ~= "boolean" then return nil end
+  end
+  if v.params then return 2 end
+  return v.optimizer == false and 0 or 1
+end
+
 -- Groups a model's parameters into units by a policy, in model order,
 -- without allocating anything (fully_shard and the planner both use it).
 -- Each module with parameters goes to the policy's unit for it, else the
@@ -48,6 +68,10 @@ function M.assign(model, opts)
   opts = opts or {}
   local zero = opts.zero or 3
   local policy = policy_of(opts.units)
+  local default_offload = M.offload_mode(opts.offload)
+  if not default_offload then
+    error("fully_shard: offload = " .. tostring(opts.offload) .. "; expected true, false or {optimizer = true, params = true}", 0)
+  end
   local a = { units = {}, unit_of = {}, order = {}, visits = {} }
   local by_name, first_path = {}, {}
   local function check_opts(uname, uopts, path)
@@ -69,8 +93,9 @@ function M.assign(model, opts)
       if k == "reshard_after_forward" and type(v) ~= "boolean" then
         error(string.format("fully_shard: unit '%s' (module '%s'): reshard_after_forward = %s; expected true or false", uname, path, tostring(v)), 0)
       end
-      if k == "offload" and type(v) ~= "boolean" then
-        error(string.format("fully_shard: unit '%s' (module '%s'): offload = %s; expected true or false", uname, path, tostring(v)), 0)
+      if k == "offload" and not M.offload_mode(v) then
+        error(string.format("fully_shard: unit '%s' (module '%s'): offload = %s; expected true, false or {optimizer = true, " ..
+          "params = true}", uname, path, tostring(v)), 0)
       end
     end
   end
@@ -84,6 +109,7 @@ function M.assign(model, opts)
     end
     -- options may come with any of the unit's modules; they must agree
     for k, v in pairs(uopts or {}) do
+      if k == "offload" then v = M.offload_mode(v) end -- compared by meaning, not by table identity
       if u.opts[k] ~= nil and u.opts[k] ~= v then
         error(string.format("fully_shard: unit '%s' is given %s = %s for module '%s' but %s = %s for module '%s': one unit, " ..
           "one strategy", uname, k, tostring(u.opts[k]), u.opts_from[k], k, tostring(v), path), 0)
@@ -93,10 +119,15 @@ function M.assign(model, opts)
       u.opts_from[k] = path
     end
     u.zero = u.opts.zero or zero
-    if u.opts.offload ~= nil then u.offload = u.opts.offload else u.offload = opts.offload or false end
+    local mode = u.opts.offload or default_offload
+    u.offload, u.offload_params = mode >= 1, mode == 2
     if u.offload and (u.zero == 0 or opts.hfsdp) then
       error(string.format("fully_shard: unit '%s' (module '%s'): offload needs zero >= 1 and no hfsdp (zero %d%s)", uname,
         path, u.zero, opts.hfsdp and ", hfsdp" or ""), 0)
+    end
+    if u.offload_params and u.zero ~= 3 then
+      error(string.format("fully_shard: unit '%s' (module '%s'): offload = {params = true} needs zero 3 (zero %d): the " ..
+        "resident levels keep the full params on the device anyway", uname, path, u.zero), 0)
     end
     u.prefetch = u.opts.prefetch
     u.reshard_after_forward = u.opts.reshard_after_forward ~= false
@@ -301,7 +332,7 @@ function M.fully_shard(model, opts)
   s.gc = ffi.gc(ffi.new("char[1]"), function() M.release(res) end)
   for _, u in ipairs(s.units) do
     local cfg = ffi.new("fsdp_unit_config", { u.zero, tensor.dtype(pdt), tensor.dtype(rdt), C.FSDP_AVG, align, salign,
-      s.hfsdp and 1 or 0, u.offload and 1 or 0, reg })
+      s.hfsdp and 1 or 0, u.offload_params and 2 or (u.offload and 1 or 0), reg })
     local n = #u.params
     local names, numels = ffi.new("const char *[?]", n), ffi.new("int64_t[?]", n)
     local rules, nd = ffi.new("fsdp_init_rule[?]", n), ffi.new("uint8_t[?]", n)

@@ -189,6 +189,7 @@ int fsdp_offload_settle(fsdp_unit *u) {
   if (!u->step_pending) return FSDP_OK;
   u->step_pending = 0;
   fsdp_stream *cs = u->shard->stream;
+  if (u->offp) return fsdp_event_synchronize(u->stepped); /* the shard stays on the host: unshard copies it up */
   if (u->xfer) {
     FSDP_CHECK(fsdp_event_synchronize(u->stepped));
     FSDP_CHECK(fsdp_memcpy(u->cshard, u->hstage, (size_t)u->S * u->ces, u->xfer));

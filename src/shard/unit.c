@@ -137,6 +137,11 @@ static int check_config(const char *name, const fsdp_unit_config *c) {
   if (c->comm_register < FSDP_REG_NONE || c->comm_register > FSDP_REG_WINDOW)
     return fsdp_fail(FSDP_EINVAL, "unit '%s': comm_register = %d; expected 0 (none), 1 (buffers) or 2 (windows)", name,
                      c->comm_register);
+  if (c->offload < 0 || c->offload > 2)
+    return fsdp_fail(FSDP_EINVAL, "unit '%s': offload = %d; expected 0, 1 (optimizer) or 2 (optimizer and params)", name,
+                     c->offload);
+  if (c->offload == 2 && c->zero != 3)
+    return fsdp_fail(FSDP_EINVAL, "unit '%s': offloading the params needs zero 3 (zero %d)", name, c->zero);
   if (c->offload && (c->zero == 0 || c->hfsdp))
     return fsdp_fail(FSDP_EINVAL, "unit '%s': offload needs zero >= 1 and no hfsdp (zero %d%s)", name, c->zero,
                      c->hfsdp ? ", hfsdp" : "");
@@ -216,6 +221,7 @@ int fsdp_unit_create(const char *name, int nparams, const char *const *param_nam
   u->ces = fsdp_dtype_size(cfg->compute_dtype);
   u->hf = cfg->hfsdp != 0;
   u->off = cfg->offload != 0;
+  u->offp = cfg->offload == 2 && u->dev == FSDP_CUDA;
   int R = u->hf ? outer->size : 1;
   /* HFSDP splits each shard R ways: keep shards a multiple of R */
   int rc = fsdp_layout_create(nparams, numels, u->W, cfg->param_align, cfg->shard_align * R, &u->layout);
@@ -248,7 +254,9 @@ int fsdp_unit_create(const char *name, int nparams, const char *const *param_nam
   if (rc == FSDP_OK && u->off && u->dev == FSDP_CUDA) rc = alloc_opt(u, (size_t)u->S * u->ces, &u->hstage);
   if (rc == FSDP_OK && u->hstage) memset(u->hstage, 0, (size_t)u->S * u->ces); /* padding stays 0 */
   if (rc == FSDP_OK && u->off) rc = fsdp_offload_attach(u);
-  if (rc == FSDP_OK && cfg->zero >= 1) rc = alloc_comm(u, shard, (size_t)u->S * u->ces, &u->cshard);
+  if (rc == FSDP_OK && u->offp) rc = fsdp_comm_scratch_reserve(shard, (size_t)(u->S ? u->S : 1) * u->ces);
+  if (rc == FSDP_OK && u->offp) u->has_gstage = 1;
+  if (rc == FSDP_OK && cfg->zero >= 1 && !u->offp) rc = alloc_comm(u, shard, (size_t)u->S * u->ces, &u->cshard);
   if (rc == FSDP_OK && cfg->zero <= 2) rc = alloc_comm(u, shard, (size_t)u->T * u->ces, &u->cfull);
   if (rc == FSDP_OK && cfg->zero <= 1) rc = alloc_comm(u, u->red, (size_t)u->T * u->ces, &u->gfull);
   if (rc == FSDP_OK && u->dev == FSDP_CUDA) rc = alloc0(u->dev, 16, &u->sums);
@@ -266,12 +274,13 @@ int fsdp_unit_create(const char *name, int nparams, const char *const *param_nam
   if (rc == FSDP_OK && cfg->zero >= 1) rc = fsdp_layout_init_shard(u->layout, u->r, param_names, rules, seed, init, FSDP_FP32);
   /* the optimizer keeps its range of the shard; tmp holds the whole shard */
   if (rc == FSDP_OK) rc = fsdp_memcpy(u->main, init + (cfg->zero >= 1 ? u->sub : 0), (size_t)u->n_opt * f, NULL);
-  if (rc == FSDP_OK && cfg->zero >= 1) rc = fsdp_memcpy(TMP(u), init, (size_t)u->S * f, NULL);
+  if (rc == FSDP_OK && cfg->zero >= 1 && !u->offp) rc = fsdp_memcpy(TMP(u), init, (size_t)u->S * f, NULL);
+  if (rc == FSDP_OK && u->offp) rc = cast_out(u->hstage, cfg->compute_dtype, init, u->S, NULL); /* the shard, on the host */
   fsdp_host_free(init);
   fsdp_stream *cs0 = shard->stream;
   if (rc == FSDP_OK) {
     if (cfg->zero == 0) rc = cast_out(u->cfull, cfg->compute_dtype, u->main, u->T, cs0);
-    if (cfg->zero >= 1 && rc == FSDP_OK) rc = cast_out(u->cshard, cfg->compute_dtype, TMP(u), u->S, cs0);
+    if (cfg->zero >= 1 && !u->offp && rc == FSDP_OK) rc = cast_out(u->cshard, cfg->compute_dtype, TMP(u), u->S, cs0);
     if (rc == FSDP_OK && u->dev == FSDP_CUDA) rc = fsdp_stream_synchronize(cs0);
     if (cfg->zero == 1 || cfg->zero == 2) {
       rc = fsdp_comm_all_gather(shard, u->cfull, u->cshard, (size_t)u->S, cfg->compute_dtype);
@@ -296,6 +305,7 @@ int fsdp_unit_destroy(fsdp_unit *u) {
   if (u->gslot >= 0) fsdp_pool_release(u->gpool, u->gslot, NULL);
   if (u->gacc != u->gmain) fsdp_free(u->dev, u->gacc);
   if (u->has_scratch) fsdp_comm_scratch_release(u->red);
+  if (u->has_gstage) fsdp_comm_scratch_release(u->shard);
   for (int i = 0; i < u->nreg; i++) fsdp_comm_deregister(u->regc[i], u->reg[i]);
   free_comm(u, u->shard, u->cshard);
   free_comm(u, u->shard, u->cfull);
@@ -324,7 +334,12 @@ int fsdp_unit_unshard(fsdp_unit *u) {
   int rc = fsdp_pool_acquire(u->ppool, (size_t)u->T * u->ces, cs, &u->pslot, &u->pbuf);
   if (rc != FSDP_OK) return rc; /* 1: at the bound */
   FSDP_CHECK(enqueue_stamp(cs, &u->times.gather_begin));
-  FSDP_CHECK(fsdp_comm_all_gather(u->shard, u->pbuf, u->cshard, (size_t)u->S, u->cfg.compute_dtype));
+  const void *in = u->cshard;
+  if (u->offp) { /* the shard lives on the host: up into the comm's staging, in stream order */
+    FSDP_CHECK(fsdp_memcpy(u->shard->scratch, u->hstage, (size_t)u->S * u->ces, cs));
+    in = u->shard->scratch;
+  }
+  FSDP_CHECK(fsdp_comm_all_gather(u->shard, u->pbuf, in, (size_t)u->S, u->cfg.compute_dtype));
   FSDP_CHECK(enqueue_stamp(cs, &u->times.gather_end));
   return fsdp_event_record(u->gathered, cs);
 }
@@ -606,9 +621,9 @@ int fsdp_unit_publish_params(fsdp_unit *u) {
     if (u->dev == FSDP_CUDA) FSDP_CHECK(fsdp_stream_synchronize(u->shard->stream));
     FSDP_CHECK(fsdp_comm_all_gather(u->outer, u->cshard, TMP(u), (size_t)u->n_opt, u->cfg.compute_dtype));
     FSDP_CHECK(fsdp_comm_synchronize(u->outer));
-  } else if (u->hstage) { /* offload on a GPU: cast on the host, one copy up */
+  } else if (u->hstage) { /* offload on a GPU: cast on the host, one copy up (offp: up at each unshard) */
     FSDP_CHECK(cast_out(u->hstage, u->cfg.compute_dtype, u->main, u->S, NULL));
-    FSDP_CHECK(fsdp_memcpy(u->cshard, u->hstage, (size_t)u->S * u->ces, u->shard->stream));
+    if (!u->offp) FSDP_CHECK(fsdp_memcpy(u->cshard, u->hstage, (size_t)u->S * u->ces, u->shard->stream));
   } else {
     FSDP_CHECK(cast_out(u->cshard, u->cfg.compute_dtype, u->main, u->S, u->shard->stream));
   }

@@ -21,6 +21,8 @@ struct fsdp_unit {
   int W, r;
   int dev;             /* FSDP_CPU or FSDP_CUDA: where every buffer lives, but: */
   int off;             /* offload: main, m, v, gmain (and hstage) in host memory */
+  int offp;            /* offload 2 on CUDA (zero 3): no device shard; hstage is the param shard,
+                          copied up into the shard comm's scratch before each all-gather */
   void *sums;          /* CUDA: the grad norm's device counters (double, int64) */
   int norm_pending;    /* grad_norm_start queued the sum of squares behind the reduction */
   double hsum;         /* CPU ranks: its result, written on the comm stream */
@@ -31,7 +33,8 @@ struct fsdp_unit {
   int hf;              /* HFSDP: the optimizer's range is 1/R of the shard */
   size_t ces;
   float *main, *m, *v, *gmain;
-  int has_scratch;     /* holds a share of the shard comm's scratch (TMP in unit.c) */
+  int has_scratch;     /* holds a share of the reduce comm's scratch (TMP in unit.c) */
+  int has_gstage;      /* offp: holds a share of the shard comm's scratch (gather staging) */
   float *gacc; /* fp32 grad shard over the shard group: gmain, or its own S buffer with HFSDP */
   void *cshard, *cfull, *gfull; /* with cfg.comm_register: from the shard comm, registered there */
   fsdp_comm_reg *reg[3];

@@ -4,7 +4,8 @@
 --   fp32 on the GPU: the loss every step within 1e-4 relative of the CPU's,
 --     at zero 0, 1, 2 and 3 (with activation checkpointing at zero 3);
 --   bf16 params and activations: within 3e-2 relative (bf16 has 8 bits);
---   the same with the optimizer offloaded to the host (fsdp.offload);
+--   the same with the optimizer offloaded to the host (fsdp.offload), and
+--   with the param shards too (offload = {params = true});
 --   the weights gathered back to the host after training agree likewise.
 local fsdp = require "fsdp"
 local llama = require "fsdp.models.llama"
@@ -76,6 +77,11 @@ for _, z in ipairs({ 1, 3 }) do
 end
 l, w = run(gpu_mesh, "cuda", 3, "bf16", "none", true)
 compare("cuda bf16 zero 3, optimizer offloaded", l, w, 3e-2)
+-- the param shards on the host too: copied up before every all-gather
+l, w = run(gpu_mesh, "cuda", 3, "fp32", "full", { params = true })
+compare("cuda fp32 zero 3, optimizer and params offloaded", l, w, 1e-4)
+l, w = run(gpu_mesh, "cuda", 3, "bf16", "none", { params = true })
+compare("cuda bf16 zero 3, optimizer and params offloaded", l, w, 3e-2)
 local st = fsdp.memory_stats("cuda")
 check(st.peak > 0, "the CUDA pool served the run")
 T.finish()

@@ -80,6 +80,9 @@ same(string.format("W=%d zero 3, SGD with momentum", W), { shard = dp, zero = 3 
 same(string.format("W=%d zero 2, bf16 params", W), { shard = dp, zero = 2, mixed = { param_dtype = "bf16" } }, 2, adamw)
 same(string.format("W=%d zero 3, bf16 params and grads", W),
   { shard = dp, zero = 3, mixed = { param_dtype = "bf16", reduce_dtype = "bf16" } }, 1, adamw)
+-- the param shards too (on CPU ranks they are host memory already: the
+-- same path as the optimizer alone), from the recipe's table form
+same(string.format("W=%d zero 3, offload = {params = true}", W), { shard = dp, zero = 3, offload = { params = true } }, 2, adamw)
 -- offload on the middle unit only (a policy's option)
 same(string.format("W=%d offload on unit '2' only", W), { shard = dp, zero = 3, offload = false,
   units = function(m, path) if m.kind == "Linear" then return path, { offload = path == "2" } end end,

@@ -133,6 +133,19 @@ do
   check(p.resident.optimizer == opt, string.format("70B optimizer bytes per rank: planned %.0f, by hand %.0f", p.resident.optimizer, opt))
   check(math.abs(p.resident.optimizer / (8 * 70.55e9 / S) - 1) < 1e-3, "70B optimizer bytes ~ 8 x 70.55B / 64")
   check(p.host == 16 * (p.resident.optimizer / 8) + p.resident.host_stage, "offloaded: 16 bytes per owned parameter + staging")
+  -- the param shards on the host too (GPUs, zero 3): no device shard; one
+  -- staging shard (the largest, bf16) in the shard comm's scratch
+  r.train.device = "cuda"
+  local pg = planner.plan(r, { world = 64, where = "llama70b.lua" })
+  r.fsdp.offload = { params = true }
+  local pp = planner.plan(r, { world = 64, where = "llama70b.lua" })
+  r.fsdp.offload, r.train.device = true, "cpu"
+  local largest = 0
+  for _, u in ipairs(pp.units) do largest = math.max(largest, u.shard_numel) end
+  check(pp.resident.params_shard == 0 and pg.resident.params_shard > 0, "offload {params = true}: no device param shard")
+  check(pg.device_peak - pp.device_peak == pg.resident.params_shard - 2 * largest and pp.host == pg.host,
+    string.format("offload {params = true} saves the shard less one staging shard on the device (%.0f MiB)",
+      (pg.device_peak - pp.device_peak) / 2 ^ 20))
   local hsdp = planner.plan(r, { world = 64, mesh = "dp_outer=8,dp_shard=8", where = "llama70b.lua" })
   check(math.abs(hsdp.resident.optimizer / (8 * 70.55e9 / 8) - 1) < 1e-3, "HSDP 8 x 8: ~ 8 x 70.55B / 8")
   local t0 = C.fsdp_time_now()
@@ -157,6 +170,12 @@ do
   bad("recipes/policies/nope.lua", "no such policy file", "a missing policy file")
   bad(function(m, path) if path == "model.embed_tokens" then return "embed", { zero = 0, offload = true } end end,
     "unit 'embed' (module 'model.embed_tokens'): offload needs zero >= 1", "offload at zero 0")
+  bad(function(m, path) if path == "model.embed_tokens" then return "embed", { zero = 2, offload = { params = true } } end end,
+    "offload = {params = true} needs zero 3", "param offload at zero 2")
+  bad(function(m, path) if path == "model.embed_tokens" then return "embed", { offload = { param = true } } end end,
+    "expected true, false or {optimizer = true, params = true}", "a misspelt offload table")
+  fails(function() planner.plan(tiny({ ["fsdp.offload"] = "yes" }), { world = W, where = "p.lua" }) end,
+    "offload = yes; expected true, false or {optimizer = true, params = true}", "a bad fsdp.offload")
 end
 
 -- each example policy trains like the default grouping
