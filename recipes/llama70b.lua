@@ -6,7 +6,10 @@
 -- rest (77.4 GiB per GPU, over the 90% of free memory the pre-flight check
 -- allows), so it is offloaded: 52.8 GiB per GPU and 37 GiB of host memory
 -- per rank (`fsdp plan recipes/llama70b.lua --world 32`); from 8 nodes on,
--- fsdp.offload=false fits (58.9 GiB at 64 GPUs).
+-- fsdp.offload=false fits (58.9 GiB at 64 GPUs). On 2 nodes,
+-- fsdp.offload=all moves the param and grad shards to the host too: 40.7 GiB
+-- per GPU and 74 GiB of host memory per rank (`... --world 16
+-- fsdp.offload=all`).
 --   srun --mpi=pmix -N 4 --ntasks-per-node 8 fsdp recipes/llama70b.lua data.token_file=/data/train.bin
 return {
   model = { preset = "llama3_70b" },

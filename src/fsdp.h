@@ -319,6 +319,7 @@ int fsdp_pool_peak(const fsdp_pool *p);
  * with c in `mode` (before any is acquired; collective for windows). */
 int fsdp_pool_register(fsdp_pool *p, fsdp_comm *c, int mode);
 
+typedef enum { FSDP_OFFLOAD_OPTIMIZER = 1, FSDP_OFFLOAD_PARAMS = 2, FSDP_OFFLOAD_GRADS = 4 } fsdp_offload_bits;
 typedef struct fsdp_unit_config {
   int32_t zero;          /* 0..3, see docs/ARCHITECTURE.md */
   int32_t compute_dtype; /* fp32 or bf16: params as used by compute, and grads */
@@ -327,11 +328,12 @@ typedef struct fsdp_unit_config {
   int64_t param_align, shard_align; /* elements; see fsdp_layout_create */
   int32_t hfsdp;         /* 1: also shard the fp32 main params and optimizer state over
                             the outer group (HSDP + optimizer sharding); zero >= 1 */
-  int32_t offload;       /* 1: the fp32 main params, optimizer state and the grads it reads
-                            live in (pinned) host memory and the step runs on CPU threads;
-                            zero >= 1, not with hfsdp. 2: the compute-dtype param shard too
-                            (zero 3; on GPUs it is copied up before each all-gather; on
-                            CPU ranks the same as 1) */
+  int32_t offload;       /* fsdp_offload_bits, 0: none. Any bit: the fp32 main params,
+                            optimizer state and the grads it reads live in (pinned) host
+                            memory and the step runs on CPU threads; zero >= 1, not with
+                            hfsdp. PARAMS: the compute-dtype param shard too (zero 3; on GPUs
+                            copied up before each all-gather). GRADS: no fp32 grad shard on
+                            the device either; reductions land in the host's (no HSDP) */
   int32_t comm_register; /* fsdp_comm_reg_mode for the buffers the shard group's collectives
                             read and write (compute shard, full params and grads); 0: none */
 } fsdp_unit_config;

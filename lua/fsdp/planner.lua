@@ -140,6 +140,10 @@ function M.plan(r, o)
   local gpu = r.train.device == "cuda"
   for _, u in ipairs(a.units) do
     if hf and u.zero == 0 then error(string.format("%s: unit '%s' has zero 0; hfsdp needs zero >= 1 everywhere", where, u.name), 0) end
+    if u.offload_grads and R > 1 then
+      error(string.format("%s: unit '%s' offloads its grads, which needs no dp_outer (HSDP) dimension: replicas agree on " ..
+        "the device first", where, u.name), 0)
+    end
     local l = layout_of(u, S, SALIGN * Rh)
     local Su, Tu = tonumber(C.fsdp_layout_shard_numel(l)), tonumber(C.fsdp_layout_numel_total(l))
     local n_opt = u.zero == 0 and Tu or Su / Rh
@@ -149,7 +153,8 @@ function M.plan(r, o)
     local mem = { -- what src/shard/unit.c allocates for this unit on every rank
       params_full = z <= 2 and Tu * ces or 0, params_shard = (z >= 1 and not offp) and Su * ces or 0, main_params = n_opt * 4,
       optimizer = 2 * n_opt * 4, grads_full = z <= 1 and Tu * ces or 0,
-      grads_main = n_opt * 4 + ((hf or u.offload) and Su * 4 or 0), scratch = 0, -- shared: below
+      -- (offload keeps a device fp32 grad shard to accumulate in, unless the grads are offloaded too)
+      grads_main = n_opt * 4 + ((hf or (u.offload and not u.offload_grads)) and Su * 4 or 0), scratch = 0, -- shared: below
       -- offload on a GPU: the compute shard is cast on the host, then copied up
       host_stage = gpu and u.offload and Su * ces or 0 }
     -- offload: main params, both optimizer arrays and the grads they read,

@@ -11,6 +11,7 @@
 --   function(m, path) if m.kind == "Linear" then return path, {zero = 2} end end
 local base = require "fsdp.ffi"
 local nn = require "fsdp.nn"
+local bit = require "bit"
 local tensor = require "fsdp.tensor"
 local ops = require "fsdp.ops"
 local ffi, C, check = base.ffi, base.C, base.check
@@ -33,23 +34,28 @@ end
 -- Options a policy may give a unit (its second return value)
 M.unit_options = { zero = true, prefetch = true, reshard_after_forward = true, offload = true }
 
--- fsdp.offload (or a unit's offload option) as the engine's mode: 0 none;
--- 1 (true, {optimizer = true}, "optimizer"): the fp32 main params, the optimizer state
--- and the grads it reads in host memory, the step on CPU threads; 2
--- ({params = true}, "params"): the compute-dtype param shard too (zero 3, on GPUs;
--- gathered from the host). nil for anything else.
+-- fsdp.offload (or a unit's offload option) as the engine's bits
+-- (fsdp_offload_bits), 0: none. true, {optimizer = true} or "optimizer":
+-- 1, the fp32 main params, the optimizer state and the grads it reads in
+-- host memory, the step on CPU threads. {params = true} ("params"): + 2,
+-- the compute-dtype param shard too (zero 3; on GPUs gathered from the
+-- host). {grads = true} ("grads"): + 4, no fp32 grad shard on the device
+-- (reductions land in the host's; no HSDP). "all": 7. nil for anything else.
+local offload_words = { optimizer = 1, params = 3, grads = 5, all = 7 }
 function M.offload_mode(v)
   if v == nil or v == false then return 0 end
   if v == true then return 1 end
-  if type(v) == "number" and (v == 0 or v == 1 or v == 2) then return v end
-  if v == "optimizer" then return 1 end
-  if v == "params" then return 2 end -- for the command line: fsdp.offload=params
+  if type(v) == "number" and v >= 0 and v <= 7 and v % 1 == 0 then return v end
+  if type(v) == "string" then return offload_words[v] end -- the command line: fsdp.offload=params
   if type(v) ~= "table" then return nil end
+  local bits = 0
   for k, x in pairs(v) do
-    if (k ~= "optimizer" and k ~= "params") or type(x) ~= "boolean" then return nil end
+    if (k ~= "optimizer" and k ~= "params" and k ~= "grads") or type(x) ~= "boolean" then return nil end
   end
-  if v.params then return 2 end
-  return v.optimizer == false and 0 or 1
+  if v.params then bits = bits + 2 end
+  if v.grads then bits = bits + 4 end
+  if bits > 0 or v.optimizer ~= false then bits = bits + 1 end -- params or grads imply the optimizer
+  return bits
 end
 
 -- Groups a model's parameters into units by a policy, in model order,
@@ -70,7 +76,8 @@ function M.assign(model, opts)
   local policy = policy_of(opts.units)
   local default_offload = M.offload_mode(opts.offload)
   if not default_offload then
-    error("fully_shard: offload = " .. tostring(opts.offload) .. "; expected true, false or {optimizer = true, params = true}", 0)
+    error("fully_shard: offload = " .. tostring(opts.offload) .. "; expected true, false or {optimizer = true, params = true, " ..
+      "grads = true}", 0)
   end
   local a = { units = {}, unit_of = {}, order = {}, visits = {} }
   local by_name, first_path = {}, {}
@@ -95,7 +102,7 @@ function M.assign(model, opts)
       end
       if k == "offload" and not M.offload_mode(v) then
         error(string.format("fully_shard: unit '%s' (module '%s'): offload = %s; expected true, false or {optimizer = true, " ..
-          "params = true}", uname, path, tostring(v)), 0)
+          "params = true, grads = true}", uname, path, tostring(v)), 0)
       end
     end
   end
@@ -120,7 +127,8 @@ function M.assign(model, opts)
     end
     u.zero = u.opts.zero or zero
     local mode = u.opts.offload or default_offload
-    u.offload, u.offload_params = mode >= 1, mode == 2
+    u.offload, u.offload_params, u.offload_grads = mode >= 1, bit.band(mode, 2) ~= 0, bit.band(mode, 4) ~= 0
+    u.offload_bits = mode
     if u.offload and (u.zero == 0 or opts.hfsdp) then
       error(string.format("fully_shard: unit '%s' (module '%s'): offload needs zero >= 1 and no hfsdp (zero %d%s)", uname,
         path, u.zero, opts.hfsdp and ", hfsdp" or ""), 0)
@@ -332,7 +340,7 @@ function M.fully_shard(model, opts)
   s.gc = ffi.gc(ffi.new("char[1]"), function() M.release(res) end)
   for _, u in ipairs(s.units) do
     local cfg = ffi.new("fsdp_unit_config", { u.zero, tensor.dtype(pdt), tensor.dtype(rdt), C.FSDP_AVG, align, salign,
-      s.hfsdp and 1 or 0, u.offload_params and 2 or (u.offload and 1 or 0), reg })
+      s.hfsdp and 1 or 0, u.offload_bits, reg })
     local n = #u.params
     local names, numels = ffi.new("const char *[?]", n), ffi.new("int64_t[?]", n)
     local rules, nd = ffi.new("fsdp_init_rule[?]", n), ffi.new("uint8_t[?]", n)

@@ -24,7 +24,10 @@
  *
  * Going down, the grads leave the device on the transfer stream after the
  * last reduction, so the next unit's reduce-scatter does not queue behind
- * the copy; the grad norm is summed on the device first.
+ * the copy; the grad norm is summed on the device first. With the grads
+ * offloaded too (FSDP_OFFLOAD_GRADS) there is no device grad shard: every
+ * reduction lands in the host's through the comm's scratch, and the step
+ * zeroes it after reading it.
  *
  * FSDP_TEST_HOST_STEP_DELAY_US delays each host step (tests show the
  * overlap with it). */
@@ -143,6 +146,8 @@ static int step_task(void *arg) {
     rc = j->update(u, &j->a, off, len, j->ps[i].param);
     if (rc == FSDP_OK && copy) memcpy((float *)j->a.stage + off, u->main + off, (size_t)len * sizeof(float));
   }
+  /* grads offloaded: the reductions accumulate straight into gmain */
+  if (rc == FSDP_OK && u->offg) memset(u->gmain, 0, (size_t)u->n_opt * sizeof(float));
   u->times.step_end = fsdp_time_now();
   return rc < 0 ? fsdp_fail_context(rc, "unit '%s': offloaded optimizer step", u->name) : FSDP_OK;
 }
@@ -175,7 +180,7 @@ int fsdp_offload_step(fsdp_unit *u, fsdp_update_fn update, const fsdp_step_args 
   FSDP_CHECK(fsdp_cpu_stream_enqueue(u->host, step_task, j, free_job));
   FSDP_CHECK(fsdp_event_record(u->stepped, u->host));
   u->step_pending = 1;
-  u->gstale = 1;
+  u->gstale = !u->offg; /* offg: the step zeroes them itself */
   return FSDP_OK;
 }
 

@@ -137,10 +137,9 @@ static int check_config(const char *name, const fsdp_unit_config *c) {
   if (c->comm_register < FSDP_REG_NONE || c->comm_register > FSDP_REG_WINDOW)
     return fsdp_fail(FSDP_EINVAL, "unit '%s': comm_register = %d; expected 0 (none), 1 (buffers) or 2 (windows)", name,
                      c->comm_register);
-  if (c->offload < 0 || c->offload > 2)
-    return fsdp_fail(FSDP_EINVAL, "unit '%s': offload = %d; expected 0, 1 (optimizer) or 2 (optimizer and params)", name,
-                     c->offload);
-  if (c->offload == 2 && c->zero != 3)
+  if (c->offload < 0 || c->offload > 7)
+    return fsdp_fail(FSDP_EINVAL, "unit '%s': offload = %d; expected fsdp_offload_bits (0..7)", name, c->offload);
+  if ((c->offload & FSDP_OFFLOAD_PARAMS) && c->zero != 3)
     return fsdp_fail(FSDP_EINVAL, "unit '%s': offloading the params needs zero 3 (zero %d)", name, c->zero);
   if (c->offload && (c->zero == 0 || c->hfsdp))
     return fsdp_fail(FSDP_EINVAL, "unit '%s': offload needs zero >= 1 and no hfsdp (zero %d%s)", name, c->zero,
@@ -201,6 +200,9 @@ int fsdp_unit_create(const char *name, int nparams, const char *const *param_nam
                      name, shard->device == FSDP_CUDA ? "cuda" : "cpu", outer->device == FSDP_CUDA ? "cuda" : "cpu");
   if (cfg->zero == 3 && !param_pool) return fsdp_fail(FSDP_EINVAL, "unit '%s': zero 3 needs a param pool", name);
   if (cfg->zero >= 2 && !grad_pool) return fsdp_fail(FSDP_EINVAL, "unit '%s': zero 2 and 3 need a grad pool", name);
+  if ((cfg->offload & FSDP_OFFLOAD_GRADS) && outer)
+    return fsdp_fail(FSDP_EINVAL, "unit '%s': offloading the grads needs no outer (HSDP) group: replicas agree on the "
+                     "device before the grads go down", name);
   if (cfg->hfsdp && (!outer || cfg->zero == 0))
     return fsdp_fail(FSDP_EINVAL, "unit '%s': hfsdp shards the optimizer over the outer group: it needs an outer "
                      "group and zero >= 1", name);
@@ -221,7 +223,8 @@ int fsdp_unit_create(const char *name, int nparams, const char *const *param_nam
   u->ces = fsdp_dtype_size(cfg->compute_dtype);
   u->hf = cfg->hfsdp != 0;
   u->off = cfg->offload != 0;
-  u->offp = cfg->offload == 2 && u->dev == FSDP_CUDA;
+  u->offp = (cfg->offload & FSDP_OFFLOAD_PARAMS) && u->dev == FSDP_CUDA;
+  u->offg = (cfg->offload & FSDP_OFFLOAD_GRADS) != 0;
   int R = u->hf ? outer->size : 1;
   /* HFSDP splits each shard R ways: keep shards a multiple of R */
   int rc = fsdp_layout_create(nparams, numels, u->W, cfg->param_align, cfg->shard_align * R, &u->layout);
@@ -250,7 +253,7 @@ int fsdp_unit_create(const char *name, int nparams, const char *const *param_nam
   u->gacc = u->gmain;
   /* the grads accumulate on the device; HFSDP then reduce-scatters them over
    * the replicas, offload copies them down after the last micro-batch */
-  if (rc == FSDP_OK && (u->hf || u->off)) rc = alloc0(u->dev, (size_t)u->S * f, (void **)&u->gacc);
+  if (rc == FSDP_OK && (u->hf || (u->off && !u->offg))) rc = alloc0(u->dev, (size_t)u->S * f, (void **)&u->gacc);
   if (rc == FSDP_OK && u->off && u->dev == FSDP_CUDA) rc = alloc_opt(u, (size_t)u->S * u->ces, &u->hstage);
   if (rc == FSDP_OK && u->hstage) memset(u->hstage, 0, (size_t)u->S * u->ces); /* padding stays 0 */
   if (rc == FSDP_OK && u->off) rc = fsdp_offload_attach(u);
@@ -415,7 +418,7 @@ int fsdp_unit_grads(fsdp_unit *u, fsdp_stream *compute, void **out) {
 static int reduce_scatter_into(fsdp_unit *u, float *dst, const void *full, int accumulate) {
   fsdp_comm *c = u->red;
   int cd = u->cfg.compute_dtype, rd = u->cfg.reduce_dtype;
-  if (!accumulate && rd == FSDP_FP32)
+  if (!accumulate && rd == FSDP_FP32 && !u->offg) /* (not into host memory: through the scratch) */
     return fsdp_comm_reduce_scatter(c, dst, FSDP_FP32, full, cd, (size_t)u->S, u->cfg.grad_op);
   FSDP_CHECK(fsdp_comm_reduce_scatter(c, TMP(u), rd, full, cd, (size_t)u->S, u->cfg.grad_op));
   return enqueue_host(c->stream, accumulate ? 0 : 1, dst, TMP(u), rd, u->S);
@@ -453,6 +456,7 @@ int fsdp_unit_reduce(fsdp_unit *u, fsdp_stream *compute, int sync) {
     u->gbuf = NULL;
   }
   FSDP_CHECK(enqueue_stamp(c->stream, &u->times.reduce_end));
+  if (sync && u->offg) return FSDP_OK; /* the grads are in host memory already */
   if (sync && u->off) { /* offload: agree across replicas on the device, then copy down for the host step */
     fsdp_stream *s = c->stream;
     if (u->outer) {

@@ -21,8 +21,10 @@ struct fsdp_unit {
   int W, r;
   int dev;             /* FSDP_CPU or FSDP_CUDA: where every buffer lives, but: */
   int off;             /* offload: main, m, v, gmain (and hstage) in host memory */
-  int offp;            /* offload 2 on CUDA (zero 3): no device shard; hstage is the param shard,
-                          copied up into the shard comm's scratch before each all-gather */
+  int offp;            /* FSDP_OFFLOAD_PARAMS on CUDA (zero 3): no device shard; hstage is the param
+                          shard, copied up into the shard comm's scratch before each all-gather */
+  int offg;            /* FSDP_OFFLOAD_GRADS: gacc is gmain (host): reductions go through the
+                          scratch into it (kernels write pinned memory on GPUs); the step zeroes it */
   void *sums;          /* CUDA: the grad norm's device counters (double, int64) */
   int norm_pending;    /* grad_norm_start queued the sum of squares behind the reduction */
   double hsum;         /* CPU ranks: its result, written on the comm stream */

@@ -97,6 +97,9 @@ int main(void) {
   OFF(fsdp_safetensors_entry, begin);
   OFF(fsdp_safetensors_entry, end);
   printf("},\nconstants = {\n");
+  CONST(FSDP_OFFLOAD_OPTIMIZER);
+  CONST(FSDP_OFFLOAD_PARAMS);
+  CONST(FSDP_OFFLOAD_GRADS);
   CONST(FSDP_REG_NONE);
   CONST(FSDP_REG_BUFFER);
   CONST(FSDP_REG_WINDOW);

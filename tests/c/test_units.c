@@ -329,9 +329,12 @@ int main(void) {
   fsdp_unit_config bad_off = {2, FSDP_FP32, FSDP_FP32, FSDP_AVG, 1, 1, 0, 2, 0};
   CHECK_FAILS(fsdp_unit_create("u", 1, nm, &n, &P[0][0].rule, NULL, 1, dp, NULL, NULL, &bad_off, NULL, NULL, &u), FSDP_EINVAL,
               "offloading the params needs zero 3");
-  bad_off.offload = 3;
+  bad_off.offload = 9;
   CHECK_FAILS(fsdp_unit_create("u", 1, nm, &n, &P[0][0].rule, NULL, 1, dp, NULL, NULL, &bad_off, NULL, NULL, &u), FSDP_EINVAL,
-              "offload = 3");
+              "offload = 9");
+  bad_off.zero = 1, bad_off.offload = FSDP_OFFLOAD_OPTIMIZER | FSDP_OFFLOAD_GRADS; /* with an outer group */
+  CHECK_FAILS(fsdp_unit_create("u", 1, nm, &n, &P[0][0].rule, NULL, 1, dp, NULL, dp, &bad_off, NULL, NULL, &u), FSDP_EINVAL,
+              "offloading the grads needs no outer");
   fsdp_unit_config no_outer = {1, FSDP_FP32, FSDP_FP32, FSDP_AVG, 1, 1, 1, 0, 0};
   CHECK_FAILS(fsdp_unit_create("u", 1, nm, &n, &P[0][0].rule, NULL, 1, dp, NULL, NULL, &no_outer, NULL, NULL, &u),
               FSDP_EINVAL, "needs an outer group");

@@ -82,6 +82,13 @@ l, w = run(gpu_mesh, "cuda", 3, "fp32", "full", { params = true })
 compare("cuda fp32 zero 3, optimizer and params offloaded", l, w, 1e-4)
 l, w = run(gpu_mesh, "cuda", 3, "bf16", "none", { params = true })
 compare("cuda bf16 zero 3, optimizer and params offloaded", l, w, 3e-2)
+-- and the grads: reductions written into pinned host memory by the kernels
+for _, z in ipairs({ 1, 3 }) do
+  l, w = run(gpu_mesh, "cuda", z, "fp32", "none", { grads = true })
+  compare("cuda fp32 zero " .. z .. ", optimizer and grads offloaded", l, w, 1e-4)
+end
+l, w = run(gpu_mesh, "cuda", 3, "bf16", "none", "all")
+compare("cuda bf16 zero 3, everything offloaded", l, w, 3e-2)
 local st = fsdp.memory_stats("cuda")
 check(st.peak > 0, "the CUDA pool served the run")
 T.finish()

@@ -83,12 +83,22 @@ same(string.format("W=%d zero 3, bf16 params and grads", W),
 -- the param shards too (on CPU ranks they are host memory already: the
 -- same path as the optimizer alone), from the recipe's table form
 same(string.format("W=%d zero 3, offload = {params = true}", W), { shard = dp, zero = 3, offload = { params = true } }, 2, adamw)
+-- the grads too: no device grad shard, reductions straight into the host's
+for zero = 1, 3 do
+  same(string.format("W=%d zero %d, offload = {grads = true}", W, zero), { shard = dp, zero = zero, offload = { grads = true } }, 2, adamw)
+end
+same(string.format("W=%d zero 3, offload = 'all', bf16", W), { shard = dp, zero = 3, offload = "all", mixed = { param_dtype = "bf16" } },
+  2, adamw)
+same(string.format("W=%d zero 2, grads offloaded, SGD", W), { shard = dp, zero = 2, offload = "grads" }, 1,
+  { optimizer = "sgd", lr = 0.05, momentum = 0.9, weight_decay = 0.01, clip = 1.0 })
 -- offload on the middle unit only (a policy's option)
 same(string.format("W=%d offload on unit '2' only", W), { shard = dp, zero = 3, offload = false,
   units = function(m, path) if m.kind == "Linear" then return path, { offload = path == "2" } end end,
   units_in_place = { "Linear" } }, 2, adamw)
 if W == 4 then
   local h = fsdp.mesh({ { "dp_outer", 2 }, { "dp_shard", 2 } })
+  fails(function() fsdp.fully_shard(mlp(), { shard = h:group("dp_shard"), outer = h:group("dp_outer"), units = { "Linear" },
+    offload = "grads" }) end, "offloading the grads needs no outer (HSDP) group", "grads offload with HSDP is refused")
   same("HSDP 2x2 zero 3", { shard = h:group("dp_shard"), outer = h:group("dp_outer"), zero = 3 }, 2, adamw)
   same("HSDP 2x2 zero 1", { shard = h:group("dp_shard"), outer = h:group("dp_outer"), zero = 1 }, 1, adamw)
 end
@@ -102,8 +112,8 @@ do
 end
 
 -- non-finite grads skip the step; the next step reads the new grads only
-do
-  local a = fsdp.fully_shard(mlp(), { shard = dp, units = { "Linear" }, zero = 3, offload = true, seed = 3 })
+for _, off in ipairs({ true, "grads" }) do
+  local a = fsdp.fully_shard(mlp(), { shard = dp, units = { "Linear" }, zero = 3, offload = off, seed = 3 })
   local b = fsdp.fully_shard(mlp(), { shard = dp, units = { "Linear" }, zero = 3, seed = 3 })
   local bad = batch(R, 1, 1)
   bad.x:set(0, 0 / 0)

@@ -98,6 +98,7 @@ compare("zero 3, 2 micro-batches, prefetch 2, 3 buffers", { ["fsdp.zero"] = 3, [
   ["fsdp.max_live_units"] = 3 })
 compare("tied embeddings, zero 3", { ["fsdp.zero"] = 3, ["model.tie_word_embeddings"] = true })
 for zero = 1, 3 do compare("offload, zero " .. zero, { ["fsdp.zero"] = zero, ["fsdp.offload"] = true, ["train.grad_accum"] = 2 }) end
+for zero = 1, 3 do compare("offload with the grads, zero " .. zero, { ["fsdp.zero"] = zero, ["fsdp.offload"] = "grads", ["train.grad_accum"] = 2 }) end
 local mixed = function(m, path)
   if m.kind == "LlamaDecoderLayer" then
     local i = tonumber(path:match("(%d+)$"))
@@ -173,9 +174,9 @@ do
   bad(function(m, path) if path == "model.embed_tokens" then return "embed", { zero = 2, offload = { params = true } } end end,
     "offload = {params = true} needs zero 3", "param offload at zero 2")
   bad(function(m, path) if path == "model.embed_tokens" then return "embed", { offload = { param = true } } end end,
-    "expected true, false or {optimizer = true, params = true}", "a misspelt offload table")
+    "expected true, false or {optimizer = true, params = true, grads = true}", "a misspelt offload table")
   fails(function() planner.plan(tiny({ ["fsdp.offload"] = "yes" }), { world = W, where = "p.lua" }) end,
-    "offload = yes; expected true, false or {optimizer = true, params = true}", "a bad fsdp.offload")
+    "offload = yes; expected true, false or {optimizer = true, params = true, grads = true}", "a bad fsdp.offload")
 end
 
 -- each example policy trains like the default grouping
