@@ -44,6 +44,14 @@ static int cpu_step(void *a) {
   run *r = a;
   return fsdp_adamw_step(r->p, NULL, r->g, r->m, r->v, r->n, step++, &cfg, 1.0f);
 }
+/* the grad norm's share: a sum of squares over the grads (4 bytes each) */
+static int cpu_sumsq(void *a) {
+  run *r = a;
+  double s;
+  int64_t bad;
+  return fsdp_sum_squares(r->g, r->n, &s, &bad);
+}
+
 /* the step's traffic without its arithmetic */
 static int host_stream(void *a) {
   run *r = a;
@@ -103,6 +111,9 @@ int main(int argc, char **argv) {
   char label[64];
   snprintf(label, sizeof label, "CPU, %d threads", threads);
   report(label, best_of(reps, cpu_step, &r), n, host_gbs);
+  double sq = best_of(reps, cpu_sumsq, &r);
+  printf("%-34s %9.2f ms  %7.1f GB/s  (reads 4 bytes per element)\n", "CPU, grad sum of squares", sq * 1e3,
+         4.0 * (double)n / sq / 1e9);
 #ifdef FSDP_HAVE_CUDA
   if (fsdp_device_available(FSDP_CUDA) == 1) {
     run d = {.n = n};

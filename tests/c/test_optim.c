@@ -108,5 +108,32 @@ int main(void) {
   int64_t nonfinite = 0;
   CHECK_OK(fsdp_sum_squares(s, 5, &sum, &nonfinite));
   CHECK(sum == 14.0 && nonfinite == 2);
+  /* many blocks: against a long double sum (1e-12 relative), the non-finite
+   * count, and the same bits on 1 thread as on several */
+  {
+    int64_t n = 3000017;
+    float *g = malloc(sizeof(float) * (size_t)n);
+    uint32_t r = 7;
+    long double ref = 0;
+    for (int64_t i = 0; i < n; i++) {
+      r = r * 1664525u + 1013904223u;
+      g[i] = (float)((int32_t)r) * 1e-9f;
+    }
+    g[100] = NAN, g[2999999] = -INFINITY, g[n - 1] = INFINITY;
+    for (int64_t i = 0; i < n; i++)
+      if (isfinite(g[i])) ref += (long double)g[i] * g[i];
+    int threads = fsdp_cpu_threads();
+    double one, many;
+    int64_t bad1, badn;
+    fsdp_cpu_threads_set(1);
+    CHECK_OK(fsdp_sum_squares(g, n, &one, &bad1));
+    fsdp_cpu_threads_set(threads > 1 ? threads : 3);
+    CHECK_OK(fsdp_sum_squares(g, n, &many, &badn));
+    fsdp_cpu_threads_set(threads);
+    CHECK(bad1 == 3 && badn == 3);
+    CHECK(fabsl((long double)one - ref) <= 1e-12L * ref);
+    CHECK(memcmp(&one, &many, sizeof one) == 0);
+    free(g);
+  }
   return fsdp_test_summary("test_optim");
 }
