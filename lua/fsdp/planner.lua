@@ -288,7 +288,7 @@ function M.memory_rows(p)
     { "main params (fp32)", bytes(m.main_params), "resident" },
     { "optimizer state", bytes(m.optimizer), "resident" },
     { "grads", bytes(m.grads_full + m.grads_main), "resident" },
-    { "reduce scratch", bytes(m.scratch), "resident, one shard shared by the units" },
+    { "comm scratch", bytes(m.scratch), "resident, shared by the units: the reduce staging (and the param staging of host-held shards)" },
     { "host staging (offload)", bytes(m.host_stage), "resident, host" },
     { "unit buffer pools", bytes(p.pools.params + p.pools.grads), string.format("%d + %d buffers of %s; live at once: %d params, %d grads",
       p.pools.params > 0 and p.pools.bound or 0, p.pools.grads > 0 and p.pools.bound or 0, bytes(p.pools.buffer_bytes),
