@@ -530,6 +530,9 @@ end
 -- scale is 1 / micro-batches, for dy. The loss may be a number or an
 -- ops.deferred (a GPU's, still on the device): every micro-batch's is read
 -- once, after the last backward has been issued.
+-- With offloaded units, self.host_step_s is how long the previous step's
+-- optimizer ran on the host, first unit's start to last unit's end (it
+-- overlapped this step's forward; nil before the first).
 -- Returns the loss averaged over micro-batches and data-parallel ranks, the
 -- global grad norm, and, when some gradient was not finite, a message naming
 -- the units (the step is then skipped on every rank; the step counter does
@@ -573,16 +576,22 @@ function Sharded:train_step(batches, opt)
   -- all-reduce over the shard group (HSDP replicas hold the same shards)
   local nu = #self.units
   local sums = tensor.new(2 * nu + 1)
+  local first, last = math.huge, 0
   for i, u in ipairs(self.units) do
     check(C.fsdp_unit_synchronize(u.handle), "unit '" .. u.name .. "' synchronize")
     comm_times(u, u.reduce_trace, "reduce")
     comm_times(u, u.step_trace, "step") -- the previous step, on the host
     u.reduce_trace, u.step_trace = nil, nil
+    if u.offload then -- the previous step's host span (self.host_step_s)
+      check(C.fsdp_unit_times_get(u.handle, times), "unit '" .. u.name .. "' times")
+      if times.step_end > 0 then first, last = math.min(first, times.step_begin), math.max(last, times.step_end) end
+    end
     local sq, bad = ffi.new("double[1]"), ffi.new("int64_t[1]")
     check(C.fsdp_unit_grad_norm_get(u.handle, sq, bad), "grad norm")
     sums:set(i - 1, sq[0])
     sums:set(nu + i - 1, tonumber(bad[0]))
   end
+  if last > 0 then self.host_step_s = last - first end
   for k = 1, K do total = total + ops.value(parts[k]) / K end
   sums:set(2 * nu, total)
   all_reduce_host(self.shard, sums, "sum")

@@ -336,11 +336,12 @@ function M.run(r, where, args, break_at)
         local f = math.floor(w * step / steps)
         bar = "[" .. string.rep("#", f) .. string.rep(".", w - f) .. "] "
       end
-      say("%sstep %d/%d | loss %.4f | lr %.2e | gnorm %.3f | %s tok/s | %.3f s | mfu %.1f%% | mem %.0f MiB | eta %s",
-        bar, step, steps, loss, lr, norm, human(tps), dt, 100 * mfu, mem / 2 ^ 20, duration(eta))
+      say("%sstep %d/%d | loss %.4f | lr %.2e | gnorm %.3f | %s tok/s | %.3f s | mfu %.1f%% | mem %.0f MiB%s | eta %s",
+        bar, step, steps, loss, lr, norm, human(tps), dt, 100 * mfu, mem / 2 ^ 20,
+        sharded.host_step_s and string.format(" | host step %.3f s", sharded.host_step_s) or "", duration(eta))
     end
     record({ step = step, loss = loss, lr = lr, grad_norm = norm, tokens_per_s = tps, step_time_s = dt, mfu = mfu,
-      mem_bytes = mem, tokens = tokens_done })
+      mem_bytes = mem, tokens = tokens_done, host_step_s = sharded.host_step_s })
     if r.train.eval_every > 0 and (step % r.train.eval_every == 0 or step == last) then
       local vloss = evaluate()
       say("eval step %d | val_loss %.4f", step, vloss)

@@ -138,6 +138,9 @@ do
   local returned = fsdp.now()
   local mark = #tr
   m:train_step({ batch(R, 1, 2) }, adamw)
+  -- the host span of step 1: three units' steps with two 80 ms delays between them
+  check(m.host_step_s and m.host_step_s >= 0.15 and m.host_step_s < 5,
+    "host_step_s reports the offloaded step's host span: " .. tostring(m.host_step_s))
   local steps, fwd = {}, {}
   for i, e in ipairs(tr) do
     if e.op == "step" and i <= mark then steps[e.unit] = e end
