@@ -39,7 +39,9 @@ static const char *usage_text =
     "  FSDP_COMM_TIMEOUT  seconds a collective waits for its peers (default 300)\n"
     "  FSDP_TRACEBACK=1   a Lua stack trace with every error (by default only for errors\n"
     "                     that carry a source position: internal faults)\n"
-    "  FSDP_CPU_THREADS   threads for the optimizer step on the host (default: cores / ranks)\n";
+    "  FSDP_CPU_THREADS   threads for the optimizer step on the host (default: cores / ranks)\n"
+    "  FSDP_ATTENTION     CUDA attention kernels: auto (tensor cores for bf16 with head_dim\n"
+    "                     64 or 128, else fp32 ones), tc, simple\n";
 
 static void set_default_env(const char *name, const char *value) {
   if (!getenv(name)) setenv(name, value, 1);
