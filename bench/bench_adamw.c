@@ -99,7 +99,6 @@ int main(int argc, char **argv) {
     }
     for (int64_t k = 0; k < n; k++) (*bufs[i])[k] = i == 3 ? 1e-4f : 0.01f * (float)(k % 97);
   }
-  if (fsdp_alloc(FSDP_CPU, (size_t)n * 4, &r.copy_dst) != 0) return 1;
   printf("bench_adamw: %lld elements (%.2f GB of state touched per step), best of %d\n", (long long)n, 28.0 * (double)n / 1e9,
          reps);
   double c = best_of(reps, host_stream, &r);

@@ -100,20 +100,13 @@ void fsdp_offload_detach(fsdp_unit *u) {
 /* ---- down: grads to the host ---- */
 
 int fsdp_offload_grads_down(fsdp_unit *u, fsdp_stream *s) {
-#ifdef FSDP_HAVE_CUDA
   /* the norm where the grads are, before they leave (n_opt == S: no hfsdp) */
-  FSDP_CHECK(fsdp_memset(u->sums, 0, 16, s));
-  FSDP_CHECK(fsdp_cuda_sum_squares(u->gacc, u->n_opt, (double *)u->sums, (int64_t *)u->sums + 1, s));
-  u->norm_pending = 1;
+  FSDP_CHECK(fsdp_unit_norm_on_device(u, u->gacc, u->n_opt, s));
   FSDP_CHECK(fsdp_event_record(u->reduced, s));
   FSDP_CHECK(fsdp_stream_wait_event(u->xfer, u->reduced));
   FSDP_CHECK(fsdp_memcpy(u->gmain, u->gacc, (size_t)u->n_opt * sizeof(float), u->xfer));
   FSDP_CHECK(fsdp_memset(u->gacc, 0, (size_t)u->S * sizeof(float), u->xfer)); /* the next step accumulates from 0 */
   return fsdp_event_record(u->moved, u->xfer);
-#else
-  (void)s;
-  return fsdp_fail(FSDP_EUNSUPPORTED, "unit '%s': built without CUDA", u->name);
-#endif
 }
 
 int fsdp_offload_before_reduce(fsdp_unit *u) {
@@ -139,13 +132,7 @@ static int step_task(void *arg) {
   step_job *j = arg;
   fsdp_unit *u = j->u;
   u->times.step_begin = fsdp_time_now();
-  int rc = FSDP_OK;
-  int copy = u->cfg.compute_dtype == FSDP_FP32; /* bf16: the update writes it */
-  for (int i = 0; i < j->k && rc == FSDP_OK; i++) {
-    int64_t off = j->ps[i].shard_offset, len = j->ps[i].end - j->ps[i].begin;
-    rc = j->update(u, &j->a, off, len, j->ps[i].param);
-    if (rc == FSDP_OK && copy) memcpy((float *)j->a.stage + off, u->main + off, (size_t)len * sizeof(float));
-  }
+  int rc = fsdp_unit_update_pieces(u, j->update, &j->a, j->ps, j->k);
   /* grads offloaded: the reductions accumulate straight into gmain */
   if (rc == FSDP_OK && u->offg) memset(u->gmain, 0, (size_t)u->n_opt * sizeof(float));
   u->times.step_end = fsdp_time_now();

@@ -255,7 +255,6 @@ int fsdp_unit_create(const char *name, int nparams, const char *const *param_nam
    * the replicas, offload copies them down after the last micro-batch */
   if (rc == FSDP_OK && (u->hf || (u->off && !u->offg))) rc = alloc0(u->dev, (size_t)u->S * f, (void **)&u->gacc);
   if (rc == FSDP_OK && u->off && u->dev == FSDP_CUDA) rc = alloc_opt(u, (size_t)u->S * u->ces, &u->hstage);
-  if (rc == FSDP_OK && u->hstage) memset(u->hstage, 0, (size_t)u->S * u->ces); /* padding stays 0 */
   if (rc == FSDP_OK && u->off) rc = fsdp_offload_attach(u);
   if (rc == FSDP_OK && u->offp) rc = fsdp_comm_scratch_reserve(shard, (size_t)(u->S ? u->S : 1) * u->ces);
   if (rc == FSDP_OK && u->offp) u->has_gstage = 1;
@@ -525,15 +524,20 @@ int fsdp_unit_grad_norm_start(fsdp_unit *u) {
     return FSDP_OK;
   }
   if (u->off) return FSDP_OK; /* summed on the device before the grads go down (offload.c) */
-#ifdef FSDP_HAVE_CUDA
   const float *g;
   int64_t n;
   norm_range(u, &g, &n);
+  return fsdp_unit_norm_on_device(u, g, n, s);
+}
+
+int fsdp_unit_norm_on_device(fsdp_unit *u, const float *g, int64_t n, fsdp_stream *s) {
+#ifdef FSDP_HAVE_CUDA
   FSDP_CHECK(fsdp_memset(u->sums, 0, 16, s));
   FSDP_CHECK(fsdp_cuda_sum_squares(g, n, (double *)u->sums, (int64_t *)u->sums + 1, s));
   u->norm_pending = 1;
   return FSDP_OK;
 #else
+  (void)g, (void)n, (void)s;
   return fsdp_fail(FSDP_EUNSUPPORTED, "unit '%s': built without CUDA", u->name);
 #endif
 }
@@ -640,6 +644,17 @@ int fsdp_unit_publish_params(fsdp_unit *u) {
 
 /* Update what this rank owns (zero 0: everything), write the new values back
  * to the compute params, and zero the grads. */
+int fsdp_unit_update_pieces(fsdp_unit *u, fsdp_update_fn update, const fsdp_step_args *a, const fsdp_layout_piece *ps,
+                            int k) {
+  int copy = a->stage && u->cfg.compute_dtype == FSDP_FP32; /* bf16: the update writes the stage itself */
+  for (int j = 0; j < k; j++) {
+    int64_t off = ps[j].shard_offset, len = ps[j].end - ps[j].begin;
+    FSDP_CHECK(update(u, a, off, len, ps[j].param));
+    if (copy) memcpy((float *)a->stage + off, u->main + off, (size_t)len * sizeof(float));
+  }
+  return FSDP_OK;
+}
+
 static int step_owned(fsdp_unit *u, fsdp_update_fn update, const fsdp_step_args *a) {
   FSDP_CHECK(fsdp_unit_synchronize(u));
   /* the element ranges this rank's optimizer holds (unit_state.c): every
@@ -650,8 +665,7 @@ static int step_owned(fsdp_unit *u, fsdp_update_fn update, const fsdp_step_args 
   if (!ps) return fsdp_fail(FSDP_ENOMEM, "unit '%s': out of memory", u->name);
   fsdp_unit_state_pieces(u, 0, ps, k);
   if (u->off) return fsdp_offload_step(u, update, a, ps, k); /* returns at once (offload.c) */
-  int rc = FSDP_OK;
-  for (int j = 0; j < k && rc == FSDP_OK; j++) rc = update(u, a, ps[j].shard_offset, ps[j].end - ps[j].begin, ps[j].param);
+  int rc = fsdp_unit_update_pieces(u, update, a, ps, k);
   free(ps);
   FSDP_CHECK(rc);
   FSDP_CHECK(fsdp_unit_publish_params(u));

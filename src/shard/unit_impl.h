@@ -70,6 +70,13 @@ typedef struct fsdp_step_args {
 } fsdp_step_args;
 typedef int (*fsdp_update_fn)(fsdp_unit *u, const fsdp_step_args *a, int64_t off, int64_t len, int param);
 
+/* unit.c: update pieces ps[0..k) (with a->stage, the new compute-dtype
+ * values there too), the in-place step's loop and the offloaded one's */
+int fsdp_unit_update_pieces(fsdp_unit *u, fsdp_update_fn update, const fsdp_step_args *a, const fsdp_layout_piece *ps,
+                            int k);
+/* unit.c (CUDA): queue the sum of squares of g[0..n) into u->sums on s */
+int fsdp_unit_norm_on_device(fsdp_unit *u, const float *g, int64_t n, fsdp_stream *s);
+
 /* offload.c: the offloaded step, off the caller's thread */
 int fsdp_offload_attach(fsdp_unit *u);
 void fsdp_offload_detach(fsdp_unit *u);
