@@ -21,6 +21,26 @@ end
 -- a ctx that does nothing: run a module with bound params and no sharding
 local plain = { enter = function() end, leave = function() end }
 
+-- Activations are freed at their last use, not left to the garbage
+-- collector (it sees small Lua proxies, not the device memory behind them).
+-- A module frees what it created; what it saves of its input belongs to the
+-- caller. m:release() (where defined) frees what m saved for backward and
+-- created itself: nn.free_saved(m, keys) frees m.saved[key] for each key.
+function nn.free_saved(m, keys)
+  local s = m.saved
+  m.saved = nil
+  if type(s) ~= "table" then return end
+  for _, k in ipairs(keys) do if s[k] then s[k]:free() end end
+end
+
+-- m and its children drop what they saved for backward (activation
+-- checkpointing, forward without grads)
+function nn.release(m)
+  if m.release then m:release() end
+  m.saved = nil
+  for _, c in ipairs(m.children or {}) do nn.release(c) end
+end
+
 ---------------------------------------------------------------- Linear
 local Linear = class("Linear")
 nn.Linear = function(inp, out, opts)
@@ -87,23 +107,37 @@ nn.Sequential = function(...)
   return setmetatable({ params = {}, children = { ... } }, Sequential)
 end
 
+-- outs[i], child i's output, is freed after child i's backward (child i+1's
+-- came first), and each gradient after the child that consumed it; the
+-- input, the output and the returned gradient belong to the caller
 function Sequential:forward(ctx, x)
   ctx = ctx or plain
-  for _, c in ipairs(self.children) do
+  local outs = { [0] = x }
+  for i, c in ipairs(self.children) do
     ctx:enter(c, "forward")
-    x = c:forward(ctx, x)
+    outs[i] = c:forward(ctx, outs[i - 1])
     ctx:leave(c, "forward")
+    if ctx.no_grad and i > 1 and outs[i - 1] ~= outs[i] then outs[i - 1]:free() end
   end
-  return x
+  self.outs = not ctx.no_grad and outs or nil
+  return outs[#outs]
 end
 
 function Sequential:backward(ctx, dy)
   ctx = ctx or plain
-  for i = #self.children, 1, -1 do
+  local outs, n = self.outs, #self.children
+  self.outs = nil
+  for i = n, 1, -1 do
     local c = self.children[i]
     ctx:enter(c, "backward")
-    dy = c:backward(ctx, dy)
+    local dx = c:backward(ctx, dy)
     ctx:leave(c, "backward")
+    if i < n then
+      if dy ~= dx then dy:free() end
+      local o = outs[i]
+      if o ~= outs[i - 1] and o ~= outs[n] then o:free() end -- (an identity child returns its input)
+    end
+    dy = dx
   end
   return dy
 end
@@ -183,6 +217,8 @@ function RMSNorm:backward(ctx, dy)
   self.saved = nil
   return dx
 end
+
+function RMSNorm:release() nn.free_saved(self, { "rstd" }) end
 
 -- mean squared error and its gradient (scaled, e.g. by 1 / micro-batches)
 function nn.mse(y, target, scale)

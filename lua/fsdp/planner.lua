@@ -81,21 +81,33 @@ local function layout_of(u, S, shard_align)
   return ffi.gc(lp[0], C.fsdp_layout_destroy)
 end
 
--- activation bytes of one micro-batch, as the CPU modules save them (fp32):
--- per token and layer the layer input, two norm outputs, q, k, v, the
--- attention output, the residual, gate, up and the SwiGLU output; a
--- checkpointed layer keeps its input only, and one layer is recomputed at a
--- time; plus the logits and their gradient
-local function activations(cfg, B, T, ck)
-  local h, I, L = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers
-  local kv = cfg.num_key_value_heads * cfg.head_dim
-  local per_layer = (6 * h + 2 * kv + 3 * I) * 4
-  local keep = 0
-  for i = 1, L do
-    local on = ck == "full" or (type(ck) == "number" and (i - 1) % ck == 0)
-    keep = keep + (on and h * 4 or per_layer)
+-- The peak activation bytes of one micro-batch: the model's allocations
+-- replayed (lua/fsdp/models/llama.lua frees each at its last use), in the
+-- activation dtype (es bytes: the compute dtype on GPUs, fp32 on CPU ranks;
+-- norms' rstd and attention's lse are fp32). Per token: a layer keeps n1,
+-- h, n2 (hidden each), q, out (heads x head_dim), k, v, gate, up and the
+-- SwiGLU output, lse and two rstd; a checkpointed layer keeps only its
+-- input (held by every layer anyway) and recomputes the rest in backward.
+-- The model adds the layers' inputs, the final norm's output and the logits.
+-- Backward peaks either in the head (the logits and their input's gradient)
+-- or inside a layer: the MLP's gradients (2 x intermediate above the
+-- layer's own), or attention's (dout, dq, dk, dv after the MLP's are freed).
+local function activations(cfg, B, T, ck, es)
+  local h, I, L, V = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, cfg.vocab_size
+  local q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+  local layer = (3 * h + 2 * q + 2 * kv + 3 * I) * es + (cfg.num_attention_heads + 2) * 4
+  local function ckpt(i) return ck == "full" or (type(ck) == "number" and (i - 1) % ck == 0) end
+  local live = (L + 2) * h * es + 4 + V * es -- layer inputs and the last output, final norm (+ rstd), logits
+  for i = 1, L do if not ckpt(i) then live = live + layer end end
+  local peak = live + h * es -- the head's backward: its input's gradient
+  live = live - V * es - h * es - 4 -- logits, final norm and the last layer's output freed
+  local inside = math.max(2 * I * es, (2 * q + 2 * kv - 3 * I - h) * es - 4)
+  for i = L, 1, -1 do
+    local again = ckpt(i) and layer or 0 -- recomputed
+    peak = math.max(peak, live + again + math.max(inside, again > 0 and h * es or 0))
+    live = live - (ckpt(i) and 0 or layer) - h * es -- its activations and its input freed
   end
-  return B * T * (keep + (ck ~= "none" and per_layer or 0) + 2 * cfg.vocab_size * 4 + 2 * h * 4)
+  return B * T * peak
 end
 
 -- The plan of recipe r (a table, checked here) on o.world ranks.
@@ -192,7 +204,7 @@ function M.plan(r, o)
   if not peak then error(where .. ": the schedule does not fit its buffer pools: " .. why .. " (raise fsdp.max_live_units)", 0) end
   p.pools = { bound = bound, buffer_bytes = biggest * ces, params = need_p and bound * biggest * ces or 0,
     grads = need_g and bound * biggest * ces or 0, peak_params = peak.params, peak_grads = peak.grads }
-  p.activations = activations(cfg, B, T, f.checkpoint)
+  p.activations = activations(cfg, B, T, f.checkpoint, gpu and ces or 4)
   local sum = 0
   for k, v in pairs(resident) do if k ~= "offloaded" then sum = sum + v end end
   p.resident_total = sum

@@ -567,8 +567,10 @@ function Sharded:train_step(batches, opt)
     local loss, dy = lossfn(y, b, 1 / K)
     parts[k] = loss -- on a GPU still on the device (ops.deferred): read below, once
     self.model:backward(ctx, dy)
-    -- activations are engine memory behind small Lua proxies: collect them
-    -- now so that the pool reuses their blocks in the next micro-batch
+    -- the model freed its activations at their last use (Llama's backward
+    -- also frees the logits' gradient, written over the logits); the output
+    -- goes with the collector, as a deferred loss may still read it
+    if type(dy) == "table" and dy ~= y and dy.free then dy:free() end
     y, dy = nil, nil
     collectgarbage()
   end
@@ -650,11 +652,11 @@ end
 function Sharded:evaluate(batches, lossfn)
   live(self, "evaluate")
   local total, parts = 0, {}
-  local ctx = setmetatable({ s = self }, Ctx)
+  local ctx = setmetatable({ s = self, no_grad = true }, Ctx) -- models free activations as they go
   for k, b in ipairs(batches) do
     local y = self.model:forward(ctx, b.x)
     parts[k] = lossfn(y, b)
-    y = nil
+    y = nil -- (a deferred loss may still read it)
     collectgarbage()
   end
   for k = 1, #batches do total = total + ops.value(parts[k]) / #batches end

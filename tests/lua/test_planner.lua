@@ -5,7 +5,12 @@
 --     ranks): every unit's planned resident bytes equal what the engine
 --     allocated (fsdp_unit_memory_info), byte for byte, and the planned
 --     peak of live full-unit buffers equals the pools' measured peak after
---     a training step;
+--     a training step, and the planned activation peak of a micro-batch
+--     equals the allocator's measured peak above the step's start, byte for
+--     byte, with the garbage collector stopped (activations are freed at
+--     their last use, not when Lua collects them), also with activation
+--     checkpointing of every layer and every k-th; evaluation (no grads)
+--     stays below a fully checkpointed training step;
 --   * llama70b at W = 64 against a hand calculation: 70.55B parameters
 --     (within 0.1%), and the optimizer bytes per rank from the layout rule
 --     (parameters padded to 16 elements, each unit to dp_shard x 32);
@@ -51,11 +56,13 @@ local function build(r)
   local s = fsdp.fully_shard(llama.model(cfg, { checkpoint = r.fsdp.checkpoint }), { shard = mesh:group("dp_shard"),
     outer = names.dp_outer and mesh:group("dp_outer") or nil, units = planner.policy(r.fsdp.units, "tiny.lua"),
     zero = r.fsdp.zero, prefetch = r.fsdp.prefetch, max_live_units = r.fsdp.max_live_units, hfsdp = r.fsdp.hfsdp,
-    offload = r.fsdp.offload })
+    offload = r.fsdp.offload, mixed = { param_dtype = r.fsdp.param_dtype, reduce_dtype = r.fsdp.reduce_dtype } })
   return p, s, cfg
 end
 
-local function one_step(s, cfg, r)
+-- measure: returns the allocator's peak during the step above its start
+-- (with the batches made), the garbage collector stopped
+local function one_step(s, cfg, r, measure)
   local B, L = r.data.micro_batch, r.data.seq
   local batches = {}
   for k = 1, r.train.grad_accum do
@@ -63,7 +70,18 @@ local function one_step(s, cfg, r)
     for i = 0, B * L - 1 do x:set(i, (i * 7 + k + R) % cfg.vocab_size); y:set(i, (i * 11 + k + 3 * R) % cfg.vocab_size) end
     batches[k] = { x = x, y = y }
   end
-  return s:train_step(batches, { lr = 1e-3, loss = function(logits, b, scale) return llama.loss(logits, b.y, scale) end })
+  local base
+  if measure then
+    collectgarbage()
+    collectgarbage("stop")
+    base = fsdp.memory_stats("cpu").allocated
+    fsdp.memory_reset_peak("cpu")
+  end
+  s:train_step(batches, { lr = 1e-3, loss = function(logits, b, scale) return llama.loss(logits, b.y, scale) end })
+  if measure then
+    collectgarbage("restart")
+    return fsdp.memory_stats("cpu").peak - base
+  end
 end
 
 local fields = { "params_full", "params_shard", "main_params", "optimizer", "grads_full", "grads_main", "scratch", "offloaded" }
@@ -85,6 +103,9 @@ local function compare(label, over)
   check(scratch == p.resident.scratch, string.format("%s: the shared scratch: planned %d, allocated %d", label,
     p.resident.scratch, scratch))
   one_step(s, cfg, r)
+  -- again, measured: the first step made the lasting state (optimizer, rope tables)
+  local act = one_step(s, cfg, r, true)
+  check(act == p.activations, string.format("%s: activations: planned %d bytes, measured %d", label, p.activations, act))
   local pp = s.ppool ~= nil and C.fsdp_pool_peak(s.ppool) or 0
   local gp = s.gpool ~= nil and C.fsdp_pool_peak(s.gpool) or 0
   check(pp == p.pools.peak_params and gp == p.pools.peak_grads and s.live_bound == p.pools.bound,
@@ -94,6 +115,31 @@ local function compare(label, over)
 end
 
 for zero = 0, 3 do compare("zero " .. zero, { ["fsdp.zero"] = zero }) end
+compare("checkpoint full", { ["fsdp.zero"] = 3, ["fsdp.checkpoint"] = "full" })
+compare("checkpoint every 3rd layer, bf16", { ["fsdp.zero"] = 2, ["fsdp.checkpoint"] = 3, ["fsdp.param_dtype"] = "bf16" })
+compare("checkpoint every 2nd layer, 2 micro-batches", { ["fsdp.checkpoint"] = 2, ["train.grad_accum"] = 2 })
+-- evaluation frees each layer's activations once the next has run
+do
+  local r = tiny({ ["fsdp.zero"] = 3 })
+  local _, s, cfg = build(r)
+  local full = planner.plan(tiny({ ["fsdp.zero"] = 3, ["fsdp.checkpoint"] = "full" }), { world = W }).activations
+  local none = planner.plan(r, { world = W }).activations
+  local B, L = r.data.micro_batch, r.data.seq
+  local x, y = fsdp.tensor({ B, L }, "int32"), fsdp.tensor({ B, L }, "int32")
+  for i = 0, B * L - 1 do x:set(i, (i * 5 + R) % cfg.vocab_size); y:set(i, (i * 3 + R) % cfg.vocab_size) end
+  local lossfn = function(logits, b) return llama.loss(logits, b.y, 0) end
+  s:evaluate({ { x = x, y = y } }, lossfn)
+  collectgarbage()
+  collectgarbage("stop")
+  local base = fsdp.memory_stats("cpu").allocated
+  fsdp.memory_reset_peak("cpu")
+  s:evaluate({ { x = x, y = y } }, lossfn)
+  local st = fsdp.memory_stats("cpu")
+  collectgarbage("restart")
+  check(st.peak - base < full and st.allocated - base < 64, string.format("evaluate: peak %d bytes above the start " ..
+    "(a fully checkpointed training step: %d, none: %d), %d left allocated", st.peak - base, full, none, st.allocated - base))
+  s:free()
+end
 compare("zero 3, 2 micro-batches, prefetch 2, 3 buffers", { ["fsdp.zero"] = 3, ["train.grad_accum"] = 2, ["fsdp.prefetch"] = 2,
   ["fsdp.max_live_units"] = 3 })
 compare("tied embeddings, zero 3", { ["fsdp.zero"] = 3, ["model.tie_word_embeddings"] = true })

@@ -10,7 +10,9 @@
 --   local cfg = llama.config("llama3_8b", {num_hidden_layers = 2})  -- or a table of HF fields
 --   local model = llama.model(cfg, {checkpoint = "none" | "full" | k})
 --   logits = model:forward(ctx, ids)      -- ids: int32 {B, T}; logits {B, T, vocab}
---   model:backward(ctx, dlogits)
+--   model:backward(ctx, dlogits)          -- frees dlogits (and every activation) at its last use
+-- With ctx.no_grad (evaluation) each layer's activations go as soon as the
+-- next layer has run; the caller frees the logits.
 -- The model declares its parameters and allocates nothing until sharded.
 local tensor = require "fsdp.tensor"
 local ops = require "fsdp.ops"
@@ -176,6 +178,8 @@ function Attention:forward(ctx, x, phase)
   return nn.call(ctx, ch[4], phase, out)
 end
 
+function Attention:release() nn.free_saved(self, { "q", "k", "v", "out", "lse" }) end
+
 function Attention:backward(ctx, dy)
   local cfg, ch, s = self.cfg, self.children, self.saved
   local nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
@@ -214,13 +218,16 @@ function MLP:forward(ctx, x, phase)
   local u = nn.call(ctx, ch[2], phase, x)
   local a = ops.like(g)
   ops.swiglu_forward(a, g, u)
-  self.saved = { g = g, u = u }
+  self.saved = { g = g, u = u, a = a }
   return nn.call(ctx, ch[3], phase, a)
 end
+
+function MLP:release() nn.free_saved(self, { "g", "u", "a" }) end
 
 function MLP:backward(ctx, dy)
   local ch, s = self.children, self.saved
   local da = nn.call(ctx, ch[3], "backward", dy)
+  s.a:free()
   local dg, du = ops.like(s.g), ops.like(s.u)
   ops.swiglu_backward(dg, du, da, s.g, s.u)
   s.g:free(); s.u:free(); da:free()
@@ -242,45 +249,55 @@ local function new_layer(cfg, rope, checkpoint)
     child_names = { "input_layernorm", "self_attn", "post_attention_layernorm", "mlp" } }, Layer)
 end
 
--- h = x + attn(norm1(x)); y = h + mlp(norm2(h))
+-- h = x + attn(norm1(x)); y = h + mlp(norm2(h)). The layer owns n1, h
+-- and n2 (the linears and norms only reference what they save).
 local function layer_forward(self, ctx, x, phase)
   local ch = self.children
-  local a = nn.call(ctx, ch[2], phase, nn.call(ctx, ch[1], phase, x))
+  local n1 = nn.call(ctx, ch[1], phase, x)
+  local a = nn.call(ctx, ch[2], phase, n1)
   local h = ops.like(x)
   ops.add(h, x, a)
   a:free()
-  local m = nn.call(ctx, ch[4], phase, nn.call(ctx, ch[3], phase, h))
+  local n2 = nn.call(ctx, ch[3], phase, h)
+  local m = nn.call(ctx, ch[4], phase, n2)
   local y = ops.like(x)
   ops.add(y, h, m)
   m:free()
+  self.saved = { n1 = n1, h = h, n2 = n2 }
   return y
 end
 
--- drops what the children saved for backward (activation checkpointing)
-local function drop_saved(m)
-  m.saved = nil
-  for _, c in ipairs(m.children or {}) do drop_saved(c) end
-end
+function Layer:release() nn.free_saved(self, { "n1", "h", "n2" }) end
 
 function Layer:forward(ctx, x)
   local y = layer_forward(self, ctx, x, "forward")
-  if self.checkpoint then
-    drop_saved(self)
-    self.input = x -- recomputed from here inside backward
+  if self.checkpoint or ctx.no_grad then
+    nn.release(self) -- activation checkpointing: free now, recompute in backward
+    self.input = (self.checkpoint and not ctx.no_grad) and x or nil
   end
   return y
 end
 
+-- every activation is freed at its last use, not left to the garbage
+-- collector: Lua sees small proxies, not the device memory behind them
 function Layer:backward(ctx, dy)
   local ch = self.children
   if self.checkpoint then -- params are gathered for backward: recompute first
-    layer_forward(self, ctx, self.input, "recompute")
+    layer_forward(self, ctx, self.input, "recompute"):free()
     self.input = nil
   end
+  local s = self.saved
+  self.saved = nil
   -- dh = dy + norm2'(mlp'(dy)); dx = dh + norm1'(attn'(dh))
-  local dm = nn.call(ctx, ch[3], "backward", nn.call(ctx, ch[4], "backward", dy))
+  local dmlp = nn.call(ctx, ch[4], "backward", dy)
+  s.n2:free()
+  local dm = nn.call(ctx, ch[3], "backward", dmlp)
+  dmlp:free(); s.h:free()
   ops.add(dm, dm, dy)
-  local da = nn.call(ctx, ch[1], "backward", nn.call(ctx, ch[2], "backward", dm))
+  local dattn = nn.call(ctx, ch[2], "backward", dm)
+  s.n1:free()
+  local da = nn.call(ctx, ch[1], "backward", dattn)
+  dattn:free()
   ops.add(da, da, dm)
   dm:free()
   return da
@@ -322,20 +339,39 @@ function CausalLM:forward(ctx, ids)
   local m, head = self.children[1], self.children[2]
   local emb, layers, norm = m.children[1], m.children[2].children, m.children[3]
   local x = nn.call(ctx, emb, "forward", ids)
-  -- each layer's input stays referenced by what saved it for backward (its
-  -- first norm, or the layer itself when checkpointed)
-  for _, l in ipairs(layers) do x = nn.call(ctx, l, "forward", x) end
-  return nn.call(ctx, head, "forward", nn.call(ctx, norm, "forward", x))
+  -- acts[i]: layer i's input (what its first norm or its checkpoint saved),
+  -- freed after layer i's backward; without grads, as soon as it is used
+  local acts = { x }
+  for i, l in ipairs(layers) do
+    x = nn.call(ctx, l, "forward", x)
+    if ctx.no_grad then acts[i]:free() end
+    acts[i + 1] = x
+  end
+  local nf = nn.call(ctx, norm, "forward", x)
+  local logits = nn.call(ctx, head, "forward", nf)
+  if ctx.no_grad then
+    x:free(); nf:free()
+    nn.release(self)
+  else
+    self.acts, self.nf = acts, nf
+  end
+  return logits
 end
 
 function CausalLM:backward(ctx, dlogits)
   ctx = ctx or nn.plain
   local m, head = self.children[1], self.children[2]
   local emb, layers, norm = m.children[1], m.children[2].children, m.children[3]
-  local dx = nn.call(ctx, norm, "backward", nn.call(ctx, head, "backward", dlogits))
+  local acts = self.acts
+  self.acts = nil
+  local dh = nn.call(ctx, head, "backward", dlogits)
+  dlogits:free() -- consumed: the largest activation, gone before the layers' backward
+  self.nf:free(); self.nf = nil
+  local dx = nn.call(ctx, norm, "backward", dh)
+  dh:free(); acts[#acts]:free()
   for i = #layers, 1, -1 do
     local d = nn.call(ctx, layers[i], "backward", dx)
-    dx:free()
+    dx:free(); acts[i]:free()
     dx = d
   end
   nn.call(ctx, emb, "backward", dx)
