@@ -14,10 +14,13 @@ const char *fsdp_last_error(void) { return last_error; }
 void fsdp_clear_error(void) { last_error[0] = '\0'; }
 
 int fsdp_fail(int status, const char *fmt, ...) {
+  /* formatted aside first: an argument may be fsdp_last_error() itself */
+  char msg[FSDP_ERR_CAP];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(last_error, sizeof last_error, fmt, ap);
+  vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
+  memcpy(last_error, msg, sizeof msg);
   return status;
 }
 

@@ -12,7 +12,7 @@ static int check_device(int device, const char *what) {
   if (device == FSDP_CPU) return FSDP_OK;
   if (device == FSDP_CUDA) {
     if (!fsdp_cuda_available())
-      return fsdp_fail(FSDP_EUNSUPPORTED, "%s: no CUDA device here (%s)", what, fsdp_last_error());
+      return fsdp_fail_context(FSDP_EUNSUPPORTED, "%s: no CUDA device here", what); /* + the probe's reason */
     return FSDP_OK;
   }
   return fsdp_fail(FSDP_EINVAL, "%s: unknown device %d (expected 0 = cpu, 1 = cuda)", what, device);

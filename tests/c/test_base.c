@@ -143,6 +143,10 @@ static void test_errors(void) {
   CHECK(strcmp(fsdp_last_error(), "bad thing 3") == 0); /* thread-local */
   CHECK(fsdp_fail_context(FSDP_EINVAL, "mesh '%s'", "dp") == FSDP_EINVAL);
   CHECK(strcmp(fsdp_last_error(), "mesh 'dp': bad thing 3") == 0);
+  /* the last message as an argument of the next (a caller adding context by hand) */
+  fsdp_fail(FSDP_EINVAL, "probe failed");
+  fsdp_fail(FSDP_EUNSUPPORTED, "no device here (%s); %s", fsdp_last_error(), fsdp_last_error());
+  CHECK(strcmp(fsdp_last_error(), "no device here (probe failed); probe failed") == 0);
   char big[3000];
   memset(big, 'x', sizeof big - 1);
   big[sizeof big - 1] = 0;
