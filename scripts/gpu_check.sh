@@ -6,7 +6,9 @@
 # CPU ranks (TINY_STEPS, default 400), the optimizer-step and per-kernel
 # benchmarks (copy build/bench/bench_{adamw,kernels} along), the demo with
 # the optimizer offloaded; GPU_CHECK_BENCH=1 adds the comparisons with
-# PyTorch FSDP2 (bench/llama_vs_fsdp2.sh, plain and --offload);
+# PyTorch FSDP2 (bench/llama_vs_fsdp2.sh, plain and --offload) and our
+# attention kernels vs SDPA's cuDNN and flash backends
+# (bench/attention_vs_torch.py: speed and agreement at the 1B and 8B shapes);
 # GPU_CHECK_COLLECTIVES=1 adds the collective benchmarks and the multi-rank
 # CPU tests.
 # Libraries the GPU machine lacks (PMIx, LuaJIT, ...) may sit in .devlibs/;
@@ -56,6 +58,8 @@ if [ "${GPU_CHECK_BENCH:-0}" = 1 ]; then
   echo "== this engine vs PyTorch FSDP2: the 1B model, then the 4.4B one with the optimizer offloaded"
   OUT="$out" bash bench/llama_vs_fsdp2.sh "$build" 8 2>&1 | tail -6 | tee "$out/vs_fsdp2.txt" || status=1
   OUT="$out" bash bench/llama_vs_fsdp2.sh "$build" 6 --offload 2>&1 | tail -6 | tee "$out/vs_fsdp2_offload.txt" || status=1
+  echo "== our attention kernels vs PyTorch SDPA's cuDNN and flash backends (bench/attention_vs_torch.py)"
+  python3 bench/attention_vs_torch.py "$build" 2>&1 | tee "$out/attention_vs_torch.txt" || status=1
 fi
 
 if [ "${GPU_CHECK_COLLECTIVES:-0}" = 1 ]; then
