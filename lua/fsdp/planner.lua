@@ -162,8 +162,11 @@ function M.plan(r, o)
     local z = u.zero
     -- offload = {params = true} on a GPU: no device shard; the host staging is the shard
     local offp = gpu and u.offload_params
+    -- fp32 compute in place: the compute params are the main params (unit.c's alias)
+    local alias = ces == 4 and not u.offload and not hf and (f.comm_register or "none") == "none"
     local mem = { -- what src/shard/unit.c allocates for this unit on every rank
-      params_full = z <= 2 and Tu * ces or 0, params_shard = (z >= 1 and not offp) and Su * ces or 0, main_params = n_opt * 4,
+      params_full = (z <= 2 and not (z == 0 and alias)) and Tu * ces or 0,
+      params_shard = (z >= 1 and not offp and not alias) and Su * ces or 0, main_params = n_opt * 4,
       optimizer = 2 * n_opt * 4, grads_full = z <= 1 and Tu * ces or 0,
       -- (offload keeps a device fp32 grad shard to accumulate in, unless the grads are offloaded too)
       grads_main = n_opt * 4 + ((hf or (u.offload and not u.offload_grads)) and Su * 4 or 0), scratch = 0, -- shared: below

@@ -258,8 +258,14 @@ int fsdp_unit_create(const char *name, int nparams, const char *const *param_nam
   if (rc == FSDP_OK && u->off) rc = fsdp_offload_attach(u);
   if (rc == FSDP_OK && u->offp) rc = fsdp_comm_scratch_reserve(shard, (size_t)(u->S ? u->S : 1) * u->ces);
   if (rc == FSDP_OK && u->offp) u->has_gstage = 1;
-  if (rc == FSDP_OK && cfg->zero >= 1 && !u->offp) rc = alloc_comm(u, shard, (size_t)u->S * u->ces, &u->cshard);
-  if (rc == FSDP_OK && cfg->zero <= 2) rc = alloc_comm(u, shard, (size_t)u->T * u->ces, &u->cfull);
+  /* fp32 compute: the compute params are the main params (no copy), unless
+   * the collectives need registered buffers, or the main params live
+   * elsewhere (offload) or hold only a part of the shard (HFSDP) */
+  u->alias = cfg->compute_dtype == FSDP_FP32 && !u->off && !u->hf && !cfg->comm_register;
+  if (rc == FSDP_OK && cfg->zero >= 1 && u->alias) u->cshard = u->main;
+  else if (rc == FSDP_OK && cfg->zero >= 1 && !u->offp) rc = alloc_comm(u, shard, (size_t)u->S * u->ces, &u->cshard);
+  if (rc == FSDP_OK && cfg->zero == 0 && u->alias) u->cfull = u->main;
+  else if (rc == FSDP_OK && cfg->zero <= 2) rc = alloc_comm(u, shard, (size_t)u->T * u->ces, &u->cfull);
   if (rc == FSDP_OK && cfg->zero <= 1) rc = alloc_comm(u, u->red, (size_t)u->T * u->ces, &u->gfull);
   if (rc == FSDP_OK && u->dev == FSDP_CUDA) rc = alloc0(u->dev, 16, &u->sums);
   if (rc == FSDP_OK) rc = fsdp_event_create(u->dev, &u->gathered);
@@ -281,8 +287,9 @@ int fsdp_unit_create(const char *name, int nparams, const char *const *param_nam
   fsdp_host_free(init);
   fsdp_stream *cs0 = shard->stream;
   if (rc == FSDP_OK) {
-    if (cfg->zero == 0) rc = cast_out(u->cfull, cfg->compute_dtype, u->main, u->T, cs0);
-    if (cfg->zero >= 1 && !u->offp && rc == FSDP_OK) rc = cast_out(u->cshard, cfg->compute_dtype, TMP(u), u->S, cs0);
+    if (cfg->zero == 0 && !u->alias) rc = cast_out(u->cfull, cfg->compute_dtype, u->main, u->T, cs0);
+    if (cfg->zero >= 1 && !u->offp && !u->alias && rc == FSDP_OK)
+      rc = cast_out(u->cshard, cfg->compute_dtype, TMP(u), u->S, cs0);
     if (rc == FSDP_OK && u->dev == FSDP_CUDA) rc = fsdp_stream_synchronize(cs0);
     if (cfg->zero == 1 || cfg->zero == 2) {
       rc = fsdp_comm_all_gather(shard, u->cfull, u->cshard, (size_t)u->S, cfg->compute_dtype);
@@ -309,8 +316,8 @@ int fsdp_unit_destroy(fsdp_unit *u) {
   if (u->has_scratch) fsdp_comm_scratch_release(u->red);
   if (u->has_gstage) fsdp_comm_scratch_release(u->shard);
   for (int i = 0; i < u->nreg; i++) fsdp_comm_deregister(u->regc[i], u->reg[i]);
-  free_comm(u, u->shard, u->cshard);
-  free_comm(u, u->shard, u->cfull);
+  if (u->cshard != u->main) free_comm(u, u->shard, u->cshard);
+  if (u->cfull != u->main) free_comm(u, u->shard, u->cfull);
   free_comm(u, u->red, u->gfull);
   fsdp_free(u->dev, u->sums);
   void *opt[] = {u->main, u->m, u->v, u->gmain, u->hstage};
@@ -585,18 +592,24 @@ int fsdp_unit_zero_grad(fsdp_unit *u) {
   return zero_main_grads(u);
 }
 
-/* the compute-dtype output of an offloaded update (fsdp_step_args.stage) */
+/* the compute-dtype output of an update (fsdp_step_args.stage): the CPU
+ * loops write bf16 (fp32 is copied after them), the CUDA kernels either */
 static uint16_t *stage_bf16(const fsdp_unit *u, const fsdp_step_args *a, int64_t off) {
   return a->stage && u->cfg.compute_dtype == FSDP_BF16 ? (uint16_t *)a->stage + off : NULL;
 }
+#ifdef FSDP_HAVE_CUDA
+static void *stage_at(const fsdp_unit *u, const fsdp_step_args *a, int64_t off) {
+  return a->stage ? (char *)a->stage + (size_t)off * u->ces : NULL;
+}
+#endif
 
 static int adamw_update(fsdp_unit *u, const fsdp_step_args *a, int64_t off, int64_t len, int param) {
   fsdp_adamw_config c = *a->adamw;
   if (u->no_decay[param]) c.weight_decay = 0;
 #ifdef FSDP_HAVE_CUDA
   if (u->dev == FSDP_CUDA && !u->off)
-    return fsdp_cuda_adamw_step(u->main + off, NULL, FSDP_FP32, u->gmain + off, u->m + off, u->v + off, len, a->step, &c,
-                                a->grad_scale, u->shard->stream);
+    return fsdp_cuda_adamw_step(u->main + off, stage_at(u, a, off), u->cfg.compute_dtype, u->gmain + off, u->m + off,
+                                u->v + off, len, a->step, &c, a->grad_scale, u->shard->stream);
 #endif
   return fsdp_adamw_step(u->main + off, stage_bf16(u, a, off), u->gmain + off, u->m + off, u->v + off, len, a->step,
                          &c, a->grad_scale);
@@ -606,8 +619,8 @@ static int sgd_update(fsdp_unit *u, const fsdp_step_args *a, int64_t off, int64_
   float wd = u->no_decay[param] ? 0.0f : a->weight_decay;
 #ifdef FSDP_HAVE_CUDA
   if (u->dev == FSDP_CUDA && !u->off)
-    return fsdp_cuda_sgd_step(u->main + off, NULL, FSDP_FP32, u->gmain + off, u->m + off, len, a->step, a->lr,
-                              a->momentum, wd, a->grad_scale, u->shard->stream);
+    return fsdp_cuda_sgd_step(u->main + off, stage_at(u, a, off), u->cfg.compute_dtype, u->gmain + off, u->m + off, len,
+                              a->step, a->lr, a->momentum, wd, a->grad_scale, u->shard->stream);
 #endif
   return fsdp_sgd_step(u->main + off, stage_bf16(u, a, off), u->gmain + off, u->m + off, len, a->step, a->lr,
                        a->momentum, wd, a->grad_scale);
@@ -618,9 +631,9 @@ static int sgd_update(fsdp_unit *u, const fsdp_step_args *a, int64_t off, int64_
  * full copy; zero >= 1 casts the shard (HFSDP: all-gathers the replicas'
  * ranges into it) and, for the resident levels, all-gathers the full
  * params. */
-int fsdp_unit_publish_params(fsdp_unit *u) {
+static int publish(fsdp_unit *u, int cast) {
   if (u->cfg.zero == 0) {
-    FSDP_CHECK(cast_out(u->cfull, u->cfg.compute_dtype, u->main, u->T, u->shard->stream));
+    if (cast) FSDP_CHECK(cast_out(u->cfull, u->cfg.compute_dtype, u->main, u->T, u->shard->stream));
     /* the compute stream reads cfull after this event (fsdp_unit_wait) */
     return fsdp_event_record(u->gathered, u->shard->stream);
   }
@@ -632,7 +645,7 @@ int fsdp_unit_publish_params(fsdp_unit *u) {
   } else if (u->hstage) { /* offload on a GPU: cast on the host, one copy up (offp: up at each unshard) */
     FSDP_CHECK(cast_out(u->hstage, u->cfg.compute_dtype, u->main, u->S, NULL));
     if (!u->offp) FSDP_CHECK(fsdp_memcpy(u->cshard, u->hstage, (size_t)u->S * u->ces, u->shard->stream));
-  } else {
+  } else if (cast) {
     FSDP_CHECK(cast_out(u->cshard, u->cfg.compute_dtype, u->main, u->S, u->shard->stream));
   }
   if (u->cfg.zero <= 2) { /* resident full params: gather the new values */
@@ -642,11 +655,23 @@ int fsdp_unit_publish_params(fsdp_unit *u) {
   return FSDP_OK;
 }
 
+int fsdp_unit_publish_params(fsdp_unit *u) { return publish(u, !u->alias); }
+
+/* Where the in-place step writes the new compute params as it updates
+ * (zero 0: the full copy; else the compute shard); NULL where the publish
+ * casts instead (HFSDP gathers the replicas' ranges) or nothing is to be
+ * written (fp32 alias). */
+static void *inplace_stage(const fsdp_unit *u) {
+  if (u->alias || u->hf) return NULL;
+  return u->cfg.zero == 0 ? u->cfull : u->cshard;
+}
+
 /* Update what this rank owns (zero 0: everything), write the new values back
  * to the compute params, and zero the grads. */
 int fsdp_unit_update_pieces(fsdp_unit *u, fsdp_update_fn update, const fsdp_step_args *a, const fsdp_layout_piece *ps,
                             int k) {
-  int copy = a->stage && u->cfg.compute_dtype == FSDP_FP32; /* bf16: the update writes the stage itself */
+  /* bf16, and CUDA kernels: the update writes the stage itself */
+  int copy = a->stage && u->cfg.compute_dtype == FSDP_FP32 && (u->dev == FSDP_CPU || u->off);
   for (int j = 0; j < k; j++) {
     int64_t off = ps[j].shard_offset, len = ps[j].end - ps[j].begin;
     FSDP_CHECK(update(u, a, off, len, ps[j].param));
@@ -665,10 +690,12 @@ static int step_owned(fsdp_unit *u, fsdp_update_fn update, const fsdp_step_args 
   if (!ps) return fsdp_fail(FSDP_ENOMEM, "unit '%s': out of memory", u->name);
   fsdp_unit_state_pieces(u, 0, ps, k);
   if (u->off) return fsdp_offload_step(u, update, a, ps, k); /* returns at once (offload.c) */
-  int rc = fsdp_unit_update_pieces(u, update, a, ps, k);
+  fsdp_step_args in_place = *a;
+  in_place.stage = inplace_stage(u);
+  int rc = fsdp_unit_update_pieces(u, update, &in_place, ps, k);
   free(ps);
   FSDP_CHECK(rc);
-  FSDP_CHECK(fsdp_unit_publish_params(u));
+  FSDP_CHECK(publish(u, in_place.stage == NULL && !u->alias));
   return zero_main_grads(u);
 }
 
@@ -690,8 +717,8 @@ int fsdp_unit_memory_info(const fsdp_unit *u, fsdp_unit_memory *out) {
   if (!u || !out) return fsdp_fail(FSDP_EINVAL, "unit_memory_info: NULL argument");
   int64_t c = (int64_t)u->ces, f = (int64_t)sizeof(float);
   *out = (fsdp_unit_memory){
-      .params_full = u->cfull ? u->T * c : 0,
-      .params_shard = u->cshard ? u->S * c : 0,
+      .params_full = u->cfull && u->cfull != (void *)u->main ? u->T * c : 0,
+      .params_shard = u->cshard && u->cshard != (void *)u->main ? u->S * c : 0,
       .main_params = u->n_opt * f,
       .optimizer = 2 * u->n_opt * f,
       .grads_full = u->gfull ? u->T * c : 0,

@@ -39,6 +39,7 @@ struct fsdp_unit {
   int has_gstage;      /* offp: holds a share of the shard comm's scratch (gather staging) */
   float *gacc; /* fp32 grad shard over the shard group: gmain, or its own S buffer with HFSDP */
   void *cshard, *cfull, *gfull; /* with cfg.comm_register: from the shard comm, registered there */
+  int alias;           /* fp32 compute in place: cshard (zero >= 1) or cfull (zero 0) is main itself */
   fsdp_comm_reg *reg[3];
   fsdp_comm *regc[3];  /* the comm each is registered with */
   int nreg;
@@ -58,9 +59,9 @@ struct fsdp_unit {
 };
 
 /* An optimizer update of elements [off, off + len) of the optimizer's
- * arrays, which belong to parameter `param` (unit.c). With stage set (an
- * offloaded step) the new values also go to stage + off in the compute
- * dtype, in the same pass. */
+ * arrays, which belong to parameter `param` (unit.c). With stage set the
+ * new values also go to stage + off in the compute dtype, in the same pass
+ * (the compute params in place, the host staging when offloaded). */
 typedef struct fsdp_step_args {
   int64_t step;
   float grad_scale;
