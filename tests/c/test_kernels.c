@@ -85,6 +85,40 @@ static void same(const char *what, int dtype, void *dev, const float *ref, int64
 
 #define DT_LOOP for (int di = 0, dt = FSDP_FP32; di < 2; di++, dt = di ? FSDP_BF16 : FSDP_FP32)
 
+/* A weight inside a unit's flat buffer is only 16 elements aligned; cuBLASLt
+ * assumes 256 bytes unless told. Llama-like shapes (tensor-core GEMMs),
+ * the weight 16 elements into its buffer, each product twice (the second
+ * from kernels/linear.cu's algorithm cache), then from an aligned copy. */
+static void test_linear_views(void) {
+  const int64_t n = 256, in = 512, out = 384, off = 16;
+  DT_LOOP {
+    size_t es = fsdp_dtype_size(dt);
+    float *x = rand_host(n * in, 1, dt), *w = rand_host(out * in, 0.5f, dt), *dy = rand_host(n * out, 1, dt);
+    float *y = malloc(sizeof(float) * n * out), *dx = malloc(sizeof(float) * n * in), *dw = calloc((size_t)(out * in), 4);
+    CHECK_OK(fsdp_linear_forward(y, x, w, NULL, n, in, out));
+    CHECK_OK(fsdp_linear_backward(dx, dw, NULL, dy, x, w, n, in, out));
+    float *w_pad = calloc((size_t)(out * in + off), 4), *zeros = calloc((size_t)(out * in + off), 4);
+    memcpy(w_pad + off, w, sizeof(float) * (size_t)(out * in));
+    void *WB = up(w_pad, out * in + off, dt), *X = up(x, n * in, dt), *DY = up(dy, n * out, dt), *WA = up(w, out * in, dt);
+    for (int pass = 0; pass < 3; pass++) {
+      const void *W = pass < 2 ? (const char *)WB + off * es : WA;
+      void *GB = up(zeros, out * in + off, dt), *Y = poisoned(n * out, dt), *DX = poisoned(n * in, dt);
+      CHECK_OK(fsdp_cuda_linear_forward(Y, X, W, NULL, n, in, out, dt, NULL));
+      CHECK_OK(fsdp_cuda_linear_backward(DX, (char *)GB + off * es, NULL, DY, X, W, n, in, out, dt, NULL));
+      float *gw = down((char *)GB + off * es, out * in, dt);
+      void *G = up(gw, out * in, dt);
+      same(pass < 2 ? "linear y (weight view at 16 elements)" : "linear y (aligned weight)", dt, Y, y, n * out, 2e-5);
+      same("linear dx (weight view)", dt, DX, dx, n * in, 2e-5);
+      same("linear dW (into a view)", dt, G, dw, out * in, 2e-5);
+      free(gw);
+      fsdp_free(FSDP_CUDA, GB);
+    }
+    void *bufs[] = {WB, X, DY, WA};
+    for (int i = 0; i < 4; i++) fsdp_free(FSDP_CUDA, bufs[i]);
+    free(x), free(w), free(dy), free(y), free(dx), free(dw), free(w_pad), free(zeros);
+  }
+}
+
 static void test_linear(void) {
   const int64_t n = 33, in = 48, out = 40;
   DT_LOOP {
@@ -338,6 +372,7 @@ int main(void) {
   }
   CHECK_OK(fsdp_device_set(FSDP_CUDA, 0));
   test_linear();
+  test_linear_views();
   test_embedding();
   test_rmsnorm();
   test_rope();
