@@ -74,10 +74,13 @@ function Linear:forward(ctx, x)
   return y
 end
 
+-- self.dx_into (set by the caller, used once): a tensor of x's shape to
+-- write dx into (rows of a larger gradient) instead of a new one
 function Linear:backward(ctx, dy)
   local x = self.saved
   local n = x:numel() / self.inp
-  local dx = ops.like(x)
+  local dx = self.dx_into or ops.like(x)
+  self.dx_into = nil
   ops.linear_backward(dx, self.grad.weight, self.grad.bias, dy, x, self.bound.weight, n, self.inp, self.out)
   self.saved = nil
   return dx

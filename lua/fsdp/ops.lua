@@ -127,21 +127,38 @@ end
 local Deferred = {}
 Deferred.__index = Deferred
 local function deferred(buf, mul) return setmetatable({ buf = buf, mul = mul }, Deferred) end
+-- (a sum of deferred losses: parts, plus base, times mul)
+local function with_mul(a, mul) return setmetatable({ buf = a.buf, parts = a.parts, base = a.base, mul = mul }, Deferred) end
 Deferred.__div = function(a, b)
   if type(b) ~= "number" then error("a deferred loss divides by numbers only", 2) end
-  return deferred(a.buf, a.mul / b)
+  return with_mul(a, a.mul / b)
 end
 Deferred.__mul = function(a, b)
   if type(a) == "number" then a, b = b, a end
   if type(b) ~= "number" then error("a deferred loss multiplies by numbers only", 2) end
-  return deferred(a.buf, a.mul * b)
+  return with_mul(a, a.mul * b)
 end
 M.deferred = deferred
+
+-- The sum of losses, numbers or deferred (then deferred itself).
+function M.sum(parts)
+  local base, pending = 0, {}
+  for _, p in ipairs(parts) do
+    if type(p) == "number" then base = base + p else pending[#pending + 1] = p end
+  end
+  if #pending == 0 then return base end
+  return setmetatable({ parts = pending, base = base, mul = 1 }, Deferred)
+end
 
 -- the number x stands for (waits for the compute stream the first time a
 -- buffer is read; the others are ready by then)
 function M.value(x)
   if type(x) == "number" then return x end
+  if x.parts then
+    local s = x.base
+    for _, p in ipairs(x.parts) do s = s + M.value(p) end
+    return s * x.mul
+  end
   local buf = x.buf
   if not buf.host then
     if buf.device then

@@ -88,26 +88,30 @@ end
 -- h, n2 (hidden each), q, out (heads x head_dim), k, v, gate, up and the
 -- SwiGLU output, lse and two rstd; a checkpointed layer keeps only its
 -- input (held by every layer anyway) and recomputes the rest in backward.
--- The model adds the layers' inputs, the final norm's output and the logits.
--- Backward peaks either in the head (the logits and their input's gradient)
--- or inside a layer: the MLP's gradients (2 x intermediate above the
--- layer's own), or attention's (dout, dq, dk, dv after the MLP's are freed).
-local function activations(cfg, B, T, ck, es)
+-- The model adds the layers' inputs and the final norm's output. The head:
+-- with chunk_bytes > 0 (train.loss_chunk_mb, forward_loss) the logits of
+-- one chunk of rows at a time next to the head input's gradient; else the
+-- whole logits, then that gradient. Backward then peaks inside a layer: the
+-- MLP's gradients (2 x intermediate above the layer's own), or attention's
+-- (dout, dq, dk, dv after the MLP's are freed).
+local function activations(cfg, B, T, ck, es, chunk_bytes)
   local h, I, L, V = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, cfg.vocab_size
   local q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
   local layer = (3 * h + 2 * q + 2 * kv + 3 * I) * es + (cfg.num_attention_heads + 2) * 4
   local function ckpt(i) return ck == "full" or (type(ck) == "number" and (i - 1) % ck == 0) end
-  local live = (L + 2) * h * es + 4 + V * es -- layer inputs and the last output, final norm (+ rstd), logits
+  local N = B * T
+  local live = (L + 2) * h * es + 4 -- per token: layer inputs and the last output, final norm (+ rstd)
   for i = 1, L do if not ckpt(i) then live = live + layer end end
-  local peak = live + h * es -- the head's backward: its input's gradient
-  live = live - V * es - h * es - 4 -- logits, final norm and the last layer's output freed
+  local rows = chunk_bytes > 0 and math.max(1, math.min(N, math.floor(chunk_bytes / (V * es)))) or N
+  local peak = N * (live + h * es) + rows * V * es -- the head: its input's gradient and (a chunk of) the logits
+  live = live - h * es - 4 -- final norm and the last layer's output freed
   local inside = math.max(2 * I * es, (2 * q + 2 * kv - 3 * I - h) * es - 4)
   for i = L, 1, -1 do
     local again = ckpt(i) and layer or 0 -- recomputed
-    peak = math.max(peak, live + again + math.max(inside, again > 0 and h * es or 0))
+    peak = math.max(peak, N * (live + again + math.max(inside, again > 0 and h * es or 0)))
     live = live - (ckpt(i) and 0 or layer) - h * es -- its activations and its input freed
   end
-  return B * T * peak
+  return peak
 end
 
 -- The plan of recipe r (a table, checked here) on o.world ranks.
@@ -207,7 +211,7 @@ function M.plan(r, o)
   if not peak then error(where .. ": the schedule does not fit its buffer pools: " .. why .. " (raise fsdp.max_live_units)", 0) end
   p.pools = { bound = bound, buffer_bytes = biggest * ces, params = need_p and bound * biggest * ces or 0,
     grads = need_g and bound * biggest * ces or 0, peak_params = peak.params, peak_grads = peak.grads }
-  p.activations = activations(cfg, B, T, f.checkpoint, gpu and ces or 4)
+  p.activations = activations(cfg, B, T, f.checkpoint, gpu and ces or 4, r.train.loss_chunk_mb * 2 ^ 20)
   local sum = 0
   for k, v in pairs(resident) do if k ~= "offloaded" then sum = sum + v end end
   p.resident_total = sum

@@ -527,7 +527,10 @@ end
 -- One optimizer step over micro-batches {{x = tensor, y = tensor}, ...}:
 -- forward, loss, backward per micro-batch, reduce, clip, AdamW.
 -- opt.loss(y, batch, scale) -> loss, dy (default: MSE against batch.y);
--- scale is 1 / micro-batches, for dy. The loss may be a number or an
+-- scale is 1 / micro-batches, for dy. Or opt.forward_loss(model, ctx,
+-- batch, scale) -> loss: the model computes its output and loss itself
+-- (and keeps the gradient to start model:backward(ctx) from), e.g. Llama's
+-- forward_loss, which never holds the full logits. The loss may be a number or an
 -- ops.deferred (a GPU's, still on the device): every micro-batch's is read
 -- once, after the last backward has been issued.
 -- With offloaded units, self.host_step_s is how long the previous step's
@@ -563,15 +566,20 @@ function Sharded:train_step(batches, opt)
   local lossfn = opt.loss or function(y, b, scale) return nn.mse(y, b.y, scale) end
   for k, b in ipairs(batches) do
     local ctx = setmetatable({ s = self, sync = k == K }, Ctx)
-    local y = self.model:forward(ctx, b.x)
-    local loss, dy = lossfn(y, b, 1 / K)
-    parts[k] = loss -- on a GPU still on the device (ops.deferred): read below, once
-    self.model:backward(ctx, dy)
-    -- the model freed its activations at their last use (Llama's backward
-    -- also frees the logits' gradient, written over the logits); the output
-    -- goes with the collector, as a deferred loss may still read it
-    if type(dy) == "table" and dy ~= y and dy.free then dy:free() end
-    y, dy = nil, nil
+    if opt.forward_loss then -- the model's own forward and loss (Llama's fused head), then backward from there
+      parts[k] = opt.forward_loss(self.model, ctx, b, 1 / K)
+      self.model:backward(ctx)
+    else
+      local y = self.model:forward(ctx, b.x)
+      local loss, dy = lossfn(y, b, 1 / K)
+      parts[k] = loss -- on a GPU still on the device (ops.deferred): read below, once
+      self.model:backward(ctx, dy)
+      -- the model freed its activations at their last use (Llama's backward
+      -- also frees the logits' gradient, written over the logits); the output
+      -- goes with the collector, as a deferred loss may still read it
+      if type(dy) == "table" and dy ~= y and dy.free then dy:free() end
+      y, dy = nil, nil
+    end
     collectgarbage()
   end
   -- global grad norm and non-finite counts: every unit's share, one
@@ -648,15 +656,20 @@ end
 
 -- Forward only over batches, under the same schedule (no grads, no
 -- reduction): the mean of lossfn(y, batch) over batches and data-parallel
--- ranks. The last unit is resharded afterwards.
-function Sharded:evaluate(batches, lossfn)
+-- ranks (opt.forward_loss(model, ctx, batch, 1): the model's own forward
+-- and loss instead, as in train_step). The last unit is resharded afterwards.
+function Sharded:evaluate(batches, lossfn, opt)
   live(self, "evaluate")
   local total, parts = 0, {}
   local ctx = setmetatable({ s = self, no_grad = true }, Ctx) -- models free activations as they go
   for k, b in ipairs(batches) do
-    local y = self.model:forward(ctx, b.x)
-    parts[k] = lossfn(y, b)
-    y = nil -- (a deferred loss may still read it)
+    if opt and opt.forward_loss then
+      parts[k] = opt.forward_loss(self.model, ctx, b, 1)
+    else
+      local y = self.model:forward(ctx, b.x)
+      parts[k] = lossfn(y, b)
+      y = nil -- (a deferred loss may still read it)
+    end
     collectgarbage()
   end
   for k = 1, #batches do total = total + ops.value(parts[k]) / #batches end

@@ -252,6 +252,11 @@ function M.run(r, where, args, break_at)
   end
 
   local function loss_fn(logits, b, scale) return llama.loss(logits, b.y, scale, nil, b.y_dev) end
+  -- train.loss_chunk_mb > 0: the head and the loss fused over chunks of rows (no full logits)
+  local chunk = r.train.loss_chunk_mb
+  local forward_loss = chunk > 0 and function(model, ctx, b, scale)
+    return (model:forward_loss(ctx, b.x, b.y, { scale = scale, targets_dev = b.y_dev, chunk_bytes = chunk * 2 ^ 20 }))
+  end or nil
   local V = cfg.vocab_size
   local function next_batch(loader)
     local x, y = loader:next()
@@ -273,7 +278,8 @@ function M.run(r, where, args, break_at)
     local vl = ds:loader({ split = "val", batch = B, seq = T, rank = dp_rank, world = dp, seed = seed })
     local batches = {}
     for i = 1, r.train.eval_batches do batches[i] = next_batch(vl) end
-    return sharded:evaluate(batches, function(logits, b) return (llama.loss(logits, b.y, 0, nil, b.y_dev)) end)
+    return sharded:evaluate(batches, function(logits, b) return (llama.loss(logits, b.y, 0, nil, b.y_dev)) end,
+      { forward_loss = forward_loss })
   end
 
   local tty = R == 0 and (os.getenv("FSDPRUN_TTY") == "1" or (os.getenv("FSDPRUN") == nil and ffi.C.isatty(1) == 1))
@@ -315,7 +321,8 @@ function M.run(r, where, args, break_at)
     local lr = schedule.lr(step, steps, { lr = o.lr, warmup = r.schedule.warmup, decay = r.schedule.decay,
       min_lr_ratio = r.schedule.min_lr_ratio })
     local loss, norm, warn = sharded:train_step(batches, { optimizer = o.name, lr = lr, beta1 = o.beta1, beta2 = o.beta2,
-      eps = o.eps, weight_decay = o.weight_decay, clip = o.clip > 0 and o.clip or nil, momentum = o.momentum, loss = loss_fn })
+      eps = o.eps, weight_decay = o.weight_decay, clip = o.clip > 0 and o.clip or nil, momentum = o.momentum, loss = loss_fn,
+      forward_loss = forward_loss })
     local dt = C.fsdp_time_now() - t0
     tokens_done = tokens_done + tokens_step
     if step == steady_from then t_steady = t0 end

@@ -77,7 +77,12 @@ local function one_step(s, cfg, r, measure)
     base = fsdp.memory_stats("cpu").allocated
     fsdp.memory_reset_peak("cpu")
   end
-  s:train_step(batches, { lr = 1e-3, loss = function(logits, b, scale) return llama.loss(logits, b.y, scale) end })
+  -- as the trainer does: the head and loss fused over chunks of rows unless train.loss_chunk_mb = 0
+  local chunk = r.train.loss_chunk_mb * 2 ^ 20
+  s:train_step(batches, { lr = 1e-3, loss = function(logits, b, scale) return llama.loss(logits, b.y, scale) end,
+    forward_loss = chunk > 0 and function(model, ctx, b, scale)
+      return (model:forward_loss(ctx, b.x, b.y, { scale = scale, chunk_bytes = chunk }))
+    end or nil })
   if measure then
     collectgarbage("restart")
     return fsdp.memory_stats("cpu").peak - base
@@ -116,6 +121,19 @@ end
 
 for zero = 0, 3 do compare("zero " .. zero, { ["fsdp.zero"] = zero }) end
 compare("checkpoint full", { ["fsdp.zero"] = 3, ["fsdp.checkpoint"] = "full" })
+-- a vocabulary large enough that the head holds the peak: whole logits,
+-- then chunks of them (forward_loss)
+compare("the whole logits at once (train.loss_chunk_mb = 0)", { ["train.loss_chunk_mb"] = 0, ["model.vocab_size"] = 4096 })
+compare("the head and loss over chunks of 20 rows", { ["train.loss_chunk_mb"] = 20 * 4096 * 4 / 2 ^ 20,
+  ["model.vocab_size"] = 4096 })
+compare("chunks of 8 rows, checkpoint full, bf16", { ["train.loss_chunk_mb"] = 8 * 4096 * 4 / 2 ^ 20,
+  ["fsdp.checkpoint"] = "full", ["fsdp.param_dtype"] = "bf16", ["model.vocab_size"] = 4096 })
+do -- and chunking is what makes the difference
+  local whole = planner.plan(tiny({ ["train.loss_chunk_mb"] = 0, ["model.vocab_size"] = 4096 }), { world = W })
+  local chunked = planner.plan(tiny({ ["train.loss_chunk_mb"] = 20 * 4096 * 4 / 2 ^ 20, ["model.vocab_size"] = 4096 }), { world = W })
+  check(chunked.activations < 0.8 * whole.activations, string.format("chunked head: %d bytes planned, whole logits %d",
+    chunked.activations, whole.activations))
+end
 compare("checkpoint every 3rd layer, bf16", { ["fsdp.zero"] = 2, ["fsdp.checkpoint"] = 3, ["fsdp.param_dtype"] = "bf16" })
 compare("checkpoint every 2nd layer, 2 micro-batches", { ["fsdp.checkpoint"] = 2, ["train.grad_accum"] = 2 })
 -- evaluation frees each layer's activations once the next has run

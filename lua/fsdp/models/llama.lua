@@ -334,9 +334,9 @@ function M.model(cfg, opts)
     child_names = { "model", "lm_head" } }, CausalLM)
 end
 
-function CausalLM:forward(ctx, ids)
-  ctx = ctx or nn.plain
-  local m, head = self.children[1], self.children[2]
+-- through the final norm: its output, and the last layer's
+local function trunk(self, ctx, ids)
+  local m = self.children[1]
   local emb, layers, norm = m.children[1], m.children[2].children, m.children[3]
   local x = nn.call(ctx, emb, "forward", ids)
   -- acts[i]: layer i's input (what its first norm or its checkpoint saved),
@@ -348,15 +348,87 @@ function CausalLM:forward(ctx, ids)
     acts[i + 1] = x
   end
   local nf = nn.call(ctx, norm, "forward", x)
-  local logits = nn.call(ctx, head, "forward", nf)
+  if ctx.no_grad then x:free() else self.acts = acts end
+  return nf
+end
+
+-- after the head: without grads, what the model saved goes
+local function done_forward(self, ctx, nf)
   if ctx.no_grad then
-    x:free(); nf:free()
+    nf:free()
     nn.release(self)
   else
-    self.acts, self.nf = acts, nf
+    self.nf = nf
   end
+end
+
+function CausalLM:forward(ctx, ids)
+  ctx = ctx or nn.plain
+  local nf = trunk(self, ctx, ids)
+  local logits = nn.call(ctx, self.children[2], "forward", nf)
+  done_forward(self, ctx, nf)
   return logits
 end
+
+-- How many targets count (not ignore_index), each checked against the vocabulary.
+local function count_targets(targets, n, V, ignore_index)
+  if targets:numel() ~= n then error(string.format("llama loss: %d targets for %d positions", targets:numel(), n), 3) end
+  local t, count = targets:ptr(), 0
+  for i = 0, n - 1 do
+    local v = t[i]
+    if v ~= ignore_index then
+      if v < 0 or v >= V then
+        error(string.format("llama loss: target %d at position %d is outside the vocabulary [0, %d)", v, i, V), 3)
+      end
+      count = count + 1
+    end
+  end
+  return count
+end
+
+-- The forward and the mean cross-entropy over the targets that count, with
+-- the head and the loss fused over chunks of rows: each chunk's logits (at
+-- most chunk_bytes of them) are computed, turned into their gradient in
+-- place, and pushed through the head's backward at once (its weight's
+-- gradient accumulates, its input's goes into rows of one buffer), so the
+-- full logits, the largest activation of a long sequence (1 GiB for 4096
+-- tokens of a 128256 vocabulary in bf16), never exist. scale multiplies the
+-- gradient (1 / micro-batches); backward(ctx) then starts from the head's
+-- input. Without grads (ctx.no_grad) only the loss. targets: a CPU int32
+-- tensor; on CUDA, targets_dev is its device copy. Returns the loss (a
+-- number, or an ops.deferred on a GPU) and the count.
+function CausalLM:forward_loss(ctx, ids, targets, o)
+  ctx = ctx or nn.plain
+  o = o or {}
+  local cfg, head = self.cfg, self.children[2]
+  local ignore = o.ignore_index or -100
+  local nf = trunk(self, ctx, ids)
+  local V, h = cfg.vocab_size, cfg.hidden_size
+  local n = nf:numel() / h
+  local count = count_targets(targets, n, V, ignore)
+  if nf.device == "cuda" and not o.targets_dev then error("llama forward_loss: on cuda the targets' device copy is needed", 2) end
+  local rows = math.max(1, math.min(n, math.floor((o.chunk_bytes or M.loss_chunk_bytes) / (V * nf.esize))))
+  local gscale = count > 0 and (o.scale or 1) / count or 0
+  local dnf = not ctx.no_grad and ops.like(nf) or nil
+  local parts = {}
+  for r0 = 0, n - 1, rows do
+    local r = math.min(rows, n - r0)
+    local logits = nn.call(ctx, head, "forward", nf:view(r0 * h, { r, h }))
+    parts[#parts + 1] = ops.cross_entropy(logits, targets:view(r0, r), o.targets_dev and o.targets_dev:view(r0, r), r, V,
+      ignore, gscale)
+    if dnf then
+      head.dx_into = dnf:view(r0 * h, { r, h })
+      nn.call(ctx, head, "backward", logits)
+    end
+    logits:free()
+  end
+  done_forward(self, ctx, nf)
+  self.dnf = dnf
+  if count == 0 then return 0, 0 end
+  return ops.sum(parts) / count, count
+end
+-- chunk bytes of logits in forward_loss (the recipe's train.loss_chunk_mb)
+M.loss_chunk_bytes = 256 * 2 ^ 20
 
 function CausalLM:backward(ctx, dlogits)
   ctx = ctx or nn.plain
@@ -364,8 +436,12 @@ function CausalLM:backward(ctx, dlogits)
   local emb, layers, norm = m.children[1], m.children[2].children, m.children[3]
   local acts = self.acts
   self.acts = nil
-  local dh = nn.call(ctx, head, "backward", dlogits)
-  dlogits:free() -- consumed: the largest activation, gone before the layers' backward
+  local dh = self.dnf -- forward_loss ran the head's backward
+  self.dnf = nil
+  if not dh then
+    dh = nn.call(ctx, head, "backward", dlogits)
+    dlogits:free() -- consumed: the largest activation, gone before the layers' backward
+  end
   self.nf:free(); self.nf = nil
   local dx = nn.call(ctx, norm, "backward", dh)
   dh:free(); acts[#acts]:free()
@@ -395,20 +471,8 @@ function M.loss(logits, targets, scale, ignore_index, targets_dev)
   ignore_index = ignore_index or -100
   local V = logits.shape[#logits.shape]
   local n = logits:numel() / V
-  if targets:numel() ~= n then
-    error(string.format("llama loss: %d targets for %d positions", targets:numel(), n), 2)
-  end
+  local count = count_targets(targets, n, V, ignore_index)
   if logits.device == "cuda" and not targets_dev then error("llama loss: logits on cuda need the targets' device copy", 2) end
-  local t, count = targets:ptr(), 0
-  for i = 0, n - 1 do
-    local v = t[i]
-    if v ~= ignore_index then
-      if v < 0 or v >= V then
-        error(string.format("llama loss: target %d at position %d is outside the vocabulary [0, %d)", v, i, V), 2)
-      end
-      count = count + 1
-    end
-  end
   local sum = ops.cross_entropy(logits, targets, targets_dev, n, V, ignore_index, count > 0 and (scale or 1) / count or 0)
   if count == 0 then return 0, logits, 0 end
   return sum / count, logits, count
