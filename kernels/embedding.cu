@@ -1,6 +1,13 @@
 // embedding.cu: the CUDA twin of embedding.c. Ids are checked on the host
 // before they reach the GPU (the Lua layer does it); a bad id here writes
 // zeros instead of reading outside the table.
+// The backward sorts the rows by id (CUB's radix sort) and sums each id's
+// rows in fp32 in one block, adding to the table once: atomics into a bf16
+// table would round after every occurrence, and a frequent token's
+// gradient (hundreds of rows of a batch) would lose most of its small
+// terms. Deterministic, too.
+#include <cub/device/device_radix_sort.cuh>
+
 #include "common.cuh"
 
 using namespace fsdpk;
@@ -13,12 +20,27 @@ __global__ void embedding_fwd(T *y, const int32_t *ids, const T *table, int64_t 
   for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) st(y, row * dim + j, ok ? ld(table, (int64_t)id * dim + j) : 0.0f);
 }
 
+__global__ void row_numbers(int32_t *rows, int64_t n) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    rows[i] = (int32_t)i;
+}
+
+// block k: if sorted position k starts a run of equal ids, that run's rows
+// of dy summed in fp32, added to the id's row of the table
 template <typename T>
-__global__ void embedding_bwd(T *dtable, const T *dy, const int32_t *ids, int64_t n, int64_t vocab, int64_t dim) {
-  int64_t row = blockIdx.x;
-  int32_t id = ids[row];
-  if (id < 0 || id >= vocab) return;
-  for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) atomic_add(dtable + (int64_t)id * dim + j, ld(dy, row * dim + j));
+__global__ void embedding_bwd_runs(T *dtable, const T *dy, const int32_t *ids, const int32_t *rows, int64_t n, int64_t vocab,
+                                   int64_t dim) {
+  int64_t k = blockIdx.x;
+  int32_t id = ids[k];
+  if ((k > 0 && ids[k - 1] == id) || id < 0 || id >= vocab) return;
+  int64_t end = k + 1;
+  while (end < n && ids[end] == id) end++;
+  for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) {
+    float acc = 0;
+    for (int64_t r = k; r < end; r++) acc += ld(dy, (int64_t)rows[r] * dim + j);
+    int64_t o = (int64_t)id * dim + j;
+    st(dtable, o, ld(dtable, o) + acc);
+  }
 }
 
 static int args_ok(int64_t n, int64_t vocab, int64_t dim, int32_t dtype, const char *what) {
@@ -40,6 +62,23 @@ extern "C" int fsdp_cuda_embedding_backward(void *dtable, const void *dy, const 
                                             int64_t dim, int32_t dtype, fsdp_stream *s) {
   FSDP_CHECK(args_ok(n, vocab, dim, dtype, "cuda embedding backward"));
   if (n == 0) return FSDP_OK;
-  FSDP_DISPATCH(dtype, T, embedding_bwd<T><<<(unsigned)n, 256, 0, stream_of(s)>>>((T *)dtable, (const T *)dy, ids, n, vocab, dim));
-  return launched("cuda embedding backward");
+  cudaStream_t st_ = stream_of(s);
+  // scratch, stream-ordered: sorted ids, row numbers before and after, CUB's temp
+  size_t temp = 0, ints = ((size_t)n * sizeof(int32_t) + 255) / 256 * 256;
+  if (cub::DeviceRadixSort::SortPairs(nullptr, temp, ids, (int32_t *)nullptr, (const int32_t *)nullptr, (int32_t *)nullptr,
+                                      n, 0, 32, st_) != cudaSuccess)
+    return launched("cuda embedding backward (sort size)");
+  char *scratch = nullptr;
+  if (cudaMallocAsync((void **)&scratch, 3 * ints + temp, st_) != cudaSuccess)
+    return fsdp_fail(FSDP_ENOMEM, "cuda embedding backward: %zu bytes of scratch for %lld rows", 3 * ints + temp, (long long)n);
+  int32_t *sorted = (int32_t *)scratch, *rows = (int32_t *)(scratch + ints), *rows_sorted = (int32_t *)(scratch + 2 * ints);
+  row_numbers<<<blocks_for(n, 256), 256, 0, st_>>>(rows, n);
+  cudaError_t e = cub::DeviceRadixSort::SortPairs(scratch + 3 * ints, temp, ids, sorted, rows, rows_sorted, n, 0, 32, st_);
+  if (e == cudaSuccess)
+    FSDP_DISPATCH(dtype, T, embedding_bwd_runs<T><<<(unsigned)n, 256, 0, st_>>>((T *)dtable, (const T *)dy, sorted, rows_sorted,
+                                                                                 n, vocab, dim));
+  int rc = launched("cuda embedding backward");
+  cudaFreeAsync(scratch, st_);
+  if (e != cudaSuccess) return fsdp_fail(FSDP_EDEVICE, "cuda embedding backward: sorting the ids: %s", cudaGetErrorString(e));
+  return rc;
 }

@@ -61,8 +61,9 @@ static float *down(const void *d, int64_t n, int dtype) {
 
 static double tol_of(int dtype, double fp32_tol) { return dtype == FSDP_BF16 ? 1.6e-2 : fp32_tol; }
 
-/* compares the device result with the CPU one; frees the device buffer */
-static void same(const char *what, int dtype, void *dev, const float *ref, int64_t n, double fp32_tol) {
+/* compares the device result with the CPU one within tol of the largest
+ * |ref|; frees the device buffer */
+static void same_tol(const char *what, int dtype, void *dev, const float *ref, int64_t n, double tol) {
   float *got = down(dev, n, dtype);
   double worst = 0, scale = 0;
   int64_t nan = 0;
@@ -71,7 +72,7 @@ static void same(const char *what, int dtype, void *dev, const float *ref, int64
     if (!isfinite(got[i])) nan++;
     else worst = fmax(worst, fabs(got[i] - ref[i]));
   }
-  double rel = scale > 0 ? worst / scale : worst, tol = tol_of(dtype, fp32_tol);
+  double rel = scale > 0 ? worst / scale : worst;
   if (nan || !(rel <= tol)) {
     fprintf(stderr, "%s (%s): max error %.3g of max |ref| %.3g (tolerance %.1g), %lld non-finite\n", what,
             fsdp_dtype_name(dtype), rel, scale, tol, (long long)nan);
@@ -81,6 +82,10 @@ static void same(const char *what, int dtype, void *dev, const float *ref, int64
   }
   free(got);
   fsdp_free(FSDP_CUDA, dev);
+}
+
+static void same(const char *what, int dtype, void *dev, const float *ref, int64_t n, double fp32_tol) {
+  same_tol(what, dtype, dev, ref, n, tol_of(dtype, fp32_tol));
 }
 
 #define DT_LOOP for (int di = 0, dt = FSDP_FP32; di < 2; di++, dt = di ? FSDP_BF16 : FSDP_FP32)
@@ -197,6 +202,44 @@ static void test_rmsnorm(void) {
     fsdp_free(FSDP_CUDA, X), fsdp_free(FSDP_CUDA, Wd), fsdp_free(FSDP_CUDA, DY);
     free(x), free(w), free(dy), free(dw0), free(y), free(rstd), free(dx), free(dw);
   }
+}
+
+/* Gradients summed over many rows into a bf16 grad: the embedding table of
+ * a frequent token (4096 rows over 8 ids, one id in a third of them) and
+ * RMSNorm's weight (4096 rows). Summed in fp32 and rounded once, they are
+ * within a bf16 rounding of the CPU's fp32 sum (5e-3 of the largest value);
+ * a bf16 add per row or per chunk of rows is not. */
+static void test_grad_sums(void) {
+  const int64_t n = 4096, vocab = 8, dim = 256;
+  int32_t *ids = malloc(sizeof(int32_t) * n), *IDS = NULL;
+  for (int64_t i = 0; i < n; i++) ids[i] = i % 3 == 0 ? 5 : (int32_t)((i * 7) % vocab);
+  CHECK_OK(fsdp_alloc(FSDP_CUDA, sizeof(int32_t) * n, (void **)&IDS));
+  CHECK_OK(fsdp_memcpy(IDS, ids, sizeof(int32_t) * n, NULL));
+  DT_LOOP {
+    double tol = dt == FSDP_BF16 ? 5e-3 : 1e-5;
+    float *dy = rand_host(n * dim, 1, dt), *t0 = rand_host(vocab * dim, 1, dt), *tab = malloc(sizeof(float) * vocab * dim);
+    memcpy(tab, t0, sizeof(float) * vocab * dim);
+    CHECK_OK(fsdp_embedding_backward(tab, dy, ids, n, vocab, dim));
+    void *DY = up(dy, n * dim, dt), *DT = up(t0, vocab * dim, dt);
+    CHECK_OK(fsdp_cuda_embedding_backward(DT, DY, IDS, n, vocab, dim, dt, NULL));
+    same_tol("embedding dtable, 4096 rows over 8 ids", dt, DT, tab, vocab * dim, tol);
+    float *x = rand_host(n * dim, 2, dt), *w = rand_host(dim, 1, dt), *dw0 = rand_host(dim, 1, dt);
+    float *y = malloc(sizeof(float) * n * dim), *rstd = malloc(sizeof(float) * n), *dx = malloc(sizeof(float) * n * dim);
+    float *dw = malloc(sizeof(float) * dim);
+    memcpy(dw, dw0, sizeof(float) * dim);
+    CHECK_OK(fsdp_rmsnorm_forward(y, rstd, x, w, n, dim, 1e-5f));
+    CHECK_OK(fsdp_rmsnorm_backward(dx, dw, dy, x, w, rstd, n, dim));
+    void *X = up(x, n * dim, dt), *Wd = up(w, dim, dt), *R = poisoned(n, FSDP_FP32), *Y = poisoned(n * dim, dt);
+    void *DX = poisoned(n * dim, dt), *DW = up(dw0, dim, dt);
+    CHECK_OK(fsdp_cuda_rmsnorm_forward(Y, R, X, Wd, n, dim, 1e-5f, dt, NULL));
+    CHECK_OK(fsdp_cuda_rmsnorm_backward(DX, DW, DY, X, Wd, R, n, dim, dt, NULL));
+    same_tol("rmsnorm dw, 4096 rows", dt, DW, dw, dim, tol);
+    void *bufs[] = {DY, X, Wd, R, Y, DX};
+    for (int i = 0; i < 6; i++) fsdp_free(FSDP_CUDA, bufs[i]);
+    free(dy), free(t0), free(tab), free(x), free(w), free(dw0), free(y), free(rstd), free(dx), free(dw);
+  }
+  free(ids);
+  fsdp_free(FSDP_CUDA, IDS);
 }
 
 static void test_rope(void) {
@@ -373,6 +416,7 @@ int main(void) {
   CHECK_OK(fsdp_device_set(FSDP_CUDA, 0));
   test_linear();
   test_linear_views();
+  test_grad_sums();
   test_embedding();
   test_rmsnorm();
   test_rope();
