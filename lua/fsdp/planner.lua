@@ -111,7 +111,7 @@ local function activations(cfg, B, T, ck, es, chunk_bytes)
     peak = math.max(peak, N * (live + again + math.max(inside, again > 0 and h * es or 0)))
     live = live - (ckpt(i) and 0 or layer) - h * es -- its activations and its input freed
   end
-  return peak
+  return peak, rows
 end
 
 -- The plan of recipe r (a table, checked here) on o.world ranks.
@@ -211,7 +211,7 @@ function M.plan(r, o)
   if not peak then error(where .. ": the schedule does not fit its buffer pools: " .. why .. " (raise fsdp.max_live_units)", 0) end
   p.pools = { bound = bound, buffer_bytes = biggest * ces, params = need_p and bound * biggest * ces or 0,
     grads = need_g and bound * biggest * ces or 0, peak_params = peak.params, peak_grads = peak.grads }
-  p.activations = activations(cfg, B, T, f.checkpoint, gpu and ces or 4, r.train.loss_chunk_mb * 2 ^ 20)
+  p.activations, p.loss_rows = activations(cfg, B, T, f.checkpoint, gpu and ces or 4, r.train.loss_chunk_mb * 2 ^ 20)
   local sum = 0
   for k, v in pairs(resident) do if k ~= "offloaded" then sum = sum + v end end
   p.resident_total = sum
@@ -312,7 +312,8 @@ function M.memory_rows(p)
     { "unit buffer pools", bytes(p.pools.params + p.pools.grads), string.format("%d + %d buffers of %s; live at once: %d params, %d grads",
       p.pools.params > 0 and p.pools.bound or 0, p.pools.grads > 0 and p.pools.bound or 0, bytes(p.pools.buffer_bytes),
       p.pools.peak_params, p.pools.peak_grads) },
-    { "activations", bytes(p.activations), string.format("micro-batch %d x %d, checkpoint %s", p.micro_batch, p.seq, tostring(p.checkpoint)) },
+    { "activations", bytes(p.activations), string.format("micro-batch %d x %d, checkpoint %s, logits %s", p.micro_batch, p.seq,
+      tostring(p.checkpoint), p.loss_rows < p.micro_batch * p.seq and string.format("in chunks of %d rows", p.loss_rows) or "whole") },
     { "peak", bytes(p.peak), p.host > 0 and string.format("%s on the device, %s in host memory (offload)", bytes(p.device_peak),
       bytes(p.host)) or "" },
   }
