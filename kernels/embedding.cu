@@ -11,6 +11,7 @@
 #include "common.cuh"
 
 using namespace fsdpk;
+#include "grad_sums.cuh"
 
 template <typename T>
 __global__ void embedding_fwd(T *y, const int32_t *ids, const T *table, int64_t n, int64_t vocab, int64_t dim) {
@@ -23,24 +24,6 @@ __global__ void embedding_fwd(T *y, const int32_t *ids, const T *table, int64_t 
 __global__ void row_numbers(int32_t *rows, int64_t n) {
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
     rows[i] = (int32_t)i;
-}
-
-// block k: if sorted position k starts a run of equal ids, that run's rows
-// of dy summed in fp32, added to the id's row of the table
-template <typename T>
-__global__ void embedding_bwd_runs(T *dtable, const T *dy, const int32_t *ids, const int32_t *rows, int64_t n, int64_t vocab,
-                                   int64_t dim) {
-  int64_t k = blockIdx.x;
-  int32_t id = ids[k];
-  if ((k > 0 && ids[k - 1] == id) || id < 0 || id >= vocab) return;
-  int64_t end = k + 1;
-  while (end < n && ids[end] == id) end++;
-  for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) {
-    float acc = 0;
-    for (int64_t r = k; r < end; r++) acc += ld(dy, (int64_t)rows[r] * dim + j);
-    int64_t o = (int64_t)id * dim + j;
-    st(dtable, o, ld(dtable, o) + acc);
-  }
 }
 
 static int args_ok(int64_t n, int64_t vocab, int64_t dim, int32_t dtype, const char *what) {
@@ -75,7 +58,7 @@ extern "C" int fsdp_cuda_embedding_backward(void *dtable, const void *dy, const 
   row_numbers<<<blocks_for(n, 256), 256, 0, st_>>>(rows, n);
   cudaError_t e = cub::DeviceRadixSort::SortPairs(scratch + 3 * ints, temp, ids, sorted, rows, rows_sorted, n, 0, 32, st_);
   if (e == cudaSuccess)
-    FSDP_DISPATCH(dtype, T, embedding_bwd_runs<T><<<(unsigned)n, 256, 0, st_>>>((T *)dtable, (const T *)dy, sorted, rows_sorted,
+    FSDP_DISPATCH(dtype, T, fsdp_sums::embedding_bwd_runs<T><<<(unsigned)n, 256, 0, st_>>>((T *)dtable, (const T *)dy, sorted, rows_sorted,
                                                                                  n, vocab, dim));
   int rc = launched("cuda embedding backward");
   cudaFreeAsync(scratch, st_);

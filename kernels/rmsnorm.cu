@@ -5,6 +5,9 @@
 #include "common.cuh"
 
 using namespace fsdpk;
+#include "grad_sums.cuh"
+
+using namespace fsdp_sums;
 
 template <typename T>
 __global__ void rmsnorm_fwd(T *y, float *rstd, const T *x, const T *w, int64_t dim, float eps) {
@@ -31,26 +34,6 @@ __global__ void rmsnorm_bwd_dx(T *dx, const T *dy, const T *x, const T *w, const
   dot = block_reduce(dot, Sum()) / (float)dim;
   for (int64_t j = threadIdx.x; j < dim; j += blockDim.x)
     st(dx, row * dim + j, r * ld(w, j) * ld(dyr, j) - r * r * r * ld(xr, j) * dot);
-}
-
-enum { DW_ROWS = 128 };
-template <typename T>
-__global__ void rmsnorm_bwd_dw_parts(float *part, const T *dy, const T *x, const float *rstd, int64_t n, int64_t dim) {
-  int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-  if (j >= dim) return;
-  int64_t r0 = (int64_t)blockIdx.y * DW_ROWS, r1 = r0 + DW_ROWS < n ? r0 + DW_ROWS : n;
-  float acc = 0;
-  for (int64_t i = r0; i < r1; i++) acc += ld(dy, i * dim + j) * ld(x, i * dim + j) * rstd[i];
-  part[(int64_t)blockIdx.y * dim + j] = acc;
-}
-
-template <typename T>
-__global__ void rmsnorm_bwd_dw_sum(T *dw, const float *part, int64_t chunks, int64_t dim) {
-  int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-  if (j >= dim) return;
-  float acc = 0;
-  for (int64_t c = 0; c < chunks; c++) acc += part[c * dim + j];
-  st(dw, j, ld(dw, j) + acc);
 }
 
 static unsigned row_threads(int64_t dim) { return dim >= 1024 ? 1024u : dim >= 256 ? 256u : 64u; }
@@ -81,8 +64,8 @@ extern "C" int fsdp_cuda_rmsnorm_backward(void *dx, void *dw, const void *dy, co
     if (cudaMallocAsync((void **)&part, sizeof(float) * (size_t)(chunks * dim), st_) != cudaSuccess)
       return fsdp_fail(FSDP_ENOMEM, "cuda rmsnorm backward: %lld x %lld fp32 partial sums", (long long)chunks, (long long)dim);
     dim3 grid((unsigned)((dim + 255) / 256), (unsigned)chunks);
-    FSDP_DISPATCH(dtype, T, rmsnorm_bwd_dw_parts<T><<<grid, 256, 0, st_>>>(part, (const T *)dy, (const T *)x, rstd, n, dim));
-    FSDP_DISPATCH(dtype, T, rmsnorm_bwd_dw_sum<T><<<(unsigned)((dim + 255) / 256), 256, 0, st_>>>((T *)dw, part, chunks, dim));
+    FSDP_DISPATCH(dtype, T, rmsnorm_dw_parts<T><<<grid, 256, 0, st_>>>(part, (const T *)dy, (const T *)x, rstd, n, dim));
+    FSDP_DISPATCH(dtype, T, rmsnorm_dw_sum<T><<<(unsigned)((dim + 255) / 256), 256, 0, st_>>>((T *)dw, part, chunks, dim));
     cudaFreeAsync(part, st_);
   }
   return launched("cuda rmsnorm backward");

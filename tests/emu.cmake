@@ -1,18 +1,24 @@
 # CUDA kernels' logic on the CPU (tests/emu): the tensor-core attention
 # kernels (kernels/attention_tc.cuh) under an emulation of warps and WMMA,
-# against float64. Needs a C++17 compiler (build-essential has g++); not in
-# the sanitizer build (it runs thousands of threads; the normal build covers it).
+# and the gradient sums (kernels/grad_sums.cuh), against float64. Needs a
+# C++17 compiler (build-essential has g++); not in the sanitizer build (it
+# runs thousands of threads; the normal build covers it).
 include(CheckLanguage)
 check_language(CXX)
 if(CMAKE_CXX_COMPILER AND NOT FSDP_SANITIZE)
   enable_language(CXX)
-  add_executable(test_attention_tc_emu emu/test_attention_tc_emu.cpp)
-  set_target_properties(test_attention_tc_emu PROPERTIES CXX_STANDARD 17 CXX_STANDARD_REQUIRED ON)
-  target_compile_options(test_attention_tc_emu PRIVATE -O2 -Wall -Wextra -Wshadow -Wno-unknown-pragmas
-                         $<$<BOOL:${FSDP_WERROR}>:-Werror>)
-  target_link_libraries(test_attention_tc_emu PRIVATE Threads::Threads)
-  add_test(NAME attention_tc_emu COMMAND test_attention_tc_emu)
-  set_tests_properties(attention_tc_emu PROPERTIES LABELS unit TIMEOUT 300)
+  # test_NAME_emu from emu/test_NAME_emu.cpp, as ctest's NAME_emu
+  function(fsdp_emu_test name timeout)
+    add_executable(test_${name}_emu emu/test_${name}_emu.cpp)
+    set_target_properties(test_${name}_emu PROPERTIES CXX_STANDARD 17 CXX_STANDARD_REQUIRED ON)
+    target_compile_options(test_${name}_emu PRIVATE -O2 -Wall -Wextra -Wshadow -Wno-unknown-pragmas
+                           $<$<BOOL:${FSDP_WERROR}>:-Werror>)
+    target_link_libraries(test_${name}_emu PRIVATE Threads::Threads)
+    add_test(NAME ${name}_emu COMMAND test_${name}_emu)
+    set_tests_properties(${name}_emu PROPERTIES LABELS unit TIMEOUT ${timeout})
+  endfunction()
+  fsdp_emu_test(attention_tc 300)
+  fsdp_emu_test(grad_sums 120) # kernels/grad_sums.cuh: the embedding's and RMSNorm's fp32 gradient sums
 else()
-  message(STATUS "fsdp: test_attention_tc_emu not built (no C++ compiler, or the sanitizer build)")
+  message(STATUS "fsdp: the emulated-kernel tests (tests/emu) not built (no C++ compiler, or the sanitizer build)")
 endif()
