@@ -254,9 +254,7 @@ function M.run(r, where, args, break_at)
   local function loss_fn(logits, b, scale) return llama.loss(logits, b.y, scale, nil, b.y_dev) end
   -- train.loss_chunk_mb > 0: the head and the loss fused over chunks of rows (no full logits)
   local chunk = r.train.loss_chunk_mb
-  local forward_loss = chunk > 0 and function(model, ctx, b, scale)
-    return (model:forward_loss(ctx, b.x, b.y, { scale = scale, targets_dev = b.y_dev, chunk_bytes = chunk * 2 ^ 20 }))
-  end or nil
+  local forward_loss = chunk > 0 and llama.forward_loss(chunk * 2 ^ 20) or nil
   local V = cfg.vocab_size
   local function next_batch(loader)
     local x, y = loader:next()

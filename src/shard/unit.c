@@ -695,7 +695,7 @@ static int step_owned(fsdp_unit *u, fsdp_update_fn update, const fsdp_step_args 
   int rc = fsdp_unit_update_pieces(u, update, &in_place, ps, k);
   free(ps);
   FSDP_CHECK(rc);
-  FSDP_CHECK(publish(u, in_place.stage == NULL && !u->alias));
+  FSDP_CHECK(publish(u, 0)); /* the update wrote the compute params, or they are main (HFSDP still gathers) */
   return zero_main_grads(u);
 }
 

@@ -175,11 +175,7 @@ local opt = { lr = 1e-2, weight_decay = 0.1, clip = 1.0, loss = loss_fn }
 
 -- fused_rows: the sharded model computes its head and loss by forward_loss
 -- over chunks of that many rows
-local function fused(rows, c)
-  return function(model, ctx, b, scale)
-    return (model:forward_loss(ctx, b.x, b.y, { scale = scale, chunk_bytes = rows * c.vocab_size * 4 }))
-  end
-end
+local function fused(rows, c) return llama.forward_loss(rows * c.vocab_size * 4) end
 
 local function train(label, zero, checkpoint, K, c, fused_rows)
   c = c or cfg

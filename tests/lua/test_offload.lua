@@ -14,24 +14,13 @@
 --     step skipped for non-finite grads uses no stale grads afterwards.
 local fsdp = require "fsdp"
 local ffi = require "ffi"
-local nn = fsdp.nn
 
 local info = fsdp.init()
 local W, R = info.size, info.rank
 local T = dofile((arg[0]:match("^(.*/)") or "./") .. "testkit.lua")(string.format("test_offload rank %d/%d", R, W))
 local check, fails = T.check, T.fails
-
-local function mlp()
-  return nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 4))
-end
-local names = { "0.weight", "0.bias", "2.weight", "2.bias", "4.weight", "4.bias" }
-
-local function batch(g, k, t)
-  local x, y = fsdp.tensor({ 4, 8 }), fsdp.tensor({ 4, 4 })
-  for i = 0, 31 do x:set(i, math.sin(0.7 * g + 1.3 * k + 0.17 * t + 0.31 * i)) end
-  for i = 0, 15 do y:set(i, 0.5 * math.cos(0.5 * g + 0.9 * k + 0.23 * t + 0.41 * i)) end
-  return { x = x, y = y }
-end
+local F = dofile((arg[0]:match("^(.*/)") or "./") .. "mlp_fixture.lua")(fsdp)
+local mlp, batch, names = F.mlp, F.batch, F.names
 
 local adamw = { lr = 1e-2, weight_decay = 0.1, clip = 1.0 }
 

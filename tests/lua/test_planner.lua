@@ -60,8 +60,21 @@ local function build(r)
   return p, s, cfg
 end
 
+-- fn() with the garbage collector stopped: the allocator's peak during it
+-- and what stays allocated after it, both above its start
+local function measured(fn)
+  collectgarbage()
+  collectgarbage("stop")
+  local base = fsdp.memory_stats("cpu").allocated
+  fsdp.memory_reset_peak("cpu")
+  fn()
+  local st = fsdp.memory_stats("cpu")
+  collectgarbage("restart")
+  return st.peak - base, st.allocated - base
+end
+
 -- measure: returns the allocator's peak during the step above its start
--- (with the batches made), the garbage collector stopped
+-- (with the batches made)
 local function one_step(s, cfg, r, measure)
   local B, L = r.data.micro_batch, r.data.seq
   local batches = {}
@@ -70,23 +83,14 @@ local function one_step(s, cfg, r, measure)
     for i = 0, B * L - 1 do x:set(i, (i * 7 + k + R) % cfg.vocab_size); y:set(i, (i * 11 + k + 3 * R) % cfg.vocab_size) end
     batches[k] = { x = x, y = y }
   end
-  local base
-  if measure then
-    collectgarbage()
-    collectgarbage("stop")
-    base = fsdp.memory_stats("cpu").allocated
-    fsdp.memory_reset_peak("cpu")
-  end
   -- as the trainer does: the head and loss fused over chunks of rows unless train.loss_chunk_mb = 0
   local chunk = r.train.loss_chunk_mb * 2 ^ 20
-  s:train_step(batches, { lr = 1e-3, loss = function(logits, b, scale) return llama.loss(logits, b.y, scale) end,
-    forward_loss = chunk > 0 and function(model, ctx, b, scale)
-      return (model:forward_loss(ctx, b.x, b.y, { scale = scale, chunk_bytes = chunk }))
-    end or nil })
-  if measure then
-    collectgarbage("restart")
-    return fsdp.memory_stats("cpu").peak - base
+  local function step()
+    s:train_step(batches, { lr = 1e-3, loss = function(logits, b, scale) return llama.loss(logits, b.y, scale) end,
+      forward_loss = chunk > 0 and llama.forward_loss(chunk) or nil })
   end
+  if not measure then return step() end
+  return (measured(step))
 end
 
 local fields = { "params_full", "params_shard", "main_params", "optimizer", "grads_full", "grads_main", "scratch", "offloaded" }
@@ -147,15 +151,9 @@ do
   for i = 0, B * L - 1 do x:set(i, (i * 5 + R) % cfg.vocab_size); y:set(i, (i * 3 + R) % cfg.vocab_size) end
   local lossfn = function(logits, b) return llama.loss(logits, b.y, 0) end
   s:evaluate({ { x = x, y = y } }, lossfn)
-  collectgarbage()
-  collectgarbage("stop")
-  local base = fsdp.memory_stats("cpu").allocated
-  fsdp.memory_reset_peak("cpu")
-  s:evaluate({ { x = x, y = y } }, lossfn)
-  local st = fsdp.memory_stats("cpu")
-  collectgarbage("restart")
-  check(st.peak - base < full and st.allocated - base < 64, string.format("evaluate: peak %d bytes above the start " ..
-    "(a fully checkpointed training step: %d, none: %d), %d left allocated", st.peak - base, full, none, st.allocated - base))
+  local peak, left = measured(function() s:evaluate({ { x = x, y = y } }, lossfn) end)
+  check(peak < full and left < 64, string.format("evaluate: peak %d bytes above the start (a fully checkpointed " ..
+    "training step: %d, none: %d), %d left allocated", peak, full, none, left))
   s:free()
 end
 compare("zero 3, 2 micro-batches, prefetch 2, 3 buffers", { ["fsdp.zero"] = 3, ["train.grad_accum"] = 2, ["fsdp.prefetch"] = 2,

@@ -430,6 +430,14 @@ end
 -- chunk bytes of logits in forward_loss (the recipe's train.loss_chunk_mb)
 M.loss_chunk_bytes = 256 * 2 ^ 20
 
+-- train_step's and evaluate's opt.forward_loss for batches {x = ids,
+-- y = targets, y_dev = their device copy on CUDA}, chunk_bytes of logits at a time
+function M.forward_loss(chunk_bytes)
+  return function(model, ctx, b, scale)
+    return (model:forward_loss(ctx, b.x, b.y, { scale = scale, targets_dev = b.y_dev, chunk_bytes = chunk_bytes }))
+  end
+end
+
 function CausalLM:backward(ctx, dlogits)
   ctx = ctx or nn.plain
   local m, head = self.children[1], self.children[2]
