@@ -4,7 +4,8 @@ heads of 64) and Llama 3 8B (32 / 8 of 128), one sequence of 2048, 4096 and
 8192 tokens. Ours: fsdp_cuda_attention_forward / _backward from libfsdp.so
 (ctypes), each kernel choice of fsdp_cuda_attention_impl_set (SIMPLE: the
 fp32 CUDA-core kernels, kernels/attention.cu; TENSOR_CORES: kernels/
-attention_tc.cu). Theirs: F.scaled_dot_product_attention(is_causal=True)
+attention_tc.cu; CUDNN: cuDNN's fused attention through our entry points,
+kernels/attention_cudnn.cpp). Theirs: F.scaled_dot_product_attention(is_causal=True)
 under sdpa_kernel(CUDNN_ATTENTION) and under sdpa_kernel(FLASH_ATTENTION).
 All on the same buffers: q, dout [B,T,H,D], k, v [B,T,Hkv,D] as our API wants
 them; torch gets [B,H,T,D] transposed views of them (what a Llama block
@@ -19,8 +20,9 @@ backend that runs, and the exit status is 1 when one is off by more than
 import argparse, ctypes, datetime, os, statistics, sys, warnings
 
 FSDP_CUDA, FSDP_BF16 = 1, 1                   # src/fsdp.h
-FSDP_ATTN_SIMPLE, FSDP_ATTN_TENSOR_CORES = 1, 2  # src/fsdp_ops.h
-IMPLS = [("simple", FSDP_ATTN_SIMPLE), ("tc", FSDP_ATTN_TENSOR_CORES)]
+FSDP_ATTN_SIMPLE, FSDP_ATTN_TENSOR_CORES, FSDP_ATTN_CUDNN = 1, 2, 3  # src/fsdp_ops.h
+IMPLS = [("simple", FSDP_ATTN_SIMPLE), ("tc", FSDP_ATTN_TENSOR_CORES), ("fsdp-cudnn", FSDP_ATTN_CUDNN)]
+OURS = [e for e, _ in IMPLS]
 SHAPES = [("llama3.2-1b", 32, 8, 64), ("llama3-8b", 32, 8, 128)]  # name, H, Hkv, D
 TOL = 2e-2
 
@@ -205,14 +207,16 @@ def main():
           f"cuDNN {torch.backends.cudnn.version()}, fsdp {fsdp.lib.fsdp_version().decode()}")
     print("# causal bf16, B=1; q, dout [B,T,H,D], k, v [B,T,Hkv,D]; torch on transposed views of the same buffers; "
           f"ms = median of {args.repeats} after {args.warmup} warm-ups (CUDA events)")
+    print("# simple, tc: our fp32-core and tensor-core kernels; fsdp-cudnn: cuDNN's fused attention through our "
+          "entry points (the default where it applies); cudnn, flash: torch SDPA's backends")
     print("# TF/s from causal FLOPs: fwd 4*B*H*T*T*D/2 (QK^T and PV, half the scores), bwd 2.5 x fwd; "
-          "tc/cudnn, tc/flash = our tensor-core time / theirs (< 1: ours faster)")
+          "ours/cudnn, ours/flash = the time of our default (fsdp-cudnn, else tc) / theirs (< 1: ours faster)")
     print("# err = max|ours - torch| / max|torch|, worst over cudnn and flash (bwd: over dq, dk, dv); "
           f"fails above {TOL:g} or NaN")
-    eng = ["simple", "tc", "cudnn", "flash"]
-    print(f"{'model':12} {'D':>4} {'T':>5} {'pass':4} |" + "".join(f"{e + ' ms':>11}" for e in eng) + " |" +
-          "".join(f"{e:>7}" for e in eng) + " TF/s |" + f"{'tc/cudnn':>9}{'tc/flash':>9} |" +
-          f"{'err simple':>11}{'err tc':>9}")
+    eng = OURS + ["cudnn", "flash"]
+    print(f"{'model':12} {'D':>4} {'T':>5} {'pass':4} |" + "".join(f"{e + ' ms':>14}" for e in eng) + " |" +
+          "".join(f"{e:>11}" for e in eng) + " TF/s |" + f"{'ours/cudnn':>11}{'ours/flash':>11} |" +
+          "".join(f"{'err ' + e:>16}" for e in OURS))
     status, notes = 0, []
     for name, H, Hkv, D in SHAPES:
         for T in [int(s) for s in args.seqs.split(",")]:
@@ -239,17 +243,18 @@ def main():
             for i, pas, keys, flops in [(0, "fwd", ["out"], fwd_flops), (1, "bwd", ["dq", "dk", "dv"], 2.5 * fwd_flops)]:
                 ms = {e: res[e][i] if e in res else None for e in eng}
                 tf = {e: None if ms[e] is None else flops / ms[e] / 1e9 for e in eng}
-                ratio = {e: None if ms["tc"] is None or ms[e] is None else ms["tc"] / ms[e] for e in ("cudnn", "flash")}
+                ours = ms["fsdp-cudnn"] if ms["fsdp-cudnn"] is not None else ms["tc"]
+                ratio = {e: None if ours is None or ms[e] is None else ours / ms[e] for e in ("cudnn", "flash")}
                 worst = {}
-                for e in ("simple", "tc"):
+                for e in OURS:
                     errs = errors(res, e, keys)
                     worst[e] = max(errs.values(), key=lambda v: float("inf") if v != v else v) if errs else None
                     if worst[e] is not None and not worst[e] <= TOL:
                         status = 1
                         notes.append(f"# {tag} {e} {pas}: FAIL: " + ", ".join(f"{k} {v:.2e}" for k, v in errs.items()))
-                print(f"{name:12} {D:4d} {T:5d} {pas:4} |" + "".join(cell(ms[e], "11.3f") for e in eng) + " |" +
-                      "".join(cell(tf[e], "7.1f") for e in eng) + "      |" + cell(ratio["cudnn"], "9.3f") +
-                      cell(ratio["flash"], "9.3f") + " |" + cell(worst["simple"], "11.2e") + cell(worst["tc"], "9.2e"),
+                print(f"{name:12} {D:4d} {T:5d} {pas:4} |" + "".join(cell(ms[e], "14.3f") for e in eng) + " |" +
+                      "".join(cell(tf[e], "11.1f") for e in eng) + "      |" + cell(ratio["cudnn"], "11.3f") +
+                      cell(ratio["flash"], "11.3f") + " |" + "".join(cell(worst[e], "16.2e") for e in OURS),
                       flush=True)
             del sh, res
             torch.cuda.empty_cache()

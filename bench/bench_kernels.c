@@ -169,13 +169,21 @@ int main(int argc, char **argv) {
              .dout = dev((size_t)n * heads * hd * es), .lse = dev((size_t)n * heads * 4), .seq = n, .h = heads, .kvh = kvh, .d = hd};
   double aflops = 2.0 * heads * (double)n * n * hd;
   double abytes = (double)n * (2 * heads + 2 * kvh) * hd * es;
-  /* the fp32 CUDA-core kernels and the tensor-core ones, side by side */
+  /* the fp32 CUDA-core kernels, the tensor-core ones and cuDNN's, side by side */
   fsdp_cuda_attention_impl_set(FSDP_ATTN_SIMPLE);
   row("attention fwd (fp32 cores)", timed(att_f, &at), aflops, abytes);
   row("attention bwd (fp32 cores)", timed(att_b, &at), 2.5 * aflops, 2.5 * abytes);
   fsdp_cuda_attention_impl_set(FSDP_ATTN_TENSOR_CORES); /* bf16, head_dim 64: they apply */
   row("attention fwd (tensor cores)", timed(att_f, &at), aflops, abytes);
   row("attention bwd (tensor cores)", timed(att_b, &at), 2.5 * aflops, 2.5 * abytes);
+  char why[512];
+  if (fsdp_cuda_attention_choice(FSDP_BF16, 1, n, heads, kvh, hd, 1, why, sizeof why) == FSDP_ATTN_CUDNN) {
+    fsdp_cuda_attention_impl_set(FSDP_ATTN_CUDNN);
+    row("attention fwd (cuDNN)", timed(att_f, &at), aflops, abytes);
+    row("attention bwd (cuDNN)", timed(att_b, &at), 2.5 * aflops, 2.5 * abytes);
+  } else {
+    printf("# attention (cuDNN): not run: %s\n", why);
+  }
   fsdp_cuda_attention_impl_set(FSDP_ATTN_AUTO);
 
   /* the loss over the logits, in place */

@@ -5,13 +5,13 @@
 // dq (a thread per query row) and one for dk, dv (a thread per key row,
 // looping over its group's query heads), so nothing needs atomics.
 // fp32 arithmetic on CUDA cores, any head_dim up to 256, fp32 or bf16: the
-// fallback; bf16 with head_dim 64 or 128 runs on tensor cores
-// (attention_tc.cu) unless fsdp_cuda_attention_impl_set says otherwise.
+// fallback for what cuDNN (attention_cudnn.cpp) and our tensor-core kernels
+// (attention_tc.cu) do not take; attention_choice.cu picks per call.
 // Layouts: q, out, dq, dout [B, T, H, D]; k, v, dk, dv [B, T, Hkv, D]; lse [B, H, T].
 #include <stdlib.h>
 #include <string.h>
 
-#include "attention_tc.h"
+#include "attention_impl.h"
 #include "common.cuh"
 
 using namespace fsdpk;
@@ -201,12 +201,18 @@ __global__ void attn_bwd_dkv(T *dk, T *dv, const T *dout, const T *q, const T *k
   }
 }
 
-static int check_shape(Shape *sh, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, int32_t dtype, const char *what) {
+extern "C" int fsdp_attention_check_args(int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, int32_t dtype,
+                                         const char *what) {
   if (B < 0 || T < 0 || H < 1 || Hkv < 1 || H % Hkv || D < 1 || D > 256 || B > 65535 || H > 65535)
     return fsdp_fail(FSDP_EINVAL, "%s: batch %lld, seq %lld, heads %lld, kv heads %lld (dividing heads), head_dim %lld (1..256)",
                      what, (long long)B, (long long)T, (long long)H, (long long)Hkv, (long long)D);
-  *sh = Shape{B, T, H, Hkv, D, 1.0f / sqrtf((float)D)};
   return check_dtype(dtype, what);
+}
+
+static int check_shape(Shape *sh, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, int32_t dtype, const char *what) {
+  FSDP_CHECK(fsdp_attention_check_args(B, T, H, Hkv, D, dtype, what));
+  *sh = Shape{B, T, H, Hkv, D, 1.0f / sqrtf((float)D)};
+  return FSDP_OK;
 }
 
 // launches K<T, MAXD> with the smallest MAXD >= D
@@ -222,69 +228,28 @@ static int check_shape(Shape *sh, int64_t B, int64_t T, int64_t H, int64_t Hkv, 
     else launch(KERNEL<T, 256>);                                                                      \
   } while (0)
 
-// which kernels run (fsdp_ops.h); FSDP_ATTENTION=simple|tc|auto sets the start
-static int impl = -1;
-static int current_impl(void) {
-  if (impl < 0) {
-    const char *e = getenv("FSDP_ATTENTION");
-    impl = e && !strcmp(e, "simple") ? FSDP_ATTN_SIMPLE : e && !strcmp(e, "tc") ? FSDP_ATTN_TENSOR_CORES : FSDP_ATTN_AUTO;
-  }
-  return impl;
-}
-
-extern "C" int fsdp_cuda_attention_impl_set(int which) {
-  if (which != FSDP_ATTN_AUTO && which != FSDP_ATTN_SIMPLE && which != FSDP_ATTN_TENSOR_CORES)
-    return fsdp_fail(FSDP_EINVAL, "attention impl %d; expected FSDP_ATTN_AUTO, _SIMPLE or _TENSOR_CORES", which);
-  int before = current_impl();
-  impl = which;
-  return before;
-}
-
-// 1: the tensor-core kernels take this call; 0: the fp32 ones; <0: asked for
-// tensor cores where they do not apply
-static int use_tc(int32_t dtype, int64_t head_dim, const void *const *ptrs, int n, const char *what) {
-  int want = current_impl();
-  if (want == FSDP_ATTN_SIMPLE) return 0;
-  int ok = fsdp_attention_tc_applies(dtype, head_dim, ptrs, n);
-  if (!ok && want == FSDP_ATTN_TENSOR_CORES)
-    return fsdp_fail(FSDP_EUNSUPPORTED, "%s: the tensor-core kernels need bf16, head_dim 64 or 128, 16-byte aligned "
-                     "buffers and a GPU of compute capability 8.0+ (got dtype %d, head_dim %lld)", what, (int)dtype,
-                     (long long)head_dim);
-  return ok;
-}
-
-extern "C" int fsdp_cuda_attention_forward(void *out, float *lse, const void *q, const void *k, const void *v, int64_t batch,
-                                           int64_t seq, int64_t heads, int64_t kv_heads, int64_t head_dim, int32_t dtype,
-                                           fsdp_stream *s) {
+extern "C" int fsdp_attention_simple_forward(void *out, float *lse, const void *q, const void *k, const void *v,
+                                             int64_t batch, int64_t seq, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                                             int32_t dtype, void *stream) {
   Shape sh;
   FSDP_CHECK(check_shape(&sh, batch, seq, heads, kv_heads, head_dim, dtype, "cuda attention"));
   if (batch * seq == 0) return FSDP_OK;
-  const void *ptrs[] = {out, lse, q, k, v};
-  int tc = use_tc(dtype, head_dim, ptrs, 5, "cuda attention");
-  FSDP_CHECK(tc);
-  if (tc) return fsdp_attention_tc_forward(out, lse, q, k, v, batch, seq, heads, kv_heads, head_dim, stream_of(s));
   dim3 grid((unsigned)((seq + QROWS - 1) / QROWS), (unsigned)heads, (unsigned)batch);
   size_t smem = sizeof(float) * (QROWS * (head_dim + 1) + 2 * KTILE * head_dim);
-  cudaStream_t st_ = stream_of(s);
+  cudaStream_t st_ = static_cast<cudaStream_t>(stream);
   FSDP_DISPATCH(dtype, T, FSDP_ATTN_LAUNCH(attn_fwd, grid, smem, st_, head_dim, (T *)out, lse, (const T *)q, (const T *)k,
                                            (const T *)v, sh));
   return launched("cuda attention forward");
 }
 
-extern "C" int fsdp_cuda_attention_backward(void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
-                                            const void *v, const void *out, const float *lse, int64_t batch, int64_t seq,
-                                            int64_t heads, int64_t kv_heads, int64_t head_dim, int32_t dtype,
-                                            fsdp_stream *s) {
+extern "C" int fsdp_attention_simple_backward(void *dq, void *dk, void *dv, const void *dout, const void *q,
+                                              const void *k, const void *v, const void *out, const float *lse,
+                                              int64_t batch, int64_t seq, int64_t heads, int64_t kv_heads,
+                                              int64_t head_dim, int32_t dtype, void *stream) {
   Shape sh;
   FSDP_CHECK(check_shape(&sh, batch, seq, heads, kv_heads, head_dim, dtype, "cuda attention backward"));
   if (batch * seq == 0) return FSDP_OK;
-  const void *ptrs[] = {dq, dk, dv, dout, q, k, v, out};
-  int tc = use_tc(dtype, head_dim, ptrs, 8, "cuda attention backward");
-  FSDP_CHECK(tc);
-  if (tc)
-    return fsdp_attention_tc_backward(dq, dk, dv, dout, q, k, v, out, lse, batch, seq, heads, kv_heads, head_dim,
-                                      stream_of(s));
-  cudaStream_t st_ = stream_of(s);
+  cudaStream_t st_ = static_cast<cudaStream_t>(stream);
   dim3 gq((unsigned)((seq + QROWS - 1) / QROWS), (unsigned)heads, (unsigned)batch);
   size_t smq = sizeof(float) * (2 * QROWS * (head_dim + 1) + 2 * KTILE * head_dim);
   FSDP_DISPATCH(dtype, T, FSDP_ATTN_LAUNCH(attn_bwd_dq, gq, smq, st_, head_dim, (T *)dq, (const T *)dout, (const T *)q,

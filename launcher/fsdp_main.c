@@ -40,8 +40,11 @@ static const char *usage_text =
     "  FSDP_TRACEBACK=1   a Lua stack trace with every error (by default only for errors\n"
     "                     that carry a source position: internal faults)\n"
     "  FSDP_CPU_THREADS   threads for the optimizer step on the host (default: cores / ranks)\n"
-    "  FSDP_ATTENTION     CUDA attention kernels: auto (tensor cores for bf16 with head_dim\n"
-    "                     64 or 128, else fp32 ones), tc, simple\n";
+    "  FSDP_ATTENTION     CUDA attention kernels: auto (cuDNN's fused attention where it\n"
+    "                     takes the shape, else own), own (our tensor-core kernels for bf16\n"
+    "                     with head_dim 64 or 128, else our fp32 ones), cudnn, tc, simple\n"
+    "  FSDP_CUDNN_LIB     the cuDNN library to open (default libcudnn.so.9)\n"
+    "  FSDP_CUDNN_DETERMINISTIC=0  cuDNN's faster, non-deterministic attention backward\n";
 
 static void set_default_env(const char *name, const char *value) {
   if (!getenv(name)) setenv(name, value, 1);

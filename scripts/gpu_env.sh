@@ -1,6 +1,6 @@
 # gpu_env.sh BUILD_DIR (sourced): the environment for running a build made
 # elsewhere on a GPU machine: the engine's libraries, those in .devlibs/,
-# and NCCL / cuBLASLt from wherever the machine has them.
+# and NCCL / cuBLASLt / cuDNN from wherever the machine has them.
 build=${1:-build}
 # a library's folder: the system's loader cache, else anywhere on the disk
 # (the GPU machines have NCCL and cuBLASLt in Python's nvidia-* packages)
@@ -10,11 +10,14 @@ lib_dir() {
   if [ -z "$d" ] || [ "$d" = . ]; then
     d=$(dirname "$(find / -name "$1" -not -path '/proc/*' 2>/dev/null | head -1)")
   fi
-  echo "$d"
+  [ "$d" = . ] || echo "$d" # nothing when the library is nowhere
 }
 nccl_dir=$(lib_dir libnccl.so.2)
 cublas_dir=$(lib_dir libcublasLt.so.13)
-export LD_LIBRARY_PATH="$PWD/$build:$PWD/.devlibs:$nccl_dir:$cublas_dir:${LD_LIBRARY_PATH:-}"
+# cuDNN is opened at run time (kernels/attention_cudnn.cpp): without it the
+# attention runs on our own kernels, and the run's first lines say so
+cudnn_dir=$(lib_dir libcudnn.so.9)
+export LD_LIBRARY_PATH="$PWD/$build:$PWD/.devlibs:$nccl_dir:$cublas_dir:${cudnn_dir:+$cudnn_dir:}${LD_LIBRARY_PATH:-}"
 # the GPU machine may have another PMIx whose plugins do not load into ours
 export PMIX_MCA_mca_base_component_show_load_errors=0
 export FSDP_LIB="$PWD/$build/libfsdp.so" FSDP_HEADER="$PWD/src/fsdp.h" FSDP_LUA_PATH="$PWD/lua"

@@ -4,6 +4,7 @@
 #ifndef FSDP_OPS_API_H
 #define FSDP_OPS_API_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 /* ---- ops (CPU, fp32; src/ops/) --------------------------------------- */
@@ -86,13 +87,28 @@ int fsdp_cuda_rope_forward(void *x, const float *cos_t, const float *sin_t, int6
 int fsdp_cuda_rope_backward(void *dx, const float *cos_t, const float *sin_t, int64_t batch, int64_t seq, int64_t heads,
                             int64_t head_dim, int32_t dtype, fsdp_stream *s);
 /* Which CUDA attention kernels run (process-wide; returns the previous
- * choice): AUTO: tensor cores (kernels/attention_tc.cu) for bf16 with
- * head_dim 64 or 128 on compute capability 8.0+, else the fp32 CUDA-core
- * kernels (kernels/attention.cu); SIMPLE: always the latter; TENSOR_CORES:
- * always the former (EUNSUPPORTED where they do not apply). The
- * environment's FSDP_ATTENTION=auto|simple|tc sets the starting choice. */
-typedef enum { FSDP_ATTN_AUTO = 0, FSDP_ATTN_SIMPLE = 1, FSDP_ATTN_TENSOR_CORES = 2 } fsdp_attention_impl;
+ * choice). AUTO: cuDNN's fused flash attention (kernels/attention_cudnn.cpp)
+ * where it takes the call (bf16, head_dim a multiple of 8 up to 256,
+ * libcudnn 9 loadable, a plan for the shape), else OWN. OWN: our
+ * tensor-core kernels (kernels/attention_tc.cu) for bf16 with head_dim 64 or
+ * 128 on compute capability 8.0+, else our fp32 CUDA-core kernels
+ * (kernels/attention.cu). SIMPLE, TENSOR_CORES, CUDNN: always that family
+ * (EUNSUPPORTED, with the reason, where it does not apply). The
+ * environment's FSDP_ATTENTION=auto|own|cudnn|tc|simple sets the start. */
+typedef enum {
+  FSDP_ATTN_AUTO = 0,
+  FSDP_ATTN_SIMPLE = 1,
+  FSDP_ATTN_TENSOR_CORES = 2,
+  FSDP_ATTN_CUDNN = 3,
+  FSDP_ATTN_OWN = 4
+} fsdp_attention_impl;
 int fsdp_cuda_attention_impl_set(int which);
+/* Which family a call of this shape would run (FSDP_ATTN_CUDNN,
+ * _TENSOR_CORES or _SIMPLE, for aligned buffers on the current GPU), with
+ * a line for the user in desc: the cuDNN version, or why not cuDNN.
+ * backward: 0 forward, 1 backward. Builds cuDNN's plan if needed. */
+int fsdp_cuda_attention_choice(int32_t dtype, int64_t batch, int64_t seq, int64_t heads, int64_t kv_heads,
+                               int64_t head_dim, int backward, char *desc, size_t desc_len);
 int fsdp_cuda_attention_forward(void *out, float *lse, const void *q, const void *k, const void *v, int64_t batch,
                                 int64_t seq, int64_t heads, int64_t kv_heads, int64_t head_dim, int32_t dtype,
                                 fsdp_stream *s);

@@ -16,3 +16,14 @@ if(FSDP_HAVE_CUDA)
   add_test(NAME lua_cuda_train COMMAND $<TARGET_FILE:fsdprun> -n 1 --timeout 280 ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_cuda_train.lua)
   set_tests_properties(lua_cuda_train PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 300)
 endif()
+# Which attention kernels a call runs, and cuDNN's loading at run time: on
+# any machine (tests/c/test_attention_choice.c), once as is and once with a
+# cuDNN library that does not exist
+if(FSDP_HAVE_CUDA)
+  fsdp_c_test(test_attention_choice)
+  target_link_libraries(test_attention_choice PRIVATE ${CMAKE_DL_LIBS})
+  add_test(NAME attention_choice COMMAND test_attention_choice)
+  add_test(NAME attention_choice_no_cudnn COMMAND test_attention_choice)
+  set_tests_properties(attention_choice_no_cudnn PROPERTIES ENVIRONMENT "FSDP_CUDNN_LIB=/nonexistent/does-not-exist.so")
+  set_tests_properties(attention_choice attention_choice_no_cudnn PROPERTIES LABELS unit TIMEOUT 60)
+endif()

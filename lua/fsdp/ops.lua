@@ -102,6 +102,15 @@ function M.attention_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, nh, nkv
     B, T, nh, nkv, hd), "attention backward")
 end
 
+-- which CUDA attention kernels a step of this shape runs, as a line for the
+-- user: cuDNN's fused attention and its version, or ours and why not cuDNN
+function M.attention_choice(dtype, B, T, nh, nkv, hd)
+  local desc = ffi.new("char[512]")
+  local id = dtype == "bf16" and C.FSDP_BF16 or C.FSDP_FP32
+  check(C.fsdp_cuda_attention_choice(id, B, T, nh, nkv, hd, 0, desc, 512), "attention choice")
+  return ffi.string(desc)
+end
+
 function M.swiglu_forward(y, g, u)
   if on_cuda(y) then return check(C.fsdp_cuda_swiglu_forward(y.data, g.data, u.data, y:numel(), y.dtype_id, S()), "swiglu") end
   check(C.fsdp_swiglu_forward(y:ptr(), g:ptr(), u:ptr(), y:numel()), "swiglu")

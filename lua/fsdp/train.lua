@@ -12,6 +12,7 @@ local llama = require "fsdp.models.llama"
 local data = require "fsdp.data"
 local checkpoint = require "fsdp.checkpoint"
 local hf = require "fsdp.hf"
+local ops = require "fsdp.ops"
 local ffi, C, check = fsdp.ffi, fsdp.C, fsdp.check
 
 local M = {}
@@ -228,6 +229,10 @@ function M.run(r, where, args, break_at)
     "micro-batches x %d ranks); planned %.2f GiB per rank", human(n_params), #sharded.units, info.size,
     type(r.mesh) == "string" and r.mesh or "custom", r.fsdp.zero, r.fsdp.param_dtype, tokens_step, B, T, K, dp,
     planner.gib(need.total))
+  if device == "cuda" then
+    say("attention: %s", ops.attention_choice(r.fsdp.param_dtype, B, T, cfg.num_attention_heads,
+      cfg.num_key_value_heads, cfg.head_dim))
+  end
 
   local metrics
   if R == 0 and r.train.metrics then

@@ -266,28 +266,35 @@ static void test_rope(void) {
   free(c), free(s);
 }
 
-/* impl: FSDP_ATTN_SIMPLE (the fp32 CUDA-core kernels) or FSDP_ATTN_AUTO
- * (tensor cores where they apply: bf16, head_dim 64 or 128) */
-static void test_attention_impl(int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, int impl) {
+static const char *impl_name(int impl) {
+  return impl == FSDP_ATTN_SIMPLE ? "fp32 cores" : impl == FSDP_ATTN_CUDNN ? "cudnn" : impl == FSDP_ATTN_OWN ? "own" : "auto";
+}
+
+/* fwd, bwd: the kernel family asked for the forward and for the backward
+ * (FSDP_ATTN_SIMPLE: the fp32 CUDA-core kernels; _OWN: tensor cores where
+ * they apply; _CUDNN: cuDNN, bf16 only; _AUTO). Different families in one
+ * call check that they share one lse: the backward gets the forward's. */
+static void test_attention_impls(int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, int fwd, int bwd) {
   int64_t nq = B * T * H * D, nk = B * T * Hkv * D, nl = B * H * T;
-  CHECK(fsdp_cuda_attention_impl_set(impl) >= 0);
   DT_LOOP {
+    if (dt != FSDP_BF16 && (fwd == FSDP_ATTN_CUDNN || bwd == FSDP_ATTN_CUDNN)) continue;
     float *q = rand_host(nq, 1, dt), *k = rand_host(nk, 1, dt), *v = rand_host(nk, 1, dt), *dout = rand_host(nq, 1, dt);
     float *out = malloc(sizeof(float) * nq), *lse = malloc(sizeof(float) * nl);
     float *dq = malloc(sizeof(float) * nq), *dk = malloc(sizeof(float) * nk), *dv = malloc(sizeof(float) * nk);
     CHECK_OK(fsdp_attention_forward(out, lse, q, k, v, B, T, H, Hkv, D));
     void *Q = up(q, nq, dt), *K = up(k, nk, dt), *V = up(v, nk, dt), *DO = up(dout, nq, dt);
     void *O = poisoned(nq, dt), *L = poisoned(nl, FSDP_FP32);
+    CHECK(fsdp_cuda_attention_impl_set(fwd) >= 0);
     CHECK_OK(fsdp_cuda_attention_forward(O, L, Q, K, V, B, T, H, Hkv, D, dt, NULL));
     /* backward from the device's own forward (bf16: its rounded output) */
     float *og = down(O, nq, dt), *lg = down(L, nl, FSDP_FP32);
     CHECK_OK(fsdp_attention_backward(dq, dk, dv, dout, q, k, v, og, lg, B, T, H, Hkv, D));
     void *DQ = poisoned(nq, dt), *DK = poisoned(nk, dt), *DV = poisoned(nk, dt);
+    CHECK(fsdp_cuda_attention_impl_set(bwd) >= 0);
     CHECK_OK(fsdp_cuda_attention_backward(DQ, DK, DV, DO, Q, K, V, O, L, B, T, H, Hkv, D, dt, NULL));
-    char what[96];
-    snprintf(what, sizeof what, "attention%s B%lld T%lld H%lld/%lld D%lld",
-             impl == FSDP_ATTN_SIMPLE ? " (fp32 cores)" : "", (long long)B, (long long)T, (long long)H, (long long)Hkv,
-             (long long)D);
+    char what[128];
+    snprintf(what, sizeof what, "attention (%s, backward %s) B%lld T%lld H%lld/%lld D%lld", impl_name(fwd),
+             impl_name(bwd), (long long)B, (long long)T, (long long)H, (long long)Hkv, (long long)D);
     same(what, dt, O, out, nq, 2e-5);
     same("attention lse", FSDP_FP32, L, lse, nl, dt == FSDP_BF16 ? 1e-3 : 2e-6);
     same("attention dq", dt, DQ, dq, nq, 5e-5);
@@ -297,20 +304,44 @@ static void test_attention_impl(int64_t B, int64_t T, int64_t H, int64_t Hkv, in
     for (int i = 0; i < 4; i++) fsdp_free(FSDP_CUDA, bufs[i]);
     free(q), free(k), free(v), free(dout), free(out), free(lse), free(dq), free(dk), free(dv), free(og), free(lg);
   }
+  CHECK(fsdp_cuda_attention_impl_set(FSDP_ATTN_AUTO) >= 0);
+}
+
+/* 1 when cuDNN takes this bf16 shape here (else says why, once per shape) */
+static int cudnn_takes(int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D) {
+  char why[512];
+  int k = fsdp_cuda_attention_choice(FSDP_BF16, B, T, H, Hkv, D, 1, why, sizeof why);
+  CHECK(k >= 0);
+  if (k == FSDP_ATTN_CUDNN) return 1;
+  printf("cuDNN attention not checked at B%lld T%lld H%lld/%lld D%lld: %s\n", (long long)B, (long long)T, (long long)H,
+         (long long)Hkv, (long long)D, why);
+  return 0;
 }
 
 static void test_attention(int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D) {
-  test_attention_impl(B, T, H, Hkv, D, FSDP_ATTN_SIMPLE);
-  test_attention_impl(B, T, H, Hkv, D, FSDP_ATTN_AUTO);
+  test_attention_impls(B, T, H, Hkv, D, FSDP_ATTN_SIMPLE, FSDP_ATTN_SIMPLE);
+  test_attention_impls(B, T, H, Hkv, D, FSDP_ATTN_OWN, FSDP_ATTN_OWN);
+  if (D % 8 == 0 && cudnn_takes(B, T, H, Hkv, D)) {
+    test_attention_impls(B, T, H, Hkv, D, FSDP_ATTN_CUDNN, FSDP_ATTN_CUDNN);
+    /* one lse for every family: cuDNN's forward into ours and back */
+    test_attention_impls(B, T, H, Hkv, D, FSDP_ATTN_CUDNN, FSDP_ATTN_OWN);
+    test_attention_impls(B, T, H, Hkv, D, FSDP_ATTN_OWN, FSDP_ATTN_CUDNN);
+  }
 }
 
 static void test_attention_choice(void) {
-  /* asking for tensor cores where they do not apply is an error, not a fallback */
+  /* asking for a family where it does not apply is an error, not a fallback */
   void *Q = poisoned(64, FSDP_FP32), *O = poisoned(64, FSDP_FP32), *L = poisoned(4, FSDP_FP32);
   CHECK(fsdp_cuda_attention_impl_set(FSDP_ATTN_TENSOR_CORES) >= 0);
   CHECK_FAILS(fsdp_cuda_attention_forward(O, L, Q, Q, Q, 1, 4, 1, 1, 16, FSDP_FP32, NULL), FSDP_EUNSUPPORTED, "tensor-core");
+  CHECK(fsdp_cuda_attention_impl_set(FSDP_ATTN_CUDNN) == FSDP_ATTN_TENSOR_CORES);
+  CHECK_FAILS(fsdp_cuda_attention_forward(O, L, Q, Q, Q, 1, 4, 1, 1, 16, FSDP_FP32, NULL), FSDP_EUNSUPPORTED, "bf16 only");
   CHECK_FAILS(fsdp_cuda_attention_impl_set(7), FSDP_EINVAL, "expected");
-  CHECK(fsdp_cuda_attention_impl_set(FSDP_ATTN_AUTO) == FSDP_ATTN_TENSOR_CORES);
+  CHECK(fsdp_cuda_attention_impl_set(FSDP_ATTN_AUTO) == FSDP_ATTN_CUDNN);
+  /* fp32 never goes to cuDNN or the tensor cores */
+  char desc[512];
+  CHECK(fsdp_cuda_attention_choice(FSDP_FP32, 1, 64, 4, 2, 64, 0, desc, sizeof desc) == FSDP_ATTN_SIMPLE);
+  CHECK(strstr(desc, "bf16 only") != NULL);
   fsdp_free(FSDP_CUDA, Q), fsdp_free(FSDP_CUDA, O), fsdp_free(FSDP_CUDA, L);
 }
 
@@ -426,6 +457,8 @@ int main(void) {
   /* several tiles of 64 rows, a partial last tile, grouped heads */
   test_attention(2, 150, 8, 2, 128);
   test_attention(1, 200, 4, 1, 64);
+  /* the Llama 3.2 1B head shape at a longer sequence (several cuDNN tiles) */
+  test_attention(1, 512, 32, 8, 64);
   test_attention_choice();
   test_elementwise();
   test_cross_entropy();

@@ -1,0 +1,31 @@
+/* attention_impl.h: the three families of CUDA attention kernels as the
+ * dispatch (attention_choice.cu) calls them: cuDNN's fused flash attention
+ * (attention_cudnn.h), our tensor-core kernels (attention_tc.h) and our
+ * fp32 CUDA-core kernels (below, attention.cu). Same layouts and lse for
+ * all: q, out, dq, dout [B, T, H, D]; k, v, dk, dv [B, T, Hkv, D];
+ * lse [B, H, T], the natural-log log-sum-exp of the scaled scores. */
+#ifndef FSDP_KERNELS_ATTENTION_IMPL_H
+#define FSDP_KERNELS_ATTENTION_IMPL_H
+
+#include <stdint.h>
+
+#include "attention_cudnn.h"
+#include "attention_tc.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* the arguments every family accepts (else FSDP_EINVAL naming `what`) */
+int fsdp_attention_check_args(int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, int32_t dtype, const char *what);
+/* the fp32 CUDA-core kernels: fp32 or bf16, any head_dim up to 256 */
+int fsdp_attention_simple_forward(void *out, float *lse, const void *q, const void *k, const void *v, int64_t B,
+                                  int64_t T, int64_t H, int64_t Hkv, int64_t D, int32_t dtype, void *stream);
+int fsdp_attention_simple_backward(void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
+                                   const void *v, const void *out, const float *lse, int64_t B, int64_t T, int64_t H,
+                                   int64_t Hkv, int64_t D, int32_t dtype, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
