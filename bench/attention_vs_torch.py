@@ -45,12 +45,21 @@ class Fsdp:
         for name, args, res in [
                 ("fsdp_version", [], ctypes.c_char_p), ("fsdp_last_error", [], ctypes.c_char_p),
                 ("fsdp_status_name", [ci], ctypes.c_char_p), ("fsdp_device_set", [ci, ci], ci),
+                ("fsdp_cuda_library", [], ctypes.c_char_p)]:
+            f = getattr(lib, name)
+            f.argtypes, f.restype = args, res
+        # the kernels are in the CUDA backend, libfsdp_cuda.so, which libfsdp opens
+        cuda = lib.fsdp_cuda_library()
+        if not cuda:
+            raise OSError(f"no CUDA backend: {(lib.fsdp_last_error() or b'').decode(errors='replace')}")
+        self.cu = ctypes.CDLL(cuda.decode())
+        for name, args, res in [
                 ("fsdp_cuda_attention_impl_set", [ci], ci),
                 # out, lse, q, k, v, batch, seq, heads, kv_heads, head_dim, dtype, stream
                 ("fsdp_cuda_attention_forward", [vp] * 5 + [i64] * 5 + [i32, vp], ci),
                 # dq, dk, dv, dout, q, k, v, out, lse, batch, seq, heads, kv_heads, head_dim, dtype, stream
                 ("fsdp_cuda_attention_backward", [vp] * 9 + [i64] * 5 + [i32, vp], ci)]:
-            f = getattr(lib, name)
+            f = getattr(self.cu, name)
             f.argtypes, f.restype = args, res
 
     def check(self, rc, what):
@@ -61,13 +70,13 @@ class Fsdp:
 
     def forward(self, o, sh):
         B, T, H, Hkv, D = sh.dims
-        self.check(self.lib.fsdp_cuda_attention_forward(o.out.data_ptr(), o.lse.data_ptr(), sh.q.data_ptr(),
+        self.check(self.cu.fsdp_cuda_attention_forward(o.out.data_ptr(), o.lse.data_ptr(), sh.q.data_ptr(),
                                                         sh.k.data_ptr(), sh.v.data_ptr(), B, T, H, Hkv, D,
                                                         FSDP_BF16, None), "fsdp_cuda_attention_forward")
 
     def backward(self, o, sh):
         B, T, H, Hkv, D = sh.dims
-        self.check(self.lib.fsdp_cuda_attention_backward(
+        self.check(self.cu.fsdp_cuda_attention_backward(
             o.dq.data_ptr(), o.dk.data_ptr(), o.dv.data_ptr(), sh.dout.data_ptr(), sh.q.data_ptr(), sh.k.data_ptr(),
             sh.v.data_ptr(), o.out.data_ptr(), o.lse.data_ptr(), B, T, H, Hkv, D, FSDP_BF16, None),
             "fsdp_cuda_attention_backward")
@@ -144,7 +153,7 @@ def main():
 
     def run_ours(code, sh):
         """fwd ms, bwd ms, {out, dq, dk, dv} of the first (checked) call"""
-        fsdp.check(fsdp.lib.fsdp_cuda_attention_impl_set(code), "fsdp_cuda_attention_impl_set")
+        fsdp.check(fsdp.cu.fsdp_cuda_attention_impl_set(code), "fsdp_cuda_attention_impl_set")
         o = argparse.Namespace(out=torch.empty_like(sh.q), lse=torch.empty(sh.B, sh.H, sh.T, device="cuda"),
                                dq=torch.empty_like(sh.q), dk=torch.empty_like(sh.k), dv=torch.empty_like(sh.v))
         for t in vars(o).values():

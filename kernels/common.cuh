@@ -10,7 +10,7 @@
 
 extern "C" {
 #include "../src/base/error.h"
-#include "../src/device/device_impl.h"
+#include "../src/device/cuda_impl.h"
 }
 #include "kernels.h"
 

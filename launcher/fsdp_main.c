@@ -43,6 +43,8 @@ static const char *usage_text =
     "  FSDP_ATTENTION     CUDA attention kernels: auto (cuDNN's fused attention where it\n"
     "                     takes the shape, else own), own (our tensor-core kernels for bf16\n"
     "                     with head_dim 64 or 128, else our fp32 ones), cudnn, tc, simple\n"
+    "  FSDP_CUDA_LIB      the CUDA backend (default: libfsdp_cuda.so beside libfsdp.so),\n"
+    "                     opened only when a CUDA device is used\n"
     "  FSDP_CUDNN_LIB     the cuDNN library to open (default libcudnn.so.9)\n"
     "  FSDP_CUDNN_DETERMINISTIC=0  cuDNN's faster, non-deterministic attention backward\n";
 

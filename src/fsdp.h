@@ -88,7 +88,8 @@ typedef struct fsdp_proc_info {
   int32_t node_rank;
   int32_t num_nodes;
   int32_t singleton;   /* 1: no launcher was found, world of one */
-  int32_t device_count;/* CUDA devices visible (0 without CUDA) */
+  int32_t device_count;/* CUDA devices visible; -1: not looked at (fsdp_init starts CUDA only
+                          if it is in use already; fsdp_device_count(FSDP_CUDA) asks) */
   char nspace[256];    /* PMIx namespace of the job */
 } fsdp_proc_info;
 
@@ -111,6 +112,12 @@ typedef struct fsdp_event fsdp_event;
 
 int fsdp_device_available(int device);     /* 1 when usable here */
 int fsdp_device_count(int device);
+/* The CUDA backend (libfsdp_cuda.so: CUDA runtime, cuBLASLt, NCCL, cuDNN)
+ * is opened the first time a CUDA device is asked for, never by CPU jobs.
+ * Its path, opening it if needed; NULL where there is none (the reason in
+ * fsdp_last_error()). Its public fsdp_cuda_* entry points (fsdp_ops.h) are
+ * then found by name in the process (it is opened RTLD_GLOBAL). */
+const char *fsdp_cuda_library(void);
 int fsdp_device_set(int device, int index);/* CUDA: select the GPU */
 
 int fsdp_alloc(int device, size_t bytes, void **out);   /* 256-byte aligned */

@@ -16,7 +16,10 @@ add_test(NAME philox COMMAND test_philox)
 add_test(NAME layout COMMAND test_layout)
 add_test(NAME optim COMMAND test_optim)
 add_test(NAME ops COMMAND test_ops)
-set_tests_properties(base device philox layout optim ops PROPERTIES LABELS unit TIMEOUT 60)
+# the CUDA backend missing where libfsdp looks for it (src/device/cuda_loader.c)
+add_test(NAME device_no_cuda_backend COMMAND test_device)
+set_tests_properties(device_no_cuda_backend PROPERTIES ENVIRONMENT "FSDP_CUDA_LIB=/nonexistent/does-not-exist.so")
+set_tests_properties(base device device_no_cuda_backend philox layout optim ops PROPERTIES LABELS unit TIMEOUT 60)
 
 foreach(n 1 2 3 4)
   add_test(NAME collectives_np${n}

@@ -54,6 +54,19 @@ M.header = find("FSDP_HEADER", { root .. "/src/fsdp.h", root .. "/include/fsdp.h
 ffi.cdef(M.declarations(M.header))
 M.C = ffi.load(find("FSDP_LIB", { root .. "/build/libfsdp.so", root .. "/lib/libfsdp.so" }, "libfsdp.so"))
 
+-- The CUDA backend's public entry points (the fsdp_cuda_* of fsdp_ops.h)
+-- are in libfsdp_cuda.so, which libfsdp opens the first time CUDA is asked
+-- for; this loads it on first use, so a CPU job never does.
+local cuda_ns
+function M.cuda()
+  if not cuda_ns then
+    local path = M.C.fsdp_cuda_library()
+    if path == nil then error("fsdp: " .. ffi.string(M.C.fsdp_last_error()), 2) end
+    cuda_ns = ffi.load(ffi.string(path))
+  end
+  return cuda_ns
+end
+
 function M.check(rc, what)
   if rc < 0 then
     error(string.format("%s: %s (%s)", what, ffi.string(M.C.fsdp_last_error()),

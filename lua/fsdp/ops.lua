@@ -5,7 +5,7 @@
 local base = require "fsdp.ffi"
 local tensor = require "fsdp.tensor"
 local streams = require "fsdp.stream"
-local ffi, C, check = base.ffi, base.C, base.check
+local ffi, C, check, CU = base.ffi, base.C, base.check, base.cuda
 
 local M = {}
 
@@ -28,35 +28,35 @@ local function cpu_only(t, what)
 end
 
 function M.linear_forward(y, x, w, b, n, inp, out)
-  if on_cuda(y) then return check(C.fsdp_cuda_linear_forward(y.data, x.data, w, b, n, inp, out, y.dtype_id, S()), "Linear forward") end
+  if on_cuda(y) then return check(CU().fsdp_cuda_linear_forward(y.data, x.data, w, b, n, inp, out, y.dtype_id, S()), "Linear forward") end
   check(C.fsdp_linear_forward(y:ptr(), x:ptr(), w, b, n, inp, out), "Linear forward")
 end
 
 function M.linear_backward(dx, dw, db, dy, x, w, n, inp, out)
   if on_cuda(dy) then
-    return check(C.fsdp_cuda_linear_backward(dx and dx.data, dw, db, dy.data, x.data, w, n, inp, out, dy.dtype_id, S()), "Linear backward")
+    return check(CU().fsdp_cuda_linear_backward(dx and dx.data, dw, db, dy.data, x.data, w, n, inp, out, dy.dtype_id, S()), "Linear backward")
   end
   check(C.fsdp_linear_backward(dx and dx:ptr(), dw, db, dy:ptr(), x:ptr(), w, n, inp, out), "Linear backward")
 end
 
 function M.embedding_forward(y, ids, w, n, vocab, dim)
-  if on_cuda(y) then return check(C.fsdp_cuda_embedding_forward(y.data, ids:ptr(), w, n, vocab, dim, y.dtype_id, S()), "Embedding forward") end
+  if on_cuda(y) then return check(CU().fsdp_cuda_embedding_forward(y.data, ids:ptr(), w, n, vocab, dim, y.dtype_id, S()), "Embedding forward") end
   check(C.fsdp_embedding_forward(y:ptr(), ids:ptr(), w, n, vocab, dim), "Embedding forward")
 end
 
 function M.embedding_backward(dw, dy, ids, n, vocab, dim)
-  if on_cuda(dy) then return check(C.fsdp_cuda_embedding_backward(dw, dy.data, ids:ptr(), n, vocab, dim, dy.dtype_id, S()), "Embedding backward") end
+  if on_cuda(dy) then return check(CU().fsdp_cuda_embedding_backward(dw, dy.data, ids:ptr(), n, vocab, dim, dy.dtype_id, S()), "Embedding backward") end
   check(C.fsdp_embedding_backward(dw, dy:ptr(), ids:ptr(), n, vocab, dim), "Embedding backward")
 end
 
 function M.rmsnorm_forward(y, rstd, x, w, n, dim, eps)
-  if on_cuda(y) then return check(C.fsdp_cuda_rmsnorm_forward(y.data, rstd:ptr(), x.data, w, n, dim, eps, y.dtype_id, S()), "RMSNorm forward") end
+  if on_cuda(y) then return check(CU().fsdp_cuda_rmsnorm_forward(y.data, rstd:ptr(), x.data, w, n, dim, eps, y.dtype_id, S()), "RMSNorm forward") end
   check(C.fsdp_rmsnorm_forward(y:ptr(), rstd:ptr(), x:ptr(), w, n, dim, eps), "RMSNorm forward")
 end
 
 function M.rmsnorm_backward(dx, dw, dy, x, w, rstd, n, dim)
   if on_cuda(dx) then
-    return check(C.fsdp_cuda_rmsnorm_backward(dx.data, dw, dy.data, x.data, w, rstd:ptr(), n, dim, dx.dtype_id, S()), "RMSNorm backward")
+    return check(CU().fsdp_cuda_rmsnorm_backward(dx.data, dw, dy.data, x.data, w, rstd:ptr(), n, dim, dx.dtype_id, S()), "RMSNorm backward")
   end
   check(C.fsdp_rmsnorm_backward(dx:ptr(), dw, dy:ptr(), x:ptr(), w, rstd:ptr(), n, dim), "RMSNorm backward")
 end
@@ -79,7 +79,7 @@ end
 
 function M.rope(x, t, B, T, heads, hd, backward)
   if on_cuda(x) then
-    local f = backward and C.fsdp_cuda_rope_backward or C.fsdp_cuda_rope_forward
+    local f = backward and CU().fsdp_cuda_rope_backward or CU().fsdp_cuda_rope_forward
     return check(f(x.data, t.cos:ptr(), t.sin:ptr(), B, T, heads, hd, x.dtype_id, S()), "rope")
   end
   local f = backward and C.fsdp_rope_backward or C.fsdp_rope_forward
@@ -88,14 +88,14 @@ end
 
 function M.attention_forward(out, lse, q, k, v, B, T, nh, nkv, hd)
   if on_cuda(out) then
-    return check(C.fsdp_cuda_attention_forward(out.data, lse:ptr(), q.data, k.data, v.data, B, T, nh, nkv, hd, out.dtype_id, S()), "attention")
+    return check(CU().fsdp_cuda_attention_forward(out.data, lse:ptr(), q.data, k.data, v.data, B, T, nh, nkv, hd, out.dtype_id, S()), "attention")
   end
   check(C.fsdp_attention_forward(out:ptr(), lse:ptr(), q:ptr(), k:ptr(), v:ptr(), B, T, nh, nkv, hd), "attention")
 end
 
 function M.attention_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, nh, nkv, hd)
   if on_cuda(dq) then
-    return check(C.fsdp_cuda_attention_backward(dq.data, dk.data, dv.data, dout.data, q.data, k.data, v.data, out.data,
+    return check(CU().fsdp_cuda_attention_backward(dq.data, dk.data, dv.data, dout.data, q.data, k.data, v.data, out.data,
       lse:ptr(), B, T, nh, nkv, hd, dq.dtype_id, S()), "attention backward")
   end
   check(C.fsdp_attention_backward(dq:ptr(), dk:ptr(), dv:ptr(), dout:ptr(), q:ptr(), k:ptr(), v:ptr(), out:ptr(), lse:ptr(),
@@ -107,25 +107,25 @@ end
 function M.attention_choice(dtype, B, T, nh, nkv, hd)
   local desc = ffi.new("char[512]")
   local id = dtype == "bf16" and C.FSDP_BF16 or C.FSDP_FP32
-  check(C.fsdp_cuda_attention_choice(id, B, T, nh, nkv, hd, 0, desc, 512), "attention choice")
+  check(CU().fsdp_cuda_attention_choice(id, B, T, nh, nkv, hd, 0, desc, 512), "attention choice")
   return ffi.string(desc)
 end
 
 function M.swiglu_forward(y, g, u)
-  if on_cuda(y) then return check(C.fsdp_cuda_swiglu_forward(y.data, g.data, u.data, y:numel(), y.dtype_id, S()), "swiglu") end
+  if on_cuda(y) then return check(CU().fsdp_cuda_swiglu_forward(y.data, g.data, u.data, y:numel(), y.dtype_id, S()), "swiglu") end
   check(C.fsdp_swiglu_forward(y:ptr(), g:ptr(), u:ptr(), y:numel()), "swiglu")
 end
 
 function M.swiglu_backward(dg, du, dy, g, u)
   if on_cuda(dy) then
-    return check(C.fsdp_cuda_swiglu_backward(dg.data, du.data, dy.data, g.data, u.data, dy:numel(), dy.dtype_id, S()), "swiglu backward")
+    return check(CU().fsdp_cuda_swiglu_backward(dg.data, du.data, dy.data, g.data, u.data, dy:numel(), dy.dtype_id, S()), "swiglu backward")
   end
   check(C.fsdp_swiglu_backward(dg:ptr(), du:ptr(), dy:ptr(), g:ptr(), u:ptr(), dy:numel()), "swiglu backward")
 end
 
 -- y = a + b (y may be a or b)
 function M.add(y, a, b)
-  if on_cuda(y) then return check(C.fsdp_cuda_add(y.data, a.data, b.data, y:numel(), y.dtype_id, S()), "add") end
+  if on_cuda(y) then return check(CU().fsdp_cuda_add(y.data, a.data, b.data, y:numel(), y.dtype_id, S()), "add") end
   check(C.fsdp_add(y:ptr(), a:ptr(), b:ptr(), y:numel()), "add")
 end
 
@@ -190,7 +190,7 @@ end
 function M.cross_entropy(logits, targets, tdev, n, V, ignore_index, grad_scale)
   if on_cuda(logits) then
     local sums = tensor.new(2, "fp64", "cuda") -- from the caching allocator
-    check(C.fsdp_cuda_cross_entropy(ffi.cast("double *", sums.data), ffi.cast("int64_t *", sums.data) + 1, logits.data,
+    check(CU().fsdp_cuda_cross_entropy(ffi.cast("double *", sums.data), ffi.cast("int64_t *", sums.data) + 1, logits.data,
       logits.data, tdev:ptr(), n, V, ignore_index, grad_scale, logits.dtype_id, S()), "cross entropy")
     return deferred({ device = sums }, 1)
   end

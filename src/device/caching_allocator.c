@@ -31,6 +31,7 @@
 #include <string.h>
 
 #include "../base/error.h"
+#include "cuda_backend.h"
 #include "device_impl.h"
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -89,13 +90,13 @@ static int size_class(size_t bytes, size_t *block) {
 
 /* ---- backends ---- */
 static int backend_alloc(int device, size_t bytes, void **out) {
-  if (device == FSDP_CUDA) return fsdp_cuda_alloc(bytes, out);
+  if (device == FSDP_CUDA) return fsdp_cuda()->alloc(bytes, out);
   return fsdp_host_alloc(bytes, out);
 }
 
 static void backend_free(int device, void *p, size_t bytes) {
   if (device == FSDP_CUDA) {
-    fsdp_cuda_free(p);
+    fsdp_cuda()->free(p);
   } else {
     UNPOISON(p, bytes);
     fsdp_host_free(p);

@@ -20,7 +20,7 @@
 
 #include "../../kernels/kernels.h"
 #include "../base/error.h"
-#include "device_impl.h"
+#include "cuda_impl.h"
 
 static int cuda_check(cudaError_t e, const char *call, const char *file, int line) {
   if (e == cudaSuccess) return FSDP_OK;
@@ -204,6 +204,15 @@ int fsdp_cuda_memcpy(void *dst, const void *src, size_t bytes, fsdp_stream *s) {
 int fsdp_cuda_memset(void *dst, int value, size_t bytes, fsdp_stream *s) {
   FSDP_CHECK(CU(cudaMemsetAsync(dst, value, bytes, handle(s))));
   return s ? FSDP_OK : CU(cudaStreamSynchronize(0));
+}
+
+int fsdp_cuda_is_pinned_ptr(const void *ptr) {
+  struct cudaPointerAttributes a;
+  if (cudaPointerGetAttributes(&a, ptr) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return a.type == cudaMemoryTypeHost;
 }
 
 int fsdp_cuda_is_device_ptr(const void *ptr) {

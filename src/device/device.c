@@ -1,17 +1,21 @@
 /* device.c: the public device API; dispatches to the CPU or CUDA backend by
- * the handle's device kind, and owns CPU memory. */
+ * the handle's device kind, and owns CPU memory. The CUDA backend is opened
+ * only when CUDA is asked for (a device, a stream, an event on it): without
+ * it no memory in this process is CUDA memory, so host copies and pinned
+ * memory never open it. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "../base/error.h"
+#include "cuda_backend.h"
 #include "device_impl.h"
 
 static int check_device(int device, const char *what) {
   if (device == FSDP_CPU) return FSDP_OK;
   if (device == FSDP_CUDA) {
-    if (!fsdp_cuda_available())
+    if (!fsdp_cuda()->available())
       return fsdp_fail_context(FSDP_EUNSUPPORTED, "%s: no CUDA device here", what); /* + the probe's reason */
     return FSDP_OK;
   }
@@ -20,19 +24,19 @@ static int check_device(int device, const char *what) {
 
 int fsdp_device_available(int device) {
   if (device == FSDP_CPU) return 1;
-  if (device == FSDP_CUDA) return fsdp_cuda_available();
+  if (device == FSDP_CUDA) return fsdp_cuda()->available();
   return 0;
 }
 
 int fsdp_device_count(int device) {
   if (device == FSDP_CPU) return 1;
-  if (device == FSDP_CUDA) return fsdp_cuda_available() ? fsdp_cuda_device_count() : 0;
+  if (device == FSDP_CUDA) return fsdp_cuda()->available() ? fsdp_cuda()->device_count() : 0;
   return 0;
 }
 
 int fsdp_device_set(int device, int index) {
   FSDP_CHECK(check_device(device, "device_set"));
-  if (device == FSDP_CUDA) return fsdp_cuda_set_device(index);
+  if (device == FSDP_CUDA) return fsdp_cuda()->set_device(index);
   return index == 0 ? FSDP_OK : fsdp_fail(FSDP_EINVAL, "device_set: the cpu device has index 0");
 }
 
@@ -52,7 +56,7 @@ int fsdp_free(int device, void *ptr) {
 int fsdp_device_memory_info(int device, int64_t *free_bytes, int64_t *total) {
   if (!free_bytes || !total) return fsdp_fail(FSDP_EINVAL, "device_memory_info: NULL out");
   FSDP_CHECK(check_device(device, "device_memory_info"));
-  if (device == FSDP_CUDA) return fsdp_cuda_mem_info(free_bytes, total);
+  if (device == FSDP_CUDA) return fsdp_cuda()->mem_info(free_bytes, total);
   FILE *f = fopen("/proc/meminfo", "r");
   if (!f) return fsdp_fail(FSDP_EIO, "device_memory_info: cannot read /proc/meminfo");
   char line[256];
@@ -68,13 +72,17 @@ int fsdp_device_memory_info(int device, int64_t *free_bytes, int64_t *total) {
   return FSDP_OK;
 }
 
+/* 1 when the CUDA backend is open and has a GPU (never opens it) */
+static int cuda_in_use(void) { return fsdp_cuda_loaded() && fsdp_cuda()->available(); }
+
 int fsdp_alloc_host_pinned(size_t bytes, void **out) {
-  if (fsdp_cuda_available()) return fsdp_cuda_alloc_host_pinned(bytes, out);
+  if (cuda_in_use()) return fsdp_cuda()->alloc_host_pinned(bytes, out);
   return fsdp_alloc(FSDP_CPU, bytes, out);
 }
 
 int fsdp_free_host_pinned(void *ptr) {
-  if (fsdp_cuda_available()) return fsdp_cuda_free_host_pinned(ptr);
+  /* by what the memory is: it may predate the backend's opening */
+  if (ptr && cuda_in_use() && fsdp_cuda()->is_pinned_ptr(ptr)) return fsdp_cuda()->free_host_pinned(ptr);
   return fsdp_free(FSDP_CPU, ptr);
 }
 
@@ -82,19 +90,19 @@ int fsdp_stream_create(int device, fsdp_stream **out) {
   if (!out) return fsdp_fail(FSDP_EINVAL, "stream_create: NULL out");
   *out = NULL;
   FSDP_CHECK(check_device(device, "stream_create"));
-  return device == FSDP_CUDA ? fsdp_cuda_stream_create(out) : fsdp_cpu_stream_create(out);
+  return device == FSDP_CUDA ? fsdp_cuda()->stream_create(out) : fsdp_cpu_stream_create(out);
 }
 
 int fsdp_stream_destroy(fsdp_stream *s) {
   if (!s) return FSDP_OK;
-  return s->device == FSDP_CUDA ? fsdp_cuda_stream_destroy(s) : fsdp_cpu_stream_destroy(s);
+  return s->device == FSDP_CUDA ? fsdp_cuda()->stream_destroy(s) : fsdp_cpu_stream_destroy(s);
 }
 
 int fsdp_stream_device(const fsdp_stream *s) { return s ? s->device : FSDP_EINVAL; }
 
 int fsdp_stream_synchronize(fsdp_stream *s) {
   if (!s) return FSDP_OK;
-  return s->device == FSDP_CUDA ? fsdp_cuda_stream_synchronize(s) : fsdp_cpu_stream_synchronize(s);
+  return s->device == FSDP_CUDA ? fsdp_cuda()->stream_synchronize(s) : fsdp_cpu_stream_synchronize(s);
 }
 
 int fsdp_stream_wait_event(fsdp_stream *s, fsdp_event *e) {
@@ -103,7 +111,7 @@ int fsdp_stream_wait_event(fsdp_stream *s, fsdp_event *e) {
   if (s->device != e->device)
     return fsdp_fail(FSDP_EINVAL, "stream_wait_event: a %s stream cannot wait on a %s event",
                      s->device == FSDP_CUDA ? "cuda" : "cpu", e->device == FSDP_CUDA ? "cuda" : "cpu");
-  return s->device == FSDP_CUDA ? fsdp_cuda_stream_wait_event(s, e) : fsdp_cpu_stream_wait_event(s, e);
+  return s->device == FSDP_CUDA ? fsdp_cuda()->stream_wait_event(s, e) : fsdp_cpu_stream_wait_event(s, e);
 }
 
 static int delay_task(void *arg) {
@@ -119,7 +127,7 @@ static int delay_task(void *arg) {
 int fsdp_stream_delay(fsdp_stream *s, int64_t microseconds) {
   if (microseconds < 0) return fsdp_fail(FSDP_EINVAL, "stream_delay: negative time %lld", (long long)microseconds);
   if (!s) return delay_task(&microseconds);
-  if (s->device == FSDP_CUDA) return fsdp_cuda_stream_delay(s, microseconds);
+  if (s->device == FSDP_CUDA) return fsdp_cuda()->stream_delay(s, microseconds);
   int64_t *arg = malloc(sizeof *arg);
   if (!arg) return fsdp_fail(FSDP_ENOMEM, "stream_delay: out of memory");
   *arg = microseconds;
@@ -130,29 +138,29 @@ int fsdp_event_create(int device, fsdp_event **out) {
   if (!out) return fsdp_fail(FSDP_EINVAL, "event_create: NULL out");
   *out = NULL;
   FSDP_CHECK(check_device(device, "event_create"));
-  return device == FSDP_CUDA ? fsdp_cuda_event_create(out) : fsdp_cpu_event_create(out);
+  return device == FSDP_CUDA ? fsdp_cuda()->event_create(out) : fsdp_cpu_event_create(out);
 }
 
 int fsdp_event_destroy(fsdp_event *e) {
   if (!e) return FSDP_OK;
-  return e->device == FSDP_CUDA ? fsdp_cuda_event_destroy(e) : fsdp_cpu_event_destroy(e);
+  return e->device == FSDP_CUDA ? fsdp_cuda()->event_destroy(e) : fsdp_cpu_event_destroy(e);
 }
 
 int fsdp_event_record(fsdp_event *e, fsdp_stream *s) {
   if (!e) return fsdp_fail(FSDP_EINVAL, "event_record: NULL event");
   if (s && s->device != e->device)
     return fsdp_fail(FSDP_EINVAL, "event_record: event and stream are on different devices");
-  return e->device == FSDP_CUDA ? fsdp_cuda_event_record(e, s) : fsdp_cpu_event_record(e, s);
+  return e->device == FSDP_CUDA ? fsdp_cuda()->event_record(e, s) : fsdp_cpu_event_record(e, s);
 }
 
 int fsdp_event_query(fsdp_event *e) {
   if (!e) return fsdp_fail(FSDP_EINVAL, "event_query: NULL event");
-  return e->device == FSDP_CUDA ? fsdp_cuda_event_query(e) : fsdp_cpu_event_query(e);
+  return e->device == FSDP_CUDA ? fsdp_cuda()->event_query(e) : fsdp_cpu_event_query(e);
 }
 
 int fsdp_event_synchronize(fsdp_event *e) {
   if (!e) return fsdp_fail(FSDP_EINVAL, "event_synchronize: NULL event");
-  return e->device == FSDP_CUDA ? fsdp_cuda_event_synchronize(e) : fsdp_cpu_event_synchronize(e);
+  return e->device == FSDP_CUDA ? fsdp_cuda()->event_synchronize(e) : fsdp_cpu_event_synchronize(e);
 }
 
 struct copy_args {
@@ -185,15 +193,15 @@ int fsdp_memcpy(void *dst, const void *src, size_t bytes, fsdp_stream *s) {
   if (!bytes) return FSDP_OK;
   if (!dst || !src) return fsdp_fail(FSDP_EINVAL, "memcpy: NULL buffer");
   int cuda = (s && s->device == FSDP_CUDA) ||
-             (fsdp_cuda_available() && (fsdp_cuda_is_device_ptr(dst) || fsdp_cuda_is_device_ptr(src)));
-  if (cuda) return fsdp_cuda_memcpy(dst, src, bytes, s);
+             (cuda_in_use() && (fsdp_cuda()->is_device_ptr(dst) || fsdp_cuda()->is_device_ptr(src)));
+  if (cuda) return fsdp_cuda()->memcpy(dst, src, bytes, s);
   return host_copy(dst, src, 0, bytes, 0, s);
 }
 
 int fsdp_memset(void *dst, int value, size_t bytes, fsdp_stream *s) {
   if (!bytes) return FSDP_OK;
   if (!dst) return fsdp_fail(FSDP_EINVAL, "memset: NULL buffer");
-  int cuda = (s && s->device == FSDP_CUDA) || (fsdp_cuda_available() && fsdp_cuda_is_device_ptr(dst));
-  if (cuda) return fsdp_cuda_memset(dst, value, bytes, s);
+  int cuda = (s && s->device == FSDP_CUDA) || (cuda_in_use() && fsdp_cuda()->is_device_ptr(dst));
+  if (cuda) return fsdp_cuda()->memset(dst, value, bytes, s);
   return host_copy(dst, NULL, value, bytes, 1, s);
 }

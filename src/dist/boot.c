@@ -9,6 +9,7 @@
 #include "../base/error.h"
 #include "../base/parallel.h"
 #include "../base/log.h"
+#include "../device/cuda_backend.h"
 #include "../device/device_impl.h"
 #include "../ops/ops.h"
 #include "comm_impl.h"
@@ -85,12 +86,10 @@ int fsdp_init(fsdp_proc_info *info) {
   boot.initialized = 1;
   fsdp_ops_set_threads(boot.info.local_size);
   fsdp_cpu_threads_share(boot.info.local_size);
-  /* One GPU per local rank, the usual mapping; CPU-only hosts skip this. */
-  int ndev = fsdp_cuda_available() ? fsdp_cuda_device_count() : 0;
-  boot.info.device_count = ndev;
-  if (ndev > 0 && fsdp_cuda_set_device(boot.info.local_rank % ndev) < 0)
-    fsdp_log(FSDP_LOG_WARN, "rank %d: cannot select GPU %d: %s", boot.info.rank,
-             boot.info.local_rank % ndev, fsdp_last_error());
+  /* One GPU per local rank, the usual mapping, chosen when the CUDA backend
+   * opens: a CPU job never starts CUDA (cuda_backend.h). */
+  fsdp_cuda_note_local_rank(boot.info.local_rank);
+  boot.info.device_count = fsdp_cuda_loaded() ? fsdp_device_count(FSDP_CUDA) : -1;
   fsdp_clear_error();
   fsdp_log(FSDP_LOG_DEBUG, "rank %d of %d (local %d of %d)%s", boot.info.rank, boot.info.size,
            boot.info.local_rank, boot.info.local_size, singleton ? ", singleton" : "");

@@ -22,7 +22,7 @@
 
 #include "../../kernels/kernels.h"
 #include "../base/error.h"
-#include "../device/device_impl.h"
+#include "../device/cuda_impl.h"
 #include "comm_impl.h"
 #include "shm_sync.h"
 

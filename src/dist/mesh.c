@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "../base/error.h"
+#include "../device/cuda_backend.h"
 #include "comm_impl.h"
 
 #define MESH_MAX_DIMS 8
@@ -225,7 +226,7 @@ int fsdp_mesh_group_channel(fsdp_mesh *m, const char *dims, int channel, fsdp_co
 
   comm_group_spec spec = {name, tag, members, nm, me};
   fsdp_comm *c = NULL;
-  int rc = m->device == FSDP_CUDA ? fsdp_comm_nccl_create(&spec, &c) : fsdp_comm_shm_create(&spec, &c);
+  int rc = m->device == FSDP_CUDA ? fsdp_cuda()->comm_create(&spec, &c) : fsdp_comm_shm_create(&spec, &c);
   free(members);
   if (rc < 0) return fsdp_fail_context(rc, "mesh group '%s'", name);
   m->groups[m->ngroups].dims = set;

@@ -22,6 +22,7 @@
 
 #include "../base/bf16.h"
 #include "../base/error.h"
+#include "../device/cuda_backend.h"
 #include "../device/device_impl.h"
 #include "../dist/comm_impl.h"
 #include "pool.h"
@@ -29,9 +30,6 @@
 
 /* the shared scratch of the unit's shard group, at least S fp32 elements */
 #define TMP(u) ((float *)(u)->red->scratch)
-#ifdef FSDP_HAVE_CUDA
-#include "../../kernels/kernels.h"
-#endif
 
 
 /* ---- host steps enqueued behind collectives ---- */
@@ -66,23 +64,13 @@ static int run_host_op(void *arg) {
   return FSDP_OK;
 }
 
-#ifdef FSDP_HAVE_CUDA
-static int cuda_step(int err, const char *what) {
-  return err ? fsdp_fail(FSDP_EDEVICE, "unit: %s kernel failed (CUDA error %d)", what, err) : FSDP_OK;
-}
-#endif
 
 static int enqueue_host(fsdp_stream *s, int kind, void *dst, const void *src, int dtype, int64_t n) {
   if (s->device == FSDP_CUDA) { /* the same steps as kernels on the stream */
     if (kind == 2) return fsdp_memset(dst, 0, (size_t)n, s);
     if (kind == 1 && dtype == FSDP_FP32) return fsdp_memcpy(dst, src, (size_t)n * 4, s);
-#ifdef FSDP_HAVE_CUDA
-    void *h = fsdp_cuda_stream_handle(s);
-    if (kind == 1) return cuda_step(fsdp_kernel_cast_to_f32(dst, src, dtype, (size_t)n, h), "cast");
-    return cuda_step(fsdp_kernel_accumulate_f32(dst, src, dtype, (size_t)n, h), "accumulate");
-#else
-    return fsdp_fail(FSDP_EUNSUPPORTED, "unit: built without CUDA");
-#endif
+    if (kind == 1) return fsdp_cuda()->cast_to_f32(dst, src, dtype, (size_t)n, s);
+    return fsdp_cuda()->accumulate_f32(dst, src, dtype, (size_t)n, s);
   }
   host_op *o = malloc(sizeof *o);
   if (!o) return fsdp_fail(FSDP_ENOMEM, "unit: out of memory");
@@ -109,11 +97,7 @@ int fsdp_unit_times_get(const fsdp_unit *u, fsdp_unit_times *out) {
 /* dst (compute dtype) = src (fp32): at once on CPU, on stream s on CUDA */
 static int cast_out(void *dst, int dtype, const float *src, int64_t n, fsdp_stream *s) {
   if (s && s->device == FSDP_CUDA) {
-#ifdef FSDP_HAVE_CUDA
-    return cuda_step(fsdp_kernel_cast_from_f32(dst, dtype, src, (size_t)n, fsdp_cuda_stream_handle(s)), "cast");
-#else
-    return fsdp_fail(FSDP_EUNSUPPORTED, "unit: built without CUDA");
-#endif
+    return fsdp_cuda()->cast_from_f32(dst, dtype, src, (size_t)n, s);
   }
   if (dtype == FSDP_FP32) {
     memcpy(dst, src, (size_t)n * 4);
@@ -538,15 +522,10 @@ int fsdp_unit_grad_norm_start(fsdp_unit *u) {
 }
 
 int fsdp_unit_norm_on_device(fsdp_unit *u, const float *g, int64_t n, fsdp_stream *s) {
-#ifdef FSDP_HAVE_CUDA
   FSDP_CHECK(fsdp_memset(u->sums, 0, 16, s));
-  FSDP_CHECK(fsdp_cuda_sum_squares(g, n, (double *)u->sums, (int64_t *)u->sums + 1, s));
+  FSDP_CHECK(fsdp_cuda()->sum_squares(g, n, (double *)u->sums, (int64_t *)u->sums + 1, s));
   u->norm_pending = 1;
   return FSDP_OK;
-#else
-  (void)g, (void)n, (void)s;
-  return fsdp_fail(FSDP_EUNSUPPORTED, "unit '%s': built without CUDA", u->name);
-#endif
 }
 
 int fsdp_unit_grad_norm_get(fsdp_unit *u, double *sum, int64_t *nonfinite) {
@@ -597,31 +576,25 @@ int fsdp_unit_zero_grad(fsdp_unit *u) {
 static uint16_t *stage_bf16(const fsdp_unit *u, const fsdp_step_args *a, int64_t off) {
   return a->stage && u->cfg.compute_dtype == FSDP_BF16 ? (uint16_t *)a->stage + off : NULL;
 }
-#ifdef FSDP_HAVE_CUDA
 static void *stage_at(const fsdp_unit *u, const fsdp_step_args *a, int64_t off) {
   return a->stage ? (char *)a->stage + (size_t)off * u->ces : NULL;
 }
-#endif
 
 static int adamw_update(fsdp_unit *u, const fsdp_step_args *a, int64_t off, int64_t len, int param) {
   fsdp_adamw_config c = *a->adamw;
   if (u->no_decay[param]) c.weight_decay = 0;
-#ifdef FSDP_HAVE_CUDA
   if (u->dev == FSDP_CUDA && !u->off)
-    return fsdp_cuda_adamw_step(u->main + off, stage_at(u, a, off), u->cfg.compute_dtype, u->gmain + off, u->m + off,
-                                u->v + off, len, a->step, &c, a->grad_scale, u->shard->stream);
-#endif
+    return fsdp_cuda()->adamw_step(u->main + off, stage_at(u, a, off), u->cfg.compute_dtype, u->gmain + off,
+                                   u->m + off, u->v + off, len, a->step, &c, a->grad_scale, u->shard->stream);
   return fsdp_adamw_step(u->main + off, stage_bf16(u, a, off), u->gmain + off, u->m + off, u->v + off, len, a->step,
                          &c, a->grad_scale);
 }
 
 static int sgd_update(fsdp_unit *u, const fsdp_step_args *a, int64_t off, int64_t len, int param) {
   float wd = u->no_decay[param] ? 0.0f : a->weight_decay;
-#ifdef FSDP_HAVE_CUDA
   if (u->dev == FSDP_CUDA && !u->off)
-    return fsdp_cuda_sgd_step(u->main + off, stage_at(u, a, off), u->cfg.compute_dtype, u->gmain + off, u->m + off, len,
-                              a->step, a->lr, a->momentum, wd, a->grad_scale, u->shard->stream);
-#endif
+    return fsdp_cuda()->sgd_step(u->main + off, stage_at(u, a, off), u->cfg.compute_dtype, u->gmain + off, u->m + off,
+                                 len, a->step, a->lr, a->momentum, wd, a->grad_scale, u->shard->stream);
   return fsdp_sgd_step(u->main + off, stage_bf16(u, a, off), u->gmain + off, u->m + off, len, a->step, a->lr,
                        a->momentum, wd, a->grad_scale);
 }

@@ -212,7 +212,31 @@ static void test_caching(void) {
   CHECK(avail > 0 && avail <= total && fabs((double)total - phys) <= 0.01 * phys);
 }
 
+/* The CUDA backend is a library opened on demand (src/device/cuda_loader.c):
+ * host memory and copies never open it, and where it cannot be opened
+ * (FSDP_CUDA_LIB naming a missing file, or a build without CUDA) every CUDA
+ * call fails with that reason instead of crashing. */
+static void test_cuda_backend_loading(void) {
+  void *p = NULL;
+  char a[64] = "host", b[64];
+  CHECK_OK(fsdp_alloc_host_pinned(64, &p));
+  CHECK_OK(fsdp_memcpy(b, a, sizeof a, NULL));
+  CHECK_OK(fsdp_free_host_pinned(p));
+  const char *lib = getenv("FSDP_CUDA_LIB");
+  if (lib && strstr(lib, "does-not-exist")) {
+    /* a build without CUDA has no backend to look for */
+    CHECK(fsdp_device_available(FSDP_CUDA) == 0);
+    const char *why = strstr(fsdp_last_error(), "built without CUDA") ? "built without CUDA" : "does-not-exist";
+    CHECK(strstr(fsdp_last_error(), "no CUDA backend") && strstr(fsdp_last_error(), why));
+    CHECK(fsdp_cuda_library() == NULL);
+    fsdp_stream *s = NULL;
+    CHECK_FAILS(fsdp_stream_create(FSDP_CUDA, &s), FSDP_EUNSUPPORTED, why);
+    CHECK_FAILS(fsdp_device_set(FSDP_CUDA, 0), FSDP_EUNSUPPORTED, why);
+  }
+}
+
 int main(void) {
+  test_cuda_backend_loading();
   test_caching();
   test_tensor();
   test_memory();
