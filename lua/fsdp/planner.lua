@@ -19,7 +19,8 @@ local ffi, C, check = base.ffi, base.C, base.check
 
 local M = {}
 
-local ALIGN, SALIGN = 16, 32 -- as fully_shard lays units out
+local ALIGN, SALIGN = C.FSDP_PARAM_ALIGN, C.FSDP_SHARD_ALIGN -- as fully_shard lays units out
+local REG = { none = 0, buffer = C.FSDP_REG_BUFFER, window = C.FSDP_REG_WINDOW }
 
 function M.gib(b) return b / 2 ^ 30 end
 
@@ -150,7 +151,7 @@ function M.plan(r, o)
     cfg = cfg, n_params = llama.num_params(cfg), units = {}, micro_batch = B, seq = T, grad_accum = K,
     checkpoint = f.checkpoint, prefetch = f.prefetch, max_live_units = f.max_live_units, assignment = a,
     mesh = type(o.mesh or r.mesh) == "string" and (o.mesh or r.mesh) or "custom", warnings = warnings }
-  local biggest, need_p, need_g, max_shard, max_offp = 0, false, false, 0, 0
+  local biggest, need_p, need_g, max_scratch, max_stage = 0, false, false, 0, 0
   local resident = { params_full = 0, params_shard = 0, main_params = 0, optimizer = 0, grads_full = 0, grads_main = 0, scratch = 0,
     host_stage = 0, offloaded = 0 }
   local gpu = r.train.device == "cuda"
@@ -162,23 +163,24 @@ function M.plan(r, o)
     end
     local l = layout_of(u, S, SALIGN * Rh)
     local Su, Tu = tonumber(C.fsdp_layout_shard_numel(l)), tonumber(C.fsdp_layout_numel_total(l))
-    local n_opt = u.zero == 0 and Tu or Su / Rh
-    local z = u.zero
-    -- offload = {params = true} on a GPU: no device shard; the host staging is the shard
-    local offp = gpu and u.offload_params
-    -- fp32 compute in place: the compute params are the main params (unit.c's alias)
-    local alias = ces == 4 and not u.offload and not hf and (f.comm_register or "none") == "none"
-    local mem = { -- what src/shard/unit.c allocates for this unit on every rank
-      params_full = (z <= 2 and not (z == 0 and alias)) and Tu * ces or 0,
-      params_shard = (z >= 1 and not offp and not alias) and Su * ces or 0, main_params = n_opt * 4,
-      optimizer = 2 * n_opt * 4, grads_full = z <= 1 and Tu * ces or 0,
-      -- (offload keeps a device fp32 grad shard to accumulate in, unless the grads are offloaded too)
-      grads_main = n_opt * 4 + ((hf or (u.offload and not u.offload_grads)) and Su * 4 or 0), scratch = 0, -- shared: below
-      -- offload on a GPU: the compute shard is cast on the host, then copied up
-      host_stage = gpu and u.offload and Su * ces or 0 }
-    -- offload: main params, both optimizer arrays and the grads they read,
-    -- and the staging, are host memory (the rest is on the device)
-    mem.offloaded = u.offload and 4 * n_opt * 4 + mem.host_stage or 0
+    -- what the unit holds on every rank: the engine's own plan (src/shard/unit_plan.c)
+    local plan = ffi.new("fsdp_unit_plan")
+    local ucfg = ffi.new("fsdp_unit_config", { zero = u.zero, compute_dtype = ces == 2 and C.FSDP_BF16 or C.FSDP_FP32,
+      reduce_dtype = res == 2 and C.FSDP_BF16 or C.FSDP_FP32, grad_op = C.FSDP_AVG, param_align = ALIGN,
+      shard_align = SALIGN, hfsdp = hf and 1 or 0, offload = u.offload_bits or 0, comm_register = REG[f.comm_register or "none"] or 0 })
+    check(C.fsdp_unit_plan_make(ucfg, l, gpu and C.FSDP_CUDA or C.FSDP_CPU, R, 0, plan), "plan: unit '" .. u.name .. "'")
+    local z, n_opt = u.zero, tonumber(plan.opt_numel)
+    local function row(b) return tonumber(plan.rows[b].bytes) end
+    local mem = {
+      params_full = row(C.FSDP_UBUF_PARAMS_FULL), params_shard = row(C.FSDP_UBUF_PARAM_SHARD),
+      main_params = row(C.FSDP_UBUF_MAIN_PARAMS), optimizer = row(C.FSDP_UBUF_OPT1) + row(C.FSDP_UBUF_OPT2),
+      grads_full = row(C.FSDP_UBUF_GRADS_FULL), grads_main = row(C.FSDP_UBUF_MAIN_GRADS) + row(C.FSDP_UBUF_GRAD_ACCUM),
+      scratch = 0, -- shared: below
+      host_stage = row(C.FSDP_UBUF_HOST_STAGE), offloaded = 0 }
+    -- of those, what lives in host memory (offload)
+    for b = 0, C.FSDP_UBUF_COUNT - 1 do
+      if plan.rows[b].held == C.FSDP_HELD_HOST then mem.offloaded = mem.offloaded + row(b) end
+    end
     local total = 0
     for k, v in pairs(mem) do
       resident[k] = resident[k] + v
@@ -193,18 +195,18 @@ function M.plan(r, o)
       numel = tonumber(C.fsdp_layout_numel_used(l)), n_opt = n_opt, mem = mem, bytes = total, params = params,
       prefetch = u.prefetch or f.prefetch, reshard_after_forward = u.reshard_after_forward }
     biggest = math.max(biggest, Tu)
-    max_shard = math.max(max_shard, Su)
-    if offp then max_offp = math.max(max_offp, Su) end
+    max_scratch = math.max(max_scratch, tonumber(plan.reduce_scratch))
+    max_stage = math.max(max_stage, tonumber(plan.gather_stage))
     need_p = need_p or z == 3
     need_g = need_g or z >= 2
   end
   -- one fp32 staging shard per rank, shared by the units (their reductions
   -- run one after another on the shard group's stream)
-  resident.scratch = max_shard * 4
+  resident.scratch = max_scratch
   -- units with their param shard on the host copy it up into the shard
   -- comm's scratch before each all-gather: a second one when reductions
   -- have their own comm (fsdp.separate_reduce), else the same
-  if max_offp > 0 and f.separate_reduce ~= false then resident.scratch = resident.scratch + max_offp * ces end
+  if max_stage > 0 and f.separate_reduce ~= false then resident.scratch = resident.scratch + max_stage end
   p.resident = resident
   local bound = shard.pool_bound(a, f.max_live_units)
   local peak, why = shard.simulate(a, f.prefetch, bound)

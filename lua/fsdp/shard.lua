@@ -294,7 +294,7 @@ function M.fully_shard(model, opts)
   s.units, s.unit_of, s.order, s.assignment = a.units, a.unit_of, a.order, a
   -- buffers: a pool of full-unit buffers as big as the largest unit's
   -- padded layout (the same arithmetic the units will use)
-  local align, salign, biggest = 16, 32, 0
+  local align, salign, biggest = C.FSDP_PARAM_ALIGN, C.FSDP_SHARD_ALIGN, 0
   local R = s.hfsdp and opts.outer:size() or 1
   for _, u in ipairs(s.units) do
     local numels = ffi.new("int64_t[?]", math.max(#u.params, 1))
@@ -339,8 +339,6 @@ function M.fully_shard(model, opts)
   s.res = res
   s.gc = ffi.gc(ffi.new("char[1]"), function() M.release(res) end)
   for _, u in ipairs(s.units) do
-    local cfg = ffi.new("fsdp_unit_config", { u.zero, tensor.dtype(pdt), tensor.dtype(rdt), C.FSDP_AVG, align, salign,
-      s.hfsdp and 1 or 0, u.offload_bits, reg })
     local n = #u.params
     local names, numels = ffi.new("const char *[?]", n), ffi.new("int64_t[?]", n)
     local rules, nd = ffi.new("fsdp_init_rule[?]", n), ffi.new("uint8_t[?]", n)
@@ -354,9 +352,14 @@ function M.fully_shard(model, opts)
       rules[i - 1].kind, rules[i - 1].a, rules[i - 1].b = kind, init[2] or 0, init[3] or 0
       nd[i - 1] = p.spec.no_decay and 1 or 0
     end
+    local spec = ffi.new("fsdp_unit_spec", { name = u.name, nparams = n, param_names = names, numels = numels,
+      rules = rules, no_decay = nd, seed = opts.seed or 1234, shard = opts.shard.handle, reduce = s.reduce.handle,
+      outer = opts.outer and opts.outer.handle or nil, param_pool = s.ppool, grad_pool = s.gpool,
+      config = { zero = u.zero, compute_dtype = tensor.dtype(pdt), reduce_dtype = tensor.dtype(rdt), grad_op = C.FSDP_AVG,
+        param_align = align, shard_align = salign, hfsdp = s.hfsdp and 1 or 0, offload = u.offload_bits,
+        comm_register = reg } })
     local h = ffi.new("fsdp_unit *[1]")
-    check(C.fsdp_unit_create(u.name, n, names, numels, rules, nd, opts.seed or 1234, opts.shard.handle, s.reduce.handle,
-      opts.outer and opts.outer.handle or nil, cfg, s.ppool, s.gpool, h), "fully_shard: unit '" .. u.name .. "'")
+    check(C.fsdp_unit_create(spec, h), "fully_shard: unit '" .. u.name .. "'")
     u.handle = h[0]
     local layout = C.fsdp_unit_layout(u.handle)
     for i, p in ipairs(u.params) do p.offset = tonumber(C.fsdp_layout_param_offset(layout, i - 1)) end

@@ -90,6 +90,7 @@ static const fsdp_cuda_backend none = {
     .sum_squares = none_sumsq,
 };
 
+#ifdef FSDP_HAVE_CUDA
 /* libfsdp_cuda.so beside this library, when it is there */
 static void beside_this_library(char *out, size_t cap) {
   Dl_info info;
@@ -98,6 +99,7 @@ static void beside_this_library(char *out, size_t cap) {
   const char *slash = strrchr(info.dli_fname, '/');
   if (slash) snprintf(out, cap, "%.*s/libfsdp_cuda.so", (int)(slash - info.dli_fname), info.dli_fname);
 }
+#endif
 
 static void open_backend(void) {
   table = &none;

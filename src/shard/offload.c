@@ -74,25 +74,25 @@ static void release(void) {
 }
 
 int fsdp_offload_attach(fsdp_unit *u) {
-  FSDP_CHECK(acquire(u->dev, &u->host, &u->xfer));
-  FSDP_CHECK(fsdp_event_create(FSDP_CPU, &u->stepped));
-  if (u->dev == FSDP_CUDA) {
-    FSDP_CHECK(fsdp_event_create(FSDP_CUDA, &u->reduced));
-    FSDP_CHECK(fsdp_event_create(FSDP_CUDA, &u->moved));
-    FSDP_CHECK(fsdp_event_create(FSDP_CUDA, &u->uploaded));
+  FSDP_CHECK(acquire(u->device, &u->host_stream, &u->xfer_stream));
+  FSDP_CHECK(fsdp_event_create(FSDP_CPU, &u->step_done));
+  if (u->device == FSDP_CUDA) {
+    FSDP_CHECK(fsdp_event_create(FSDP_CUDA, &u->grads_reduced));
+    FSDP_CHECK(fsdp_event_create(FSDP_CUDA, &u->grads_moved));
+    FSDP_CHECK(fsdp_event_create(FSDP_CUDA, &u->shard_uploaded));
   }
   return FSDP_OK;
 }
 
 void fsdp_offload_detach(fsdp_unit *u) {
-  if (!u->host) return;
-  (void)fsdp_event_synchronize(u->stepped); /* a queued step still writes into the unit */
-  if (u->xfer) (void)fsdp_stream_synchronize(u->xfer);
-  fsdp_event *evs[] = {u->stepped, u->reduced, u->moved, u->uploaded};
+  if (!u->host_stream) return;
+  (void)fsdp_event_synchronize(u->step_done); /* a queued step still writes into the unit */
+  if (u->xfer_stream) (void)fsdp_stream_synchronize(u->xfer_stream);
+  fsdp_event *evs[] = {u->step_done, u->grads_reduced, u->grads_moved, u->shard_uploaded};
   for (size_t i = 0; i < sizeof evs / sizeof evs[0]; i++)
     if (evs[i]) fsdp_event_destroy(evs[i]);
-  u->stepped = u->reduced = u->moved = u->uploaded = NULL;
-  u->host = u->xfer = NULL;
+  u->step_done = u->grads_reduced = u->grads_moved = u->shard_uploaded = NULL;
+  u->host_stream = u->xfer_stream = NULL;
   u->step_pending = 0;
   release();
 }
@@ -101,27 +101,26 @@ void fsdp_offload_detach(fsdp_unit *u) {
 
 int fsdp_offload_grads_down(fsdp_unit *u, fsdp_stream *s) {
   /* the norm where the grads are, before they leave (n_opt == S: no hfsdp) */
-  FSDP_CHECK(fsdp_unit_norm_on_device(u, u->gacc, u->n_opt, s));
-  FSDP_CHECK(fsdp_event_record(u->reduced, s));
-  FSDP_CHECK(fsdp_stream_wait_event(u->xfer, u->reduced));
-  FSDP_CHECK(fsdp_memcpy(u->gmain, u->gacc, (size_t)u->n_opt * sizeof(float), u->xfer));
-  FSDP_CHECK(fsdp_memset(u->gacc, 0, (size_t)u->S * sizeof(float), u->xfer)); /* the next step accumulates from 0 */
-  return fsdp_event_record(u->moved, u->xfer);
+  FSDP_CHECK(fsdp_unit_norm_on_device(u, u->grad_accum, u->opt_numel, s));
+  FSDP_CHECK(fsdp_event_record(u->grads_reduced, s));
+  FSDP_CHECK(fsdp_stream_wait_event(u->xfer_stream, u->grads_reduced));
+  FSDP_CHECK(fsdp_memcpy(u->main_grads, u->grad_accum, (size_t)u->opt_numel * sizeof(float), u->xfer_stream));
+  FSDP_CHECK(fsdp_memset(u->grad_accum, 0, (size_t)u->shard_numel * sizeof(float), u->xfer_stream)); /* the next step accumulates from 0 */
+  return fsdp_event_record(u->grads_moved, u->xfer_stream);
 }
 
 int fsdp_offload_before_reduce(fsdp_unit *u) {
-  if (!u->xfer) return FSDP_OK;
-  FSDP_CHECK(fsdp_stream_wait_event(u->red->stream, u->moved));
-  return u->outer ? fsdp_stream_wait_event(u->outer->stream, u->moved) : FSDP_OK;
+  if (!u->xfer_stream) return FSDP_OK;
+  FSDP_CHECK(fsdp_stream_wait_event(u->reduce_comm->stream, u->grads_moved));
+  return u->outer_comm ? fsdp_stream_wait_event(u->outer_comm->stream, u->grads_moved) : FSDP_OK;
 }
 
-int fsdp_offload_synchronize(fsdp_unit *u) { return u->xfer ? fsdp_event_synchronize(u->moved) : FSDP_OK; }
+int fsdp_offload_synchronize(fsdp_unit *u) { return u->xfer_stream ? fsdp_event_synchronize(u->grads_moved) : FSDP_OK; }
 
 /* ---- the step on the host stream ---- */
 
 typedef struct step_job {
   fsdp_unit *u;
-  fsdp_update_fn update;
   fsdp_step_args a;
   fsdp_adamw_config adamw; /* the caller's config may not outlive the call */
   fsdp_layout_piece *ps;
@@ -132,9 +131,9 @@ static int step_task(void *arg) {
   step_job *j = arg;
   fsdp_unit *u = j->u;
   u->times.step_begin = fsdp_time_now();
-  int rc = fsdp_unit_update_pieces(u, j->update, &j->a, j->ps, j->k);
+  int rc = fsdp_unit_update_pieces(u, &j->a, j->ps, j->k);
   /* grads offloaded: the reductions accumulate straight into gmain */
-  if (rc == FSDP_OK && u->offg) memset(u->gmain, 0, (size_t)u->n_opt * sizeof(float));
+  if (rc == FSDP_OK && u->grads_on_host) memset(u->main_grads, 0, (size_t)u->opt_numel * sizeof(float));
   u->times.step_end = fsdp_time_now();
   return rc < 0 ? fsdp_fail_context(rc, "unit '%s': offloaded optimizer step", u->name) : FSDP_OK;
 }
@@ -145,14 +144,13 @@ static void free_job(void *arg) {
   free(j);
 }
 
-int fsdp_offload_step(fsdp_unit *u, fsdp_update_fn update, const fsdp_step_args *a, fsdp_layout_piece *ps, int k) {
+int fsdp_offload_step(fsdp_unit *u, const fsdp_step_args *a, fsdp_layout_piece *ps, int k) {
   step_job *j = calloc(1, sizeof *j);
   if (!j) {
     free(ps);
     return fsdp_fail(FSDP_ENOMEM, "unit '%s': out of memory", u->name);
   }
   j->u = u;
-  j->update = update;
   j->a = *a;
   j->ps = ps;
   j->k = k;
@@ -160,38 +158,38 @@ int fsdp_offload_step(fsdp_unit *u, fsdp_update_fn update, const fsdp_step_args 
     j->adamw = *a->adamw;
     j->a.adamw = &j->adamw;
   }
-  j->a.stage = u->hstage ? u->hstage : u->cshard;
+  j->a.stage = u->host_stage ? u->host_stage : u->param_shard;
   /* no reduce since the last step: the grads are zero, not the old ones */
-  if (u->gstale) memset(u->gmain, 0, (size_t)u->n_opt * sizeof(float));
-  if (shared.delay_us > 0) FSDP_CHECK(fsdp_stream_delay(u->host, shared.delay_us));
-  FSDP_CHECK(fsdp_cpu_stream_enqueue(u->host, step_task, j, free_job));
-  FSDP_CHECK(fsdp_event_record(u->stepped, u->host));
+  if (u->grads_stale) memset(u->main_grads, 0, (size_t)u->opt_numel * sizeof(float));
+  if (shared.delay_us > 0) FSDP_CHECK(fsdp_stream_delay(u->host_stream, shared.delay_us));
+  FSDP_CHECK(fsdp_cpu_stream_enqueue(u->host_stream, step_task, j, free_job));
+  FSDP_CHECK(fsdp_event_record(u->step_done, u->host_stream));
   u->step_pending = 1;
-  u->gstale = !u->offg; /* offg: the step zeroes them itself */
+  u->grads_stale = !u->grads_on_host; /* offg: the step zeroes them itself */
   return FSDP_OK;
 }
 
 int fsdp_offload_busy(fsdp_unit *u) {
-  if (!u->step_pending || u->dev != FSDP_CUDA) return 0; /* CPU ranks order it by events: never busy */
-  int q = fsdp_event_query(u->stepped);
+  if (!u->step_pending || u->device != FSDP_CUDA) return 0; /* CPU ranks order it by events: never busy */
+  int q = fsdp_event_query(u->step_done);
   return q < 0 ? q : !q;
 }
 
 int fsdp_offload_settle(fsdp_unit *u) {
   if (!u->step_pending) return FSDP_OK;
   u->step_pending = 0;
-  fsdp_stream *cs = u->shard->stream;
-  if (u->offp) return fsdp_event_synchronize(u->stepped); /* the shard stays on the host: unshard copies it up */
-  if (u->xfer) {
-    FSDP_CHECK(fsdp_event_synchronize(u->stepped));
-    FSDP_CHECK(fsdp_memcpy(u->cshard, u->hstage, (size_t)u->S * u->ces, u->xfer));
-    FSDP_CHECK(fsdp_event_record(u->uploaded, u->xfer));
-    FSDP_CHECK(fsdp_stream_wait_event(cs, u->uploaded));
+  fsdp_stream *cs = u->shard_comm->stream;
+  if (u->params_on_host) return fsdp_event_synchronize(u->step_done); /* the shard stays on the host: unshard copies it up */
+  if (u->xfer_stream) {
+    FSDP_CHECK(fsdp_event_synchronize(u->step_done));
+    FSDP_CHECK(fsdp_memcpy(u->param_shard, u->host_stage, (size_t)u->shard_numel * u->compute_size, u->xfer_stream));
+    FSDP_CHECK(fsdp_event_record(u->shard_uploaded, u->xfer_stream));
+    FSDP_CHECK(fsdp_stream_wait_event(cs, u->shard_uploaded));
   } else {
-    FSDP_CHECK(fsdp_stream_wait_event(cs, u->stepped));
+    FSDP_CHECK(fsdp_stream_wait_event(cs, u->step_done));
   }
   if (u->cfg.zero <= 2) { /* resident full params: gather the new values */
-    FSDP_CHECK(fsdp_comm_all_gather(u->shard, u->cfull, u->cshard, (size_t)u->S, u->cfg.compute_dtype));
+    FSDP_CHECK(fsdp_comm_all_gather(u->shard_comm, u->params_full, u->param_shard, (size_t)u->shard_numel, u->cfg.compute_dtype));
     FSDP_CHECK(fsdp_event_record(u->gathered, cs));
   }
   return FSDP_OK;

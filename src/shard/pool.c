@@ -44,8 +44,8 @@ int fsdp_pool_create(int device, size_t bytes, int max_live, fsdp_pool **out) {
   return FSDP_OK;
 }
 
-void fsdp_pool_destroy(fsdp_pool *p) {
-  if (!p) return;
+int fsdp_pool_destroy(fsdp_pool *p) {
+  if (!p) return FSDP_OK;
   for (int i = 0; i < p->max_live; i++) {
     if (p->released && p->released[i]) fsdp_event_destroy(p->released[i]); /* waits for its last user */
     if (p->reg) fsdp_comm_deregister(p->comm, p->reg[i]);
@@ -59,6 +59,7 @@ void fsdp_pool_destroy(fsdp_pool *p) {
   free(p->released);
   free(p->taken);
   free(p);
+  return FSDP_OK;
 }
 
 int fsdp_pool_acquire(fsdp_pool *p, size_t bytes, fsdp_stream *user, int *slot, void **ptr) {

@@ -81,7 +81,8 @@ static int params_off(fsdp_unit **units, ref_param ref[NU][MAXP], double rel, do
  * run on (the shard group on another channel), or NULL for shard itself */
 static void run(fsdp_comm *shard, fsdp_comm *red, fsdp_comm *outer, int zero, int K, int hfsdp, int reg,
                 const char *label) {
-  fsdp_unit_config cfg = {zero, FSDP_FP32, FSDP_FP32, FSDP_AVG, 16, 32, hfsdp, 0, reg};
+  fsdp_unit_config cfg = {.zero = zero, .compute_dtype = FSDP_FP32, .reduce_dtype = FSDP_FP32, .grad_op = FSDP_AVG,
+                          .param_align = 16, .shard_align = 32, .hfsdp = hfsdp, .comm_register = reg};
   fsdp_pool *pp = NULL, *gp = NULL;
   size_t maxbytes = 0;
   for (int u = 0; u < NU; u++) {
@@ -124,7 +125,10 @@ static void run(fsdp_comm *shard, fsdp_comm *red, fsdp_comm *outer, int zero, in
     }
     char name[32];
     snprintf(name, sizeof name, "unit%d", u);
-    CHECK_OK(fsdp_unit_create(name, unit_np[u], names, n, rules, nd, 7, shard, red, outer, &cfg, pp, gp, &units[u]));
+    fsdp_unit_spec spec = {.name = name, .nparams = unit_np[u], .param_names = names, .numels = n, .rules = rules,
+                           .no_decay = nd, .seed = 7, .shard = shard, .reduce = red, .outer = outer,
+                           .param_pool = pp, .grad_pool = gp, .config = cfg};
+    CHECK_OK(fsdp_unit_create(&spec, &units[u]));
   }
   /* before any step, the gathered params are the reference's fp32 init, bit for bit */
   CHECK(params_off(units, ref, 0, 0, label) == 0);
@@ -351,27 +355,27 @@ int main(void) {
     }
     fsdp_mesh_destroy(h);
   }
-  fsdp_unit_config bad = {4, FSDP_FP32, FSDP_FP32, FSDP_AVG, 1, 1, 0, 0, 0};
+  /* a config the unit refuses, naming the field */
   fsdp_unit *u = NULL;
   int64_t n = 4;
   const char *nm[] = {"x"};
-  CHECK_FAILS(fsdp_unit_create("u", 1, nm, &n, &P[0][0].rule, NULL, 1, dp, NULL, NULL, &bad, NULL, NULL, &u), FSDP_EINVAL,
-              "zero = 4");
-  fsdp_unit_config bad_reg = {1, FSDP_FP32, FSDP_FP32, FSDP_AVG, 1, 1, 0, 0, 5};
-  CHECK_FAILS(fsdp_unit_create("u", 1, nm, &n, &P[0][0].rule, NULL, 1, dp, NULL, NULL, &bad_reg, NULL, NULL, &u), FSDP_EINVAL,
-              "comm_register = 5");
-  fsdp_unit_config bad_off = {2, FSDP_FP32, FSDP_FP32, FSDP_AVG, 1, 1, 0, 2, 0};
-  CHECK_FAILS(fsdp_unit_create("u", 1, nm, &n, &P[0][0].rule, NULL, 1, dp, NULL, NULL, &bad_off, NULL, NULL, &u), FSDP_EINVAL,
-              "offloading the params needs zero 3");
-  bad_off.offload = 9;
-  CHECK_FAILS(fsdp_unit_create("u", 1, nm, &n, &P[0][0].rule, NULL, 1, dp, NULL, NULL, &bad_off, NULL, NULL, &u), FSDP_EINVAL,
-              "offload = 9");
-  bad_off.zero = 1, bad_off.offload = FSDP_OFFLOAD_OPTIMIZER | FSDP_OFFLOAD_GRADS; /* with an outer group */
-  CHECK_FAILS(fsdp_unit_create("u", 1, nm, &n, &P[0][0].rule, NULL, 1, dp, NULL, dp, &bad_off, NULL, NULL, &u), FSDP_EINVAL,
-              "offloading the grads needs no outer");
-  fsdp_unit_config no_outer = {1, FSDP_FP32, FSDP_FP32, FSDP_AVG, 1, 1, 1, 0, 0};
-  CHECK_FAILS(fsdp_unit_create("u", 1, nm, &n, &P[0][0].rule, NULL, 1, dp, NULL, NULL, &no_outer, NULL, NULL, &u),
-              FSDP_EINVAL, "needs an outer group");
+  fsdp_unit_spec bad = {.name = "u", .nparams = 1, .param_names = nm, .numels = &n, .rules = &P[0][0].rule, .seed = 1,
+                        .shard = dp,
+                        .config = {.zero = 4, .compute_dtype = FSDP_FP32, .reduce_dtype = FSDP_FP32,
+                                   .grad_op = FSDP_AVG, .param_align = 1, .shard_align = 1}};
+  CHECK_FAILS(fsdp_unit_create(&bad, &u), FSDP_EINVAL, "zero = 4");
+  bad.config.zero = 1, bad.config.comm_register = 5;
+  CHECK_FAILS(fsdp_unit_create(&bad, &u), FSDP_EINVAL, "comm_register = 5");
+  bad.config.zero = 2, bad.config.comm_register = 0, bad.config.offload = FSDP_OFFLOAD_PARAMS;
+  CHECK_FAILS(fsdp_unit_create(&bad, &u), FSDP_EINVAL, "offloading the params needs zero 3");
+  bad.config.offload = 9;
+  CHECK_FAILS(fsdp_unit_create(&bad, &u), FSDP_EINVAL, "offload = 9");
+  bad.config.zero = 1, bad.config.offload = FSDP_OFFLOAD_OPTIMIZER | FSDP_OFFLOAD_GRADS, bad.outer = dp;
+  CHECK_FAILS(fsdp_unit_create(&bad, &u), FSDP_EINVAL, "offloading the grads needs no outer");
+  bad.config.offload = 0, bad.config.hfsdp = 1, bad.outer = NULL;
+  CHECK_FAILS(fsdp_unit_create(&bad, &u), FSDP_EINVAL, "needs an outer group");
+  bad.config.hfsdp = 0, bad.param_names = NULL;
+  CHECK_FAILS(fsdp_unit_create(&bad, &u), FSDP_EINVAL, "no names");
   fsdp_mesh_destroy(m);
   snprintf(label, sizeof label, "test_units[%d/%d]", R, W);
   int rc = fsdp_test_summary(label);

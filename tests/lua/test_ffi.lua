@@ -23,7 +23,9 @@ end
 
 -- every struct the header defines, and every field of it, is in C's lists
 -- (a struct or field added to fsdp.h but not to ffi_layout.c fails here)
-local header = io.open(require("fsdp.ffi").header):read("*a")
+-- (the whole public API: fsdp.h and the per-layer headers it includes)
+local base = require "fsdp.ffi"
+local header = base.declarations(base.header)
 local text = header:gsub("/%*.-%*/", " "):gsub("//[^\n]*", " ")
 local listed = {}
 for _, o in ipairs(c.offsets) do listed[o[1] .. "." .. o[2]] = true end
@@ -50,7 +52,7 @@ check(nstructs >= 8, "found the header's structs (" .. nstructs .. ")")
 -- every FSDP_* constant declared in the header is known to C's list, and
 -- the FFI gives it the same value
 local names = {}
-for name in header:gmatch("(FSDP_[A-Z0-9_]+)%s*=") do names[#names + 1] = name end
+for name in text:gmatch("(FSDP_[A-Z0-9_]+)%s*=") do names[#names + 1] = name end
 check(#names >= 20, "found the header's constants (" .. #names .. ")")
 for _, name in ipairs(names) do
   check(c.constants[name] ~= nil, name .. " is missing from tests/c/ffi_layout.c")

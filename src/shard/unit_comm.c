@@ -1,0 +1,219 @@
+/* unit_comm.c: a unit's collectives and the work that must follow them, on
+ * the comm streams: unshard (all-gather into a pooled full buffer), wait,
+ * reshard; grads (a pooled full grad buffer) and reduce (reduce-scatter or
+ * all-reduce, then across HSDP replicas), synchronize.
+ *
+ * Gathers run on the shard group's stream, reductions on the reduce comm's
+ * (the same members on another channel, so the backward's prefetch is not
+ * queued behind reductions). The host work after a collective (accumulate
+ * a micro-batch into the fp32 shard, cast, zero) is enqueued on that same
+ * stream: a task on the comm worker on CPU ranks, a kernel on a GPU; so
+ * nothing here blocks the caller. The comm-stream time stamps
+ * (fsdp_unit_times) are taken on CPU ranks only. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "../base/bf16.h"
+#include "../base/error.h"
+#include "../device/cuda_backend.h"
+#include "unit_impl.h"
+
+/* ---- host steps enqueued behind collectives ---- */
+
+enum { OP_ADD = 0, OP_SET = 1, OP_ZERO = 2 };
+
+typedef struct host_op {
+  int op;     /* OP_ADD: dst(fp32) += src(dtype); OP_SET: dst = src; OP_ZERO: zero n bytes at dst */
+  float *dst;
+  const void *src;
+  int dtype;
+  int64_t n;
+} host_op;
+
+static int run_host_op(void *arg) {
+  host_op *o = arg;
+  if (o->op == OP_ZERO) {
+    memset(o->dst, 0, (size_t)o->n);
+    return FSDP_OK;
+  }
+  if (o->dtype == FSDP_FP32) {
+    const float *s = o->src;
+    if (o->op == OP_ADD)
+      for (int64_t i = 0; i < o->n; i++) o->dst[i] += s[i];
+    else
+      memcpy(o->dst, s, (size_t)o->n * 4);
+  } else {
+    const uint16_t *s = o->src;
+    if (o->op == OP_ADD)
+      for (int64_t i = 0; i < o->n; i++) o->dst[i] += fsdp_bf16_load(s[i]);
+    else
+      for (int64_t i = 0; i < o->n; i++) o->dst[i] = fsdp_bf16_load(s[i]);
+  }
+  return FSDP_OK;
+}
+
+/* the op behind stream s's collectives: a task on CPU ranks, a kernel on a GPU */
+static int enqueue(fsdp_stream *s, int op, void *dst, const void *src, int dtype, int64_t n) {
+  if (s->device == FSDP_CUDA) {
+    if (op == OP_ZERO) return fsdp_memset(dst, 0, (size_t)n, s);
+    if (op == OP_SET && dtype == FSDP_FP32) return fsdp_memcpy(dst, src, (size_t)n * 4, s);
+    if (op == OP_SET) return fsdp_cuda()->cast_to_f32(dst, src, dtype, (size_t)n, s);
+    return fsdp_cuda()->accumulate_f32(dst, src, dtype, (size_t)n, s);
+  }
+  host_op *o = malloc(sizeof *o);
+  if (!o) return fsdp_fail(FSDP_ENOMEM, "unit: out of memory");
+  *o = (host_op){op, dst, src, dtype, n};
+  return fsdp_cpu_stream_enqueue(s, run_host_op, o, free);
+}
+
+/* the comm stream writes the time it reaches this point (the schedule's
+ * evidence of overlap in time, not only in issue order) */
+static int stamp(void *arg) {
+  *(double *)arg = fsdp_time_now();
+  return FSDP_OK;
+}
+static int enqueue_stamp(fsdp_stream *s, double *where) {
+  return s->device == FSDP_CPU ? fsdp_cpu_stream_enqueue(s, stamp, where, NULL) : FSDP_OK;
+}
+
+/* ---- forward: params ---- */
+
+int fsdp_unit_unshard(fsdp_unit *u) {
+  FSDP_CHECK(fsdp_offload_settle(u));
+  if (u->cfg.zero != 3 || u->param_slot >= 0) return FSDP_OK;
+  fsdp_stream *cs = u->shard_comm->stream;
+  size_t c = u->compute_size;
+  int rc = fsdp_pool_acquire(u->param_pool, (size_t)u->total_numel * c, cs, &u->param_slot, &u->pooled_params);
+  if (rc != FSDP_OK) return rc; /* FSDP_DEFERRED: at the bound */
+  FSDP_CHECK(enqueue_stamp(cs, &u->times.gather_begin));
+  const void *in = u->param_shard;
+  if (u->params_on_host) { /* the shard lives on the host: up into the comm's staging, in stream order */
+    FSDP_CHECK(fsdp_memcpy(u->shard_comm->scratch, u->host_stage, (size_t)u->shard_numel * c, cs));
+    in = u->shard_comm->scratch;
+  }
+  FSDP_CHECK(fsdp_comm_all_gather(u->shard_comm, u->pooled_params, in, (size_t)u->shard_numel, u->cfg.compute_dtype));
+  FSDP_CHECK(enqueue_stamp(cs, &u->times.gather_end));
+  return fsdp_event_record(u->gathered, cs);
+}
+
+int fsdp_unit_prefetch(fsdp_unit *u) {
+  int busy = fsdp_offload_busy(u);
+  FSDP_CHECK(busy);
+  return busy ? FSDP_DEFERRED : fsdp_unit_unshard(u);
+}
+
+int fsdp_unit_wait(fsdp_unit *u, fsdp_stream *compute) {
+  FSDP_CHECK(fsdp_offload_settle(u));
+  if (u->cfg.zero == 3 && u->param_slot < 0)
+    return fsdp_fail(FSDP_ESTATE, "unit '%s': wait() before unshard() (or unshard was deferred at the pool's bound)",
+                     u->name);
+  return fsdp_stream_wait_event(compute, u->gathered);
+}
+
+int fsdp_unit_reshard(fsdp_unit *u, fsdp_stream *compute) {
+  if (u->cfg.zero != 3 || u->param_slot < 0) return FSDP_OK;
+  int rc = fsdp_pool_release(u->param_pool, u->param_slot, compute);
+  u->param_slot = -1;
+  u->pooled_params = NULL;
+  return rc;
+}
+
+/* ---- backward: grads ---- */
+
+int fsdp_unit_grads(fsdp_unit *u, fsdp_stream *compute, void **out) {
+  FSDP_CHECK(fsdp_offload_settle(u));
+  if (u->cfg.zero <= 1) {
+    *out = u->grads_full;
+    return FSDP_OK;
+  }
+  if (u->grad_slot < 0) {
+    size_t bytes = (size_t)u->total_numel * u->compute_size;
+    int rc = fsdp_pool_acquire(u->grad_pool, bytes, compute, &u->grad_slot, &u->pooled_grads);
+    if (rc == FSDP_DEFERRED)
+      return fsdp_fail(FSDP_ESTATE, "unit '%s': every grad buffer is in use (raise max_live_units, or reduce units "
+                       "before taking more)", u->name);
+    FSDP_CHECK(rc);
+    FSDP_CHECK(fsdp_memset(u->pooled_grads, 0, bytes, compute));
+  }
+  *out = u->pooled_grads;
+  return FSDP_OK;
+}
+
+/* reduce-scatter `full` into fp32 `dst`; accumulate adds instead of writing */
+static int reduce_scatter_into(fsdp_unit *u, float *dst, const void *full, int accumulate) {
+  fsdp_comm *c = u->reduce_comm;
+  int cd = u->cfg.compute_dtype, rd = u->cfg.reduce_dtype;
+  size_t S = (size_t)u->shard_numel;
+  if (!accumulate && rd == FSDP_FP32 && !u->grads_on_host) /* (not into host memory: through the scratch) */
+    return fsdp_comm_reduce_scatter(c, dst, FSDP_FP32, full, cd, S, u->cfg.grad_op);
+  float *scratch = fsdp_unit_reduce_scratch(u);
+  FSDP_CHECK(fsdp_comm_reduce_scatter(c, scratch, rd, full, cd, S, u->cfg.grad_op));
+  return enqueue(c->stream, accumulate ? OP_ADD : OP_SET, dst, scratch, rd, u->shard_numel);
+}
+
+/* HSDP, after the last micro-batch: the replicas' grad shards agree, on the
+ * outer group's stream behind the shard group's reduction */
+static int reduce_outer(fsdp_unit *u) {
+  fsdp_comm *o = u->outer_comm;
+  FSDP_CHECK(fsdp_event_record(u->handoff, u->reduce_comm->stream));
+  FSDP_CHECK(fsdp_stream_wait_event(o->stream, u->handoff));
+  if (u->offload) /* the device accumulator; it goes down to the host afterwards */
+    return fsdp_comm_all_reduce(o, u->grad_accum, u->grad_accum, (size_t)u->opt_numel, FSDP_FP32, u->cfg.grad_op);
+  if (u->hfsdp) { /* each replica keeps 1/R of the shard's grads */
+    FSDP_CHECK(fsdp_comm_reduce_scatter(o, u->main_grads, FSDP_FP32, u->grad_accum, FSDP_FP32, (size_t)u->opt_numel,
+                                        u->cfg.grad_op));
+    return enqueue(o->stream, OP_ZERO, u->grad_accum, NULL, 0, u->shard_numel * (int64_t)sizeof(float));
+  }
+  return fsdp_comm_all_reduce(o, u->main_grads, u->main_grads, (size_t)u->opt_numel, FSDP_FP32, u->cfg.grad_op);
+}
+
+int fsdp_unit_reduce(fsdp_unit *u, fsdp_stream *compute, int sync) {
+  fsdp_comm *c = u->reduce_comm;
+  int z = u->cfg.zero, cd = u->cfg.compute_dtype;
+  if (z <= 1 && !sync) return FSDP_OK; /* accumulate in the full grads */
+  if (z >= 2 && u->grad_slot < 0) return fsdp_fail(FSDP_ESTATE, "unit '%s': reduce() without grads()", u->name);
+  FSDP_CHECK(fsdp_offload_settle(u));
+  FSDP_CHECK(fsdp_offload_before_reduce(u));
+  if (u->grads_zeroed) FSDP_CHECK(fsdp_stream_wait_event(c->stream, u->grads_zeroed)); /* the last step's, on shard */
+  FSDP_CHECK(fsdp_event_record(u->handoff, compute));
+  FSDP_CHECK(fsdp_stream_wait_event(c->stream, u->handoff));
+  FSDP_CHECK(enqueue_stamp(c->stream, &u->times.reduce_begin));
+  int64_t T = u->total_numel, gbytes = T * (int64_t)u->compute_size;
+  if (z == 0) {
+    if (u->cfg.reduce_dtype == FSDP_FP32) {
+      FSDP_CHECK(enqueue(c->stream, OP_SET, u->main_grads, u->grads_full, cd, T));
+      FSDP_CHECK(fsdp_comm_all_reduce(c, u->main_grads, u->main_grads, (size_t)T, FSDP_FP32, u->cfg.grad_op));
+    } else {
+      FSDP_CHECK(fsdp_comm_all_reduce(c, u->grads_full, u->grads_full, (size_t)T, cd, u->cfg.grad_op));
+      FSDP_CHECK(enqueue(c->stream, OP_SET, u->main_grads, u->grads_full, cd, T));
+    }
+    FSDP_CHECK(enqueue(c->stream, OP_ZERO, u->grads_full, NULL, 0, gbytes));
+  } else if (z == 1) {
+    FSDP_CHECK(reduce_scatter_into(u, u->grad_accum, u->grads_full, 0));
+    FSDP_CHECK(enqueue(c->stream, OP_ZERO, u->grads_full, NULL, 0, gbytes));
+  } else {
+    /* every micro-batch: accumulation stays sharded, in fp32 */
+    FSDP_CHECK(reduce_scatter_into(u, u->grad_accum, u->pooled_grads, 1));
+    FSDP_CHECK(fsdp_pool_release(u->grad_pool, u->grad_slot, c->stream));
+    u->grad_slot = -1;
+    u->pooled_grads = NULL;
+  }
+  FSDP_CHECK(enqueue_stamp(c->stream, &u->times.reduce_end));
+  if (!sync || u->grads_on_host) return FSDP_OK; /* offloaded grads: in host memory already */
+  if (u->outer_comm) FSDP_CHECK(reduce_outer(u));
+  if (!u->offload) return FSDP_OK;
+  /* offload: copy the reduced grads down for the host step */
+  fsdp_stream *s = u->outer_comm ? u->outer_comm->stream : c->stream;
+  u->grads_stale = 0;
+  if (u->device == FSDP_CUDA) return fsdp_offload_grads_down(u, s); /* on the transfer stream */
+  FSDP_CHECK(enqueue(s, OP_SET, u->main_grads, u->grad_accum, FSDP_FP32, u->opt_numel));
+  return enqueue(s, OP_ZERO, u->grad_accum, NULL, 0, u->shard_numel * (int64_t)sizeof(float)); /* next step from 0 */
+}
+
+int fsdp_unit_synchronize(fsdp_unit *u) {
+  FSDP_CHECK(fsdp_offload_settle(u));
+  FSDP_CHECK(fsdp_comm_synchronize(u->shard_comm));
+  if (u->reduce_comm != u->shard_comm) FSDP_CHECK(fsdp_comm_synchronize(u->reduce_comm));
+  if (u->outer_comm) FSDP_CHECK(fsdp_comm_synchronize(u->outer_comm));
+  return fsdp_offload_synchronize(u);
+}

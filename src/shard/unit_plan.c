@@ -1,0 +1,87 @@
+/* unit_plan.c: which buffers an FSDP unit holds, where, and how big: a pure
+ * function of its config, its layout and where it runs. The one place this
+ * is decided: fsdp_unit_create allocates the rows, fsdp_unit_memory_info
+ * sums them, and the planner (lua/fsdp/planner.lua) calls this for units
+ * that do not exist, so a plan and a live unit cannot disagree.
+ *
+ *   zero | full params      | full grads       | fp32 main params, optimizer, main grads
+ *   0    | resident         | resident         | all T (every rank the same)
+ *   1    | resident         | resident         | the shard
+ *   2    | resident         | pool, backward   | the shard
+ *   3    | pool, gathered   | pool, backward   | the shard
+ *
+ * Variants: HFSDP keeps 1/R of the shard's optimizer range (an fp32 grad
+ * accumulator for the whole shard besides); offload keeps the optimizer's
+ * rows in host memory (and an fp32 grad accumulator on the device, unless
+ * the grads are offloaded too, and a host staging shard on GPUs); params on
+ * the host (GPUs, zero 3) keep no device param shard. fp32 compute in place
+ * (no offload, no HFSDP, no registration) uses the main params as the
+ * compute params. */
+#include <string.h>
+
+#include "../base/error.h"
+#include "../fsdp.h"
+
+static const char *const names[FSDP_UBUF_COUNT] = {"main_params", "opt1",        "opt2",        "main_grads", "grad_accum",
+                                                   "param_shard", "params_full", "grads_full", "host_stage"};
+
+/* the public struct spells the row count out (FFI-clean) */
+_Static_assert(sizeof(((fsdp_unit_plan *)0)->rows) / sizeof(fsdp_unit_buffer_row) == FSDP_UBUF_COUNT,
+               "fsdp_unit_plan.rows has one row per fsdp_unit_buffer");
+
+const char *fsdp_unit_buffer_name(int buffer) {
+  return buffer >= 0 && buffer < FSDP_UBUF_COUNT ? names[buffer] : NULL;
+}
+
+static void hold(fsdp_unit_plan *p, int row, int held, int64_t bytes, int comm) {
+  p->rows[row] = (fsdp_unit_buffer_row){.held = held, .alias_of = -1, .comm = comm, .bytes = bytes};
+}
+
+static void alias(fsdp_unit_plan *p, int row, int of, int comm) {
+  p->rows[row] = (fsdp_unit_buffer_row){.held = FSDP_HELD_ALIAS, .alias_of = of, .comm = comm, .bytes = 0};
+}
+
+int fsdp_unit_plan_make(const fsdp_unit_config *cfg, const fsdp_layout *layout, int device, int outer_ranks,
+                        int outer_rank, fsdp_unit_plan *out) {
+  if (!cfg || !layout || !out) return fsdp_fail(FSDP_EINVAL, "unit_plan_make: NULL argument");
+  if (device != FSDP_CPU && device != FSDP_CUDA) return fsdp_fail(FSDP_EINVAL, "unit_plan_make: device %d", device);
+  if (outer_ranks < 1 || outer_rank < 0 || outer_rank >= outer_ranks)
+    return fsdp_fail(FSDP_EINVAL, "unit_plan_make: outer rank %d of %d", outer_rank, outer_ranks);
+  int z = cfg->zero, gpu = device == FSDP_CUDA, hf = cfg->hfsdp != 0, off = cfg->offload != 0;
+  int params_on_host = gpu && (cfg->offload & FSDP_OFFLOAD_PARAMS);
+  int grads_on_host = (cfg->offload & FSDP_OFFLOAD_GRADS) != 0;
+  int64_t S = fsdp_layout_shard_numel(layout), c = (int64_t)fsdp_dtype_size(cfg->compute_dtype), f = 4;
+  int R = hf ? outer_ranks : 1;
+  fsdp_unit_plan p;
+  memset(&p, 0, sizeof p);
+  p.shard_numel = S;
+  p.total_numel = fsdp_layout_numel_total(layout);
+  p.opt_numel = z == 0 ? p.total_numel : S / R;
+  p.opt_offset = hf ? (int64_t)outer_rank * p.opt_numel : 0;
+  for (int i = 0; i < FSDP_UBUF_COUNT; i++) hold(&p, i, FSDP_HELD_NOT, 0, 0);
+
+  /* the optimizer's rows: on the device, or in host memory when offloaded
+   * (on CPU ranks the same memory, counted as offloaded all the same) */
+  int opt_where = off ? FSDP_HELD_HOST : FSDP_HELD_DEVICE;
+  for (int i = FSDP_UBUF_MAIN_PARAMS; i <= FSDP_UBUF_MAIN_GRADS; i++) hold(&p, i, opt_where, p.opt_numel * f, 0);
+  /* the grads accumulate on the device: HFSDP then reduce-scatters them
+   * over the replicas, offload copies them down after the last micro-batch */
+  if (hf || (off && !grads_on_host)) hold(&p, FSDP_UBUF_GRAD_ACCUM, FSDP_HELD_DEVICE, S * f, 0);
+  if (off && gpu) hold(&p, FSDP_UBUF_HOST_STAGE, FSDP_HELD_HOST, S * c, 0);
+
+  /* the compute params: the main params themselves for fp32 in place */
+  p.compute_is_main = cfg->compute_dtype == FSDP_FP32 && !off && !hf && !cfg->comm_register;
+  if (z >= 1 && p.compute_is_main) alias(&p, FSDP_UBUF_PARAM_SHARD, FSDP_UBUF_MAIN_PARAMS, 1);
+  else if (z >= 1 && !params_on_host) hold(&p, FSDP_UBUF_PARAM_SHARD, FSDP_HELD_DEVICE, S * c, 1);
+  if (z == 0 && p.compute_is_main) alias(&p, FSDP_UBUF_PARAMS_FULL, FSDP_UBUF_MAIN_PARAMS, 1);
+  else if (z <= 2) hold(&p, FSDP_UBUF_PARAMS_FULL, FSDP_HELD_DEVICE, p.total_numel * c, 1);
+  if (z <= 1) hold(&p, FSDP_UBUF_GRADS_FULL, FSDP_HELD_DEVICE, p.total_numel * c, 1);
+
+  /* shared and transient */
+  p.reduce_scratch = (S ? S : 1) * f;
+  p.gather_stage = params_on_host ? (S ? S : 1) * c : 0;
+  p.pool_params = z == 3 ? p.total_numel * c : 0;
+  p.pool_grads = z >= 2 ? p.total_numel * c : 0;
+  *out = p;
+  return FSDP_OK;
+}
