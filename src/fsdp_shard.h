@@ -33,6 +33,7 @@ int fsdp_layout_destroy(fsdp_layout *l);
 int64_t fsdp_layout_numel_used(const fsdp_layout *l);   /* sum of parameter sizes */
 int64_t fsdp_layout_numel_total(const fsdp_layout *l);  /* with padding: group_size * shard */
 int64_t fsdp_layout_shard_numel(const fsdp_layout *l);
+int fsdp_layout_group_size(const fsdp_layout *l);      /* the shards' count */
 int64_t fsdp_layout_param_offset(const fsdp_layout *l, int param);
 /* Pieces rank owns, in parameter order; returns how many (may exceed cap). */
 int fsdp_layout_rank_pieces(const fsdp_layout *l, int rank, fsdp_layout_piece *out, int cap);

@@ -19,7 +19,6 @@ local ffi, C, check = base.ffi, base.C, base.check
 
 local M = {}
 
-local ALIGN, SALIGN = C.FSDP_PARAM_ALIGN, C.FSDP_SHARD_ALIGN -- as fully_shard lays units out
 local REG = { none = 0, buffer = C.FSDP_REG_BUFFER, window = C.FSDP_REG_WINDOW }
 
 function M.gib(b) return b / 2 ^ 30 end
@@ -72,14 +71,6 @@ function M.policy(units, where)
     return fn
   end
   return units
-end
-
-local function layout_of(u, S, shard_align)
-  local numels = ffi.new("int64_t[?]", math.max(#u.params, 1))
-  for i, p in ipairs(u.params) do numels[i - 1] = p.spec.numel end
-  local lp = ffi.new("fsdp_layout *[1]")
-  check(C.fsdp_layout_create(#u.params, numels, S, ALIGN, shard_align, lp), "plan: unit '" .. u.name .. "' layout")
-  return ffi.gc(lp[0], C.fsdp_layout_destroy)
 end
 
 -- The peak activation bytes of one micro-batch: the model's allocations
@@ -151,24 +142,23 @@ function M.plan(r, o)
     cfg = cfg, n_params = llama.num_params(cfg), units = {}, micro_batch = B, seq = T, grad_accum = K,
     checkpoint = f.checkpoint, prefetch = f.prefetch, max_live_units = f.max_live_units, assignment = a,
     mesh = type(o.mesh or r.mesh) == "string" and (o.mesh or r.mesh) or "custom", warnings = warnings }
-  local biggest, need_p, need_g, max_scratch, max_stage = 0, false, false, 0, 0
+  local max_scratch, max_stage = 0, 0
   local resident = { params_full = 0, params_shard = 0, main_params = 0, optimizer = 0, grads_full = 0, grads_main = 0, scratch = 0,
     host_stage = 0, offloaded = 0 }
   local gpu = r.train.device == "cuda"
   for _, u in ipairs(a.units) do
-    if hf and u.zero == 0 then error(string.format("%s: unit '%s' has zero 0; hfsdp needs zero >= 1 everywhere", where, u.name), 0) end
     if u.offload_grads and R > 1 then
       error(string.format("%s: unit '%s' offloads its grads, which needs no dp_outer (HSDP) dimension: replicas agree on " ..
         "the device first", where, u.name), 0)
     end
-    local l = layout_of(u, S, SALIGN * Rh)
-    local Su, Tu = tonumber(C.fsdp_layout_shard_numel(l)), tonumber(C.fsdp_layout_numel_total(l))
+  end
+  local pool_bytes = shard.plan_units(a, { shard_ranks = S, outer_ranks = R, hfsdp = hf, device = r.train.device,
+    param_dtype = f.param_dtype, reduce_dtype = f.reduce_dtype, comm_register = REG[f.comm_register or "none"] or 0 })
+  for _, u in ipairs(a.units) do
+    if hf and u.zero == 0 then error(string.format("%s: unit '%s' has zero 0; hfsdp needs zero >= 1 everywhere", where, u.name), 0) end
     -- what the unit holds on every rank: the engine's own plan (src/shard/unit_plan.c)
-    local plan = ffi.new("fsdp_unit_plan")
-    local ucfg = ffi.new("fsdp_unit_config", { zero = u.zero, compute_dtype = ces == 2 and C.FSDP_BF16 or C.FSDP_FP32,
-      reduce_dtype = res == 2 and C.FSDP_BF16 or C.FSDP_FP32, grad_op = C.FSDP_AVG, param_align = ALIGN,
-      shard_align = SALIGN, hfsdp = hf and 1 or 0, offload = u.offload_bits or 0, comm_register = REG[f.comm_register or "none"] or 0 })
-    check(C.fsdp_unit_plan_make(ucfg, l, gpu and C.FSDP_CUDA or C.FSDP_CPU, R, 0, plan), "plan: unit '" .. u.name .. "'")
+    local l, plan = u.layout, u.plan
+    local Su, Tu = tonumber(plan.shard_numel), tonumber(plan.total_numel)
     local z, n_opt = u.zero, tonumber(plan.opt_numel)
     local function row(b) return tonumber(plan.rows[b].bytes) end
     local mem = {
@@ -194,11 +184,8 @@ function M.plan(r, o)
     p.units[#p.units + 1] = { name = u.name, index = u.index, zero = z, layout = l, shard_numel = Su, total_numel = Tu,
       numel = tonumber(C.fsdp_layout_numel_used(l)), n_opt = n_opt, mem = mem, bytes = total, params = params,
       prefetch = u.prefetch or f.prefetch, reshard_after_forward = u.reshard_after_forward }
-    biggest = math.max(biggest, Tu)
     max_scratch = math.max(max_scratch, tonumber(plan.reduce_scratch))
     max_stage = math.max(max_stage, tonumber(plan.gather_stage))
-    need_p = need_p or z == 3
-    need_g = need_g or z >= 2
   end
   -- one fp32 staging shard per rank, shared by the units (their reductions
   -- run one after another on the shard group's stream)
@@ -211,8 +198,9 @@ function M.plan(r, o)
   local bound = shard.pool_bound(a, f.max_live_units)
   local peak, why = shard.simulate(a, f.prefetch, bound)
   if not peak then error(where .. ": the schedule does not fit its buffer pools: " .. why .. " (raise fsdp.max_live_units)", 0) end
-  p.pools = { bound = bound, buffer_bytes = biggest * ces, params = need_p and bound * biggest * ces or 0,
-    grads = need_g and bound * biggest * ces or 0, peak_params = peak.params, peak_grads = peak.grads }
+  p.pools = { bound = bound, param_buffer_bytes = pool_bytes.params, grad_buffer_bytes = pool_bytes.grads,
+    params = bound * pool_bytes.params, grads = bound * pool_bytes.grads, peak_params = peak.params,
+    peak_grads = peak.grads }
   p.activations, p.loss_rows = activations(cfg, B, T, f.checkpoint, gpu and ces or 4, r.train.loss_chunk_mb * 2 ^ 20)
   local sum = 0
   for k, v in pairs(resident) do if k ~= "offloaded" then sum = sum + v end end
@@ -311,9 +299,9 @@ function M.memory_rows(p)
     { "grads", bytes(m.grads_full + m.grads_main), "resident" },
     { "comm scratch", bytes(m.scratch), "resident, shared by the units: the reduce staging (and the param staging of host-held shards)" },
     { "host staging (offload)", bytes(m.host_stage), "resident, host" },
-    { "unit buffer pools", bytes(p.pools.params + p.pools.grads), string.format("%d + %d buffers of %s; live at once: %d params, %d grads",
-      p.pools.params > 0 and p.pools.bound or 0, p.pools.grads > 0 and p.pools.bound or 0, bytes(p.pools.buffer_bytes),
-      p.pools.peak_params, p.pools.peak_grads) },
+    { "unit buffer pools", bytes(p.pools.params + p.pools.grads), string.format("%d x %s params + %d x %s grads; live at once: %d params, %d grads",
+      p.pools.params > 0 and p.pools.bound or 0, bytes(p.pools.param_buffer_bytes), p.pools.grads > 0 and p.pools.bound or 0,
+      bytes(p.pools.grad_buffer_bytes), p.pools.peak_params, p.pools.peak_grads) },
     { "activations", bytes(p.activations), string.format("micro-batch %d x %d, checkpoint %s, logits %s", p.micro_batch, p.seq,
       tostring(p.checkpoint), p.loss_rows < p.micro_batch * p.seq and string.format("in chunks of %d rows", p.loss_rows) or "whole") },
     { "peak", bytes(p.peak), p.host > 0 and string.format("%s on the device, %s in host memory (offload)", bytes(p.device_peak),

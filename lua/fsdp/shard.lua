@@ -198,6 +198,37 @@ function M.assign(model, opts)
   return a
 end
 
+-- Each unit's layout (src/shard/layout.c) and buffer plan (src/shard/
+-- unit_plan.c) as fully_shard creates it: u.layout, u.plan (fsdp_unit_plan),
+-- u.config (fsdp_unit_config). o: shard_ranks, outer_ranks (1: none),
+-- hfsdp, device ("cpu" or "cuda"), param_dtype, reduce_dtype ("fp32" or
+-- "bf16"), comm_register (an fsdp_comm_reg_mode). Returns the pools' buffer
+-- sizes: {params = bytes or 0, grads = bytes or 0} (the largest unit's
+-- that borrows one; 0: no unit needs the pool).
+function M.plan_units(a, o)
+  local R = o.hfsdp and o.outer_ranks or 1
+  local dev = o.device == "cuda" and C.FSDP_CUDA or C.FSDP_CPU
+  local pools = { params = 0, grads = 0 }
+  for _, u in ipairs(a.units) do
+    local numels = ffi.new("int64_t[?]", math.max(#u.params, 1))
+    for i, p in ipairs(u.params) do numels[i - 1] = p.spec.numel end
+    local lp = ffi.new("fsdp_layout *[1]")
+    -- HFSDP splits each shard R ways: shards a multiple of R
+    check(C.fsdp_layout_create(#u.params, numels, o.shard_ranks, C.FSDP_PARAM_ALIGN, C.FSDP_SHARD_ALIGN * R, lp),
+      "fully_shard: unit '" .. u.name .. "' layout")
+    u.layout = ffi.gc(lp[0], C.fsdp_layout_destroy)
+    u.config = ffi.new("fsdp_unit_config", { zero = u.zero, compute_dtype = tensor.dtype(o.param_dtype),
+      reduce_dtype = tensor.dtype(o.reduce_dtype), grad_op = C.FSDP_AVG, param_align = C.FSDP_PARAM_ALIGN,
+      shard_align = C.FSDP_SHARD_ALIGN, hfsdp = o.hfsdp and 1 or 0, offload = u.offload_bits or 0,
+      comm_register = o.comm_register or 0 })
+    u.plan = ffi.new("fsdp_unit_plan")
+    check(C.fsdp_unit_plan_make(u.config, u.layout, dev, o.outer_ranks or 1, 0, u.plan), "fully_shard: unit '" .. u.name .. "'")
+    pools.params = math.max(pools.params, tonumber(u.plan.pool_params))
+    pools.grads = math.max(pools.grads, tonumber(u.plan.pool_grads))
+  end
+  return pools
+end
+
 -- Full-unit buffers live at once when each micro-batch runs its forward
 -- and backward, by replaying the schedule (Ctx below) on unit state alone:
 -- {params = peak zero-3 buffers, grads = peak zero-2/3 grad buffers,
@@ -209,12 +240,16 @@ function M.simulate(a, prefetch, live)
   local function take(pool) pool.live = pool.live + 1; pool.peak = math.max(pool.peak, pool.live) end
   local function unshard(u)
     if u.zero ~= 3 or gathered[u] then return true end
+    if u.plan.pool_params == 0 then gathered[u] = "shard"; return true end -- one rank: the shard is the full unit
     if P.live >= live then return false end
     take(P); gathered[u] = true
     gathers[u] = (gathers[u] or 0) + 1
     return true
   end
-  local function reshard(u) if gathered[u] then gathered[u] = nil; P.live = P.live - 1 end end
+  local function reshard(u)
+    if gathered[u] == true then P.live = P.live - 1 end
+    gathered[u] = nil
+  end
   local function enter(v, forward)
     local u = v.unit
     if cur ~= u then
@@ -226,7 +261,7 @@ function M.simulate(a, prefetch, live)
       end
       cur = u
     end
-    if not forward and u.zero >= 2 and not gslot[u] then
+    if not forward and u.plan.pool_grads > 0 and not gslot[u] then
       if G.live >= live then return string.format("unit '%s' cannot take a grad buffer: all %d are in use", u.name, live) end
       take(G); gslot[u] = true
     end
@@ -292,35 +327,21 @@ function M.fully_shard(model, opts)
   local ok, a = pcall(M.assign, model, { units = opts.units, zero = zero, offload = opts.offload, hfsdp = s.hfsdp })
   if not ok then error(a, 2) end
   s.units, s.unit_of, s.order, s.assignment = a.units, a.unit_of, a.order, a
-  -- buffers: a pool of full-unit buffers as big as the largest unit's
-  -- padded layout (the same arithmetic the units will use)
-  local align, salign, biggest = C.FSDP_PARAM_ALIGN, C.FSDP_SHARD_ALIGN, 0
-  local R = s.hfsdp and opts.outer:size() or 1
-  for _, u in ipairs(s.units) do
-    local numels = ffi.new("int64_t[?]", math.max(#u.params, 1))
-    for i, p in ipairs(u.params) do numels[i - 1] = p.spec.numel end
-    local lp = ffi.new("fsdp_layout *[1]")
-    check(C.fsdp_layout_create(#u.params, numels, opts.shard:size(), align, salign * R, lp), "fully_shard: layout")
-    biggest = math.max(biggest, tonumber(C.fsdp_layout_numel_total(lp[0])))
-    C.fsdp_layout_destroy(lp[0])
-  end
-  local live = M.pool_bound(a, opts.max_live_units)
-  local need_p, need_g = false, false
-  for _, u in ipairs(s.units) do
-    need_p = need_p or u.zero == 3
-    need_g = need_g or u.zero >= 2
-  end
-  local pp, gp = ffi.new("fsdp_pool *[1]"), ffi.new("fsdp_pool *[1]")
-  local dev = tensor.device(s.device)
-  local es = pdt == "bf16" and 2 or 4 -- full buffers hold the compute dtype
   -- opts.comm_register: the buffers the collectives use, registered with the
   -- shard group's transport (NCCL user buffers or symmetric windows)
   local reg = ({ none = 0, buffer = C.FSDP_REG_BUFFER, window = C.FSDP_REG_WINDOW })[opts.comm_register or "none"]
   if not reg then
     error("fully_shard: comm_register = '" .. tostring(opts.comm_register) .. "'; expected 'none', 'buffer' or 'window'", 2)
   end
-  if need_p then check(C.fsdp_pool_create(dev, biggest * es, live, pp), "fully_shard: param pool") end
-  if need_g then check(C.fsdp_pool_create(dev, biggest * es, live, gp), "fully_shard: grad pool") end
+  -- each unit's layout and buffer plan; the pools' buffers as big as the
+  -- largest unit that borrows from them
+  local sizes = M.plan_units(a, { shard_ranks = opts.shard:size(), outer_ranks = opts.outer and opts.outer:size() or 1,
+    hfsdp = s.hfsdp, device = s.device, param_dtype = pdt, reduce_dtype = rdt, comm_register = reg })
+  local live = M.pool_bound(a, opts.max_live_units)
+  local pp, gp = ffi.new("fsdp_pool *[1]"), ffi.new("fsdp_pool *[1]")
+  local dev = tensor.device(s.device)
+  if sizes.params > 0 then check(C.fsdp_pool_create(dev, sizes.params, live, pp), "fully_shard: param pool") end
+  if sizes.grads > 0 then check(C.fsdp_pool_create(dev, sizes.grads, live, gp), "fully_shard: grad pool") end
   -- the param pool is gathered into (shard), the grad pool reduced from (reduce)
   for _, pc in ipairs(reg ~= 0 and { { pp[0], opts.shard }, { gp[0], s.reduce } } or {}) do
     local p = pc[1]
@@ -354,10 +375,7 @@ function M.fully_shard(model, opts)
     end
     local spec = ffi.new("fsdp_unit_spec", { name = u.name, nparams = n, param_names = names, numels = numels,
       rules = rules, no_decay = nd, seed = opts.seed or 1234, shard = opts.shard.handle, reduce = s.reduce.handle,
-      outer = opts.outer and opts.outer.handle or nil, param_pool = s.ppool, grad_pool = s.gpool,
-      config = { zero = u.zero, compute_dtype = tensor.dtype(pdt), reduce_dtype = tensor.dtype(rdt), grad_op = C.FSDP_AVG,
-        param_align = align, shard_align = salign, hfsdp = s.hfsdp and 1 or 0, offload = u.offload_bits,
-        comm_register = reg } })
+      outer = opts.outer and opts.outer.handle or nil, param_pool = s.ppool, grad_pool = s.gpool, config = u.config })
     local h = ffi.new("fsdp_unit *[1]")
     check(C.fsdp_unit_create(spec, h), "fully_shard: unit '" .. u.name .. "'")
     u.handle = h[0]

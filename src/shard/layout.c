@@ -72,6 +72,8 @@ int64_t fsdp_layout_numel_used(const fsdp_layout *l) { return l ? l->used : FSDP
 int64_t fsdp_layout_numel_total(const fsdp_layout *l) { return l ? l->shard * l->group_size : FSDP_EINVAL; }
 int64_t fsdp_layout_shard_numel(const fsdp_layout *l) { return l ? l->shard : FSDP_EINVAL; }
 
+int fsdp_layout_group_size(const fsdp_layout *l) { return l ? l->group_size : 0; }
+
 int64_t fsdp_layout_param_offset(const fsdp_layout *l, int param) {
   if (!l || param < 0 || param >= l->nparams)
     return fsdp_fail(FSDP_EINVAL, "layout: no parameter %d (%d in the unit)", param, l ? l->nparams : 0);

@@ -46,8 +46,6 @@ static int check_spec(const fsdp_unit_spec *sp) {
   if (outer && outer->device != shard->device)
     return fsdp_fail(FSDP_EINVAL, "unit '%s': the shard group is on %s, the outer group on %s: one device for both",
                      name, shard->device == FSDP_CUDA ? "cuda" : "cpu", outer->device == FSDP_CUDA ? "cuda" : "cpu");
-  if (cfg->zero == 3 && !sp->param_pool) return fsdp_fail(FSDP_EINVAL, "unit '%s': zero 3 needs a param pool", name);
-  if (cfg->zero >= 2 && !sp->grad_pool) return fsdp_fail(FSDP_EINVAL, "unit '%s': zero 2 and 3 need a grad pool", name);
   if ((cfg->offload & FSDP_OFFLOAD_GRADS) && outer)
     return fsdp_fail(FSDP_EINVAL, "unit '%s': offloading the grads needs no outer (HSDP) group: replicas agree on the "
                      "device before the grads go down", name);
@@ -134,35 +132,34 @@ static void free_rows(fsdp_unit *u) {
 }
 
 /* meta init: only the owned shard is drawn (zero 0 draws every shard), on
- * the host (the RNG is the CPU's: the same values on every device), then
- * copied into the main params and cast into the compute params */
+ * the host (the RNG is the CPU's: the same values on every device), copied
+ * into the main params, and cast on the host for the compute params */
 static int init_values(fsdp_unit *u, const fsdp_unit_spec *sp) {
   int z = u->cfg.zero, dt = u->cfg.compute_dtype;
-  int64_t S = u->shard_numel, T = u->total_numel, n = z == 0 ? T : S;
-  size_t f = sizeof(float);
+  int64_t S = u->shard_numel, n = z == 0 ? u->total_numel : S;
+  size_t f = sizeof(float), bytes = (size_t)(n ? n : 1) * u->compute_size;
   float *init = NULL;
+  void *cast = NULL;
   FSDP_CHECK(fsdp_host_alloc((size_t)(n ? n : 1) * f, (void **)&init));
-  int rc = FSDP_OK;
+  int rc = fsdp_host_alloc(bytes, &cast);
   for (int q = 0; rc == FSDP_OK && z == 0 && q < u->shard_ranks; q++)
     rc = fsdp_layout_init_shard(u->layout, q, sp->param_names, sp->rules, sp->seed, init + q * S, FSDP_FP32);
   if (rc == FSDP_OK && z >= 1)
     rc = fsdp_layout_init_shard(u->layout, u->shard_rank, sp->param_names, sp->rules, sp->seed, init, FSDP_FP32);
-  /* the optimizer keeps its range of the shard; the scratch holds the whole shard */
+  /* the optimizer keeps its range of the shard */
   if (rc == FSDP_OK)
     rc = fsdp_memcpy(u->main_params, init + (z >= 1 ? u->opt_offset : 0), (size_t)u->opt_numel * f, NULL);
-  float *scratch = fsdp_unit_reduce_scratch(u);
-  if (rc == FSDP_OK && z >= 1 && !u->params_on_host) rc = fsdp_memcpy(scratch, init, (size_t)S * f, NULL);
-  if (rc == FSDP_OK && u->params_on_host) rc = fsdp_unit_cast_out(u->host_stage, dt, init, S, NULL);
+  if (rc == FSDP_OK) rc = fsdp_unit_cast_out(u->params_on_host ? u->host_stage : cast, dt, init, n, NULL);
+  /* the compute params, where they are not the main params (or the host stage) */
+  void *compute = z == 0 ? u->params_full : u->param_shard;
+  if (rc == FSDP_OK && !u->params_on_host && !u->compute_is_main)
+    rc = fsdp_memcpy(compute, cast, (size_t)n * u->compute_size, NULL);
+  fsdp_host_free(cast);
   fsdp_host_free(init);
   FSDP_CHECK(rc);
-  fsdp_stream *cs = u->shard_comm->stream;
-  if (z == 0 && !u->compute_is_main) FSDP_CHECK(fsdp_unit_cast_out(u->params_full, dt, u->main_params, T, cs));
-  if (z >= 1 && !u->params_on_host && !u->compute_is_main)
-    FSDP_CHECK(fsdp_unit_cast_out(u->param_shard, dt, scratch, S, cs));
-  if (u->device == FSDP_CUDA) FSDP_CHECK(fsdp_stream_synchronize(cs));
   if (z == 1 || z == 2) {
     FSDP_CHECK(fsdp_comm_all_gather(u->shard_comm, u->params_full, u->param_shard, (size_t)S, dt));
-    FSDP_CHECK(fsdp_event_record(u->gathered, cs));
+    FSDP_CHECK(fsdp_event_record(u->gathered, u->shard_comm->stream));
   }
   return FSDP_OK;
 }
@@ -176,6 +173,9 @@ static int build(fsdp_unit *u, const fsdp_unit_spec *sp) {
   FSDP_CHECK(fsdp_unit_plan_make(cfg, u->layout, u->device, sp->outer ? sp->outer->size : 1,
                                  sp->outer ? sp->outer->rank : 0, &u->plan));
   const fsdp_unit_plan *p = &u->plan;
+  if (p->pool_params && !sp->param_pool)
+    return fsdp_fail(FSDP_EINVAL, "zero 3 over %d ranks needs a param pool", u->shard_ranks);
+  if (p->pool_grads && !sp->grad_pool) return fsdp_fail(FSDP_EINVAL, "zero 2 and 3 need a grad pool");
   u->shard_numel = p->shard_numel;
   u->total_numel = p->total_numel;
   u->opt_numel = p->opt_numel;
@@ -188,8 +188,10 @@ static int build(fsdp_unit *u, const fsdp_unit_spec *sp) {
   if (sp->no_decay) memcpy(u->no_decay, sp->no_decay, (size_t)sp->nparams);
   if (sp->nparams) memcpy(u->numels, sp->numels, sizeof(int64_t) * (size_t)sp->nparams);
   FSDP_CHECK(alloc_rows(u));
-  FSDP_CHECK(fsdp_comm_scratch_reserve(u->reduce_comm, (size_t)p->reduce_scratch));
-  u->holds_reduce_scratch = 1;
+  if (p->reduce_scratch) {
+    FSDP_CHECK(fsdp_comm_scratch_reserve(u->reduce_comm, (size_t)p->reduce_scratch));
+    u->holds_reduce_scratch = 1;
+  }
   if (p->gather_stage) {
     FSDP_CHECK(fsdp_comm_scratch_reserve(u->shard_comm, (size_t)p->gather_stage));
     u->holds_gather_stage = 1;
@@ -295,9 +297,7 @@ int fsdp_unit_times_get(const fsdp_unit *u, fsdp_unit_times *out) {
   return FSDP_OK;
 }
 
-void *fsdp_unit_params(fsdp_unit *u) {
-  return u->cfg.zero == 3 ? (u->param_slot >= 0 ? u->pooled_params : NULL) : u->params_full;
-}
+void *fsdp_unit_params(fsdp_unit *u) { return u->cfg.zero == 3 ? u->gathered_params : u->params_full; }
 
 int fsdp_unit_param_view(fsdp_unit *u, int param, int which, int ndim, const int64_t *shape, fsdp_tensor *out) {
   if (!u || !out) return fsdp_fail(FSDP_EINVAL, "unit_param_view: NULL unit or out");

@@ -80,18 +80,26 @@ static int enqueue_stamp(fsdp_stream *s, double *where) {
 
 int fsdp_unit_unshard(fsdp_unit *u) {
   FSDP_CHECK(fsdp_offload_settle(u));
-  if (u->cfg.zero != 3 || u->param_slot >= 0) return FSDP_OK;
+  if (u->cfg.zero != 3 || u->gathered_params) return FSDP_OK;
   fsdp_stream *cs = u->shard_comm->stream;
   size_t c = u->compute_size;
-  int rc = fsdp_pool_acquire(u->param_pool, (size_t)u->total_numel * c, cs, &u->param_slot, &u->pooled_params);
+  if (!u->plan.pool_params) { /* one rank holds the whole unit: its shard is the full params */
+    u->gathered_params = u->param_shard;
+    FSDP_CHECK(enqueue_stamp(cs, &u->times.gather_begin));
+    FSDP_CHECK(enqueue_stamp(cs, &u->times.gather_end));
+    return fsdp_event_record(u->gathered, cs); /* after the step's last writes to it */
+  }
+  void *full = NULL;
+  int rc = fsdp_pool_acquire(u->param_pool, (size_t)u->total_numel * c, cs, &u->param_slot, &full);
   if (rc != FSDP_OK) return rc; /* FSDP_DEFERRED: at the bound */
+  u->gathered_params = full;
   FSDP_CHECK(enqueue_stamp(cs, &u->times.gather_begin));
   const void *in = u->param_shard;
   if (u->params_on_host) { /* the shard lives on the host: up into the comm's staging, in stream order */
     FSDP_CHECK(fsdp_memcpy(u->shard_comm->scratch, u->host_stage, (size_t)u->shard_numel * c, cs));
     in = u->shard_comm->scratch;
   }
-  FSDP_CHECK(fsdp_comm_all_gather(u->shard_comm, u->pooled_params, in, (size_t)u->shard_numel, u->cfg.compute_dtype));
+  FSDP_CHECK(fsdp_comm_all_gather(u->shard_comm, full, in, (size_t)u->shard_numel, u->cfg.compute_dtype));
   FSDP_CHECK(enqueue_stamp(cs, &u->times.gather_end));
   return fsdp_event_record(u->gathered, cs);
 }
@@ -104,17 +112,18 @@ int fsdp_unit_prefetch(fsdp_unit *u) {
 
 int fsdp_unit_wait(fsdp_unit *u, fsdp_stream *compute) {
   FSDP_CHECK(fsdp_offload_settle(u));
-  if (u->cfg.zero == 3 && u->param_slot < 0)
+  if (u->cfg.zero == 3 && !u->gathered_params)
     return fsdp_fail(FSDP_ESTATE, "unit '%s': wait() before unshard() (or unshard was deferred at the pool's bound)",
                      u->name);
   return fsdp_stream_wait_event(compute, u->gathered);
 }
 
 int fsdp_unit_reshard(fsdp_unit *u, fsdp_stream *compute) {
-  if (u->cfg.zero != 3 || u->param_slot < 0) return FSDP_OK;
+  if (u->cfg.zero != 3 || !u->gathered_params) return FSDP_OK;
+  u->gathered_params = NULL;
+  if (u->param_slot < 0) return FSDP_OK; /* it was the shard */
   int rc = fsdp_pool_release(u->param_pool, u->param_slot, compute);
   u->param_slot = -1;
-  u->pooled_params = NULL;
   return rc;
 }
 
@@ -144,6 +153,8 @@ static int reduce_scatter_into(fsdp_unit *u, float *dst, const void *full, int a
   fsdp_comm *c = u->reduce_comm;
   int cd = u->cfg.compute_dtype, rd = u->cfg.reduce_dtype;
   size_t S = (size_t)u->shard_numel;
+  if (u->shard_ranks == 1) /* nothing to exchange: the full grads are this rank's shard */
+    return enqueue(c->stream, accumulate ? OP_ADD : OP_SET, dst, full, cd, u->shard_numel);
   if (!accumulate && rd == FSDP_FP32 && !u->grads_on_host) /* (not into host memory: through the scratch) */
     return fsdp_comm_reduce_scatter(c, dst, FSDP_FP32, full, cd, S, u->cfg.grad_op);
   float *scratch = fsdp_unit_reduce_scratch(u);

@@ -54,9 +54,12 @@ struct fsdp_unit {
   fsdp_comm *registered_with[3];
   int nregistrations;
 
+  /* zero 3: the full params while gathered (NULL while sharded): a buffer
+   * from the param pool, or the shard itself when one rank holds the unit */
+  void *gathered_params;
   /* full buffers borrowed from the pools */
   int param_slot, grad_slot; /* -1: none */
-  void *pooled_params, *pooled_grads;
+  void *pooled_grads;
 
   /* ordering */
   fsdp_event *gathered;     /* on the shard stream: the full params are there */

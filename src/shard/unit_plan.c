@@ -16,7 +16,8 @@
  * the grads are offloaded too, and a host staging shard on GPUs); params on
  * the host (GPUs, zero 3) keep no device param shard. fp32 compute in place
  * (no offload, no HFSDP, no registration) uses the main params as the
- * compute params. */
+ * compute params. A shard group of one rank (one GPU) gathers nothing: the
+ * shard is the full unit. */
 #include <string.h>
 
 #include "../base/error.h"
@@ -77,10 +78,14 @@ int fsdp_unit_plan_make(const fsdp_unit_config *cfg, const fsdp_layout *layout, 
   else if (z <= 2) hold(&p, FSDP_UBUF_PARAMS_FULL, FSDP_HELD_DEVICE, p.total_numel * c, 1);
   if (z <= 1) hold(&p, FSDP_UBUF_GRADS_FULL, FSDP_HELD_DEVICE, p.total_numel * c, 1);
 
-  /* shared and transient */
-  p.reduce_scratch = (S ? S : 1) * f;
+  /* shared and transient. One rank in the shard group holds the whole
+   * unit: the shard is the full params (no gather, no param buffer, unless
+   * it lives on the host), and a reduction only adds the full grads into
+   * the fp32 ones (no staging, except for HFSDP's publish) */
+  int alone = fsdp_layout_group_size(layout) == 1;
+  p.reduce_scratch = alone && !hf ? 0 : (S ? S : 1) * f;
   p.gather_stage = params_on_host ? (S ? S : 1) * c : 0;
-  p.pool_params = z == 3 ? p.total_numel * c : 0;
+  p.pool_params = z == 3 && (!alone || params_on_host) ? p.total_numel * c : 0;
   p.pool_grads = z >= 2 ? p.total_numel * c : 0;
   *out = p;
   return FSDP_OK;
