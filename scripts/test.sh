@@ -2,22 +2,33 @@
 # The README's second command (and CI's): installs what is missing, builds,
 # and runs the whole suite twice: a normal build (with the CUDA backend when
 # the toolkit is present; GPU tests skip without a GPU), then a build under
-# AddressSanitizer + UndefinedBehaviorSanitizer. Warnings are errors in both.
+# AddressSanitizer + UndefinedBehaviorSanitizer. Between them it compiles
+# the Release build type a user gets from `cmake -DCMAKE_BUILD_TYPE=Release`
+# (-O3 finds warnings -O2 does not). Warnings are errors in all three
+# (FSDP_WERROR=ON; a user's build leaves it off).
 #   FSDP_TEST_SANITIZE=0 scripts/test.sh   skips the sanitizer pass
+#   FSDP_TEST_RELEASE=0 scripts/test.sh    skips the Release compile
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
 
 echo "== build (build/)"
-scripts/build.sh build
+scripts/build.sh build -DFSDP_WERROR=ON
 echo "== tests (build/)"
 ctest --test-dir build --output-on-failure -j"$jobs"
+
+if [ "${FSDP_TEST_RELEASE:-1}" != 0 ]; then
+  # kernels for one GPU architecture only: the warnings sought are the host
+  # compiler's at -O3; both architectures compile in the first build
+  echo "== build Release (build-release/, compiled only)"
+  scripts/build.sh build-release -DFSDP_WERROR=ON -DCMAKE_BUILD_TYPE=Release -DFSDP_CUDA_ARCHS=90
+fi
 
 if [ "${FSDP_TEST_SANITIZE:-1}" != 0 ]; then
   echo "== build with ASan + UBSan (build-asan/, CPU backend)"
   # The CUDA runtime and ASan do not mix well on machines without a GPU;
   # the CUDA code is compiled and linked by the first build.
-  scripts/build.sh build-asan -DFSDP_SANITIZE=ON -DFSDP_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug
+  scripts/build.sh build-asan -DFSDP_WERROR=ON -DFSDP_SANITIZE=ON -DFSDP_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug
   echo "== tests under ASan + UBSan (build-asan/)"
   # lsan.supp: allocations PMIx and LuaJIT keep for the process's life
   ASAN_OPTIONS=allocator_may_return_null=1:detect_leaks=1 \

@@ -38,7 +38,7 @@ size_t fsdp_tensor_nbytes(const fsdp_tensor *t) {
 int fsdp_tensor_alloc(fsdp_tensor *t, int device, int dtype, int ndim, const int64_t *shape) {
   if (!t) return fsdp_fail(FSDP_EINVAL, "tensor_alloc: NULL tensor");
   memset(t, 0, sizeof *t);
-  int64_t n;
+  int64_t n = 0;
   FSDP_CHECK(check_shape("tensor_alloc", ndim, shape, &n));
   if (!fsdp_dtype_size(dtype)) return fsdp_fail(FSDP_EINVAL, "tensor_alloc: unknown dtype %d", dtype);
   FSDP_CHECK(fsdp_alloc(device, (size_t)n * fsdp_dtype_size(dtype), &t->data));
@@ -51,7 +51,7 @@ int fsdp_tensor_alloc(fsdp_tensor *t, int device, int dtype, int ndim, const int
 
 int fsdp_tensor_view(fsdp_tensor *t, const fsdp_tensor *base, int64_t offset, int ndim, const int64_t *shape) {
   if (!t || !base || !base->data) return fsdp_fail(FSDP_EINVAL, "tensor_view: NULL or freed base");
-  int64_t n;
+  int64_t n = 0;
   FSDP_CHECK(check_shape("tensor_view", ndim, shape, &n));
   int64_t have = fsdp_tensor_numel(base);
   if (offset < 0 || offset > have || n > have - offset)

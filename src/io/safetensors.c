@@ -183,7 +183,7 @@ static int make(const char *what, int64_t file_bytes, fsdp_safetensors **out) {
 int fsdp_safetensors_parse(const void *file, size_t n, int64_t file_bytes, const char *what, fsdp_safetensors **out) {
   if (!out || (!file && n)) return fsdp_fail(FSDP_EINVAL, "safetensors_parse: NULL argument");
   *out = NULL;
-  fsdp_safetensors *st;
+  fsdp_safetensors *st = NULL;
   FSDP_CHECK(make(what ? what : "safetensors", file_bytes, &st));
   int rc = parse_header(st, file, n);
   if (rc != FSDP_OK) {

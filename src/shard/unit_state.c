@@ -21,7 +21,7 @@ static int state_buffer(fsdp_unit *u, int kind, int64_t off, int64_t n, float **
 }
 
 int fsdp_unit_state_get(fsdp_unit *u, int kind, int64_t off, int64_t n, float *dst) {
-  float *src;
+  float *src = NULL;
   FSDP_CHECK(state_buffer(u, kind, off, n, &src));
   if (n && !dst) return fsdp_fail(FSDP_EINVAL, "unit_state_get: NULL destination");
   /* the last step's optimizer work (kernels on the shard stream) first */
@@ -30,7 +30,7 @@ int fsdp_unit_state_get(fsdp_unit *u, int kind, int64_t off, int64_t n, float *d
 }
 
 int fsdp_unit_state_set(fsdp_unit *u, int kind, int64_t off, int64_t n, const float *src) {
-  float *dst;
+  float *dst = NULL;
   FSDP_CHECK(state_buffer(u, kind, off, n, &dst));
   if (n && !src) return fsdp_fail(FSDP_EINVAL, "unit_state_set: NULL source");
   FSDP_CHECK(fsdp_unit_synchronize(u));
