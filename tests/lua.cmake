@@ -72,3 +72,10 @@ endforeach()
 add_test(NAME lua_repl
          COMMAND fsdp-host ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_repl.lua $<TARGET_FILE:fsdp-host> $<TARGET_FILE:fsdprun> ${CMAKE_SOURCE_DIR})
 set_tests_properties(lua_repl PROPERTIES LABELS multirank TIMEOUT 120 RUN_SERIAL ON)
+# Hugging Face folders against the model: config.json checked field by
+# field, the index deciding the files, a tied head, model.from_hf
+foreach(n 1 2)
+  add_test(NAME lua_hf_np${n}
+           COMMAND $<TARGET_FILE:fsdprun> -n ${n} --timeout 200 ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_hf.lua)
+  set_tests_properties(lua_hf_np${n} PROPERTIES LABELS multirank TIMEOUT 240 RUN_SERIAL ON)
+endforeach()

@@ -1,39 +1,24 @@
 -- fsdp.hf: Hugging Face interchange for Llama models (docs/CHECKPOINTS.md).
 --   hf.export(s, cfg, dir, {dtype = "bf16" | "fp32", shard_bytes = 5e9})
---   hf.import(s, cfg, dir)
+--   hf.import(s, cfg, dir, {seq = 4096, quiet = false})  -> {notes = {...}}
 -- export writes model-0000k-of-0000n.safetensors, model.safetensors.index.json
 -- and config.json with Hugging Face's Llama tensor names (fsdp uses the same
 -- names, shapes and rotary convention, so no tensor is permuted). Each rank
 -- writes its own element ranges straight into the files at their offsets:
 -- no rank ever holds more than its shard. import reads, on each rank, only
--- the ranges it holds. Both are collective over the model's ranks.
+-- the ranges it holds. Both are collective over the model's ranks. import
+-- holds cfg against the folder's config.json first (fsdp.hf_config).
 local base = require "fsdp.ffi"
 local tensor = require "fsdp.tensor"
 local json = require "fsdp.json"
 local ckpt = require "fsdp.checkpoint"
+local hf_config = require "fsdp.hf_config"
 local ffi, C, check = base.ffi, base.C, base.check
 
 local M = {}
 
 local function last_error() return ffi.string(C.fsdp_last_error()) end
 local world, agree = ckpt.world, ckpt.agree
-
-local function config_json(cfg, dtype)
-  local c = {
-    architectures = { "LlamaForCausalLM" }, model_type = "llama", hidden_act = "silu", attention_bias = false,
-    mlp_bias = false, initializer_range = 0.02, use_cache = true, torch_dtype = dtype == "bf16" and "bfloat16" or "float32",
-    hidden_size = cfg.hidden_size, intermediate_size = cfg.intermediate_size, num_attention_heads = cfg.num_attention_heads,
-    num_key_value_heads = cfg.num_key_value_heads, num_hidden_layers = cfg.num_hidden_layers, vocab_size = cfg.vocab_size,
-    max_position_embeddings = cfg.max_position_embeddings, rms_norm_eps = cfg.rms_norm_eps, rope_theta = cfg.rope_theta,
-    tie_word_embeddings = cfg.tie_word_embeddings and true or false, head_dim = cfg.head_dim,
-  }
-  if cfg.rope_scaling then
-    local rs = {}
-    for k, v in pairs(cfg.rope_scaling) do rs[k] = v end
-    c.rope_scaling = rs
-  end
-  return json.encode(c)
-end
 
 -- Which tensors go in which file: in model order, a new file when the
 -- current one would pass shard_bytes.
@@ -143,7 +128,7 @@ function M.export(s, cfg, dir, o)
       for _, f in ipairs(files) do for _, t in ipairs(f) do map[t.name] = f.name end end
       local idx = json.encode({ metadata = { total_size = total }, weight_map = map })
       check(C.fsdp_fs_write_atomic(tmp .. "/model.safetensors.index.json", idx, #idx), what)
-      local cj = config_json(cfg, dtype)
+      local cj = hf_config.encode(cfg, dtype)
       check(C.fsdp_fs_write_atomic(tmp .. "/config.json", cj, #cj), what)
       check(C.fsdp_fs_remove_tree(dir), what)
       check(C.fsdp_fs_rename(tmp, dir), what)
@@ -154,42 +139,124 @@ function M.export(s, cfg, dir, o)
   return { files = #files, bytes = total }
 end
 
--- every *.safetensors file in dir, opened: name -> {st, index}
+-- The files transformers would load, in its order of preference:
+-- model.safetensors alone; else the files model.safetensors.index.json
+-- lists (a stale extra shard beside them is not read); else every
+-- *.safetensors file. Returns the names and the index's weight_map (or nil).
+local function weight_files(dir)
+  local names = ckpt.list(dir)
+  local have = {}
+  for _, f in ipairs(names) do have[f] = true end
+  if have["model.safetensors"] then return { "model.safetensors" } end
+  if have["model.safetensors.index.json"] then
+    local path = dir .. "/model.safetensors.index.json"
+    local ok, idx = pcall(json.decode, ckpt.read_text(path) or "")
+    if not ok then error(path .. ": " .. tostring(idx), 0) end
+    if type(idx) ~= "table" or type(idx.weight_map) ~= "table" then error(path .. ": no weight_map object", 0) end
+    local files, seen = {}, {}
+    for name, f in pairs(idx.weight_map) do
+      if type(f) ~= "string" then error(string.format("%s: weight_map['%s'] is not a file name", path, name), 0) end
+      if not have[f] then error(string.format("%s: lists %s (for '%s'), which is not in %s", path, f, name, dir), 0) end
+      if not seen[f] then files[#files + 1], seen[f] = f, true end
+    end
+    table.sort(files)
+    return files, idx.weight_map
+  end
+  local files = {}
+  for _, f in ipairs(names) do if f:match("%.safetensors$") then files[#files + 1] = f end end
+  return files
+end
+
+-- the weight files of dir, opened: name -> {st, index, file, shape, dtype}
 local function open_dir(dir)
   local found, handles = {}, {}
-  for _, f in ipairs(ckpt.list(dir)) do
-    if f:match("%.safetensors$") then
-      local h = ffi.new("fsdp_safetensors *[1]")
-      if C.fsdp_safetensors_open(dir .. "/" .. f, h) < 0 then
-        for _, x in ipairs(handles) do C.fsdp_safetensors_close(x) end
-        error(last_error(), 0)
-      end
-      handles[#handles + 1] = h[0]
-      local ent = ffi.new("fsdp_safetensors_entry")
-      for i = 0, C.fsdp_safetensors_count(h[0]) - 1 do
-        C.fsdp_safetensors_entry_get(h[0], i, ent)
-        local name = ffi.string(ent.name)
-        if found[name] then
-          for _, x in ipairs(handles) do C.fsdp_safetensors_close(x) end
-          error(string.format("%s: tensor '%s' is in both %s and %s", dir, name, found[name].file, f), 0)
-        end
-        local shape = {}
-        for k = 0, ent.ndim - 1 do shape[#shape + 1] = tonumber(ent.shape[k]) end
-        found[name] = { st = h[0], index = i, file = f, shape = shape, dtype = ffi.string(ent.dtype) }
-      end
+  local files, map = weight_files(dir)
+  local function fail(msg)
+    for _, x in ipairs(handles) do C.fsdp_safetensors_close(x) end
+    error(msg, 0)
+  end
+  for _, f in ipairs(files) do
+    local h = ffi.new("fsdp_safetensors *[1]")
+    if C.fsdp_safetensors_open(dir .. "/" .. f, h) < 0 then fail(last_error()) end
+    handles[#handles + 1] = h[0]
+    local ent = ffi.new("fsdp_safetensors_entry")
+    for i = 0, C.fsdp_safetensors_count(h[0]) - 1 do
+      C.fsdp_safetensors_entry_get(h[0], i, ent)
+      local name = ffi.string(ent.name)
+      if found[name] then fail(string.format("%s: tensor '%s' is in both %s and %s", dir, name, found[name].file, f)) end
+      local shape = {}
+      for k = 0, ent.ndim - 1 do shape[#shape + 1] = tonumber(ent.shape[k]) end
+      found[name] = { st = h[0], index = i, file = f, shape = shape, dtype = ffi.string(ent.dtype) }
+    end
+  end
+  for name, f in pairs(map or {}) do
+    if not found[name] or found[name].file ~= f then
+      fail(string.format("%s/model.safetensors.index.json puts '%s' in %s, but %s", dir, name, f,
+        found[name] and ("it is in " .. found[name].file) or "that file does not have it"))
     end
   end
   if #handles == 0 then error(dir .. ": no .safetensors files", 0) end
   return found, handles
 end
 
+-- A tied model takes an untied file's lm_head.weight only when it is the
+-- embedding bit for bit (else the model would compute with other weights
+-- than the files'). Each rank compares the embedding ranges it holds
+-- (pc: a piece of model.embed_tokens.weight).
+local function check_tied_head(dir, found, pc)
+  local head, emb = found["lm_head.weight"], found["model.embed_tokens.weight"]
+  if table.concat(head.shape, "x") ~= table.concat(emb.shape, "x") then
+    error(string.format("%s: lm_head.weight (in %s) has shape %s, the embedding %s, but the model ties them " ..
+      "(tie_word_embeddings = true)", dir, head.file, table.concat(head.shape, "x"), table.concat(emb.shape, "x")), 0)
+  end
+  local n = pc["end"] - pc.begin
+  local a, b = tensor.new(n), tensor.new(n)
+  local ok = C.fsdp_safetensors_read(head.st, head.index, pc.begin, pc["end"], a:ptr()) >= 0
+    and C.fsdp_safetensors_read(emb.st, emb.index, pc.begin, pc["end"], b:ptr()) >= 0
+  local fa, fb = ffi.cast("float *", a:ptr()), ffi.cast("float *", b:ptr())
+  local ua, ub = ffi.cast("uint32_t *", fa), ffi.cast("uint32_t *", fb)
+  local msg = not ok and last_error() or nil
+  for i = 0, ok and n - 1 or -1 do
+    if ua[i] ~= ub[i] then
+      msg = string.format("%s: lm_head.weight (in %s) differs from model.embed_tokens.weight (element %d: %.9g vs %.9g), but " ..
+        "the model ties them (tie_word_embeddings = true), so the files' head would be dropped. Set " ..
+        "model.tie_word_embeddings = false", dir, head.file, pc.begin + i, fa[i], fb[i])
+      break
+    end
+  end
+  a:free(); b:free()
+  if msg then error(msg, 0) end
+end
+
+-- What dir/config.json says against cfg: refuses a disagreement; returns
+-- the warnings (none refuse).
+local function check_config(cfg, dir, seq)
+  local file, _, path = hf_config.read(dir)
+  if not file then
+    return { string.format("%s has no config.json: nothing but the tensors' names and shapes could be checked (the " ..
+      "model's rope_theta, rope_scaling, rms_norm_eps and hidden_act are taken to be the files')", dir) }
+  end
+  hf_config.check(cfg, file, path)
+  if seq and seq > file.max_position_embeddings then
+    return { string.format("sequences of %d tokens are longer than %s's max_position_embeddings = %d (positions past it " ..
+      "were never trained)", seq, path, file.max_position_embeddings) }
+  end
+  return {}
+end
+
 -- Initialises s from the safetensors files in dir (any sharding of them):
 -- main params from the files, optimizer state zero, optimizer step 0.
-function M.import(s, cfg, dir)
+-- cfg (the model's llama config) must agree with dir/config.json where
+-- there is one (fsdp.hf_config.check). o.seq: the run's sequence length
+-- (a warning when past config.json's max_position_embeddings); o.quiet:
+-- rank 0 does not print the warnings. Returns {notes = warnings}.
+function M.import(s, cfg, dir, o)
+  o = o or {}
   local what = "hf.import from " .. dir
   local list = ckpt.catalogue(s)
-  local staged = {}
+  local staged, notes = {}, {}
   local ok, err = pcall(function()
+    notes = check_config(cfg, dir, o.seq)
     local found, handles = open_dir(dir)
     local ok2, e2 = pcall(function()
       local want = {}
@@ -216,6 +283,9 @@ function M.import(s, cfg, dir)
           if C.fsdp_safetensors_read(f.st, f.index, pc.begin, pc["end"], buf:ptr() + pc.off) < 0 then
             error(last_error(), 0)
           end
+          if pc.name == "model.embed_tokens.weight" and cfg.tie_word_embeddings and found["lm_head.weight"] then
+            check_tied_head(dir, found, pc)
+          end
         end
         staged[#staged + 1] = { unit = u, buf = buf, n = n }
       end
@@ -233,6 +303,11 @@ function M.import(s, cfg, dir)
     g.buf:free(); z:free()
   end
   s.step_count = 0
+  if not o.quiet and world(s) == 0 then
+    for _, n in ipairs(notes) do print(what .. ": warning: " .. n) end
+    io.stdout:flush()
+  end
+  return { notes = notes }
 end
 
 return M

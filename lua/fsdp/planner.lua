@@ -12,6 +12,7 @@
 local base = require "fsdp.ffi"
 local recipe = require "fsdp.recipe"
 local llama = require "fsdp.models.llama"
+local hf_config = require "fsdp.hf_config"
 local shard = require "fsdp.shard"
 local mesh = require "fsdp.mesh"
 local json = require "fsdp.json"
@@ -118,9 +119,7 @@ function M.plan(r, o)
   if W < 1 or W % 1 ~= 0 then error(string.format("%s: world = %s; expected a positive integer", where, tostring(W)), 0) end
   local S, R = M.mesh_sizes(o.mesh or r.mesh, W, where)
   local f = r.fsdp
-  local mcfg = {}
-  for k, v in pairs(r.model) do if k ~= "preset" then mcfg[k] = v end end
-  local cfg = llama.config(r.model.preset, mcfg, where .. ": model")
+  local cfg = hf_config.model(r.model, where)
   local model = llama.model(cfg, { checkpoint = f.checkpoint })
   local ok, a = pcall(shard.assign, model, { units = M.policy(f.units, where), zero = f.zero, offload = f.offload, hfsdp = f.hfsdp })
   if not ok then error(where .. ": fsdp.units: " .. tostring(a):gsub("^fully_shard: ", ""), 0) end

@@ -8,7 +8,7 @@ local M = {}
 -- section -> field -> {kind, default}; kind: "int", "number", "string",
 -- "boolean", "table", "any", or a list of allowed values
 M.schema = {
-  model = {}, -- Hugging Face LlamaConfig fields plus `preset`; checked by fsdp.models.llama
+  model = {}, -- Hugging Face LlamaConfig fields plus `preset` and `from_hf`; checked by fsdp.hf_config.model
   mesh = nil, -- "dp_shard=-1" (the default), "dp_outer=2,dp_shard=-1", or a list of {name, size}
   fsdp = {
     zero = { "int", 3 }, units = { "any", "default" }, prefetch = { "int", 1 }, max_live_units = { "int", 2 },
@@ -39,7 +39,7 @@ M.schema = {
   checkpoint = {
     dir = { "string", nil }, every = { "int", 0 }, keep_last = { "int", 3 }, async = { "boolean", true },
     export_hf = { "string", nil }, export_dtype = { { "bf16", "fp32" }, "bf16" }, export_shard_mb = { "number", 5000 },
-    init_hf = { "string", nil },
+    init_hf = { "any", nil },
   },
 }
 
@@ -148,6 +148,10 @@ function M.check(r, where)
   if ck.every < 0 then fail(where, "checkpoint.every = %d; expected >= 0 (0: only at the end)", ck.every) end
   if ck.keep_last < 0 then fail(where, "checkpoint.keep_last = %d; expected >= 0 (0: keep all)", ck.keep_last) end
   if ck.export_shard_mb <= 0 then fail(where, "checkpoint.export_shard_mb = %g; expected > 0", ck.export_shard_mb) end
+  if ck.init_hf ~= nil and ck.init_hf ~= false and type(ck.init_hf) ~= "string" then
+    fail(where, "checkpoint.init_hf = %s; expected the path of a Hugging Face folder, or false (with model.from_hf: " ..
+      "its architecture, not its weights)", tostring(ck.init_hf))
+  end
   if ck.every > 0 and not ck.dir then fail(where, "checkpoint.every = %d needs checkpoint.dir", ck.every) end
   if t.resume == "auto" and not ck.dir then fail(where, "train.resume = 'auto' needs checkpoint.dir (where to look)") end
   return r

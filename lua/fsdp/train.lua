@@ -13,6 +13,7 @@ local data = require "fsdp.data"
 local checkpoint = require "fsdp.checkpoint"
 local hf = require "fsdp.hf"
 local ops = require "fsdp.ops"
+local hf_config = require "fsdp.hf_config"
 local ffi, C, check = fsdp.ffi, fsdp.C, fsdp.check
 
 local M = {}
@@ -103,9 +104,7 @@ function M.run(r, where, args, break_at)
   local say = function(...) if R == 0 then print(string.format(...)) io.stdout:flush() end end
 
   local device = r.train.device
-  local mcfg = {}
-  for k, v in pairs(r.model) do if k ~= "preset" then mcfg[k] = v end end
-  local cfg = llama.config(r.model.preset, mcfg, where .. ": model")
+  local cfg = hf_config.model(r.model, where)
 
   -- pre-flight: the planned need per rank against what the device has,
   -- before anything is allocated
@@ -190,7 +189,7 @@ function M.run(r, where, args, break_at)
     mixed = { param_dtype = r.fsdp.param_dtype, reduce_dtype = r.fsdp.reduce_dtype } })
 
   -- resume (train.resume), else initial weights from Hugging Face files
-  -- (checkpoint.init_hf), else the meta init's
+  -- (checkpoint.init_hf, by default model.from_hf's folder), else the meta init's
   local ck, o = r.checkpoint, r.optimizer
   local start, consumed, resumed = 1, 0, nil
   if r.train.resume then
@@ -213,10 +212,13 @@ function M.run(r, where, args, break_at)
       say("resumed from %s: step %d done, %d windows of data consumed", path, start - 1, consumed)
     end
   end
-  if not resumed and ck.init_hf then
-    local ok, e = pcall(hf.import, sharded, cfg, ck.init_hf)
-    if not ok then error(where .. ": checkpoint.init_hf: " .. tostring(e), 0) end
-    say("initial weights from %s", ck.init_hf)
+  local init_hf = ck.init_hf
+  if init_hf == nil then init_hf = r.model.from_hf end
+  if not resumed and init_hf then
+    local field = ck.init_hf and "checkpoint.init_hf" or "model.from_hf"
+    local ok, e = pcall(hf.import, sharded, cfg, init_hf, { seq = T })
+    if not ok then error(where .. ": " .. field .. ": " .. tostring(e), 0) end
+    say("initial weights from %s", init_hf)
   end
   local train_loader = ds:loader({ split = "train", batch = B, seq = T, rank = dp_rank, world = dp, seed = seed,
     state = { consumed = consumed } })

@@ -10,8 +10,9 @@ independent reader of what src/io/safetensors.c writes):
   * model.safetensors.index.json: metadata.total_size equal to the sum of
     the tensors' bytes, weight_map naming every tensor's file, and nothing
     else;
-  * config.json: a LlamaForCausalLM config whose shapes agree with the
-    tensors (embedding, layers, projections, tied head or not).
+  * config.json: a LlamaForCausalLM config, float fields written as floats,
+    whose shapes agree with the tensors (embedding, layers, projections,
+    tied head or not).
 Prints "ok DIR" per directory; exits 1 with the first fault otherwise."""
 import json
 import math
@@ -99,6 +100,13 @@ def check_dir(d):
     cfg = json.load(open(os.path.join(d, "config.json")))
     if cfg.get("architectures") != ["LlamaForCausalLM"] or cfg.get("model_type") != "llama":
         fail(d + ": config.json is not a LlamaForCausalLM config")
+    # float fields are floats, ints ints (older transformers versions check the type)
+    rs = cfg.get("rope_scaling") or {}
+    for name, v, kind in [(k, cfg.get(k), float) for k in ("rope_theta", "rms_norm_eps", "initializer_range")] + \
+            [(k, cfg.get(k), int) for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "vocab_size")] + \
+            [("rope_scaling." + k, rs.get(k), float) for k in ("factor", "low_freq_factor", "high_freq_factor") if k in rs]:
+        if type(v) is not kind:
+            fail("%s: config.json's %s = %r is not %s" % (d, name, v, "a float" if kind is float else "an int"))
     h, i, L, V = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"], cfg["vocab_size"]
     hd = cfg.get("head_dim", h // cfg["num_attention_heads"])
     q, kv = cfg["num_attention_heads"] * hd, cfg["num_key_value_heads"] * hd

@@ -84,6 +84,7 @@ function M.config(preset, overrides, where)
   c.rms_norm_eps = c.rms_norm_eps or 1e-6
   c.max_position_embeddings = c.max_position_embeddings or 2048
   c.initializer_range = c.initializer_range or 0.02
+  c.hidden_act = c.hidden_act or "silu"
   if c.tie_word_embeddings == nil then c.tie_word_embeddings = false end
   c.head_dim = c.head_dim or c.hidden_size / c.num_attention_heads
   if c.head_dim % 1 ~= 0 then
@@ -94,7 +95,7 @@ function M.config(preset, overrides, where)
     error(string.format("%s: num_attention_heads %d is not a multiple of num_key_value_heads %d", where,
       c.num_attention_heads, c.num_key_value_heads), 2)
   end
-  if c.hidden_act and c.hidden_act ~= "silu" then error(string.format("%s: hidden_act = '%s'; only 'silu' (SwiGLU) is supported", where, c.hidden_act), 2) end
+  if c.hidden_act ~= "silu" then error(string.format("%s: hidden_act = '%s'; only 'silu' (SwiGLU) is supported", where, c.hidden_act), 2) end
   if c.attention_bias or c.mlp_bias then error(where .. ": attention_bias / mlp_bias are not supported (Llama has none)", 2) end
   local rs = c.rope_scaling
   if rs then
