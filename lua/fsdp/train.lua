@@ -217,7 +217,10 @@ function M.run(r, where, args, break_at)
   if not resumed and init_hf then
     local field = ck.init_hf and "checkpoint.init_hf" or "model.from_hf"
     local ok, e = pcall(hf.import, sharded, cfg, init_hf, { seq = T })
-    if not ok then error(where .. ": " .. field .. ": " .. tostring(e), 0) end
+    if not ok then
+      sharded:free() -- now, while the mesh it uses is alive (the collector's order is any)
+      error(where .. ": " .. field .. ": " .. tostring(e), 0)
+    end
     say("initial weights from %s", init_hf)
   end
   local train_loader = ds:loader({ split = "train", batch = B, seq = T, rank = dp_rank, world = dp, seed = seed,
