@@ -77,8 +77,13 @@ typedef struct fsdp_pool fsdp_pool;
 typedef struct fsdp_unit fsdp_unit;
 
 /* Full-unit buffers (zero 3's gathered params, zero 2/3's full grads):
- * max_live buffers of `bytes` each (default use: 2, double buffering). */
-int fsdp_pool_create(int device, size_t bytes, int max_live, fsdp_pool **out);
+ * nslots buffers of slot_bytes[i] bytes each (the bound: at most nslots
+ * live at once; fully_shard sizes them after its largest units). A request
+ * takes the smallest free slot that fits. */
+int fsdp_pool_create(int device, int nslots, const int64_t *slot_bytes, fsdp_pool **out);
+/* That choice, alone: the slot a request of `bytes` takes (-1: none fits),
+ * for the planner's replay of the schedule. */
+int fsdp_pool_pick(int nslots, const int64_t *slot_bytes, const uint8_t *taken, int64_t bytes);
 int fsdp_pool_destroy(fsdp_pool *p);
 int fsdp_pool_live(const fsdp_pool *p);
 int fsdp_pool_peak(const fsdp_pool *p);

@@ -151,7 +151,7 @@ function M.plan(r, o)
         "the device first", where, u.name), 0)
     end
   end
-  local pool_bytes = shard.plan_units(a, { shard_ranks = S, outer_ranks = R, hfsdp = hf, device = r.train.device,
+  shard.plan_units(a, { shard_ranks = S, outer_ranks = R, hfsdp = hf, device = r.train.device,
     param_dtype = f.param_dtype, reduce_dtype = f.reduce_dtype, comm_register = REG[f.comm_register or "none"] or 0 })
   for _, u in ipairs(a.units) do
     if hf and u.zero == 0 then error(string.format("%s: unit '%s' has zero 0; hfsdp needs zero >= 1 everywhere", where, u.name), 0) end
@@ -195,11 +195,10 @@ function M.plan(r, o)
   if max_stage > 0 and f.separate_reduce ~= false then resident.scratch = resident.scratch + max_stage end
   p.resident = resident
   local bound = shard.pool_bound(a, f.max_live_units)
-  local peak, why = shard.simulate(a, f.prefetch, bound)
+  local slots, peak, why = shard.pool_slots(a, f.prefetch, bound)
   if not peak then error(where .. ": the schedule does not fit its buffer pools: " .. why .. " (raise fsdp.max_live_units)", 0) end
-  p.pools = { bound = bound, param_buffer_bytes = pool_bytes.params, grad_buffer_bytes = pool_bytes.grads,
-    params = bound * pool_bytes.params, grads = bound * pool_bytes.grads, peak_params = peak.params,
-    peak_grads = peak.grads }
+  p.pools = { bound = bound, slots = slots, params = shard.sum(slots.params), grads = shard.sum(slots.grads),
+    peak_params = peak.params, peak_grads = peak.grads }
   p.activations, p.loss_rows = activations(cfg, B, T, f.checkpoint, gpu and ces or 4, r.train.loss_chunk_mb * 2 ^ 20)
   local sum = 0
   for k, v in pairs(resident) do if k ~= "offloaded" then sum = sum + v end end
@@ -260,6 +259,19 @@ local function human(n)
 end
 M.human = human
 
+-- "2 x 116.01 MiB + 501.00 MiB": a pool's slots, equal ones counted
+local function slot_list(v)
+  if #v == 0 then return "none" end
+  local out, i = {}, 1
+  while i <= #v do
+    local j = i
+    while j < #v and v[j + 1] == v[i] do j = j + 1 end
+    out[#out + 1] = (j > i and (j - i + 1) .. " x " or "") .. M.bytes(v[i])
+    i = j + 1
+  end
+  return table.concat(out, " + ")
+end
+
 local function bytes(b)
   if b >= 2 ^ 30 then return string.format("%.2f GiB", b / 2 ^ 30) end
   if b >= 2 ^ 20 then return string.format("%.2f MiB", b / 2 ^ 20) end
@@ -298,9 +310,8 @@ function M.memory_rows(p)
     { "grads", bytes(m.grads_full + m.grads_main), "resident" },
     { "comm scratch", bytes(m.scratch), "resident, shared by the units: the reduce staging (and the param staging of host-held shards)" },
     { "host staging (offload)", bytes(m.host_stage), "resident, host" },
-    { "unit buffer pools", bytes(p.pools.params + p.pools.grads), string.format("%d x %s params + %d x %s grads; live at once: %d params, %d grads",
-      p.pools.params > 0 and p.pools.bound or 0, bytes(p.pools.param_buffer_bytes), p.pools.grads > 0 and p.pools.bound or 0,
-      bytes(p.pools.grad_buffer_bytes), p.pools.peak_params, p.pools.peak_grads) },
+    { "unit buffer pools", bytes(p.pools.params + p.pools.grads), string.format("params %s, grads %s; live at once: %d params, %d grads",
+      slot_list(p.pools.slots.params), slot_list(p.pools.slots.grads), p.pools.peak_params, p.pools.peak_grads) },
     { "activations", bytes(p.activations), string.format("micro-batch %d x %d, checkpoint %s, logits %s", p.micro_batch, p.seq,
       tostring(p.checkpoint), p.loss_rows < p.micro_batch * p.seq and string.format("in chunks of %d rows", p.loss_rows) or "whole") },
     { "peak", bytes(p.peak), p.host > 0 and string.format("%s on the device, %s in host memory (offload)", bytes(p.device_peak),

@@ -229,41 +229,86 @@ function M.plan_units(a, o)
   return pools
 end
 
+-- The schedule when compute moves from unit cur to unit u; one piece of
+-- code for the run (Ctx:enter) and its replay (M.simulate): the previous
+-- unit is resharded unless it stays gathered until its backward, u is
+-- gathered, and the units that run next (following ones in forward,
+-- preceding ones in backward) are prefetched up to u.prefetch (or the
+-- model's), stopping at the first that cannot be (the pool's bound). Not
+-- from a module that borrows another unit's params (shares): that unit
+-- runs out of order, and its neighbours are not next.
+-- eng.unshard(unit, is_prefetch) -> true when gathered; eng.reshard(unit).
+function M.switch_unit(cur, u, forward, shares, prefetch, units, eng)
+  if cur and cur.zero == 3 and (not forward or cur.reshard_after_forward) then eng.reshard(cur) end
+  local ok = eng.unshard(u, false)
+  local dir = forward and 1 or -1
+  for d = 1, shares and 0 or (u.prefetch or prefetch) do
+    local nxt = units[u.index + d * dir]
+    if not nxt or not eng.unshard(nxt, true) then break end
+  end
+  return ok
+end
+
+-- A pool as the replay sees it: its slots' sizes and which are taken, each
+-- request given the slot src/shard/pool.c would give (fsdp_pool_pick).
+local function sim_pool(slots)
+  local n = #slots
+  local bytes, taken = ffi.new("int64_t[?]", math.max(n, 1)), ffi.new("uint8_t[?]", math.max(n, 1))
+  for i, b in ipairs(slots) do bytes[i - 1] = b end
+  local p = { live = 0, peak = 0 }
+  function p.take(b)
+    local i = C.fsdp_pool_pick(n, bytes, taken, b)
+    if i < 0 then return nil end
+    taken[i] = 1
+    p.live = p.live + 1
+    p.peak = math.max(p.peak, p.live)
+    return i
+  end
+  function p.give(i)
+    taken[i] = 0
+    p.live = p.live - 1
+  end
+  return p
+end
+
 -- Full-unit buffers live at once when each micro-batch runs its forward
--- and backward, by replaying the schedule (Ctx below) on unit state alone:
--- {params = peak zero-3 buffers, grads = peak zero-2/3 grad buffers,
--- gathers = {[unit] = all-gathers per micro-batch}}, or
--- nil and the reason when the pools' bound (live) is too small.
-function M.simulate(a, prefetch, live)
-  local P, G = { live = 0, peak = 0 }, { live = 0, peak = 0 }
-  local gathered, gslot, cur, gathers = {}, {}, nil, {}
-  local function take(pool) pool.live = pool.live + 1; pool.peak = math.max(pool.peak, pool.live) end
-  local function unshard(u)
-    if u.zero ~= 3 or gathered[u] then return true end
-    if u.plan.pool_params == 0 then gathered[u] = "shard"; return true end -- one rank: the shard is the full unit
-    if P.live >= live then return false end
-    take(P); gathered[u] = true
+-- and backward, by replaying the schedule (M.switch_unit, as Ctx runs it)
+-- on unit state alone, with pools of these slots ({params = {bytes...},
+-- grads = {...}}): {params = peak param buffers, grads = peak grad buffers,
+-- gathers = {[unit] = all-gathers per micro-batch}}, or nil and the
+-- reason when a unit finds no slot it fits when it must have one.
+function M.simulate(a, prefetch, slots)
+  local P, G = sim_pool(slots.params), sim_pool(slots.grads)
+  local held, gheld, gathers, cur = {}, {}, {}, nil
+  local eng = {}
+  function eng.unshard(u)
+    if u.zero ~= 3 or held[u] then return true end
+    if u.plan.pool_params == 0 then held[u] = -1; return true end -- one rank: the shard is the full unit
+    local i = P.take(tonumber(u.plan.pool_params))
+    if not i then return false end
+    held[u] = i
     gathers[u] = (gathers[u] or 0) + 1
     return true
   end
-  local function reshard(u)
-    if gathered[u] == true then P.live = P.live - 1 end
-    gathered[u] = nil
+  function eng.reshard(u)
+    if held[u] and held[u] >= 0 then P.give(held[u]) end
+    held[u] = nil
   end
   local function enter(v, forward)
     local u = v.unit
     if cur ~= u then
-      if cur and cur.zero == 3 and (not forward or cur.reshard_after_forward) then reshard(cur) end
-      if not unshard(u) then return string.format("unit '%s' cannot be gathered: all %d param buffers are in use", u.name, live) end
-      for d = 1, v.shares and 0 or (u.prefetch or prefetch) do
-        local nxt = a.units[u.index + (forward and d or -d)]
-        if not nxt or not unshard(nxt) then break end
+      if not M.switch_unit(cur, u, forward, v.shares, prefetch, a.units, eng) then
+        return string.format("unit '%s' cannot be gathered: no free param buffer fits it (%d of %d in use)", u.name,
+          P.live, #slots.params)
       end
       cur = u
     end
-    if not forward and u.plan.pool_grads > 0 and not gslot[u] then
-      if G.live >= live then return string.format("unit '%s' cannot take a grad buffer: all %d are in use", u.name, live) end
-      take(G); gslot[u] = true
+    if not forward and u.plan.pool_grads > 0 and not gheld[u] then
+      gheld[u] = G.take(tonumber(u.plan.pool_grads))
+      if not gheld[u] then
+        return string.format("unit '%s' cannot take a grad buffer: no free one fits it (%d of %d in use)", u.name,
+          G.live, #slots.grads)
+      end
     end
   end
   for _, v in ipairs(a.visits) do
@@ -274,14 +319,58 @@ function M.simulate(a, prefetch, live)
     local v = a.visits[i]
     local e = enter(v, false)
     if e then return nil, e end
-    if v.module == v.unit.first then
-      if v.unit.zero == 3 then reshard(v.unit) end
+    if v.module == v.unit.first then -- its backward is done: reshard, reduce (the grad buffer goes back)
+      if v.unit.zero == 3 then eng.reshard(v.unit) end
       cur = nil
-      if gslot[v.unit] then gslot[v.unit] = nil; G.live = G.live - 1 end
+      if gheld[v.unit] then G.give(gheld[v.unit]); gheld[v.unit] = nil end
     end
   end
   return { params = P.peak, grads = G.peak, gathers = gathers }
 end
+
+-- The pools' slots for assignment a (units planned: M.plan_units) and
+-- bound `live`: the sizes of the `live` largest units that borrow from
+-- each pool (a 501 MiB tied embedding and 116 MiB layers need one big slot
+-- and small ones, not all big), when the replayed schedule fits them;
+-- else `live` slots of the largest size (a bound that fits any order).
+-- Returns slots ({params = {...}, grads = {...}}), the replay's peak, and
+-- the reason when even those do not fit (peak nil).
+function M.pool_slots(a, prefetch, live)
+  local function sizes(field)
+    local v = {}
+    for _, u in ipairs(a.units) do
+      local b = tonumber(u.plan[field])
+      if b > 0 then v[#v + 1] = b end
+    end
+    table.sort(v, function(x, y) return x > y end)
+    return v
+  end
+  local p, g = sizes("pool_params"), sizes("pool_grads")
+  local function top(v)
+    local out = {}
+    for i = 1, math.min(live, #v) do out[i] = v[i] end
+    return out
+  end
+  local function even(v)
+    local out = {}
+    for i = 1, #v > 0 and live or 0 do out[i] = v[1] end
+    return out
+  end
+  local fitted = { params = top(p), grads = top(g) }
+  local peak = M.simulate(a, prefetch, fitted)
+  if peak then return fitted, peak end
+  local uniform = { params = even(p), grads = even(g) }
+  local why
+  peak, why = M.simulate(a, prefetch, uniform)
+  return uniform, peak, why
+end
+
+local function sum(v)
+  local t = 0
+  for _, b in ipairs(v) do t = t + b end
+  return t
+end
+M.sum = sum
 
 -- The pools' bound: max_live_units, raised so that units kept gathered
 -- between forward and backward (reshard_after_forward = false) fit with
@@ -335,13 +424,19 @@ function M.fully_shard(model, opts)
   end
   -- each unit's layout and buffer plan; the pools' buffers as big as the
   -- largest unit that borrows from them
-  local sizes = M.plan_units(a, { shard_ranks = opts.shard:size(), outer_ranks = opts.outer and opts.outer:size() or 1,
+  M.plan_units(a, { shard_ranks = opts.shard:size(), outer_ranks = opts.outer and opts.outer:size() or 1,
     hfsdp = s.hfsdp, device = s.device, param_dtype = pdt, reduce_dtype = rdt, comm_register = reg })
   local live = M.pool_bound(a, opts.max_live_units)
+  local slots = M.pool_slots(a, s.prefetch, live)
   local pp, gp = ffi.new("fsdp_pool *[1]"), ffi.new("fsdp_pool *[1]")
   local dev = tensor.device(s.device)
-  if sizes.params > 0 then check(C.fsdp_pool_create(dev, sizes.params, live, pp), "fully_shard: param pool") end
-  if sizes.grads > 0 then check(C.fsdp_pool_create(dev, sizes.grads, live, gp), "fully_shard: grad pool") end
+  local function pool(v, out, what)
+    if #v == 0 then return end
+    local b = ffi.new("int64_t[?]", #v, v)
+    check(C.fsdp_pool_create(dev, #v, b, out), "fully_shard: " .. what)
+  end
+  pool(slots.params, pp, "param pool")
+  pool(slots.grads, gp, "grad pool")
   -- the param pool is gathered into (shard), the grad pool reduced from (reduce)
   for _, pc in ipairs(reg ~= 0 and { { pp[0], opts.shard }, { gp[0], s.reduce } } or {}) do
     local p = pc[1]
@@ -351,7 +446,7 @@ function M.fully_shard(model, opts)
       check(rc, "fully_shard: registering the unit buffer pools")
     end
   end
-  s.live_bound = live
+  s.live_bound, s.slots = live, slots
   s.ppool, s.gpool = pp[0], gp[0]
   -- one finalizer for the lot, so units go before the pools they borrow
   -- from; it holds the handles (s.res), not s: a closure over s would be a
@@ -494,6 +589,14 @@ local function reshard(u, s)
   check(C.fsdp_unit_reshard(u.handle, s and s.cs or nil), "unit '" .. u.name .. "' reshard")
 end
 
+-- the real units as M.switch_unit drives them
+local function engine(s)
+  if not s.eng then
+    s.eng = { unshard = function(u, prefetch) return unshard(u, s, prefetch) end, reshard = function(u) reshard(u, s) end }
+  end
+  return s.eng
+end
+
 -- The schedule, as hooks around each module.
 local Ctx = {}
 Ctx.__index = Ctx
@@ -507,19 +610,7 @@ function Ctx:enter(m, phase)
   -- bound, no grads, prefetching in the backward direction)
   local forward = phase == "forward"
   if self.cur ~= u then
-    -- reshard_after_forward = false keeps a unit gathered until its backward
-    if self.cur and self.cur.zero == 3 and (not forward or self.cur.reshard_after_forward) then reshard(self.cur, s) end
-    unshard(u, s)
-    -- prefetch the units that run next (following ones in forward,
-    -- preceding ones in backward), up to opts.prefetch; stops at the pool's
-    -- bound instead of growing memory
-    -- (not from a module that borrows another unit's params: that unit runs
-    -- out of order, and its neighbours are not next)
-    local dir = forward and 1 or -1
-    for d = 1, m.shares and 0 or (u.prefetch or s.prefetch) do
-      local nxt = s.units[u.index + d * dir]
-      if not nxt or not unshard(nxt, s, true) then break end
-    end
+    M.switch_unit(self.cur, u, forward, m.shares, s.prefetch, s.units, engine(s))
     check(C.fsdp_unit_wait(u.handle, s.cs), "unit '" .. u.name .. "' wait")
     comm_times(u, u.gather_trace, "gather")
     u.gather_trace = nil

@@ -231,7 +231,8 @@ static void test_registration(fsdp_comm *c) {
     CHECK_OK(fsdp_comm_mem_free(c, mode, out));
   }
   fsdp_pool *p = NULL;
-  CHECK_OK(fsdp_pool_create(FSDP_CUDA, bytes, 2, &p));
+  int64_t slots[2] = {(int64_t)bytes, (int64_t)bytes};
+  CHECK_OK(fsdp_pool_create(FSDP_CUDA, 2, slots, &p));
   CHECK_OK(fsdp_pool_register(p, c, FSDP_REG_BUFFER));
   fsdp_pool_destroy(p);
   free(h);

@@ -92,8 +92,9 @@ static void run(fsdp_comm *shard, fsdp_comm *red, fsdp_comm *outer, int zero, in
   }
   fsdp_memory_stats before, after;
   CHECK_OK(fsdp_memory_get_stats(FSDP_CPU, &before));
-  CHECK_OK(fsdp_pool_create(FSDP_CPU, maxbytes, 2, &pp));
-  CHECK_OK(fsdp_pool_create(FSDP_CPU, maxbytes, 2, &gp));
+  int64_t slots[2] = {(int64_t)maxbytes, (int64_t)maxbytes};
+  CHECK_OK(fsdp_pool_create(FSDP_CPU, 2, slots, &pp));
+  CHECK_OK(fsdp_pool_create(FSDP_CPU, 2, slots, &gp));
   if (reg) {
     CHECK_OK(fsdp_pool_register(pp, shard, reg));
     CHECK_OK(fsdp_pool_register(gp, red ? red : shard, reg));

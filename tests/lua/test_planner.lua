@@ -120,10 +120,27 @@ local function compare(label, over)
   check(pp == p.pools.peak_params and gp == p.pools.peak_grads and s.live_bound == p.pools.bound,
     string.format("%s: peak live buffers: planned %d params %d grads (bound %d), measured %d, %d (bound %d)", label,
       p.pools.peak_params, p.pools.peak_grads, p.pools.bound, pp, gp, s.live_bound))
+  local function same(a, b)
+    if #a ~= #b then return false end
+    for i = 1, #a do if a[i] ~= b[i] then return false end end
+    return true
+  end
+  check(same(s.slots.params, p.pools.slots.params) and same(s.slots.grads, p.pools.slots.grads),
+    label .. ": the pools' slots are the planned ones")
   s:free()
+  return p
 end
 
 for zero = 0, 3 do compare("zero " .. zero, { ["fsdp.zero"] = zero }) end
+do -- a tied embedding larger than a layer (Llama 3.2 1B's shape in small):
+  -- one pool slot of its size, the others a layer's, planned and allocated
+  local p = compare("a big tied embedding", { ["model.vocab_size"] = 4096, ["model.tie_word_embeddings"] = true })
+  for _, which in ipairs({ "params", "grads" }) do
+    local v = p.pools.slots[which]
+    local ok = #v == p.pools.bound and v[1] > v[2] or (W == 1 and which == "params" and #v == 0)
+    check(ok, string.format("%s slots sized per unit: %s", which, table.concat(v, ", ")))
+  end
+end
 compare("checkpoint full", { ["fsdp.zero"] = 3, ["fsdp.checkpoint"] = "full" })
 -- a vocabulary large enough that the head holds the peak: whole logits,
 -- then chunks of them (forward_loss)

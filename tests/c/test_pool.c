@@ -1,0 +1,63 @@
+/* test_pool: the full-unit buffer pool (src/shard/pool.c) with slots of
+ * different sizes: which slot a request takes (the smallest free one that
+ * fits, the lowest index among equals), deferral when none fits, the
+ * bound, and that every slot is as big as asked (written to its last byte,
+ * which AddressSanitizer checks). The reference: the expected slot of each
+ * request, worked out by hand below. */
+#include <string.h>
+
+#include "check.h"
+#include "fsdp.h"
+#include "shard/pool.h"
+
+static void test_pick(void) {
+  int64_t b[] = {400, 160, 160, 90};
+  uint8_t t[] = {0, 0, 0, 0};
+  CHECK(fsdp_pool_pick(4, b, t, 120) == 1); /* 160 fits best; 1 before 2 */
+  CHECK(fsdp_pool_pick(4, b, t, 90) == 3);
+  CHECK(fsdp_pool_pick(4, b, t, 161) == 0);
+  CHECK(fsdp_pool_pick(4, b, t, 401) == -1);
+  t[1] = 1;
+  CHECK(fsdp_pool_pick(4, b, t, 120) == 2);
+  t[2] = 1;
+  CHECK(fsdp_pool_pick(4, b, t, 120) == 0); /* only the big one is free and fits */
+  t[0] = 1;
+  CHECK(fsdp_pool_pick(4, b, t, 120) == -1); /* 90 is free but too small */
+  CHECK(fsdp_pool_pick(4, b, t, 0) == 3);
+}
+
+static void test_pool(void) {
+  int64_t b[] = {400, 160, 160};
+  fsdp_pool *p = NULL;
+  CHECK_OK(fsdp_pool_create(FSDP_CPU, 3, b, &p));
+  fsdp_stream *s = NULL;
+  CHECK_OK(fsdp_stream_create(FSDP_CPU, &s));
+  int slot[4];
+  void *buf[4];
+  CHECK_OK(fsdp_pool_acquire(p, 120, s, &slot[0], &buf[0]));
+  CHECK_OK(fsdp_pool_acquire(p, 120, s, &slot[1], &buf[1]));
+  CHECK_OK(fsdp_pool_acquire(p, 120, s, &slot[2], &buf[2]));
+  CHECK(slot[0] == 1 && slot[1] == 2 && slot[2] == 0);
+  CHECK(buf[0] != buf[1] && buf[1] != buf[2] && buf[0] != buf[2]);
+  memset(buf[2], 1, 400), memset(buf[0], 2, 160), memset(buf[1], 3, 160); /* each slot is as big as asked */
+  CHECK(fsdp_pool_live(p) == 3 && fsdp_pool_peak(p) == 3);
+  CHECK(fsdp_pool_acquire(p, 10, s, &slot[3], &buf[3]) == FSDP_DEFERRED); /* at the bound */
+  CHECK_OK(fsdp_pool_release(p, slot[0], s));
+  CHECK(fsdp_pool_acquire(p, 300, s, &slot[3], &buf[3]) == FSDP_DEFERRED); /* a small slot is free, too small */
+  CHECK_OK(fsdp_pool_acquire(p, 100, s, &slot[3], &buf[3]));
+  CHECK(slot[3] == 1 && buf[3] == buf[0]);
+  CHECK_FAILS(fsdp_pool_acquire(p, 401, s, &slot[3], &buf[3]), FSDP_EINVAL, "largest buffer holds 400");
+  CHECK_FAILS(fsdp_pool_release(p, 7, s), FSDP_ESTATE, "not taken");
+  CHECK_OK(fsdp_stream_synchronize(s));
+  CHECK_OK(fsdp_pool_destroy(p));
+  CHECK_OK(fsdp_stream_destroy(s));
+  int64_t none[] = {-1};
+  CHECK_FAILS(fsdp_pool_create(FSDP_CPU, 1, none, &p), FSDP_EINVAL, "-1 bytes");
+  CHECK_FAILS(fsdp_pool_create(FSDP_CPU, 0, b, &p), FSDP_EINVAL, "at least 1");
+}
+
+int main(void) {
+  test_pick();
+  test_pool();
+  return fsdp_test_summary("test_pool");
+}
