@@ -1,4 +1,5 @@
-/* fsdp.h: the one public header of the fsdp engine.
+/* fsdp.h: the public API of the fsdp engine: this file and the per-layer
+ * headers it includes at the end (fsdp_shard.h, fsdp_ops.h, fsdp_io.h).
  *
  * FFI-clean on purpose: no macros inside declarations, no bit-fields, no
  * varargs, so that lua/fsdp/ffi.lua can hand this file (preprocessor lines and

@@ -7,7 +7,7 @@
 #include <stdint.h>
 
 /* ---- pre-tokenised token files (src/io/token_file.c) ----------------- */
-/* Formats (docs/DATA.md): AUTO reads the llm.c header (256 x int32: magic,
+/* Formats (docs/TRAINING.md, "The data"): AUTO reads the llm.c header (256 x int32: magic,
  * version, token count; magic 20240520 version 1: uint16 tokens, magic
  * 20240801 version 7: uint32 tokens) and rejects anything else; RAW_U16 and
  * RAW_U32 take the whole file as headerless tokens (nanoGPT's train.bin is

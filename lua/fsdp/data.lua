@@ -76,7 +76,7 @@ end
 
 -- data.token_file{path = P, format = "auto" | "raw_u16" | "raw_u32", val_path = V, val_fraction = f}
 --   Pre-tokenised token files (llm.c headers, nanoGPT's raw uint16; see
---   docs/DATA.md), memory-mapped by the C reader (src/io/token_file.c):
+--   docs/TRAINING.md, "The data"), memory-mapped by the C reader (src/io/token_file.c):
 --   nothing is read until a batch needs it, so a file of any size opens at
 --   once. Without val_path the val split is the file's last val_fraction.
 local formats = { auto = C.FSDP_TOKENS_AUTO, raw_u16 = C.FSDP_TOKENS_RAW_U16, raw_u32 = C.FSDP_TOKENS_RAW_U32 }

@@ -319,13 +319,37 @@ function M.memory_rows(p)
   }
 end
 
+-- One row per unit, but a run of units that differ only in a trailing
+-- number (model.layers.0 .. model.layers.79) and in nothing the table
+-- shows is one row: "model.layers.0-79 x80".
 function M.unit_rows(p)
   local rows = { { "#", "unit", "zero", "params", "shard", "compute", "main", "optimizer", "grads", "total" } }
+  local run -- {first, last unit, prefix, first and last number, cells}
+  local function flush()
+    if not run then return end
+    local n = run.last_n - run.first_n + 1
+    local idx = n > 1 and (run.first.index .. "-" .. run.last.index) or run.first.index
+    local name = n > 1 and string.format("%s%d-%d x%d", run.prefix, run.first_n, run.last_n, n) or run.first.name
+    local row = { idx, name }
+    for _, c in ipairs(run.cells) do row[#row + 1] = c end
+    rows[#rows + 1] = row
+    run = nil
+  end
   for _, u in ipairs(p.units) do
     local m = u.mem
-    rows[#rows + 1] = { u.index, u.name, u.zero, human(u.numel), human(u.shard_numel), bytes(m.params_full + m.params_shard),
-      bytes(m.main_params), bytes(m.optimizer), bytes(m.grads_full + m.grads_main + m.scratch), bytes(u.bytes) }
+    local cells = { u.zero, human(u.numel), human(u.shard_numel), bytes(m.params_full + m.params_shard), bytes(m.main_params),
+      bytes(m.optimizer), bytes(m.grads_full + m.grads_main + m.scratch), bytes(u.bytes) }
+    local prefix, num = u.name:match("^(.-)(%d+)$")
+    num = tonumber(num)
+    local same = run and prefix == run.prefix and num == run.last_n + 1 and table.concat(cells, "|") == table.concat(run.cells, "|")
+    if same then
+      run.last, run.last_n = u, num
+    else
+      flush()
+      run = { first = u, last = u, prefix = prefix or false, first_n = num or 0, last_n = num or 0, cells = cells }
+    end
   end
+  flush()
   return rows
 end
 

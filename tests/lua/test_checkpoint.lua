@@ -283,14 +283,14 @@ check(path == work .. "/ckX/step-00000010", "latest falls back to step 10: " .. 
 check(skipped and skipped:find("index.json is damaged", 1, true), "and says why: " .. tostring(skipped))
 
 -- the export's format, checked by an independent reader (Python, stdlib only)
+-- (scripts/setup.sh installs python3: its absence is a failure, not a skip)
 local py = io.popen("command -v python3"):read("*l")
+check(py and py ~= "", "python3 is installed (scripts/setup.sh) for the independent format check")
 if py and py ~= "" then
   local p = io.popen(string.format("python3 '%s/tests/scripts/check_safetensors.py' '%s' '%s' 2>&1; echo \"EXIT=$?\"", root, hfA, hfD))
   local o = p:read("*a")
   p:close()
   check(o:find("EXIT=0", 1, true) ~= nil, "check_safetensors.py:\n" .. o)
-else
-  print("test_checkpoint: python3 not found; the independent format check is skipped")
 end
 
 s20:free(); sh:free(); sD:free(); sbf:free()

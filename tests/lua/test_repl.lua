@@ -39,8 +39,10 @@ local out, code = sh(fsdp_bin .. " repl recipes/tiny.lua --world 4", table.conca
   "units()", "layout('model.layers.0')", "owner('model.layers.0.mlp.up_proj.weight', 1000)", "rank(3)", "mem(1)",
   "A = plan{world = 8}", "B = plan{world = 8, zero = 2}", "diff(A, B)", "nope()", "1 + 1", "" }, "\n"))
 check(code == 0, "fsdp repl exits 0 at the end of its input")
-has(out, "#  unit            zero  params  shard", "units()")
-has(out, string.format("model.layers.3     3  184.6k  %s", planner.human(p.units[5].shard_numel)), "units(): layer 3's shard")
+has(out, "#    unit                 zero  params  shard", "units()")
+-- the four identical layers are one row
+has(out, string.format("2-5  model.layers.0-3 x4     3  184.6k  %s", planner.human(p.units[5].shard_numel)),
+  "units(): the layers' run, its shard")
 has(out, "unit 2 'model.layers.0': zero 3, 184576 elements + 0 padding = 4 shards of 46144", "layout()")
 has(out, "2:[0,43968) 3:[43968,45056)", "layout(): up_proj's owners")
 -- element 1000 of up_proj: flat 94464 + 1000 in a unit of 4 shards of 46144
@@ -83,7 +85,7 @@ out, code = sh(fsdprun .. " -n 2 --repl recipes/tiny.lua --break-at 2 train.step
 check(code == 0, "the live run ends with status 0 when the prompt is left (" .. tostring(code) .. ")")
 has(out, "step 2/6", "trained to step 2")
 has(out, "fsdp: stopped after step 2", "then prompted")
-has(out, "#  unit", "units() live")
+has(out, "#    unit", "units() live")
 has(out, "\n128\n", "gather(): 128 values")
 has(out, "tensor(256x128, fp32, cpu) [", "gather() returns the parameter's shape")
 has(out, "\ntrue\n", "the shards of rank 0 and 1 tile the gathered parameter")
