@@ -10,9 +10,11 @@
  * kept between forward and backward):
  *   dP = dO V^T,  dS = P (dP - rowsum(dO * O)),  dQ = scale dS K,
  *   dK += scale dS^T Q,  dV += P^T dO   (summed over the heads of a group).
- * Scratch: two [T, T] fp32 blocks per call. The full T x T product is
- * computed and its upper half discarded: simpler than blocking, and the
- * GEMM is still the cost. */
+ * Only the causal half is computed: the query rows go in blocks of BLOCK,
+ * and block [i0, i1) multiplies with keys 0 .. i1 - 1 alone, so the GEMMs
+ * do about T^2 / 2 + T BLOCK / 2 of the T^2 score products (0.53x at
+ * T = 1024, 0.75x at T = 128), and the scratch is [BLOCK, T] per block
+ * instead of [T, T]. */
 #include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
@@ -27,36 +29,46 @@ static int check_dims(const char *op, int64_t B, int64_t T, int64_t H, int64_t H
   return FSDP_OK;
 }
 
+/* query rows per block: measured (bench/RESULTS.md); smaller blocks skip
+ * more of the upper half but make GEMMs too thin to run at speed */
+enum { BLOCK = 64 };
+
 int fsdp_attention_forward(float *out, float *lse, const float *q, const float *k, const float *v, int64_t B, int64_t T,
                            int64_t H, int64_t Hkv, int64_t D) {
   FSDP_CHECK(check_dims("attention_forward", B, T, H, Hkv, D));
   if (!B || !T) return FSDP_OK;
   if (!out || !lse || !q || !k || !v) return fsdp_fail(FSDP_EINVAL, "attention_forward: NULL buffer");
-  float *S = malloc(sizeof(float) * (size_t)T * (size_t)T);
-  if (!S) return fsdp_fail(FSDP_ENOMEM, "attention_forward: no memory for a %lld x %lld score block", (long long)T, (long long)T);
+  const int64_t rows = T < BLOCK ? T : BLOCK;
+  float *S = malloc(sizeof(float) * (size_t)rows * (size_t)T);
+  if (!S) return fsdp_fail(FSDP_ENOMEM, "attention_forward: no memory for a %lld x %lld score block", (long long)rows, (long long)T);
   const float scale = 1.0f / sqrtf((float)D);
   const int64_t G = H / Hkv, ldq = H * D, ldk = Hkv * D;
-  const int t = (int)T, d = (int)D;
+  const int d = (int)D;
   for (int64_t b = 0; b < B; b++)
     for (int64_t h = 0; h < H; h++) {
       const float *qh = q + b * T * ldq + h * D, *kh = k + b * T * ldk + (h / G) * D, *vh = v + b * T * ldk + (h / G) * D;
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, t, t, d, scale, qh, (int)ldq, kh, (int)ldk, 0.0f, S, t);
       float *L = lse + (b * H + h) * T;
-      for (int64_t i = 0; i < T; i++) {
-        float *row = S + i * T, m = row[0];
-        for (int64_t j = 1; j <= i; j++) m = row[j] > m ? row[j] : m;
-        double s = 0;
-        for (int64_t j = 0; j <= i; j++) {
-          row[j] = expf(row[j] - m);
-          s += row[j];
+      for (int64_t i0 = 0; i0 < T; i0 += BLOCK) {
+        const int64_t i1 = i0 + BLOCK < T ? i0 + BLOCK : T; /* rows i0 .. i1 - 1 see keys 0 .. i1 - 1 */
+        const int bq = (int)(i1 - i0), n = (int)i1;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, bq, n, d, scale, qh + i0 * ldq, (int)ldq, kh, (int)ldk, 0.0f,
+                    S, n);
+        for (int64_t i = i0; i < i1; i++) {
+          float *row = S + (i - i0) * n, m = row[0];
+          for (int64_t j = 1; j <= i; j++) m = row[j] > m ? row[j] : m;
+          double s = 0;
+          for (int64_t j = 0; j <= i; j++) {
+            row[j] = expf(row[j] - m);
+            s += row[j];
+          }
+          float inv = (float)(1.0 / s);
+          for (int64_t j = 0; j <= i; j++) row[j] *= inv;
+          for (int64_t j = i + 1; j < n; j++) row[j] = 0;
+          L[i] = m + (float)log(s);
         }
-        float inv = (float)(1.0 / s);
-        for (int64_t j = 0; j <= i; j++) row[j] *= inv;
-        for (int64_t j = i + 1; j < T; j++) row[j] = 0;
-        L[i] = m + (float)log(s);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, bq, d, n, 1.0f, S, n, vh, (int)ldk, 0.0f,
+                    out + b * T * ldq + i0 * ldq + h * D, (int)ldq);
       }
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, t, d, t, 1.0f, S, t, vh, (int)ldk, 0.0f,
-                  out + b * T * ldq + h * D, (int)ldq);
     }
   free(S);
   return FSDP_OK;
@@ -69,34 +81,44 @@ int fsdp_attention_backward(float *dq, float *dk, float *dv, const float *dout, 
   if (!B || !T) return FSDP_OK;
   if (!dq || !dk || !dv || !dout || !q || !k || !v || !out || !lse)
     return fsdp_fail(FSDP_EINVAL, "attention_backward: NULL buffer");
-  float *P = malloc(sizeof(float) * (size_t)T * (size_t)T * 2);
-  if (!P) return fsdp_fail(FSDP_ENOMEM, "attention_backward: no memory for two %lld x %lld blocks", (long long)T, (long long)T);
-  float *dP = P + T * T;
+  const int64_t rows = T < BLOCK ? T : BLOCK;
+  float *P = malloc(sizeof(float) * (size_t)rows * (size_t)T * 2);
+  if (!P)
+    return fsdp_fail(FSDP_ENOMEM, "attention_backward: no memory for two %lld x %lld blocks", (long long)rows, (long long)T);
+  float *dP = P + rows * T;
   const float scale = 1.0f / sqrtf((float)D);
   const int64_t G = H / Hkv, ldq = H * D, ldk = Hkv * D;
-  const int t = (int)T, d = (int)D;
+  const int d = (int)D;
   memset(dk, 0, sizeof(float) * (size_t)(B * T * ldk));
   memset(dv, 0, sizeof(float) * (size_t)(B * T * ldk));
   for (int64_t b = 0; b < B; b++)
     for (int64_t h = 0; h < H; h++) {
-      int64_t qo = b * T * ldq + h * D, ko = b * T * ldk + (h / G) * D;
+      const int64_t qo = b * T * ldq + h * D, ko = b * T * ldk + (h / G) * D;
       const float *qh = q + qo, *kh = k + ko, *vh = v + ko, *doh = dout + qo, *oh = out + qo;
       const float *L = lse + (b * H + h) * T;
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, t, t, d, scale, qh, (int)ldq, kh, (int)ldk, 0.0f, P, t);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, t, t, d, 1.0f, doh, (int)ldq, vh, (int)ldk, 0.0f, dP, t);
-      for (int64_t i = 0; i < T; i++) {
-        float *p = P + i * T, *dp = dP + i * T;
-        double di = 0; /* rowsum(dO * O) = sum_j P_ij dP_ij */
-        for (int64_t c = 0; c < D; c++) di += (double)doh[i * ldq + c] * oh[i * ldq + c];
-        for (int64_t j = 0; j <= i; j++) {
-          p[j] = expf(p[j] - L[i]);
-          dp[j] = p[j] * (dp[j] - (float)di);
+      for (int64_t i0 = 0; i0 < T; i0 += BLOCK) {
+        const int64_t i1 = i0 + BLOCK < T ? i0 + BLOCK : T, bo = i0 * ldq;
+        const int bq = (int)(i1 - i0), n = (int)i1;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, bq, n, d, scale, qh + bo, (int)ldq, kh, (int)ldk, 0.0f, P, n);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, bq, n, d, 1.0f, doh + bo, (int)ldq, vh, (int)ldk, 0.0f, dP, n);
+        for (int64_t i = i0; i < i1; i++) {
+          float *p = P + (i - i0) * n, *dp = dP + (i - i0) * n;
+          double di = 0; /* rowsum(dO * O) = sum_j P_ij dP_ij */
+          for (int64_t c = 0; c < D; c++) di += (double)doh[i * ldq + c] * oh[i * ldq + c];
+          for (int64_t j = 0; j <= i; j++) {
+            p[j] = expf(p[j] - L[i]);
+            dp[j] = p[j] * (dp[j] - (float)di);
+          }
+          for (int64_t j = i + 1; j < n; j++) p[j] = dp[j] = 0;
         }
-        for (int64_t j = i + 1; j < T; j++) p[j] = dp[j] = 0;
+        /* dQ rows i0 .. i1 - 1; dK, dV rows 0 .. i1 - 1 gather this block's share */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, bq, d, n, scale, dP, n, kh, (int)ldk, 0.0f, dq + qo + bo,
+                    (int)ldq);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, d, bq, scale, dP, n, qh + bo, (int)ldq, 1.0f, dk + ko,
+                    (int)ldk);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, d, bq, 1.0f, P, n, doh + bo, (int)ldq, 1.0f, dv + ko,
+                    (int)ldk);
       }
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, t, d, t, scale, dP, t, kh, (int)ldk, 0.0f, dq + qo, (int)ldq);
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, t, d, t, scale, dP, t, qh, (int)ldq, 1.0f, dk + ko, (int)ldk);
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, t, d, t, 1.0f, P, t, doh, (int)ldq, 1.0f, dv + ko, (int)ldk);
     }
   free(P);
   return FSDP_OK;

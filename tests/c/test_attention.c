@@ -1,9 +1,13 @@
 /* test_attention: causal GQA attention against a float64 reference.
  * Forward within 1e-5 relative + 1e-6 absolute; backward (dq, dk, dv)
  * within 1e-3 relative + 1e-5 absolute of central differences (h = 1e-5)
- * of L = sum r * out computed in float64. Also: causality (a change at the
- * last position leaves earlier outputs bit-identical), GQA equal to MHA
- * with the kv heads repeated (1e-6), bad shapes rejected. */
+ * of L = sum r * out computed in float64, and of the float64 analytic
+ * backward (which itself matches the central differences within 1e-6
+ * relative + 1e-8); sequences longer than the op's block of query rows
+ * (T = 150, 200: full and partial blocks) against the analytic backward
+ * only, within 1e-4 relative + 1e-5. Also: causality (a change at the last
+ * position leaves earlier outputs bit-identical), GQA equal to MHA with the
+ * kv heads repeated (1e-6), bad shapes rejected. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,6 +44,46 @@ static void ref_forward(const prob *p, double *out) {
   free(s);
 }
 
+/* d(sum r * out) / d(q, k, v), float64, by the chain rule */
+static void ref_backward(const prob *p, double *gq, double *gk, double *gv) {
+  int B = p->B, T = p->T, H = p->H, Hkv = p->Hkv, D = p->D, G = H / Hkv;
+  double *pr = malloc(sizeof(double) * (size_t)T), *dp = malloc(sizeof(double) * (size_t)T), sc = 1 / sqrt((double)D);
+  memset(gq, 0, sizeof(double) * (size_t)B * T * H * D);
+  memset(gk, 0, sizeof(double) * (size_t)B * T * Hkv * D);
+  memset(gv, 0, sizeof(double) * (size_t)B * T * Hkv * D);
+#define Q(i) (((b * T + (i)) * H + h) * D)
+#define K(j) (((b * T + (j)) * Hkv + h / G) * D)
+  for (int b = 0; b < B; b++)
+    for (int h = 0; h < H; h++)
+      for (int i = 0; i < T; i++) {
+        double m = -INFINITY, z = 0, di = 0;
+        for (int j = 0; j <= i; j++) {
+          double dot = 0;
+          for (int c = 0; c < D; c++) dot += p->q[Q(i) + c] * p->k[K(j) + c];
+          pr[j] = dot * sc;
+          m = pr[j] > m ? pr[j] : m;
+        }
+        for (int j = 0; j <= i; j++) z += (pr[j] = exp(pr[j] - m));
+        for (int j = 0; j <= i; j++) {
+          pr[j] /= z;
+          dp[j] = 0;
+          for (int c = 0; c < D; c++) dp[j] += p->r[Q(i) + c] * p->v[K(j) + c];
+          di += pr[j] * dp[j];
+        }
+        for (int j = 0; j <= i; j++) {
+          double ds = pr[j] * (dp[j] - di) * sc;
+          for (int c = 0; c < D; c++) {
+            gq[Q(i) + c] += ds * p->k[K(j) + c];
+            gk[K(j) + c] += ds * p->q[Q(i) + c];
+            gv[K(j) + c] += pr[j] * p->r[Q(i) + c];
+          }
+        }
+      }
+#undef Q
+#undef K
+  free(pr), free(dp);
+}
+
 static double ref_loss(void *ctx) {
   prob *p = ctx;
   int64_t n = (int64_t)p->B * p->T * p->H * p->D;
@@ -50,7 +94,8 @@ static double ref_loss(void *ctx) {
   return L;
 }
 
-static void run(int B, int T, int H, int Hkv, int D, unsigned seed) {
+/* central: also against central differences (small shapes: each costs two forwards per input) */
+static void run(int B, int T, int H, int Hkv, int D, unsigned seed, int central) {
   int64_t nq = (int64_t)B * T * H * D, nk = (int64_t)B * T * Hkv * D;
   prob p = {B, T, H, Hkv, D, malloc(8 * nq), malloc(8 * nk), malloc(8 * nk), malloc(8 * nq)};
   float *q = malloc(4 * nq), *k = malloc(4 * nk), *v = malloc(4 * nk), *r = malloc(4 * nq);
@@ -66,12 +111,28 @@ static void run(int B, int T, int H, int Hkv, int D, unsigned seed) {
   CHECK(ref_mismatches("attention out", out, want, nq, 1e-5, 1e-6) == 0);
   CHECK_OK(fsdp_attention_backward(dq, dk, dv, r, q, k, v, out, lse, B, T, H, Hkv, D));
   double *gq = malloc(8 * nq), *gk = malloc(8 * nk), *gv = malloc(8 * nk);
-  for (int64_t i = 0; i < nq; i++) gq[i] = ref_central(ref_loss, &p, &p.q[i], 1e-5);
-  for (int64_t i = 0; i < nk; i++) gk[i] = ref_central(ref_loss, &p, &p.k[i], 1e-5);
-  for (int64_t i = 0; i < nk; i++) gv[i] = ref_central(ref_loss, &p, &p.v[i], 1e-5);
-  CHECK(ref_mismatches("dq", dq, gq, nq, 1e-3, 1e-5) == 0);
-  CHECK(ref_mismatches("dk", dk, gk, nk, 1e-3, 1e-5) == 0);
-  CHECK(ref_mismatches("dv", dv, gv, nk, 1e-3, 1e-5) == 0);
+  double *aq = malloc(8 * nq), *ak = malloc(8 * nk), *av = malloc(8 * nk);
+  ref_backward(&p, aq, ak, av);
+  if (central) {
+    for (int64_t i = 0; i < nq; i++) gq[i] = ref_central(ref_loss, &p, &p.q[i], 1e-5);
+    for (int64_t i = 0; i < nk; i++) gk[i] = ref_central(ref_loss, &p, &p.k[i], 1e-5);
+    for (int64_t i = 0; i < nk; i++) gv[i] = ref_central(ref_loss, &p, &p.v[i], 1e-5);
+    CHECK(ref_mismatches("dq", dq, gq, nq, 1e-3, 1e-5) == 0);
+    CHECK(ref_mismatches("dk", dk, gk, nk, 1e-3, 1e-5) == 0);
+    CHECK(ref_mismatches("dv", dv, gv, nk, 1e-3, 1e-5) == 0);
+    /* the analytic reference, checked once here, stands in for the long sequences */
+    float *f = malloc(4 * (nq > nk ? nq : nk));
+    for (int64_t i = 0; i < nq; i++) f[i] = (float)aq[i];
+    CHECK(ref_mismatches("analytic dq", f, gq, nq, 1e-6, 1e-8) == 0);
+    for (int64_t i = 0; i < nk; i++) f[i] = (float)ak[i];
+    CHECK(ref_mismatches("analytic dk", f, gk, nk, 1e-6, 1e-8) == 0);
+    for (int64_t i = 0; i < nk; i++) f[i] = (float)av[i];
+    CHECK(ref_mismatches("analytic dv", f, gv, nk, 1e-6, 1e-8) == 0);
+    free(f);
+  }
+  CHECK(ref_mismatches("dq vs analytic", dq, aq, nq, 1e-4, 1e-5) == 0);
+  CHECK(ref_mismatches("dk vs analytic", dk, ak, nk, 1e-4, 1e-5) == 0);
+  CHECK(ref_mismatches("dv vs analytic", dv, av, nk, 1e-4, 1e-5) == 0);
   /* causality: a new k, v at the last position changes nothing before it */
   if (T > 1) {
     float *out2 = ref_poisoned(nq);
@@ -85,7 +146,7 @@ static void run(int B, int T, int H, int Hkv, int D, unsigned seed) {
     free(out2);
   }
   free(p.q), free(p.k), free(p.v), free(p.r), free(q), free(k), free(v), free(r), free(out), free(lse);
-  free(dq), free(dk), free(dv), free(want), free(gq), free(gk), free(gv);
+  free(dq), free(dk), free(dv), free(want), free(gq), free(gk), free(gv), free(aq), free(ak), free(av);
 }
 
 /* GQA = MHA over the kv heads repeated, as HF's repeat_kv does */
@@ -111,11 +172,13 @@ static void gqa_is_repeat(void) {
 }
 
 int main(void) {
-  run(1, 1, 1, 1, 4, 1);
-  run(2, 5, 4, 2, 6, 2);
-  run(1, 7, 6, 3, 8, 3);
-  run(2, 4, 3, 1, 5, 4);
-  run(1, 16, 2, 2, 4, 5);
+  run(1, 1, 1, 1, 4, 1, 1);
+  run(2, 5, 4, 2, 6, 2, 1);
+  run(1, 7, 6, 3, 8, 3, 1);
+  run(2, 4, 3, 1, 5, 4, 1);
+  run(1, 16, 2, 2, 4, 5, 1);
+  run(1, 150, 4, 2, 8, 6, 0); /* blocks of query rows: full and partial */
+  run(2, 200, 2, 1, 5, 7, 0);
   gqa_is_repeat();
   float x = 0;
   CHECK_FAILS(fsdp_attention_forward(&x, &x, &x, &x, &x, 1, 1, 4, 3, 2), FSDP_EINVAL, "multiple of kv_heads");
