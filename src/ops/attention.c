@@ -5,7 +5,8 @@
  * head slices go straight to sgemm as leading dimensions.
  *
  * Forward per (batch, head): S = scale Q K^T, a causal softmax row by row
- * (row i sees columns 0..i), O = P V; the log-sum-exp of each row is saved.
+ * (row i sees columns 0..i; fp32, the vectorised loops of rows.c), O = P V;
+ * the log-sum-exp of each row is saved.
  * Backward recomputes P from it (flash-attention style: nothing [T, T] is
  * kept between forward and backward):
  *   dP = dO V^T,  dS = P (dP - rowsum(dO * O)),  dQ = scale dS K,
@@ -21,6 +22,7 @@
 #include <string.h>
 
 #include "../base/error.h"
+#include "rows.h"
 
 static int check_dims(const char *op, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D) {
   if (B < 0 || T < 0 || H < 1 || Hkv < 1 || D < 1 || H % Hkv || T > INT32_MAX / 2 || H * D > INT32_MAX)
@@ -53,18 +55,12 @@ int fsdp_attention_forward(float *out, float *lse, const float *q, const float *
         const int bq = (int)(i1 - i0), n = (int)i1;
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, bq, n, d, scale, qh + i0 * ldq, (int)ldq, kh, (int)ldk, 0.0f,
                     S, n);
-        for (int64_t i = i0; i < i1; i++) {
-          float *row = S + (i - i0) * n, m = row[0];
-          for (int64_t j = 1; j <= i; j++) m = row[j] > m ? row[j] : m;
-          double s = 0;
-          for (int64_t j = 0; j <= i; j++) {
-            row[j] = expf(row[j] - m);
-            s += row[j];
-          }
-          float inv = (float)(1.0 / s);
-          for (int64_t j = 0; j <= i; j++) row[j] *= inv;
-          for (int64_t j = i + 1; j < n; j++) row[j] = 0;
-          L[i] = m + (float)log(s);
+        for (int64_t i = i0; i < i1; i++) { /* P_ij = e^(S_ij - lse_i) for j <= i, else 0 */
+          float *row = S + (i - i0) * n;
+          const float m = fsdp_row_max(row, i + 1);
+          L[i] = m + logf(fsdp_row_sum_exp(row, i + 1, m));
+          fsdp_row_exp_scaled(row, i + 1, L[i], 1.0f);
+          memset(row + i + 1, 0, sizeof(float) * (size_t)(n - i - 1));
         }
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, bq, d, n, 1.0f, S, n, vh, (int)ldk, 0.0f,
                     out + b * T * ldq + i0 * ldq + h * D, (int)ldq);
@@ -105,11 +101,10 @@ int fsdp_attention_backward(float *dq, float *dk, float *dv, const float *dout, 
           float *p = P + (i - i0) * n, *dp = dP + (i - i0) * n;
           double di = 0; /* rowsum(dO * O) = sum_j P_ij dP_ij */
           for (int64_t c = 0; c < D; c++) di += (double)doh[i * ldq + c] * oh[i * ldq + c];
-          for (int64_t j = 0; j <= i; j++) {
-            p[j] = expf(p[j] - L[i]);
-            dp[j] = p[j] * (dp[j] - (float)di);
-          }
-          for (int64_t j = i + 1; j < n; j++) p[j] = dp[j] = 0;
+          fsdp_row_exp_scaled(p, i + 1, L[i], 1.0f);
+          fsdp_row_softmax_grad(dp, p, i + 1, (float)di);
+          memset(p + i + 1, 0, sizeof(float) * (size_t)(n - i - 1));
+          memset(dp + i + 1, 0, sizeof(float) * (size_t)(n - i - 1));
         }
         /* dQ rows i0 .. i1 - 1; dK, dV rows 0 .. i1 - 1 gather this block's share */
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, bq, d, n, scale, dP, n, kh, (int)ldk, 0.0f, dq + qo + bo,
