@@ -2,7 +2,8 @@
 # One command, one GPU: trains bench/llama1b.lua (Llama 3.2 1B's shape, seq
 # 4096, bf16, zero 3) with this engine and then the same shape, batch and
 # tokens with PyTorch FSDP2 (bench/fsdp2_llama.py), and prints tokens/s,
-# MFU (the same FLOP count and the same measured bf16 GEMM peak for both)
+# MFU (the same FLOP count and the same peak for both: the GPU's datasheet,
+# lua/fsdp/peak.lua; n/a for a GPU not in its table)
 # and peak memory side by side, with the ratio.
 # --offload: the same with the optimizer offloaded to the host, on a model
 # that does not fit an 80 GB GPU without it (bench/llama4b_offload.lua,
@@ -32,13 +33,14 @@ import json, re, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if '"tokens_per_s"' in l]
 steady = rows[1:] or rows
 ours_tps = len(steady) / sum(1 / r["tokens_per_s"] for r in steady)
-ours_mfu = sum(r["mfu"] for r in steady) / len(steady)
+ours_mfu = sum(r["mfu"] for r in steady) / len(steady) if all(r.get("mfu") is not None for r in steady) else None
 ours_mem = max(r["mem_bytes"] for r in rows)
 theirs = [json.loads(l) for l in open(sys.argv[2]) if l.startswith("{")][-1]
-their_mfu = ours_mfu * theirs["tokens_per_s"] / ours_tps  # same FLOPs per token, same peak
+their_mfu = ours_mfu * theirs["tokens_per_s"] / ours_tps if ours_mfu else None  # same FLOPs per token, same peak
+pct = lambda m: f"{100 * m:6.1f}%" if m is not None else "    n/a"
 print(f"\n# {sys.argv[3]} (steps after the first)")
 print(f"{'engine':16} {'tokens/s':>10} {'MFU':>7} {'peak GiB':>9}")
-print(f"{'fsdp (ours)':16} {ours_tps:10.0f} {100 * ours_mfu:6.1f}% {ours_mem / 2**30:9.2f}")
-print(f"{'pytorch fsdp2':16} {theirs['tokens_per_s']:10.0f} {100 * their_mfu:6.1f}% {theirs['peak_bytes'] / 2**30:9.2f}")
+print(f"{'fsdp (ours)':16} {ours_tps:10.0f} {pct(ours_mfu)} {ours_mem / 2**30:9.2f}")
+print(f"{'pytorch fsdp2':16} {theirs['tokens_per_s']:10.0f} {pct(their_mfu)} {theirs['peak_bytes'] / 2**30:9.2f}")
 print(f"ratio ours/fsdp2: tokens/s {ours_tps / theirs['tokens_per_s']:.3f}, peak memory {ours_mem / theirs['peak_bytes']:.3f}")
 PY

@@ -141,6 +141,11 @@ int fsdp_memory_empty_cache(int device);     /* cached blocks back to the device
  * (the whole machine, shared by its ranks); CUDA: cudaMemGetInfo. The
  * pool's cached bytes are free to this process but not counted here. */
 int fsdp_device_memory_info(int device, int64_t *free_bytes, int64_t *total);
+/* The device's name into buf (size bytes, NUL-terminated, cut to fit):
+ * CUDA: the current GPU's (cudaGetDeviceProperties: "NVIDIA H100 80GB
+ * HBM3"), the key of the MFU's table of peaks; CPU: "cpu" (the trainer reads
+ * /proc/cpuinfo for the CPU's own). */
+int fsdp_device_name(int device, char *buf, int64_t size);
 
 /* A contiguous tensor of one dtype on one device, 1 to 4-D; it owns its
  * memory (tensor_alloc) or views part of another (tensor_view). */

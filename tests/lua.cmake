@@ -5,7 +5,9 @@ target_compile_options(ffi_layout PRIVATE ${FSDP_WARN})
 
 add_test(NAME lua_ffi COMMAND fsdp-host ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_ffi.lua $<TARGET_FILE:ffi_layout>)
 add_test(NAME lua_frontend COMMAND fsdp-host ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_frontend.lua $<TARGET_FILE:fsdp-host>)
-set_tests_properties(lua_ffi lua_frontend PROPERTIES LABELS unit TIMEOUT 60)
+# the MFU's peaks (lua/fsdp/peak.lua) against hand-computed values
+add_test(NAME lua_peak COMMAND fsdp-host ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_peak.lua)
+set_tests_properties(lua_ffi lua_frontend lua_peak PROPERTIES LABELS unit TIMEOUT 60)
 foreach(n 1 2 3 4)
   add_test(NAME lua_collectives_np${n}
            COMMAND $<TARGET_FILE:fsdprun> -n ${n} --timeout 120 ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_collectives.lua)

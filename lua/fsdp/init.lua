@@ -73,5 +73,11 @@ end
 function fsdp.memory_empty_cache(device) check(C.fsdp_memory_empty_cache(tensor.device(device or "cpu")), "fsdp.memory_empty_cache") end
 function fsdp.memory_reset_peak(device) check(C.fsdp_memory_reset_peak(tensor.device(device or "cpu")), "fsdp.memory_reset_peak") end
 function fsdp.version() return ffi.string(C.fsdp_version()) end
+-- "cpu", or the current GPU's name ("NVIDIA H100 80GB HBM3")
+function fsdp.device_name(device)
+  local buf = ffi.new("char[256]")
+  check(C.fsdp_device_name(tensor.device(device or "cpu"), buf, 256), "fsdp.device_name")
+  return ffi.string(buf)
+end
 
 return fsdp

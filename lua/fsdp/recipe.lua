@@ -33,7 +33,7 @@ M.schema = {
     steps = { "int", 100 }, grad_accum = { "int", 1 }, global_batch_tokens = { "int", nil }, seed = { "int", 1234 },
     eval_every = { "int", 0 }, eval_batches = { "int", 4 }, log_every = { "int", 1 }, metrics = { "string", nil },
     device = { { "cpu", "cuda" }, "cpu" }, min_free_fraction = { "number", 0.9 }, resume = { "string", nil },
-    stop_after = { "int", nil }, loss_chunk_mb = { "number", 256 },
+    stop_after = { "int", nil }, loss_chunk_mb = { "number", 256 }, peak_tflops = { "number", nil },
   },
   -- docs/CHECKPOINTS.md
   checkpoint = {
@@ -140,6 +140,9 @@ function M.check(r, where)
   if t.grad_accum < 1 then fail(where, "train.grad_accum = %d; expected >= 1", t.grad_accum) end
   if t.log_every < 1 then fail(where, "train.log_every = %d; expected >= 1", t.log_every) end
   if t.stop_after and t.stop_after < 1 then fail(where, "train.stop_after = %d; expected >= 1", t.stop_after) end
+  if t.peak_tflops and not (t.peak_tflops > 0) then
+    fail(where, "train.peak_tflops = %g; expected > 0 (one device's peak in TFLOP/s, the MFU's denominator)", t.peak_tflops)
+  end
   if t.loss_chunk_mb < 0 then
     fail(where, "train.loss_chunk_mb = %g; expected >= 0 (MiB of logits per chunk of the fused head and loss; 0: all at once)",
       t.loss_chunk_mb)

@@ -14,6 +14,7 @@ local checkpoint = require "fsdp.checkpoint"
 local hf = require "fsdp.hf"
 local ops = require "fsdp.ops"
 local hf_config = require "fsdp.hf_config"
+local peak = require "fsdp.peak"
 local ffi, C, check = fsdp.ffi, fsdp.C, fsdp.check
 
 local M = {}
@@ -39,42 +40,6 @@ local function duration(s)
   if s >= 3600 then return string.format("%dh%02dm", s / 3600, (s % 3600) / 60) end
   if s >= 60 then return string.format("%dm%02ds", s / 60, s % 60) end
   return string.format("%ds", s)
-end
-
--- The fp32 GEMM rate of this rank (FLOP/s), measured: the MFU's peak on CPU
--- ranks, where no spec sheet applies.
-local function cpu_peak_flops()
-  local n = 384
-  local a, b, c = fsdp.tensor({ n, n }):fill(0.5), fsdp.tensor({ n, n }):fill(0.25), fsdp.tensor({ n, n })
-  local best, t_end = 0, C.fsdp_time_now() + 0.3
-  while C.fsdp_time_now() < t_end do
-    local t0 = C.fsdp_time_now()
-    check(C.fsdp_linear_forward(c:ptr(), a:ptr(), b:ptr(), nil, n, n, n), "peak")
-    local dt = C.fsdp_time_now() - t0
-    if dt > 0 then best = math.max(best, 2 * n ^ 3 / dt) end
-  end
-  a:free(); b:free(); c:free()
-  return best
-end
-
--- The GEMM rate of this GPU in the compute dtype (FLOP/s), measured the same way
-local function cuda_peak_flops(dtype)
-  local ops = require "fsdp.ops"
-  local n = 4096
-  local a, b, c = fsdp.tensor({ n, n }, dtype, "cuda"), fsdp.tensor({ n, n }, dtype, "cuda"), fsdp.tensor({ n, n }, dtype, "cuda")
-  check(C.fsdp_memset(a.data, 0x3c, a:nbytes(), nil), "peak")
-  check(C.fsdp_memset(b.data, 0x3c, b:nbytes(), nil), "peak")
-  local cs = ops.compute_stream()
-  local best, t_end = 0, C.fsdp_time_now() + 0.3
-  while C.fsdp_time_now() < t_end do
-    local t0 = C.fsdp_time_now()
-    for _ = 1, 10 do ops.linear_forward(c, a, b.data, nil, n, n, n) end
-    cs:synchronize()
-    local dt = C.fsdp_time_now() - t0
-    if dt > 0 then best = math.max(best, 10 * 2 * n ^ 3 / dt) end
-  end
-  a:free(); b:free(); c:free()
-  return best
 end
 
 -- int32 {B, T} tensors from whatever the loader returns
@@ -228,7 +193,12 @@ function M.run(r, where, args, break_at)
 
   local n_params = llama.num_params(cfg)
   local flops_tok = llama.flops_per_token(cfg, T)
-  local peak = device == "cuda" and cuda_peak_flops(r.fsdp.param_dtype) or cpu_peak_flops()
+  -- MFU: model FLOPs over the hardware's peak (fsdp.peak, docs/TRAINING.md);
+  -- gemm_frac: over a GEMM rate measured now
+  local the_peak = peak.for_rank({ device = device, dtype = r.fsdp.param_dtype, ranks = ranks_per_device,
+    override = r.train.peak_tflops, gpu_name = device == "cuda" and fsdp.device_name(device) or nil,
+    cpu = device ~= "cuda" and not r.train.peak_tflops and peak.this_cpu() or nil })
+  local gemm_rate = peak.gemm_rate(fsdp, device, r.fsdp.param_dtype)
   local tokens_step = B * T * K * dp
   say("fsdp: %s parameters in %d units over %d ranks (mesh %s, zero %d, %s params); %d tokens per step (%d x %d x %d " ..
     "micro-batches x %d ranks); planned %.2f GiB per rank", human(n_params), #sharded.units, info.size,
@@ -238,6 +208,8 @@ function M.run(r, where, args, break_at)
     say("attention: %s", ops.attention_choice(r.fsdp.param_dtype, B, T, cfg.num_attention_heads,
       cfg.num_key_value_heads, cfg.head_dim))
   end
+  say("fsdp: MFU peak: %s; GEMM rate measured now: %sFLOP/s per rank (gemm_frac in the metrics)", the_peak.what,
+    human(gemm_rate))
 
   local metrics
   if R == 0 and r.train.metrics then
@@ -339,7 +311,8 @@ function M.run(r, where, args, break_at)
     last_loss = loss
     losses[step] = loss
     local tps = tokens_step / dt
-    local mfu = flops_tok * tps / dp / peak
+    local rank_flops = flops_tok * tps / dp -- model FLOP/s of one rank
+    local mfu = the_peak.flops and rank_flops / the_peak.flops or nil
     local mem = fsdp.memory_stats(device).peak
     if warn then say("step %d: %s", step, warn) end
     if step % r.train.log_every == 0 or step == last then
@@ -351,12 +324,12 @@ function M.run(r, where, args, break_at)
         local f = math.floor(w * step / steps)
         bar = "[" .. string.rep("#", f) .. string.rep(".", w - f) .. "] "
       end
-      say("%sstep %d/%d | loss %.4f | lr %.2e | gnorm %.3f | %s tok/s | %.3f s | mfu %.1f%% | mem %.0f MiB%s | eta %s",
-        bar, step, steps, loss, lr, norm, human(tps), dt, 100 * mfu, mem / 2 ^ 20,
+      say("%sstep %d/%d | loss %.4f | lr %.2e | gnorm %.3f | %s tok/s | %.3f s | mfu %s | mem %.0f MiB%s | eta %s",
+        bar, step, steps, loss, lr, norm, human(tps), dt, mfu and string.format("%.1f%%", 100 * mfu) or "n/a", mem / 2 ^ 20,
         sharded.host_step_s and string.format(" | host step %.3f s", sharded.host_step_s) or "", duration(eta))
     end
-    record({ step = step, loss = loss, lr = lr, grad_norm = norm, tokens_per_s = tps, step_time_s = dt, mfu = mfu,
-      mem_bytes = mem, tokens = tokens_done, host_step_s = sharded.host_step_s })
+    record({ step = step, loss = loss, lr = lr, grad_norm = norm, tokens_per_s = tps, step_time_s = dt, mfu = mfu or 0 / 0,
+      gemm_frac = rank_flops / gemm_rate, mem_bytes = mem, tokens = tokens_done, host_step_s = sharded.host_step_s })
     if r.train.eval_every > 0 and (step % r.train.eval_every == 0 or step == last) then
       local vloss = evaluate()
       say("eval step %d | val_loss %.4f", step, vloss)
@@ -384,7 +357,8 @@ function M.run(r, where, args, break_at)
   end
   if metrics then metrics:close() end
   sharded:free()
-  return { first_loss = first_loss, last_loss = last_loss, losses = losses, tokens_per_s = steady }
+  return { first_loss = first_loss, last_loss = last_loss, losses = losses, tokens_per_s = steady, peak = the_peak,
+    flops_per_token = flops_tok }
 end
 
 -- `fsdp RECIPE.lua args...`: the rank host calls this when a file returns a table

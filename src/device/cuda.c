@@ -114,6 +114,15 @@ int fsdp_cuda_mem_info(int64_t *free_bytes, int64_t *total) {
   return FSDP_OK;
 }
 
+int fsdp_cuda_device_name(char *buf, size_t size) {
+  int dev = 0;
+  struct cudaDeviceProp prop;
+  FSDP_CHECK(CU(cudaGetDevice(&dev)));
+  FSDP_CHECK(CU(cudaGetDeviceProperties(&prop, dev)));
+  snprintf(buf, size, "%s", prop.name);
+  return FSDP_OK;
+}
+
 int fsdp_cuda_alloc_host_pinned(size_t bytes, void **out) {
   cudaError_t e = cudaMallocHost(out, bytes ? bytes : 1);
   if (e == cudaErrorMemoryAllocation) {

@@ -32,6 +32,7 @@ static const fsdp_cuda_backend table = {
     .alloc = fsdp_cuda_alloc,
     .free = fsdp_cuda_free,
     .mem_info = fsdp_cuda_mem_info,
+    .device_name = fsdp_cuda_device_name,
     .alloc_host_pinned = fsdp_cuda_alloc_host_pinned,
     .free_host_pinned = fsdp_cuda_free_host_pinned,
     .is_pinned_ptr = fsdp_cuda_is_pinned_ptr,

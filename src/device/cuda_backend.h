@@ -23,6 +23,7 @@ typedef struct fsdp_cuda_backend {
   int (*alloc)(size_t bytes, void **out);
   int (*free)(void *ptr);
   int (*mem_info)(int64_t *free_bytes, int64_t *total);
+  int (*device_name)(char *buf, size_t size); /* the current GPU's, NUL-terminated, cut to fit */
   int (*alloc_host_pinned)(size_t bytes, void **out);
   int (*free_host_pinned)(void *ptr);
   int (*is_pinned_ptr)(const void *ptr); /* 1: host memory from alloc_host_pinned */

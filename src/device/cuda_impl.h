@@ -12,6 +12,7 @@ int fsdp_cuda_set_device(int index);
 int fsdp_cuda_alloc(size_t bytes, void **out);
 int fsdp_cuda_free(void *ptr);
 int fsdp_cuda_mem_info(int64_t *free_bytes, int64_t *total);
+int fsdp_cuda_device_name(char *buf, size_t size);
 int fsdp_cuda_alloc_host_pinned(size_t bytes, void **out);
 int fsdp_cuda_free_host_pinned(void *ptr);
 int fsdp_cuda_stream_create(fsdp_stream **out);

@@ -34,6 +34,7 @@ static int none_alloc(size_t bytes, void **out) { return NO_CUDA(); }
 static int none_ptr(void *p) { return NO_CUDA(); }
 static int none_is(const void *p) { return 0; }
 static int none_mem(int64_t *free_bytes, int64_t *total) { return NO_CUDA(); }
+static int none_name(char *buf, size_t size) { return NO_CUDA(); }
 static int none_stream_out(fsdp_stream **out) { return NO_CUDA(); }
 static int none_stream(fsdp_stream *s) { return NO_CUDA(); }
 static int none_wait(fsdp_stream *s, fsdp_event *e) { return NO_CUDA(); }
@@ -64,6 +65,7 @@ static const fsdp_cuda_backend none = {
     .alloc = none_alloc,
     .free = none_ptr,
     .mem_info = none_mem,
+    .device_name = none_name,
     .alloc_host_pinned = none_alloc,
     .free_host_pinned = none_ptr,
     .is_pinned_ptr = none_is,

@@ -72,6 +72,14 @@ int fsdp_device_memory_info(int device, int64_t *free_bytes, int64_t *total) {
   return FSDP_OK;
 }
 
+int fsdp_device_name(int device, char *buf, int64_t size) {
+  if (!buf || size < 1) return fsdp_fail(FSDP_EINVAL, "device_name: no buffer");
+  FSDP_CHECK(check_device(device, "device_name"));
+  if (device == FSDP_CUDA) return fsdp_cuda()->device_name(buf, (size_t)size);
+  snprintf(buf, (size_t)size, "cpu");
+  return FSDP_OK;
+}
+
 /* 1 when the CUDA backend is open and has a GPU (never opens it) */
 static int cuda_in_use(void) { return fsdp_cuda_loaded() && fsdp_cuda()->available(); }
 

@@ -267,7 +267,10 @@ int main(void) {
   }
   fsdp_proc_info info;
   CHECK_OK(fsdp_init(&info));
-  printf("test_cuda: %d GPU(s), rank %d of %d\n", info.device_count, info.rank, info.size);
+  char name[256];
+  CHECK_OK(fsdp_device_name(FSDP_CUDA, name, sizeof name));
+  CHECK(strlen(name) > 0); /* the MFU's table is keyed by it (lua/fsdp/peak.lua) */
+  printf("test_cuda: %d GPU(s) (%s), rank %d of %d\n", info.device_count, name, info.rank, info.size);
   test_memory_streams();
   test_cuda_pool();
   fsdp_mesh *m = NULL;

@@ -47,6 +47,15 @@ static void test_memory(void) {
     CHECK_FAILS(fsdp_alloc(FSDP_CUDA, 10, &p), FSDP_EUNSUPPORTED, "CUDA");
     CHECK(fsdp_device_count(FSDP_CUDA) == 0);
   }
+  /* device names (the GPU's is checked by test_cuda) */
+  char name[8];
+  CHECK_OK(fsdp_device_name(FSDP_CPU, name, sizeof name));
+  CHECK(strcmp(name, "cpu") == 0);
+  CHECK_OK(fsdp_device_name(FSDP_CPU, name, 3));
+  CHECK(strcmp(name, "cp") == 0);
+  CHECK_FAILS(fsdp_device_name(FSDP_CPU, name, 0), FSDP_EINVAL, "no buffer");
+  CHECK_FAILS(fsdp_device_name(7, name, sizeof name), FSDP_EINVAL, "unknown device 7");
+  if (!fsdp_device_available(FSDP_CUDA)) CHECK_FAILS(fsdp_device_name(FSDP_CUDA, name, sizeof name), FSDP_EUNSUPPORTED, "CUDA");
   CHECK_OK(fsdp_alloc_host_pinned(4096, &p));
   CHECK_OK(fsdp_free_host_pinned(p));
 }

@@ -189,22 +189,45 @@ do
 end
 
 -- the demo recipe, shortened: the loss falls well below ln 256 and the
--- metrics file has a line per step and the eval lines
+-- metrics file has a line per step and the eval lines; each step's mfu is
+-- the model FLOPs over the step time and train.peak_tflops (all W ranks
+-- share this machine's peak), within 1e-12 relative
 do
   local path = os.tmpname()
   local r = tiny()
   local out = train.run(r, root .. "/recipes/tiny.lua", { "train.steps=40", "train.eval_every=20", "train.log_every=20",
-    "train.metrics=" .. path })
+    "train.metrics=" .. path, "train.peak_tflops=0.04" })
   check(out.first_loss > 5.0 and out.last_loss < 4.0, string.format("the loss falls: %.3f -> %.3f", out.first_loss, out.last_loss))
+  check(math.abs(out.peak.flops - 0.04e12 / W) <= 1e-12 * out.peak.flops, "train.peak_tflops, shared by the machine's ranks")
   if R == 0 then
-    local steps, evals = 0, 0
+    local steps, evals, mfu_ok = 0, 0, true
+    local tokens_step = r.data.micro_batch * r.data.seq * W
     for line in io.lines(path) do
-      if line:match('^{"step":%d+,.*"loss":[%d.e+-]+') then steps = steps + 1 end
+      if line:match('^{"step":%d+,.*"loss":[%d.e+-]+') then
+        steps = steps + 1
+        local mfu, dt = tonumber(line:match('"mfu":([%d.e+-]+)')), tonumber(line:match('"step_time_s":([%d.e+-]+)'))
+        local want = out.flops_per_token * tokens_step / W / dt / (0.04e12 / W)
+        mfu_ok = mfu_ok and mfu and math.abs(mfu - want) <= 1e-12 * want and line:match('"gemm_frac":[%d.e+-]+') ~= nil
+      end
       if line:match('"val_loss":') then evals = evals + 1 end
     end
     check(steps == 40 and evals == 2, "metrics: 40 step lines and 2 eval lines")
+    check(mfu_ok, "metrics: mfu = model FLOPs / (step time x peak), and a gemm_frac")
   end
   os.remove(path)
+  fails(function() recipe.check(recipe.apply_overrides(tiny(), { "train.peak_tflops=0" }, "p.lua"), "p.lua") end,
+    "p.lua: train.peak_tflops = 0; expected > 0", "a peak of 0")
+end
+
+-- without train.peak_tflops a CPU rank divides by this machine's peak (fsdp.peak)
+do
+  local cpu = require("fsdp.peak").this_cpu()
+  local out = train.run(tiny(), "t.lua", { "train.steps=1", "data.seq=32", "data.micro_batch=2", "model.num_hidden_layers=1" })
+  if cpu then
+    check(math.abs(out.peak.flops - cpu.flops / W) <= 1e-12 * cpu.flops, "the CPU's peak / the machine's ranks")
+  else -- a CPU fsdp.peak does not know (not x86): no MFU rather than a made-up one
+    check(out.peak.flops == nil, "no CPU peak: no MFU")
+  end
 end
 
 -- a CPU job never opens the CUDA backend (libfsdp_cuda.so: CUDA runtime,

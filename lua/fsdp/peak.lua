@@ -1,0 +1,178 @@
+-- fsdp.peak: the hardware's peak FLOP/s, the denominator of the trainer's
+-- MFU (model FLOPs per second over this peak), and the GEMM rate measured
+-- at start (the trainer's separate gemm_frac). How each peak is found is
+-- in docs/TRAINING.md ("MFU").
+local M = {}
+
+-- GPUs by name: the first entry whose pattern is in the lower-cased device
+-- name. Dense TFLOP/s (no 2:4 sparsity) from NVIDIA's datasheets: bf16 on
+-- the tensor cores, fp32 on the CUDA cores (our fp32 GEMMs compute in
+-- CUBLAS_COMPUTE_32F: no TF32). H100/H200 SXM at their 1.98 GHz boost.
+M.gpus = {
+  { "h100 pcie", "H100 PCIe", bf16 = 756, fp32 = 51 },
+  { "h100 nvl", "H100 NVL", bf16 = 835, fp32 = 60 },
+  { "h200 nvl", "H200 NVL", bf16 = 835, fp32 = 60 },
+  { "gh200", "GH200", bf16 = 989, fp32 = 67 },
+  { "h100", "H100 SXM", bf16 = 989, fp32 = 67 },
+  { "h200", "H200 SXM", bf16 = 989, fp32 = 67 },
+  { "a100", "A100", bf16 = 312, fp32 = 19.5 },
+}
+
+-- FLOP/s of one GPU named name at dtype ("bf16" or "fp32"), and what it is;
+-- nil and why for a GPU not in the table
+function M.gpu(name, dtype)
+  local lower = name:lower()
+  for _, g in ipairs(M.gpus) do
+    if lower:find(g[1], 1, true) then
+      local t = g[dtype]
+      if not t then return nil, string.format("no %s peak for %s in fsdp.peak's table", dtype, name) end
+      return t * 1e12, string.format("%s, %s datasheet: %g TFLOP/s dense %s", name, g[2], t, dtype)
+    end
+  end
+  return nil, string.format("GPU '%s' is not in fsdp.peak's table", name)
+end
+
+-- "0-3,8,10-11" -> { [0] = true, ... }
+function M.cpu_list(s)
+  local set = {}
+  for part in s:gmatch("[^,%s]+") do
+    local a, b = part:match("^(%d+)%-(%d+)$")
+    a, b = tonumber(a or part), tonumber(b or part)
+    if a and b then for i = a, b do set[i] = true end end
+  end
+  return set
+end
+
+-- /proc/cpuinfo's text -> one table per processor
+function M.parse_cpuinfo(text)
+  local cpus, cur = {}, nil
+  for line in (text .. "\n"):gmatch("([^\n]*)\n") do
+    local k, v = line:match("^([^:]-)%s*:%s*(.*)$")
+    if k == "processor" then
+      cur = { id = tonumber(v), flags = {} }
+      cpus[#cpus + 1] = cur
+    elseif cur and k then
+      if k == "flags" then for f in v:gmatch("%S+") do cur.flags[f] = true end
+      elseif k == "vendor_id" then cur.vendor = v
+      elseif k == "cpu family" then cur.family = tonumber(v)
+      elseif k == "model" then cur.model = tonumber(v)
+      elseif k == "model name" then cur.name = v
+      elseif k == "cpu MHz" then cur.mhz = tonumber(v)
+      elseif k == "physical id" then cur.package = v
+      elseif k == "core id" then cur.core = v
+      end
+    end
+  end
+  return cpus
+end
+
+-- fp32 FLOPs per cycle of one core: vector lanes x 2 (a fused multiply-add,
+-- or a multiply and an add) x the units that issue them each cycle; and the
+-- instruction set it reads that from
+local function per_cycle(c)
+  local f = c.flags
+  local bits, units, isa
+  if f.avx512f then bits, units, isa = 512, 2, "avx512f"
+  elseif f.avx2 and f.fma then bits, units, isa = 256, 2, "avx2+fma"
+  elseif f.avx then bits, units, isa = 256, 1, "avx"
+  elseif f.sse2 or f.sse then bits, units, isa = 128, 1, "sse"
+  else return nil end
+  -- AMD before Zen 5 (family 26) has no wider datapath than 256 bits
+  -- (Zen 4 runs AVX-512 as two halves), Zen and Zen+ 128 bits
+  if c.vendor == "AuthenticAMD" and (c.family or 0) < 26 then
+    local width = ((c.family or 0) == 23 and (c.model or 0) < 0x30) and 128 or 256
+    if bits > width then isa = string.format("%s on %d-bit units", isa, width) end
+    bits = math.min(bits, width)
+  end
+  return bits / 32 * 2 * units, isa
+end
+
+-- The peak of the CPUs this process may use: cores x clock x FLOPs per
+-- cycle. text: /proc/cpuinfo; opts.allowed: the Cpus_allowed_list of
+-- /proc/self/status (nil: every processor); opts.max_khz: { [cpu id] =
+-- cpufreq's cpuinfo_max_freq } where it exists (else cpuinfo's "cpu MHz").
+-- Returns { flops, cores, mhz, per_cycle, isa, name, what }, or nil and why.
+function M.cpu(text, opts)
+  opts = opts or {}
+  local allowed = opts.allowed and M.cpu_list(opts.allowed)
+  local cores, n, mhz, first = {}, 0, 0, nil
+  for _, c in ipairs(M.parse_cpuinfo(text)) do
+    if not allowed or allowed[c.id] then
+      first = first or c
+      -- hardware threads of one core share its vector units
+      local key = c.core and ((c.package or "0") .. ":" .. c.core) or ("cpu" .. c.id)
+      if not cores[key] then cores[key] = true; n = n + 1 end
+      local khz = opts.max_khz and opts.max_khz[c.id]
+      mhz = math.max(mhz, khz and khz / 1000 or c.mhz or 0)
+    end
+  end
+  if not first then return nil, "no processor of /proc/cpuinfo is available to this process" end
+  local fpc, isa = per_cycle(first)
+  if not fpc then return nil, "/proc/cpuinfo names no x86 vector unit (avx512f, avx2, avx, sse)" end
+  if mhz <= 0 then return nil, "neither cpufreq nor /proc/cpuinfo gives a clock" end
+  local flops = n * mhz * 1e6 * fpc
+  local name = first.name or "CPU"
+  return { flops = flops, cores = n, mhz = mhz, per_cycle = fpc, isa = isa, name = name,
+    what = string.format("%s, %d cores x %.0f MHz x %d fp32 FLOP/cycle (%s)", name, n, mhz, fpc, isa) }
+end
+
+-- M.cpu on this machine's files
+function M.this_cpu()
+  local slurp = require("fsdp.checkpoint").read_text
+  local text = slurp("/proc/cpuinfo")
+  if not text then return nil, "cannot read /proc/cpuinfo" end
+  local status = slurp("/proc/self/status") or ""
+  local max_khz = {}
+  for _, c in ipairs(M.parse_cpuinfo(text)) do
+    max_khz[c.id] = tonumber(slurp(string.format("/sys/devices/system/cpu/cpu%d/cpufreq/cpuinfo_max_freq", c.id)) or "")
+  end
+  return M.cpu(text, { allowed = status:match("Cpus_allowed_list:%s*([%d,%-]+)"), max_khz = max_khz })
+end
+
+-- The peak one rank divides by. o.device ("cpu", "cuda"), o.dtype (the
+-- GPU's compute dtype; CPU ops compute in fp32), o.ranks (ranks sharing the device: a machine's CPU
+-- ranks, or a GPU's), o.override (train.peak_tflops: one device's peak),
+-- o.gpu_name, o.cpu (M.this_cpu()'s result, or nil and why in o.cpu_why).
+-- Returns { flops = per-rank FLOP/s or nil, what = one line to print }.
+function M.for_rank(o)
+  local dev, why
+  if o.override then
+    dev, why = o.override * 1e12, string.format("train.peak_tflops = %g", o.override)
+  elseif o.device == "cuda" then
+    dev, why = M.gpu(o.gpu_name, o.dtype)
+  elseif o.cpu then
+    dev, why = o.cpu.flops, o.cpu.what
+  else
+    why = o.cpu_why or "no CPU peak"
+  end
+  if not dev then return { what = why .. "; no MFU is reported: set train.peak_tflops" } end
+  local unit = dev >= 1e12 and string.format("%.1f TFLOP/s", dev / 1e12) or string.format("%.1f GFLOP/s", dev / 1e9)
+  local share = o.ranks > 1 and string.format(", shared by %d ranks", o.ranks) or ""
+  return { flops = dev / o.ranks, what = string.format("%s per %s%s (%s)", unit, o.device == "cuda" and "GPU" or "machine",
+    share, why) }
+end
+
+-- The GEMM rate of one rank (FLOP/s), measured over 0.3 s: n-cube GEMMs in
+-- the compute dtype (fp32 on CPUs), on the compute stream
+function M.gemm_rate(fsdp, device, dtype)
+  local C, check = fsdp.C, fsdp.check
+  local n, reps = device == "cuda" and 4096 or 1024, device == "cuda" and 10 or 1
+  dtype = device == "cuda" and dtype or "fp32"
+  local a, b, c = fsdp.tensor({ n, n }, dtype, device), fsdp.tensor({ n, n }, dtype, device), fsdp.tensor({ n, n }, dtype, device)
+  check(C.fsdp_memset(a.data, 0x3c, a:nbytes(), nil), "gemm rate")
+  check(C.fsdp_memset(b.data, 0x3c, b:nbytes(), nil), "gemm rate")
+  local ops = require "fsdp.ops"
+  local cs = device == "cuda" and ops.compute_stream() or nil
+  local best, t_end = 0, C.fsdp_time_now() + 0.3
+  while C.fsdp_time_now() < t_end do
+    local t0 = C.fsdp_time_now()
+    for _ = 1, reps do ops.linear_forward(c, a, b.data, nil, n, n, n) end
+    if cs then cs:synchronize() end
+    local dt = C.fsdp_time_now() - t0
+    if dt > 0 then best = math.max(best, reps * 2 * n ^ 3 / dt) end
+  end
+  a:free(); b:free(); c:free()
+  return best
+end
+
+return M

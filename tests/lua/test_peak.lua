@@ -1,0 +1,122 @@
+-- test_peak.lua (fsdp test_peak.lua): the MFU's peaks (lua/fsdp/peak.lua)
+-- against values computed by hand: CPUs from made-up /proc/cpuinfo texts
+-- (cores x clock x FLOPs per cycle of the widest vector unit), GPUs from
+-- their names, train.peak_tflops, and the share of each rank. Exact up to
+-- 1e-12 relative (the arithmetic is a few products).
+local peak = require "fsdp.peak"
+local T = dofile((arg[0]:match("^(.*/)") or "./") .. "testkit.lua")("test_peak")
+local check = T.check
+
+local function near(a, b) return a and b and math.abs(a - b) <= 1e-12 * math.abs(b) end
+
+-- one "processor" block of /proc/cpuinfo
+local function proc(id, o)
+  local lines = { "processor\t: " .. id, "vendor_id\t: " .. o.vendor, "cpu family\t: " .. o.family, "model\t\t: " .. o.model,
+    "model name\t: " .. o.name }
+  if o.mhz then lines[#lines + 1] = "cpu MHz\t\t: " .. o.mhz end
+  if o.core then
+    lines[#lines + 1] = "physical id\t: " .. (o.package or 0)
+    lines[#lines + 1] = "core id\t\t: " .. o.core
+  end
+  lines[#lines + 1] = "flags\t\t: fpu vme de pse tsc msr " .. o.flags .. " rdrand hypervisor"
+  return table.concat(lines, "\n") .. "\n\n"
+end
+local function cpuinfo(list)
+  local parts = {}
+  for i, o in ipairs(list) do parts[i] = proc(i - 1, o) end
+  return table.concat(parts)
+end
+
+-- Intel with AVX-512, 2 cores x 2 hardware threads (processors 0 and 2 on core 0)
+local xeon = { vendor = "GenuineIntel", family = 6, model = 85, name = "Intel(R) Xeon(R) Gold 6148", mhz = "2000.000",
+  flags = "sse sse2 ssse3 fma sse4_1 sse4_2 avx avx2 avx512f avx512dq" }
+local function at(o, core) local c = {}; for k, v in pairs(o) do c[k] = v end; c.core = core; return c end
+local xeon4 = cpuinfo({ at(xeon, 0), at(xeon, 1), at(xeon, 0), at(xeon, 1) })
+do
+  local p = peak.cpu(xeon4)
+  check(p and p.cores == 2 and p.per_cycle == 64 and near(p.flops, 2 * 2000e6 * 64), "avx512f: 2 cores x 2000 MHz x 64 (hardware threads not counted)")
+  p = peak.cpu(xeon4, { max_khz = { [0] = 3500000, 3500000, 3500000, 3500000 } })
+  check(p and near(p.flops, 2 * 3500e6 * 64) and p.mhz == 3500, "cpufreq's max clock, where it exists, over cpu MHz")
+  p = peak.cpu(xeon4, { allowed = "0,2", max_khz = { [0] = 3500000, 3500000, 3500000, 3500000 } })
+  check(p and p.cores == 1 and near(p.flops, 3500e6 * 64), "only the allowed processors (0 and 2: one core)")
+  check(p.what:find("Xeon", 1, true) and p.what:find("1 cores x 3500 MHz x 64 fp32 FLOP/cycle (avx512f)", 1, true), "described: " .. p.what)
+end
+
+-- this development machine's kind: AMD EPYC (Zen 4, family 25) with AVX-512 on 256-bit units, no core ids in a VM
+do
+  local zen4 = { vendor = "AuthenticAMD", family = 25, model = 17, name = "AMD EPYC", mhz = "2596.142",
+    flags = "sse sse2 ssse3 fma sse4_1 sse4_2 avx avx2 avx512f avx512bw avx512vl" }
+  local p = peak.cpu(cpuinfo({ zen4, zen4 }))
+  check(p and p.cores == 2 and p.per_cycle == 32 and near(p.flops, 2 * 2596.142e6 * 32), "Zen 4: 2 x 2596.142 MHz x 32")
+  check(p.isa == "avx512f on 256-bit units", "Zen 4's isa: " .. tostring(p.isa))
+  local zen1 = { vendor = "AuthenticAMD", family = 23, model = 1, name = "AMD EPYC 7601", mhz = "2200.000",
+    flags = "sse sse2 fma avx avx2" }
+  p = peak.cpu(cpuinfo({ zen1 }))
+  check(p and p.per_cycle == 16 and near(p.flops, 2200e6 * 16), "Zen 1: 128-bit units, 16 FLOP/cycle")
+  local zen5 = { vendor = "AuthenticAMD", family = 26, model = 2, name = "AMD EPYC 9005", mhz = "3000.000",
+    flags = "sse sse2 fma avx avx2 avx512f" }
+  check(peak.cpu(cpuinfo({ zen5 })).per_cycle == 64, "Zen 5: full 512-bit units")
+end
+
+-- older vector units
+do
+  local function one(flags) return peak.cpu(cpuinfo({ { vendor = "GenuineIntel", family = 6, model = 60, name = "x",
+    mhz = "3000.000", flags = flags } })) end
+  check(near(one("sse sse2 avx avx2 fma").flops, 3000e6 * 32), "AVX2 + FMA: 32 FLOP/cycle")
+  check(near(one("sse sse2 avx").flops, 3000e6 * 16), "AVX without FMA: 16")
+  check(near(one("sse sse2").flops, 3000e6 * 8), "SSE: 8")
+  check(one("sse sse2 avx avx2").per_cycle == 16, "AVX2 without FMA counts as AVX")
+end
+
+-- what it cannot know
+do
+  local arm = "processor\t: 0\nBogoMIPS\t: 50.00\nFeatures\t: fp asimd evtstrm aes pmull sha1 sha2 crc32\nCPU implementer\t: 0x41\n\n"
+  local p, why = peak.cpu(arm)
+  check(p == nil and why:find("no x86 vector unit", 1, true), "no x86 flags: no peak, and why: " .. tostring(why))
+  p, why = peak.cpu(cpuinfo({ { vendor = "GenuineIntel", family = 6, model = 60, name = "x", flags = "sse sse2 avx" } }))
+  check(p == nil and why:find("clock", 1, true), "no clock: no peak, and why")
+  p, why = peak.cpu(xeon4, { allowed = "7" })
+  check(p == nil and why:find("no processor", 1, true), "no allowed processor: no peak, and why")
+  local s = peak.cpu_list("0-3,8,10-11")
+  check(s[0] and s[3] and s[8] and s[10] and s[11] and not s[4] and not s[9], "cpu lists")
+end
+
+-- GPUs by name
+do
+  local cases = {
+    { "NVIDIA H100 80GB HBM3", "bf16", 989 }, { "NVIDIA H100 80GB HBM3", "fp32", 67 }, { "NVIDIA H100 PCIe", "bf16", 756 },
+    { "NVIDIA H100 NVL", "bf16", 835 }, { "NVIDIA H200", "bf16", 989 }, { "NVIDIA H200 NVL", "bf16", 835 },
+    { "NVIDIA GH200 480GB", "bf16", 989 }, { "NVIDIA A100-SXM4-80GB", "bf16", 312 }, { "NVIDIA A100 80GB PCIe", "fp32", 19.5 },
+  }
+  for _, c in ipairs(cases) do
+    local f, what = peak.gpu(c[1], c[2])
+    check(near(f, c[3] * 1e12) and what:find(c[1], 1, true), string.format("%s %s: %g TFLOP/s (%s)", c[1], c[2], c[3], tostring(what)))
+  end
+  local f, why = peak.gpu("NVIDIA L4", "bf16")
+  check(f == nil and why:find("not in fsdp.peak's table", 1, true), "an unknown GPU: no peak, and why")
+end
+
+-- one rank's share; train.peak_tflops overrides
+do
+  local cpu = peak.cpu(xeon4)
+  local p = peak.for_rank({ device = "cpu", dtype = "fp32", ranks = 2, cpu = cpu })
+  check(near(p.flops, cpu.flops / 2) and p.what:find("shared by 2 ranks", 1, true), "a CPU rank: the machine's peak / its ranks: " .. p.what)
+  p = peak.for_rank({ device = "cpu", dtype = "bf16", ranks = 1, override = 0.5, cpu = cpu })
+  check(near(p.flops, 0.5e12) and p.what:find("train.peak_tflops = 0.5", 1, true), "train.peak_tflops replaces the CPU's")
+  p = peak.for_rank({ device = "cuda", dtype = "bf16", ranks = 1, override = 400, gpu_name = "NVIDIA H100 80GB HBM3" })
+  check(near(p.flops, 400e12), "train.peak_tflops replaces the table's")
+  p = peak.for_rank({ device = "cuda", dtype = "bf16", ranks = 1, gpu_name = "NVIDIA H100 80GB HBM3" })
+  check(near(p.flops, 989e12) and p.what:find("989.0 TFLOP/s per GPU", 1, true), "an H100 rank: " .. p.what)
+  p = peak.for_rank({ device = "cuda", dtype = "bf16", ranks = 1, gpu_name = "Some GPU" })
+  check(p.flops == nil and p.what:find("set train.peak_tflops", 1, true), "unknown: no MFU, and what to set: " .. p.what)
+  p = peak.for_rank({ device = "cpu", dtype = "fp32", ranks = 1, cpu_why = "cannot read /proc/cpuinfo" })
+  check(p.flops == nil and p.what:find("cannot read /proc/cpuinfo", 1, true), "no CPU peak: why")
+end
+
+-- this machine: a peak, or the reason there is none
+do
+  local p, why = peak.this_cpu()
+  check((p and p.flops > 0 and p.cores >= 1) or (not p and #why > 0), "this machine: " .. (p and p.what or why))
+end
+
+T.finish()
