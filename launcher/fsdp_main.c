@@ -40,6 +40,8 @@ static const char *usage_text =
     "  FSDP_TRACEBACK=1   a Lua stack trace with every error (by default only for errors\n"
     "                     that carry a source position: internal faults)\n"
     "  FSDP_CPU_THREADS   threads for the optimizer step on the host (default: cores / ranks)\n"
+    "  FSDP_BLAS_THREADS  OpenBLAS threads for every CPU GEMM (default: by its size, one per\n"
+    "                     128 MFLOP, at most cores / ranks)\n"
     "  FSDP_ATTENTION     CUDA attention kernels: auto (cuDNN's fused attention where it\n"
     "                     takes the shape, else own), own (our tensor-core kernels for bf16\n"
     "                     with head_dim 64 or 128, else our fp32 ones), cudnn, tc, simple\n"

@@ -16,12 +16,12 @@
  * do about T^2 / 2 + T BLOCK / 2 of the T^2 score products (0.53x at
  * T = 1024, 0.75x at T = 128), and the scratch is [BLOCK, T] per block
  * instead of [T, T]. */
-#include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../base/error.h"
+#include "ops.h"
 #include "rows.h"
 
 static int check_dims(const char *op, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D) {
@@ -53,8 +53,7 @@ int fsdp_attention_forward(float *out, float *lse, const float *q, const float *
       for (int64_t i0 = 0; i0 < T; i0 += BLOCK) {
         const int64_t i1 = i0 + BLOCK < T ? i0 + BLOCK : T; /* rows i0 .. i1 - 1 see keys 0 .. i1 - 1 */
         const int bq = (int)(i1 - i0), n = (int)i1;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, bq, n, d, scale, qh + i0 * ldq, (int)ldq, kh, (int)ldk, 0.0f,
-                    S, n);
+        fsdp_sgemm(0, 1, bq, n, d, scale, qh + i0 * ldq, ldq, kh, ldk, 0.0f, S, n);
         for (int64_t i = i0; i < i1; i++) { /* P_ij = e^(S_ij - lse_i) for j <= i, else 0 */
           float *row = S + (i - i0) * n;
           const float m = fsdp_row_max(row, i + 1);
@@ -62,8 +61,7 @@ int fsdp_attention_forward(float *out, float *lse, const float *q, const float *
           fsdp_row_exp_scaled(row, i + 1, L[i], 1.0f);
           memset(row + i + 1, 0, sizeof(float) * (size_t)(n - i - 1));
         }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, bq, d, n, 1.0f, S, n, vh, (int)ldk, 0.0f,
-                    out + b * T * ldq + i0 * ldq + h * D, (int)ldq);
+        fsdp_sgemm(0, 0, bq, d, n, 1.0f, S, n, vh, ldk, 0.0f, out + b * T * ldq + i0 * ldq + h * D, ldq);
       }
     }
   free(S);
@@ -95,8 +93,8 @@ int fsdp_attention_backward(float *dq, float *dk, float *dv, const float *dout, 
       for (int64_t i0 = 0; i0 < T; i0 += BLOCK) {
         const int64_t i1 = i0 + BLOCK < T ? i0 + BLOCK : T, bo = i0 * ldq;
         const int bq = (int)(i1 - i0), n = (int)i1;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, bq, n, d, scale, qh + bo, (int)ldq, kh, (int)ldk, 0.0f, P, n);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, bq, n, d, 1.0f, doh + bo, (int)ldq, vh, (int)ldk, 0.0f, dP, n);
+        fsdp_sgemm(0, 1, bq, n, d, scale, qh + bo, ldq, kh, ldk, 0.0f, P, n);
+        fsdp_sgemm(0, 1, bq, n, d, 1.0f, doh + bo, ldq, vh, ldk, 0.0f, dP, n);
         for (int64_t i = i0; i < i1; i++) {
           float *p = P + (i - i0) * n, *dp = dP + (i - i0) * n;
           double di = 0; /* rowsum(dO * O) = sum_j P_ij dP_ij */
@@ -107,12 +105,9 @@ int fsdp_attention_backward(float *dq, float *dk, float *dv, const float *dout, 
           memset(dp + i + 1, 0, sizeof(float) * (size_t)(n - i - 1));
         }
         /* dQ rows i0 .. i1 - 1; dK, dV rows 0 .. i1 - 1 gather this block's share */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, bq, d, n, scale, dP, n, kh, (int)ldk, 0.0f, dq + qo + bo,
-                    (int)ldq);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, d, bq, scale, dP, n, qh + bo, (int)ldq, 1.0f, dk + ko,
-                    (int)ldk);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, d, bq, 1.0f, P, n, doh + bo, (int)ldq, 1.0f, dv + ko,
-                    (int)ldk);
+        fsdp_sgemm(0, 0, bq, d, n, scale, dP, n, kh, ldk, 0.0f, dq + qo + bo, ldq);
+        fsdp_sgemm(1, 0, n, d, bq, scale, dP, n, qh + bo, ldq, 1.0f, dk + ko, ldk);
+        fsdp_sgemm(1, 0, n, d, bq, 1.0f, P, n, doh + bo, ldq, 1.0f, dv + ko, ldk);
       }
     }
   free(P);

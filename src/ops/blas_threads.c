@@ -1,19 +1,62 @@
-/* blas_threads.c: OpenBLAS starts a thread per core in every process; with
+/* blas_threads.c: how many OpenBLAS threads each GEMM gets, and the one
+ * place the ops call sgemm (fsdp_sgemm).
+ *
+ * Per process: OpenBLAS starts a thread per core in every process; with
  * several ranks on one machine that oversubscribes the cores many times
- * over. Give each local rank its share unless OPENBLAS_NUM_THREADS says. */
+ * over, so each local rank gets its share of the cores.
+ *
+ * Per call: a GEMM of fewer than MIN_FLOPS_PER_THREAD FLOPs for each extra
+ * thread runs on fewer threads (down to one). Measured on the development
+ * machine (bench/RESULTS.md): the demo's GEMMs (17-92 MFLOP) take longer in
+ * a training step on two threads than on one, since waking and joining the
+ * second thread costs more than it saves and it competes with the rank's
+ * other threads; GEMMs of a larger model (from ~0.3 GFLOP) gain from every
+ * core.
+ *
+ * FSDP_BLAS_THREADS=N (or OPENBLAS_NUM_THREADS) fixes the count for every
+ * GEMM instead. */
 #include <cblas.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <unistd.h>
 
 #include "ops.h"
 
+enum { MIN_FLOPS_PER_THREAD = 128 << 20 };
+
+static _Atomic int share;   /* the most threads a GEMM may use; 0 until known */
+static _Atomic int fixed;   /* 1: the environment fixed the count */
+static _Atomic int current; /* what OpenBLAS was last told */
+
+static void set_threads(int n) {
+  if (atomic_exchange(&current, n) != n) openblas_set_num_threads(n);
+}
+
 void fsdp_ops_set_threads(int local_size) {
-  if (getenv("OPENBLAS_NUM_THREADS") || getenv("FSDP_BLAS_THREADS")) {
-    const char *v = getenv("FSDP_BLAS_THREADS");
+  const char *v = getenv("FSDP_BLAS_THREADS");
+  if (v || getenv("OPENBLAS_NUM_THREADS")) {
+    atomic_store(&fixed, 1);
     if (v) openblas_set_num_threads(atoi(v) > 0 ? atoi(v) : 1);
     return;
   }
   long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-  int share = local_size > 0 ? (int)(cpus / local_size) : 1;
-  openblas_set_num_threads(share > 0 ? share : 1);
+  int n = local_size > 0 ? (int)(cpus / local_size) : 1;
+  atomic_store(&share, n > 0 ? n : 1);
+}
+
+int fsdp_blas_threads_for(int64_t m, int64_t n, int64_t k) {
+  int most = atomic_load(&share);
+  if (!most) { /* no fsdp_init (a test of the ops alone): OpenBLAS's own count */
+    most = openblas_get_num_threads();
+    atomic_store(&share, most);
+  }
+  double per = 2.0 * (double)m * (double)n * (double)k / MIN_FLOPS_PER_THREAD;
+  return per >= most ? most : per >= 2 ? (int)per : 1;
+}
+
+void fsdp_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
+                const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
+  if (!atomic_load(&fixed)) set_threads(fsdp_blas_threads_for(m, n, k));
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, (int)m, (int)n,
+              (int)k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
 }

@@ -2,10 +2,10 @@
  * the optimised, maintained BLAS; hand-written GEMMs would be 10-50x
  * slower). W is [out, in] as in PyTorch and Hugging Face checkpoints.
  * Backward accumulates into the weight and bias grads (beta = 1), as FSDP's
- * grad buffers collect every use of a parameter. fp32. */
-#include <cblas.h>
-
+ * grad buffers collect every use of a parameter. fp32. The GEMMs go through
+ * fsdp_sgemm (blas_threads.c), which picks their threads by size. */
 #include "../base/error.h"
+#include "ops.h"
 
 static int check_dims(const char *op, int64_t n, int64_t in, int64_t out) {
   if (n < 0 || in < 1 || out < 1 || n > INT32_MAX || in > INT32_MAX || out > INT32_MAX)
@@ -24,8 +24,7 @@ int fsdp_linear_forward(float *y, const float *x, const float *w, const float *b
       for (int64_t j = 0; j < out; j++) y[i * out + j] = b[j];
     beta = 1.0f;
   }
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)out, (int)in, 1.0f, x, (int)in, w, (int)in, beta,
-              y, (int)out);
+  fsdp_sgemm(0, 1, n, out, in, 1.0f, x, in, w, in, beta, y, out);
   return FSDP_OK;
 }
 
@@ -35,11 +34,9 @@ int fsdp_linear_backward(float *dx, float *dw, float *db, const float *dy, const
   if (!n) return FSDP_OK;
   if (!dy || !x || !w) return fsdp_fail(FSDP_EINVAL, "linear_backward: NULL buffer");
   if (dx) /* dx = dy W */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)in, (int)out, 1.0f, dy, (int)out, w, (int)in,
-                0.0f, dx, (int)in);
+    fsdp_sgemm(0, 0, n, in, out, 1.0f, dy, out, w, in, 0.0f, dx, in);
   if (dw) /* dW += dy^T x */
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)out, (int)in, (int)n, 1.0f, dy, (int)out, x, (int)in,
-                1.0f, dw, (int)in);
+    fsdp_sgemm(1, 0, out, in, n, 1.0f, dy, out, x, in, 1.0f, dw, in);
   if (db)
     for (int64_t i = 0; i < n; i++)
       for (int64_t j = 0; j < out; j++) db[j] += dy[i * out + j];

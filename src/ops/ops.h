@@ -2,7 +2,15 @@
 #ifndef FSDP_OPS_H
 #define FSDP_OPS_H
 
+#include <stdint.h>
+
 /* Called by fsdp_init: BLAS threads per rank (see blas_threads.c). */
 void fsdp_ops_set_threads(int local_size);
+/* The OpenBLAS threads an m x n x k GEMM gets (blas_threads.c). */
+int fsdp_blas_threads_for(int64_t m, int64_t n, int64_t k);
+/* Row-major C = alpha op(A) op(B) + beta C (op: transposed when trans_*),
+ * on the threads fsdp_blas_threads_for chooses: every GEMM of the CPU ops. */
+void fsdp_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
+                const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
 
 #endif

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 
 #include "check.h"
+#include "ops/ops.h"
 
 static double rnd(unsigned *s) {
   *s = *s * 1664525u + 1013904223u;
@@ -73,7 +74,28 @@ static void test_linear(int n, int in, int out) {
   free(xd); free(wd); free(bd); free(rd);
 }
 
+/* OpenBLAS threads by GEMM size (src/ops/blas_threads.c): every GEMM of the
+ * demo (recipes/tiny.lua: 8 x 128 tokens, hidden 128, SwiGLU 352, kv
+ * projections 64, head 256; forward, dx and dW orientations) on one thread,
+ * where a second one makes its step slower; a large GEMM on all of the
+ * rank's threads (the same count as for a huger one), a 0.27 GFLOP one on
+ * at most two. */
+static void test_blas_threads(void) {
+  const int64_t demo[][2] = {{128, 128}, {128, 64}, {128, 352}, {352, 128}, {128, 256}}; /* in, out */
+  int ones = 0;
+  for (int i = 0; i < 5; i++) {
+    int64_t n = 1024, in = demo[i][0], out = demo[i][1];
+    ones += fsdp_blas_threads_for(n, out, in) == 1 && fsdp_blas_threads_for(n, in, out) == 1 &&
+            fsdp_blas_threads_for(out, in, n) == 1;
+  }
+  CHECK(ones == 5);
+  int all = fsdp_blas_threads_for(1 << 14, 1 << 14, 1 << 14);
+  CHECK(all >= 1 && fsdp_blas_threads_for(2048, 2048, 2048) == all);
+  CHECK(fsdp_blas_threads_for(512, 512, 512) == (all < 2 ? all : 2));
+}
+
 int main(void) {
+  test_blas_threads();
   test_linear(1, 1, 1);
   test_linear(5, 3, 7);
   test_linear(64, 33, 17);
