@@ -5,13 +5,16 @@
  * several ranks on one machine that oversubscribes the cores many times
  * over, so each local rank gets its share of the cores.
  *
- * Per call: a GEMM of fewer than MIN_FLOPS_PER_THREAD FLOPs for each extra
- * thread runs on fewer threads (down to one). Measured on the development
- * machine (bench/RESULTS.md): the demo's GEMMs (17-92 MFLOP) take longer in
- * a training step on two threads than on one, since waking and joining the
- * second thread costs more than it saves and it competes with the rank's
- * other threads; GEMMs of a larger model (from ~0.3 GFLOP) gain from every
- * core.
+ * Per call: one thread per MIN_FLOPS_PER_THREAD of the GEMM's 2 m n k
+ * FLOPs, at most the share: each thread gets over a millisecond of work
+ * (~100 GFLOP/s per core), so a worker that wakes late or is descheduled
+ * costs little of it. Measured on the development machine (2 cores,
+ * bench/RESULTS.md): the demo's GEMMs (17-92 MFLOP) on two threads made a
+ * one-rank step up to 2-3x slower when other processes took the second
+ * core (OpenBLAS's waiting workers spin and yield: 3-9x the context
+ * switches) and up to 1.3x faster when it was idle; so they run on one
+ * thread. The larger shape's (0.27-17 GFLOP) ran 1.6x faster on two
+ * threads with an idle core and no slower without one.
  *
  * FSDP_BLAS_THREADS=N (or OPENBLAS_NUM_THREADS) fixes the count for every
  * GEMM instead. */
