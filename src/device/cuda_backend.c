@@ -1,11 +1,9 @@
 /* cuda_backend.c: the table libfsdp_cuda.so hands to the engine
- * (cuda_backend.h): its device functions (cuda.c), the NCCL transport's
- * constructor (comm_nccl.c) and the kernels the units run between
- * collectives (kernels/), with the kernels' CUDA error codes turned into
- * the engine's statuses. */
+ * (cuda_backend.h): its device functions (cuda.c) and the kernels the units
+ * run between collectives (kernels/), with the kernels' CUDA error codes
+ * turned into the engine's statuses. */
 #include "../../kernels/kernels.h"
 #include "../base/error.h"
-#include "../dist/comm_impl.h"
 #include "cuda_backend.h"
 #include "cuda_impl.h"
 
@@ -50,7 +48,6 @@ static const fsdp_cuda_backend table = {
     .event_synchronize = fsdp_cuda_event_synchronize,
     .memcpy = fsdp_cuda_memcpy,
     .memset = fsdp_cuda_memset,
-    .comm_create = fsdp_comm_nccl_create,
     .cast_to_f32 = cast_to_f32,
     .accumulate_f32 = accumulate_f32,
     .cast_from_f32 = cast_from_f32,

@@ -5,15 +5,15 @@
  * comm_nccl.c, kernels/), opened by cuda_loader.c the first time a CUDA
  * device is asked for. A CPU job never opens it, so its ranks do not map
  * ~150 MB of CUDA libraries. The engine reaches the backend only through
- * this table (one layer, one door): the device layer's dispatch, the NCCL
- * transport's constructor for the mesh, and the few kernels the units run
- * between collectives. */
+ * this table (one layer, one door): the device layer's dispatch and the few
+ * kernels the units run between collectives. A layer above with its own
+ * part in the library (the NCCL transport, src/dist/comm_nccl.c) looks it
+ * up by name (fsdp_cuda_symbol), so this table names nothing above the
+ * device layer. */
 #ifndef FSDP_DEVICE_CUDA_BACKEND_H
 #define FSDP_DEVICE_CUDA_BACKEND_H
 
 #include "../fsdp.h"
-
-struct comm_group_spec; /* src/dist/comm_impl.h */
 
 typedef struct fsdp_cuda_backend {
   /* devices, memory, streams, events (src/device/cuda.c) */
@@ -41,8 +41,6 @@ typedef struct fsdp_cuda_backend {
   int (*event_synchronize)(fsdp_event *e);
   int (*memcpy)(void *dst, const void *src, size_t bytes, fsdp_stream *s); /* s NULL: synchronous */
   int (*memset)(void *dst, int value, size_t bytes, fsdp_stream *s);
-  /* the NCCL transport (src/dist/comm_nccl.c) */
-  int (*comm_create)(const struct comm_group_spec *spec, fsdp_comm **out);
   /* what the units run on their streams (kernels/): dst (fp32) = or +=
    * src (dtype), dst (dtype) = src (fp32), the optimizer steps, the grad
    * sum of squares; each returns FSDP_OK or a status with the message */
@@ -63,6 +61,9 @@ const fsdp_cuda_backend *fsdp_cuda(void);
 /* 1 when the backend is open already (asking does not open it): without
  * it, no memory in this process is CUDA memory */
 int fsdp_cuda_loaded(void);
+/* A function of the backend by name (opening it if needed), NULL where
+ * there is none (the reason in the last error). */
+void *fsdp_cuda_symbol(const char *name);
 /* The rank's index on its node (from fsdp_init): when the backend opens it
  * selects GPU local_rank % count, the usual one-GPU-per-rank mapping. */
 void fsdp_cuda_note_local_rank(int local_rank);

@@ -24,6 +24,8 @@ static char reason[1024], loaded_path[1024];
 
 #define NO_CUDA() fsdp_fail(FSDP_EUNSUPPORTED, "no CUDA backend: %s", reason)
 
+static void *lib; /* the dlopen handle */
+
 static int none_available(void) {
   NO_CUDA();
   return 0;
@@ -45,7 +47,6 @@ static int none_event(fsdp_event *e) { return NO_CUDA(); }
 static int none_record(fsdp_event *e, fsdp_stream *s) { return NO_CUDA(); }
 static int none_copy(void *d, const void *s, size_t n, fsdp_stream *st) { return NO_CUDA(); }
 static int none_set(void *d, int v, size_t n, fsdp_stream *st) { return NO_CUDA(); }
-static int none_comm(const struct comm_group_spec *spec, fsdp_comm **out) { return NO_CUDA(); }
 static int none_to_f32(float *d, const void *s, int dt, size_t n, fsdp_stream *st) { return NO_CUDA(); }
 static int none_from_f32(void *d, int dt, const float *s, size_t n, fsdp_stream *st) { return NO_CUDA(); }
 static int none_adamw(float *p, void *o, int32_t od, const float *g, float *m, float *v, int64_t n, int64_t step,
@@ -83,7 +84,6 @@ static const fsdp_cuda_backend none = {
     .event_synchronize = none_event,
     .memcpy = none_copy,
     .memset = none_set,
-    .comm_create = none_comm,
     .cast_to_f32 = none_to_f32,
     .accumulate_f32 = none_to_f32,
     .cast_from_f32 = none_from_f32,
@@ -130,6 +130,7 @@ static void open_backend(void) {
     return;
   }
   table = get();
+  lib = h;
   snprintf(loaded_path, sizeof loaded_path, "%s", path);
   opened = 1;
   /* one GPU per local rank, the usual mapping; CPU-only hosts skip this */
@@ -153,6 +154,17 @@ int fsdp_cuda_loaded(void) {
 }
 
 void fsdp_cuda_note_local_rank(int rank) { local_rank = rank; }
+
+void *fsdp_cuda_symbol(const char *name) {
+  fsdp_cuda();
+  if (!opened) {
+    NO_CUDA();
+    return NULL;
+  }
+  void *f = dlsym(lib, name);
+  if (!f) fsdp_fail(FSDP_EUNSUPPORTED, "the CUDA backend %s has no %s", loaded_path, name);
+  return f;
+}
 
 const char *fsdp_cuda_library(void) {
   fsdp_cuda();

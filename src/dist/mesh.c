@@ -168,6 +168,16 @@ static int parse_dims(const fsdp_mesh *m, const char *spec, unsigned *set) {
   return FSDP_OK;
 }
 
+/* the NCCL transport lives in the CUDA backend (libfsdp_cuda.so), opened
+ * on demand: looked up by name, so the device layer's table need not know
+ * a dist type */
+static int nccl_create(const comm_group_spec *spec, fsdp_comm **out) {
+  int (*create)(const comm_group_spec *, fsdp_comm **) =
+      (int (*)(const comm_group_spec *, fsdp_comm **))fsdp_cuda_symbol("fsdp_comm_nccl_create");
+  if (!create) return fsdp_fail_context(FSDP_EUNSUPPORTED, "mesh: no NCCL transport");
+  return create(spec, out);
+}
+
 int fsdp_mesh_group(fsdp_mesh *m, const char *dims, fsdp_comm **out) { return fsdp_mesh_group_channel(m, dims, 0, out); }
 
 int fsdp_mesh_group_channel(fsdp_mesh *m, const char *dims, int channel, fsdp_comm **out) {
@@ -226,7 +236,7 @@ int fsdp_mesh_group_channel(fsdp_mesh *m, const char *dims, int channel, fsdp_co
 
   comm_group_spec spec = {name, tag, members, nm, me};
   fsdp_comm *c = NULL;
-  int rc = m->device == FSDP_CUDA ? fsdp_cuda()->comm_create(&spec, &c) : fsdp_comm_shm_create(&spec, &c);
+  int rc = m->device == FSDP_CUDA ? nccl_create(&spec, &c) : fsdp_comm_shm_create(&spec, &c);
   free(members);
   if (rc < 0) return fsdp_fail_context(rc, "mesh group '%s'", name);
   m->groups[m->ngroups].dims = set;
