@@ -91,7 +91,12 @@ int fsdp_cpu_threads_set(int n) {
   return FSDP_OK;
 }
 
+static _Atomic int host_ranks;
+
+int fsdp_host_ranks(void) { return atomic_load(&host_ranks); }
+
 void fsdp_cpu_threads_share(int local_ranks) {
+  atomic_store(&host_ranks, local_ranks);
   if (getenv("FSDP_CPU_THREADS")) return;
   long cpus = sysconf(_SC_NPROCESSORS_ONLN);
   int share = local_ranks > 0 && cpus > 0 ? (int)(cpus / local_ranks) : 1;

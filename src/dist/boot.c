@@ -11,7 +11,6 @@
 #include "../base/log.h"
 #include "../device/cuda_backend.h"
 #include "../device/device_impl.h"
-#include "../ops/ops.h"
 #include "comm_impl.h"
 
 static struct {
@@ -84,7 +83,6 @@ int fsdp_init(fsdp_proc_info *info) {
     boot.info.local_size = 1;
   }
   boot.initialized = 1;
-  fsdp_ops_set_threads(boot.info.local_size);
   fsdp_cpu_threads_share(boot.info.local_size);
   /* One GPU per local rank, the usual mapping, chosen when the CUDA backend
    * opens: a CPU job never starts CUDA (cuda_backend.h). */

@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include "../base/parallel.h"
 #include "ops.h"
 
 enum { MIN_FLOPS_PER_THREAD = 128 << 20 };
@@ -30,36 +31,40 @@ enum { MIN_FLOPS_PER_THREAD = 128 << 20 };
 static _Atomic int share;   /* the most threads a GEMM may use; 0 until known */
 static _Atomic int fixed;   /* 1: the environment fixed the count */
 static _Atomic int current; /* what OpenBLAS was last told */
+static _Atomic int sized_for = -1; /* the host's rank count share was worked out for */
 
 static void set_threads(int n) {
   if (atomic_exchange(&current, n) != n) openblas_set_num_threads(n);
 }
 
-void fsdp_ops_set_threads(int local_size) {
+/* the share of this machine's cores for each of its ranks (fsdp_init says
+ * how many there are: src/base/parallel.c), worked out again when that
+ * changes; before fsdp_init (a test of the ops alone), OpenBLAS's own count */
+static int share_now(void) {
+  int ranks = fsdp_host_ranks();
+  if (ranks == atomic_load(&sized_for)) return atomic_load(&share);
   const char *v = getenv("FSDP_BLAS_THREADS");
   if (v || getenv("OPENBLAS_NUM_THREADS")) {
     atomic_store(&fixed, 1);
     if (v) openblas_set_num_threads(atoi(v) > 0 ? atoi(v) : 1);
-    return;
   }
   long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-  int n = local_size > 0 ? (int)(cpus / local_size) : 1;
+  int n = ranks > 0 ? (int)(cpus / ranks) : openblas_get_num_threads();
   atomic_store(&share, n > 0 ? n : 1);
+  atomic_store(&sized_for, ranks);
+  return atomic_load(&share);
 }
 
 int fsdp_blas_threads_for(int64_t m, int64_t n, int64_t k) {
-  int most = atomic_load(&share);
-  if (!most) { /* no fsdp_init (a test of the ops alone): OpenBLAS's own count */
-    most = openblas_get_num_threads();
-    atomic_store(&share, most);
-  }
+  int most = share_now();
   double per = 2.0 * (double)m * (double)n * (double)k / MIN_FLOPS_PER_THREAD;
   return per >= most ? most : per >= 2 ? (int)per : 1;
 }
 
 void fsdp_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
                 const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
-  if (!atomic_load(&fixed)) set_threads(fsdp_blas_threads_for(m, n, k));
+  int threads = fsdp_blas_threads_for(m, n, k); /* (also learns whether the environment fixed the count) */
+  if (!atomic_load(&fixed)) set_threads(threads);
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, (int)m, (int)n,
               (int)k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
 }

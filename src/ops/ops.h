@@ -4,8 +4,6 @@
 
 #include <stdint.h>
 
-/* Called by fsdp_init: BLAS threads per rank (see blas_threads.c). */
-void fsdp_ops_set_threads(int local_size);
 /* The OpenBLAS threads an m x n x k GEMM gets (blas_threads.c). */
 int fsdp_blas_threads_for(int64_t m, int64_t n, int64_t k);
 /* Row-major C = alpha op(A) op(B) + beta C (op: transposed when trans_*),

@@ -18,7 +18,7 @@
 #include "../base/bf16.h"
 #include "../base/error.h"
 #include "../base/parallel.h"
-#include "adamw_math.h"
+#include "../base/adamw_math.h"
 
 /* below this many elements a step stays on the calling thread */
 enum { GRAIN = 1 << 16 };

@@ -1,6 +1,7 @@
 /* adamw_math.h: one AdamW element update, shared by the CPU loop
- * (adamw.c) and the CUDA kernel (kernels/adamw.cu) so that both compute
- * exactly the same formula. c1, c2: the bias corrections 1 / (1 - beta^t);
+ * (src/shard/adamw.c) and the CUDA kernel (kernels/adamw.cu) so that both
+ * compute exactly the same formula. In base, below both: numerics that two
+ * layers share. c1, c2: the bias corrections 1 / (1 - beta^t);
  * decay: 1 - lr * weight_decay. Returns the new parameter. */
 #ifndef FSDP_ADAMW_MATH_H
 #define FSDP_ADAMW_MATH_H
