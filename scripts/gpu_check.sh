@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs the GPU checks on a machine with a GPU, from a build made elsewhere
-# (scripts/build.sh) and carried along:
+# (scripts/build.sh) and carried along (libfsdp.so and the CUDA backend
+# libfsdp_cuda.so side by side):
 #   scripts/gpu_check.sh [BUILD_DIR] [OUT_DIR]
 # test_cuda, test_kernels, test_cuda_train, the demo recipe on the GPU and on
 # CPU ranks (TINY_STEPS, default 400), the optimizer-step and per-kernel
@@ -19,6 +20,10 @@ build=${1:-build}
 out=${2:-${OUT:-/tmp/fsdp-gpu}}
 mkdir -p "$out"
 . scripts/gpu_env.sh "$build"
+if [ ! -f "$build/libfsdp_cuda.so" ]; then
+  echo "gpu_check: $build/libfsdp_cuda.so is missing: the CUDA backend, built beside libfsdp.so by a CUDA build" >&2
+  exit 2
+fi
 status=0
 {
   date -u
