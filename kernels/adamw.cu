@@ -4,7 +4,7 @@
 #include <math.h>
 
 #include "common.cuh"
-#include "../src/shard/adamw_math.h"
+#include "../src/base/adamw_math.h"
 
 using namespace fsdpk;
 
