@@ -81,3 +81,8 @@ foreach(n 1 2)
            COMMAND $<TARGET_FILE:fsdprun> -n ${n} --timeout 200 ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_hf.lua)
   set_tests_properties(lua_hf_np${n} PROPERTIES LABELS multirank TIMEOUT 240 RUN_SERIAL ON)
 endforeach()
+# Teardown by the collector alone, many times, in whatever order the
+# finalizers run (tests/lua/test_teardown.lua); under ASan in the sanitizer build
+add_test(NAME lua_teardown
+         COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_teardown.sh $<TARGET_FILE:fsdprun> ${CMAKE_CURRENT_SOURCE_DIR}/lua)
+set_tests_properties(lua_teardown PROPERTIES LABELS multirank TIMEOUT 300 RUN_SERIAL ON)

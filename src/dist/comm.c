@@ -22,6 +22,7 @@ double fsdp_comm_default_timeout(void) {
 
 int fsdp_comm_init_common(fsdp_comm *c, const comm_group_spec *spec, int device, const comm_ops *ops) {
   c->ops = ops;
+  c->refs = 1;
   snprintf(c->name, sizeof c->name, "%s", spec->name);
   c->rank = spec->my_index;
   c->size = spec->size;
@@ -68,6 +69,14 @@ void fsdp_comm_free(fsdp_comm *c) {
   if (c->ops && c->ops->destroy) c->ops->destroy(c);
   free(c->members);
   free(c);
+}
+
+void fsdp_comm_retain(fsdp_comm *c) {
+  if (c) __atomic_add_fetch(&c->refs, 1, __ATOMIC_RELAXED);
+}
+
+void fsdp_comm_release(fsdp_comm *c) {
+  if (c && __atomic_sub_fetch(&c->refs, 1, __ATOMIC_ACQ_REL) == 0) fsdp_comm_free(c);
 }
 
 int fsdp_comm_rank(const fsdp_comm *c) { return c ? c->rank : fsdp_fail(FSDP_EINVAL, "comm_rank: NULL comm"); }

@@ -43,6 +43,10 @@ struct fsdp_comm {
   void *scratch;
   size_t scratch_bytes;
   int scratch_users;
+  /* counted references: the mesh's, and one per unit or pool that uses the
+   * comm, so whichever is destroyed last (Lua's collector at exit runs
+   * finalizers in no set order) frees it */
+  int refs;
 };
 
 /* A unit takes the comm's scratch, grown to at least bytes (waits for the
@@ -64,7 +68,12 @@ typedef struct comm_group_spec {
 
 int fsdp_comm_shm_create(const comm_group_spec *spec, fsdp_comm **out);
 int fsdp_comm_nccl_create(const comm_group_spec *spec, fsdp_comm **out);
+/* Frees a comm now (its constructor's error path). */
 void fsdp_comm_free(fsdp_comm *c);
+/* One more reference to c, or one less: the last release frees it. A new
+ * comm has one (its mesh's). NULL: no-op. */
+void fsdp_comm_retain(fsdp_comm *c);
+void fsdp_comm_release(fsdp_comm *c);
 
 /* Shared by the backends: fills the common fields of a new comm. */
 int fsdp_comm_init_common(fsdp_comm *c, const comm_group_spec *spec, int device, const comm_ops *ops);

@@ -110,7 +110,8 @@ int fsdp_mesh_create(int ndims, const char *const *names, const int64_t *sizes, 
 
 int fsdp_mesh_destroy(fsdp_mesh *m) {
   if (!m) return FSDP_OK;
-  for (int i = 0; i < m->ngroups; i++) fsdp_comm_free(m->groups[i].comm);
+  /* a comm lives on while a unit or pool still holds it */
+  for (int i = 0; i < m->ngroups; i++) fsdp_comm_release(m->groups[i].comm);
   free(m);
   return FSDP_OK;
 }

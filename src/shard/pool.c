@@ -13,6 +13,7 @@
 #include <stdlib.h>
 
 #include "../base/error.h"
+#include "../dist/comm_impl.h"
 #include "pool.h"
 
 struct fsdp_pool {
@@ -21,9 +22,10 @@ struct fsdp_pool {
   void **buf;
   fsdp_event **released;
   uint8_t *taken;
-  fsdp_comm *comm; /* fsdp_pool_register: buffers from comm, registered in mode */
+  fsdp_comm *comm; /* fsdp_pool_register: buffers from comm, registered in mode (held) */
   int mode;
   fsdp_comm_reg **reg;
+  int refs; /* its creator's, and one per unit that borrows from it */
 };
 
 int fsdp_pool_pick(int nslots, const int64_t *slot_bytes, const uint8_t *taken, int64_t bytes) {
@@ -43,6 +45,7 @@ int fsdp_pool_create(int device, int nslots, const int64_t *slot_bytes, fsdp_poo
   if (!p) return fsdp_fail(FSDP_ENOMEM, "pool: out of memory");
   p->device = device;
   p->nslots = nslots;
+  p->refs = 1;
   p->bytes = calloc((size_t)nslots, sizeof *p->bytes);
   p->buf = calloc((size_t)nslots, sizeof *p->buf);
   p->released = calloc((size_t)nslots, sizeof *p->released);
@@ -61,8 +64,14 @@ int fsdp_pool_create(int device, int nslots, const int64_t *slot_bytes, fsdp_poo
   return FSDP_OK;
 }
 
-int fsdp_pool_destroy(fsdp_pool *p) {
-  if (!p) return FSDP_OK;
+void fsdp_pool_retain(fsdp_pool *p) {
+  if (p) __atomic_add_fetch(&p->refs, 1, __ATOMIC_RELAXED);
+}
+
+/* the last reference frees it: its creator's (fsdp_pool_destroy) or a
+ * unit's, whichever goes last */
+void fsdp_pool_release(fsdp_pool *p) {
+  if (!p || __atomic_sub_fetch(&p->refs, 1, __ATOMIC_ACQ_REL) > 0) return;
   for (int i = 0; i < p->nslots; i++) {
     if (p->released && p->released[i]) fsdp_event_destroy(p->released[i]); /* waits for its last user */
     if (p->reg) fsdp_comm_deregister(p->comm, p->reg[i]);
@@ -76,7 +85,12 @@ int fsdp_pool_destroy(fsdp_pool *p) {
   free(p->buf);
   free(p->released);
   free(p->taken);
+  fsdp_comm_release(p->comm);
   free(p);
+}
+
+int fsdp_pool_destroy(fsdp_pool *p) {
+  fsdp_pool_release(p);
   return FSDP_OK;
 }
 
@@ -98,7 +112,7 @@ int fsdp_pool_acquire(fsdp_pool *p, size_t bytes, fsdp_stream *user, int *slot, 
   return FSDP_OK;
 }
 
-int fsdp_pool_release(fsdp_pool *p, int slot, fsdp_stream *last_user) {
+int fsdp_pool_give_back(fsdp_pool *p, int slot, fsdp_stream *last_user) {
   if (slot < 0 || slot >= p->nslots || !p->taken[slot])
     return fsdp_fail(FSDP_ESTATE, "pool: releasing buffer %d, which is not taken", slot);
   FSDP_CHECK(fsdp_event_record(p->released[slot], last_user));
@@ -119,6 +133,7 @@ int fsdp_pool_register(fsdp_pool *p, fsdp_comm *c, int mode) {
     p->buf[i] = NULL;
   }
   p->comm = c;
+  fsdp_comm_retain(c);
   p->mode = mode;
   for (int i = 0; i < p->nslots; i++) {
     FSDP_CHECK(fsdp_comm_mem_alloc(c, mode, (size_t)p->bytes[i], &p->buf[i]));

@@ -219,6 +219,13 @@ int fsdp_unit_create(const fsdp_unit_spec *sp, fsdp_unit **out) {
   u->outer_comm = sp->outer;
   u->param_pool = sp->param_pool;
   u->grad_pool = sp->grad_pool;
+  /* the unit holds what it uses, so a mesh or pool freed first (the
+   * collector at exit keeps no order) lives on until the unit is gone */
+  fsdp_comm_retain(u->shard_comm);
+  fsdp_comm_retain(u->reduce_comm);
+  fsdp_comm_retain(u->outer_comm);
+  fsdp_pool_retain(u->param_pool);
+  fsdp_pool_retain(u->grad_pool);
   u->shard_ranks = sp->shard->size;
   u->shard_rank = sp->shard->rank;
   u->device = sp->shard->device;
@@ -244,8 +251,8 @@ int fsdp_unit_destroy(fsdp_unit *u) {
   if (u->shard_comm) fsdp_stream_synchronize(u->shard_comm->stream);
   if (u->reduce_comm && u->reduce_comm != u->shard_comm) fsdp_stream_synchronize(u->reduce_comm->stream);
   if (u->outer_comm) fsdp_stream_synchronize(u->outer_comm->stream);
-  if (u->param_slot >= 0) fsdp_pool_release(u->param_pool, u->param_slot, NULL);
-  if (u->grad_slot >= 0) fsdp_pool_release(u->grad_pool, u->grad_slot, NULL);
+  if (u->param_slot >= 0) fsdp_pool_give_back(u->param_pool, u->param_slot, NULL);
+  if (u->grad_slot >= 0) fsdp_pool_give_back(u->grad_pool, u->grad_slot, NULL);
   if (u->holds_reduce_scratch) fsdp_comm_scratch_release(u->reduce_comm);
   if (u->holds_gather_stage) fsdp_comm_scratch_release(u->shard_comm);
   free_rows(u);
@@ -254,6 +261,11 @@ int fsdp_unit_destroy(fsdp_unit *u) {
   fsdp_event_destroy(u->handoff);
   fsdp_event_destroy(u->grads_zeroed);
   fsdp_layout_destroy(u->layout);
+  fsdp_pool_release(u->param_pool);
+  fsdp_pool_release(u->grad_pool);
+  fsdp_comm_release(u->outer_comm);
+  fsdp_comm_release(u->reduce_comm);
+  fsdp_comm_release(u->shard_comm);
   free(u->no_decay);
   free(u->numels);
   free(u);

@@ -122,7 +122,7 @@ int fsdp_unit_reshard(fsdp_unit *u, fsdp_stream *compute) {
   if (u->cfg.zero != 3 || !u->gathered_params) return FSDP_OK;
   u->gathered_params = NULL;
   if (u->param_slot < 0) return FSDP_OK; /* it was the shard */
-  int rc = fsdp_pool_release(u->param_pool, u->param_slot, compute);
+  int rc = fsdp_pool_give_back(u->param_pool, u->param_slot, compute);
   u->param_slot = -1;
   return rc;
 }
@@ -205,7 +205,7 @@ int fsdp_unit_reduce(fsdp_unit *u, fsdp_stream *compute, int sync) {
   } else {
     /* every micro-batch: accumulation stays sharded, in fp32 */
     FSDP_CHECK(reduce_scatter_into(u, u->grad_accum, u->pooled_grads, 1));
-    FSDP_CHECK(fsdp_pool_release(u->grad_pool, u->grad_slot, c->stream));
+    FSDP_CHECK(fsdp_pool_give_back(u->grad_pool, u->grad_slot, c->stream));
     u->grad_slot = -1;
     u->pooled_grads = NULL;
   }

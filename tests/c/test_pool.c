@@ -42,12 +42,12 @@ static void test_pool(void) {
   memset(buf[2], 1, 400), memset(buf[0], 2, 160), memset(buf[1], 3, 160); /* each slot is as big as asked */
   CHECK(fsdp_pool_live(p) == 3 && fsdp_pool_peak(p) == 3);
   CHECK(fsdp_pool_acquire(p, 10, s, &slot[3], &buf[3]) == FSDP_DEFERRED); /* at the bound */
-  CHECK_OK(fsdp_pool_release(p, slot[0], s));
+  CHECK_OK(fsdp_pool_give_back(p, slot[0], s));
   CHECK(fsdp_pool_acquire(p, 300, s, &slot[3], &buf[3]) == FSDP_DEFERRED); /* a small slot is free, too small */
   CHECK_OK(fsdp_pool_acquire(p, 100, s, &slot[3], &buf[3]));
   CHECK(slot[3] == 1 && buf[3] == buf[0]);
   CHECK_FAILS(fsdp_pool_acquire(p, 401, s, &slot[3], &buf[3]), FSDP_EINVAL, "largest buffer holds 400");
-  CHECK_FAILS(fsdp_pool_release(p, 7, s), FSDP_ESTATE, "not taken");
+  CHECK_FAILS(fsdp_pool_give_back(p, 7, s), FSDP_ESTATE, "not taken");
   CHECK_OK(fsdp_stream_synchronize(s));
   CHECK_OK(fsdp_pool_destroy(p));
   CHECK_OK(fsdp_stream_destroy(s));
