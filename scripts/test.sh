@@ -18,10 +18,11 @@ echo "== tests (build/)"
 ctest --test-dir build --output-on-failure -j"$jobs"
 
 if [ "${FSDP_TEST_RELEASE:-1}" != 0 ]; then
-  # kernels for one GPU architecture only: the warnings sought are the host
-  # compiler's at -O3; both architectures compile in the first build
-  echo "== build Release (build-release/, compiled only)"
-  scripts/build.sh build-release -DFSDP_WERROR=ON -DCMAKE_BUILD_TYPE=Release -DFSDP_CUDA_ARCHS=90
+  # the C engine at -O3 (GCC finds warnings there that -O2 does not); the
+  # CUDA backend is compiled by the first build (users' builds do not treat
+  # warnings as errors), so this one leaves it out and stays short
+  echo "== build Release (build-release/, CPU backend, compiled only)"
+  scripts/build.sh build-release -DFSDP_WERROR=ON -DCMAKE_BUILD_TYPE=Release -DFSDP_CUDA=OFF
 fi
 
 if [ "${FSDP_TEST_SANITIZE:-1}" != 0 ]; then
