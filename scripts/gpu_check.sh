@@ -55,9 +55,12 @@ echo "== each CUDA kernel vs the GPU's GEMM and copy ceilings (bench/bench_kerne
 if [ -x "$build/bench/bench_kernels" ]; then
   "$build/bench/bench_kernels" 4096 10 2>&1 | tee -a "$out/bench_kernels.log" || status=1
 fi
-echo "== the demo recipe on one GPU with the optimizer offloaded (fsdp.offload)"
-"$build/fsdprun" -n 1 --rank0-only --host "$build/fsdp" recipes/tiny.lua train.device=cuda fsdp.offload=true \
-  train.steps="$steps" train.log_every=50 train.metrics="$out/tiny_cuda_offload.jsonl" 2>&1 | tee "$out/tiny_cuda_offload.log" || status=1
+echo "== the demo recipe on one GPU with the optimizer offloaded, then the param shards, then grads too (fsdp.offload)"
+for o in true params all; do
+  timeout 300 "$build/fsdprun" -n 1 --rank0-only --host "$build/fsdp" recipes/tiny.lua train.device=cuda fsdp.offload=$o \
+    train.steps="$steps" train.log_every=50 train.metrics="$out/tiny_cuda_offload_$o.jsonl" 2>&1 |
+    tee "$out/tiny_cuda_offload_$o.log" || status=1
+done
 
 if [ "${GPU_CHECK_BENCH:-0}" = 1 ]; then
   echo "== this engine vs PyTorch FSDP2: the 1B model, then the 4.4B one with the optimizer offloaded"

@@ -15,9 +15,13 @@ lib_dir() {
 nccl_dir=$(lib_dir libnccl.so.2)
 cublas_dir=$(lib_dir libcublasLt.so.13)
 # cuDNN is opened at run time (kernels/attention_cudnn.cpp): without it the
-# attention runs on our own kernels, and the run's first lines say so
-cudnn_dir=$(lib_dir libcudnn.so.9)
-export LD_LIBRARY_PATH="$PWD/$build:$PWD/.devlibs:$nccl_dir:$cublas_dir:${cudnn_dir:+$cudnn_dir:}${LD_LIBRARY_PATH:-}"
+# attention runs on our own kernels, and the run's first lines say so.
+# Python's nvidia-cudnn package comes first where it is there: torch refuses
+# to start beside an older cuDNN found earlier on LD_LIBRARY_PATH
+# (bench/attention_vs_torch.py loads both).
+cudnn_dir=$(python3 -c 'import nvidia.cudnn as c; print(list(c.__path__)[0] + "/lib")' 2>/dev/null)
+[ -n "$cudnn_dir" ] && [ -e "$cudnn_dir/libcudnn.so.9" ] || cudnn_dir=$(lib_dir libcudnn.so.9)
+export LD_LIBRARY_PATH="$PWD/$build:$PWD/.devlibs:${cudnn_dir:+$cudnn_dir:}$nccl_dir:$cublas_dir:${LD_LIBRARY_PATH:-}"
 # the GPU machine may have another PMIx whose plugins do not load into ours
 export PMIX_MCA_mca_base_component_show_load_errors=0
 export FSDP_LIB="$PWD/$build/libfsdp.so" FSDP_HEADER="$PWD/src/fsdp.h" FSDP_LUA_PATH="$PWD/lua"
