@@ -86,3 +86,12 @@ endforeach()
 add_test(NAME lua_teardown
          COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_teardown.sh $<TARGET_FILE:fsdprun> ${CMAKE_CURRENT_SOURCE_DIR}/lua)
 set_tests_properties(lua_teardown PROPERTIES LABELS multirank TIMEOUT 300 RUN_SERIAL ON)
+# the run's own records and meaningless values (issue 18): metrics across a
+# resume, a full disk, non-finite numbers, a diverged run, absurd sizes,
+# nested recipe tables
+foreach(n 1 2)
+  add_test(NAME lua_run_records_np${n}
+           COMMAND $<TARGET_FILE:fsdprun> -n ${n} --timeout 120 ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_run_records.lua
+                   ${CMAKE_SOURCE_DIR})
+  set_tests_properties(lua_run_records_np${n} PROPERTIES LABELS multirank TIMEOUT 150 RUN_SERIAL ON)
+endforeach()

@@ -111,6 +111,17 @@ end
 -- o: world (default 1), mesh (overrides r.mesh), where (for messages),
 -- strict (the trainer's: a global batch that does not divide is an error;
 -- otherwise a warning in p.warnings, planned with 1 micro-batch).
+M.max_layers = 16384
+
+-- A lower bound of the bytes per rank, from arithmetic alone: the fp32 main
+-- params and the optimizer's state exist once (zero >= 1) or on every
+-- rank, at best spread over all `world` ranks. The trainer compares it with
+-- the machine before planning (a plan of an absurd model is itself costly).
+function M.floor_bytes(cfg, r, world)
+  local per_param = 4 + (r.optimizer.name == "adamw" and 8 or 4)
+  return llama.num_params(cfg) * per_param / world
+end
+
 function M.plan(r, o)
   o = o or {}
   local where = o.where or "recipe"
@@ -120,6 +131,12 @@ function M.plan(r, o)
   local S, R = M.mesh_sizes(o.mesh or r.mesh, W, where)
   local f = r.fsdp
   local cfg = hf_config.model(r.model, where)
+  -- the plan replays every layer (about 24 KB and 0.14 ms each): refuse a
+  -- depth no model has before it costs gigabytes
+  if cfg.num_hidden_layers > M.max_layers then
+    error(string.format("%s: model.num_hidden_layers = %d; at most %d are planned (the largest published models have a " ..
+      "few hundred layers)", where, cfg.num_hidden_layers, M.max_layers), 0)
+  end
   local model = llama.model(cfg, { checkpoint = f.checkpoint })
   local ok, a = pcall(shard.assign, model, { units = M.policy(f.units, where), zero = f.zero, offload = f.offload, hfsdp = f.hfsdp })
   if not ok then error(where .. ": fsdp.units: " .. tostring(a):gsub("^fully_shard: ", ""), 0) end

@@ -34,6 +34,7 @@ M.schema = {
     eval_every = { "int", 0 }, eval_batches = { "int", 4 }, log_every = { "int", 1 }, metrics = { "string", nil },
     device = { { "cpu", "cuda" }, "cpu" }, min_free_fraction = { "number", 0.9 }, resume = { "string", nil },
     stop_after = { "int", nil }, loss_chunk_mb = { "number", 256 }, peak_tflops = { "number", nil },
+    max_bad_steps = { "int", 5 },
   },
   -- docs/CHECKPOINTS.md
   checkpoint = {
@@ -43,13 +44,16 @@ M.schema = {
   },
 }
 
+-- data.corpus's own fields (fsdp.data.corpus)
+M.corpus_schema = { root = { "string", nil }, include = { "table", nil }, val_fraction = { "number", nil } }
+
 local sections = { "model", "mesh", "fsdp", "optimizer", "schedule", "data", "train", "checkpoint" }
 
 local function fail(where, fmt, ...) error(where .. ": " .. string.format(fmt, ...), 0) end
 
 local function describe(kind)
   if type(kind) == "table" then return "one of '" .. table.concat(kind, "', '") .. "'" end
-  return ({ int = "an integer", number = "a number", string = "a string", boolean = "true or false", table = "a table" })[kind] or kind
+  return ({ int = "an integer", number = "a finite number", string = "a string", boolean = "true or false", table = "a table" })[kind] or kind
 end
 
 local function ok_kind(kind, v)
@@ -58,7 +62,9 @@ local function ok_kind(kind, v)
     for _, a in ipairs(kind) do if v == a then return true end end
     return false
   end
-  if kind == "int" then return type(v) == "number" and v % 1 == 0 end
+  -- inf and nan are never meant (lr = inf trains NaN from the second step)
+  if kind == "int" then return type(v) == "number" and v % 1 == 0 and v == v and math.abs(v) ~= math.huge end
+  if kind == "number" then return type(v) == "number" and v == v and math.abs(v) ~= math.huge end
   return type(v) == kind
 end
 
@@ -83,6 +89,33 @@ function M.apply_overrides(r, args, where)
   return r
 end
 
+-- t's fields against schema (unknown ones and kinds refused, naming
+-- prefix.field), defaults filled in
+local function check_fields(t, schema, prefix, where)
+  for k, v in pairs(t) do
+    local f = schema[k]
+    if not f then
+      local names = {}
+      for n in pairs(schema) do names[#names + 1] = n end
+      table.sort(names)
+      fail(where, "%s.%s: unknown field (%s has: %s)", prefix, tostring(k), prefix, table.concat(names, ", "))
+    end
+    if not ok_kind(f[1], v) then fail(where, "%s.%s = %s; expected %s", prefix, k, tostring(v), describe(f[1])) end
+  end
+  for k, f in pairs(schema) do
+    if t[k] == nil then t[k] = f[2] end
+  end
+end
+
+-- a number field inside [lo, hi] (open ends where lo_open / hi_open)
+local function in_range(where, name, v, lo, hi, lo_open, hi_open, why)
+  if v == nil then return end
+  if (lo and (v < lo or (lo_open and v == lo))) or (hi and (v > hi or (hi_open and v == hi))) then
+    fail(where, "%s = %s; expected %s%s, %s%s%s", name, tostring(v), lo_open and "(" or "[", lo and tostring(lo) or "-inf",
+      hi and tostring(hi) or "inf", hi_open and ")" or "]", why and " (" .. why .. ")" or "")
+  end
+end
+
 -- The recipe with defaults filled in; errors name "FILE: section.field".
 function M.check(r, where)
   if type(r) ~= "table" then fail(where, "a recipe must return a table of sections (%s), got %s", table.concat(sections, ", "), type(r)) end
@@ -100,19 +133,7 @@ function M.check(r, where)
     if schema and s ~= "model" then
       r[s] = r[s] or {}
       if type(r[s]) ~= "table" then fail(where, "%s must be a table, got %s", s, type(r[s])) end
-      for k, v in pairs(r[s]) do
-        local f = schema[k]
-        if not f then
-          local names = {}
-          for n in pairs(schema) do names[#names + 1] = n end
-          table.sort(names)
-          fail(where, "%s.%s: unknown field (%s has: %s)", s, tostring(k), s, table.concat(names, ", "))
-        end
-        if not ok_kind(f[1], v) then fail(where, "%s.%s = %s; expected %s", s, k, tostring(v), describe(f[1])) end
-      end
-      for k, f in pairs(schema) do
-        if r[s][k] == nil then r[s][k] = f[2] end
-      end
+      check_fields(r[s], schema, s, where)
     end
   end
   local f, o, d, t = r.fsdp, r.optimizer, r.data, r.train
@@ -130,6 +151,37 @@ function M.check(r, where)
       "of a Lua file returning one (recipes/policies/)", tostring(u))
   end
   if o.lr <= 0 then fail(where, "optimizer.lr = %g; expected > 0", o.lr) end
+  in_range(where, "optimizer.beta1", o.beta1, 0, 1, false, true)
+  in_range(where, "optimizer.beta2", o.beta2, 0, 1, false, true)
+  in_range(where, "optimizer.eps", o.eps, 0, nil, true, false)
+  in_range(where, "optimizer.weight_decay", o.weight_decay, 0, nil)
+  in_range(where, "optimizer.momentum", o.momentum, 0, 1, false, true)
+  in_range(where, "schedule.min_lr_ratio", r.schedule.min_lr_ratio, 0, 1, false, false,
+    "the final learning rate as a fraction of optimizer.lr")
+  in_range(where, "train.min_free_fraction", t.min_free_fraction, 0, 1, true, false,
+    "the share of the free memory the pre-flight check may plan for")
+  if t.eval_batches < 1 then
+    fail(where, "train.eval_batches = %d; expected >= 1 (validation batches per evaluation; train.eval_every = 0 turns " ..
+      "evaluation off)", t.eval_batches)
+  end
+  if t.eval_every < 0 then fail(where, "train.eval_every = %d; expected >= 0 (0: no evaluation)", t.eval_every) end
+  if t.max_bad_steps < 1 then
+    fail(where, "train.max_bad_steps = %d; expected >= 1 (skipped steps in a row that stop the run)", t.max_bad_steps)
+  end
+  if t.global_batch_tokens and t.global_batch_tokens < 1 then
+    fail(where, "train.global_batch_tokens = %d; expected >= 1", t.global_batch_tokens)
+  end
+  if d.corpus then
+    check_fields(d.corpus, M.corpus_schema, "data.corpus", where)
+    local inc = d.corpus.include
+    if inc ~= nil then
+      if #inc == 0 then fail(where, "data.corpus.include: expected a non-empty list of file patterns like 'docs/*.md'") end
+      for i, pat in ipairs(inc) do
+        if type(pat) ~= "string" then fail(where, "data.corpus.include[%d] = %s; expected a file pattern (a string)", i, tostring(pat)) end
+      end
+    end
+    in_range(where, "data.corpus.val_fraction", d.corpus.val_fraction, 0, 1, false, true)
+  end
   if o.clip < 0 then fail(where, "optimizer.clip = %g; expected >= 0 (0: no clipping)", o.clip) end
   if r.schedule.warmup < 0 then fail(where, "schedule.warmup = %d; expected >= 0", r.schedule.warmup) end
   if d.seq < 2 then fail(where, "data.seq = %d; expected >= 2", d.seq) end

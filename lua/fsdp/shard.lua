@@ -649,9 +649,9 @@ end
 -- optimizer ran on the host, first unit's start to last unit's end (it
 -- overlapped this step's forward; nil before the first).
 -- Returns the loss averaged over micro-batches and data-parallel ranks, the
--- global grad norm, and, when some gradient was not finite, a message naming
--- the units (the step is then skipped on every rank; the step counter does
--- not advance).
+-- global grad norm, and, when some gradient, the loss or the norm was not
+-- finite, a message saying which (naming the units): the step is then
+-- skipped on every rank and the step counter does not advance.
 local function live(s, what)
   if s.freed then error(what .. ": the sharded model was freed", 3) end
 end
@@ -736,10 +736,15 @@ function Sharded:train_step(batches, opt)
   for i, u in ipairs(self.units) do
     if sums:get(nu + i - 1) > 0 then bad_units[#bad_units + 1] = string.format("'%s' (%d values)", u.name, sums:get(nu + i - 1)) end
   end
-  if #bad_units > 0 then
+  -- a non-finite loss (all ranks see the same, it was summed) or a grad
+  -- norm that overflowed: the same
+  local finite = function(v) return v == v and v ~= math.huge and v ~= -math.huge end
+  local why = #bad_units > 0 and "non-finite gradients in units " .. table.concat(bad_units, ", ") or
+    not finite(loss) and "the loss is " .. tostring(loss) or not finite(norm) and "the grad norm is " .. tostring(norm) or nil
+  if why then
     for _, u in ipairs(self.units) do check(C.fsdp_unit_zero_grad(u.handle), "zero_grad") end
     self.skipped = (self.skipped or 0) + 1
-    return loss, math.huge, "non-finite gradients in units " .. table.concat(bad_units, ", ") .. "; step skipped"
+    return loss, (#bad_units == 0 and finite(norm)) and norm or math.huge, why .. "; step skipped"
   end
   local clip = opt.clip and math.min(1, opt.clip / (norm + 1e-6)) or 1
   self.step_count = self.step_count + 1

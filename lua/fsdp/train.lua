@@ -15,6 +15,7 @@ local hf = require "fsdp.hf"
 local ops = require "fsdp.ops"
 local hf_config = require "fsdp.hf_config"
 local peak = require "fsdp.peak"
+local metrics_file = require "fsdp.metrics"
 local ffi, C, check = fsdp.ffi, fsdp.C, fsdp.check
 
 local M = {}
@@ -108,6 +109,22 @@ function M.run(r, where, args, break_at)
   local K = recipe.grad_accum(r, dp, where)
   if T > cfg.max_position_embeddings then
     error(string.format("%s: data.seq = %d exceeds model.max_position_embeddings = %d", where, T, cfg.max_position_embeddings), 0)
+  end
+
+  do -- arithmetic first: a model far beyond this machine is refused before it is planned
+    local floor = planner.floor_bytes(cfg, r, info.size)
+    local function total_of(dev)
+      local free, total = ffi.new("int64_t[1]"), ffi.new("int64_t[1]")
+      check(C.fsdp_device_memory_info(dev, free, total), "memory info")
+      return tonumber(total[0])
+    end
+    local mem = total_of(C.FSDP_CPU) + (device == "cuda" and total_of(C.FSDP_CUDA) * C.fsdp_device_count(C.FSDP_CUDA) or 0)
+    if floor * info.local_size > mem then
+      error(string.format("%s: the model has %s parameters: its fp32 weights and %s state alone need %.1f GiB per rank over " ..
+        "%d ranks, and this machine has %.1f GiB in all for its %d ranks. Check model.num_hidden_layers, hidden_size, " ..
+        "intermediate_size and vocab_size, or use more machines.", where, human(llama.num_params(cfg)), r.optimizer.name,
+        floor / 2 ^ 30, info.size, mem / 2 ^ 30, info.local_size), 0)
+    end
   end
 
   -- pre-flight: the planned need per rank against what this machine has
@@ -215,24 +232,19 @@ function M.run(r, where, args, break_at)
   if R == 0 and r.train.metrics then
     local dir = r.train.metrics:match("^(.*)/[^/]*$")
     if dir then mkdir_p(dir) end
-    metrics = io.open(r.train.metrics, "w")
-    if not metrics then error(where .. ": train.metrics: cannot write " .. r.train.metrics, 0) end
+    metrics = metrics_file.open(r.train.metrics, { resumed_at = resumed and start - 1 or nil, where = where })
+    if metrics.dropped > 0 then
+      say("metrics: %s continues after step %d (%d records of steps after the checkpoint dropped)", r.train.metrics,
+        start - 1, metrics.dropped)
+    end
   end
   local function record(t)
-    if not metrics then return end
-    local keys = {}
-    for k in pairs(t) do keys[#keys + 1] = k end
-    table.sort(keys, function(a, b) return a == "step" or (b ~= "step" and a < b) end)
-    local parts = {}
-    for _, k in ipairs(keys) do
-      local v = t[k]
-      parts[#parts + 1] = string.format('"%s":%s', k, type(v) == "number" and (v ~= v and "null" or string.format("%.17g", v)) or
-        string.format('"%s"', tostring(v)))
+    if metrics and not metrics:record(t) and not metrics.warned then
+      metrics.warned = true
+      io.stderr:write(string.format("[%d] fsdp: warning: train.metrics: writing %s failed (%s); no more metrics are written " ..
+        "in this run\n", R, r.train.metrics, metrics.failed))
     end
-    metrics:write("{", table.concat(parts, ","), "}\n")
-    metrics:flush()
   end
-
   local function loss_fn(logits, b, scale) return llama.loss(logits, b.y, scale, nil, b.y_dev) end
   -- train.loss_chunk_mb > 0: the head and the loss fused over chunks of rows (no full logits)
   local chunk = r.train.loss_chunk_mb
@@ -274,7 +286,7 @@ function M.run(r, where, args, break_at)
   end
   local function committed(path) if path then say("checkpoint: %s", path) end end
   local t_start, tokens_done, first_loss, last_loss = C.fsdp_time_now(), 0, nil, nil
-  local t_steady, steady_tokens, losses = nil, 0, {}
+  local t_steady, steady_tokens, losses, bad_in_row = nil, 0, {}, 0
   local steady_from = start + 1
   if start > steps then say("nothing to train: %s holds step %d and train.steps = %d", resumed, start - 1, steps) end
   local last = math.min(steps, r.train.stop_after or steps)
@@ -324,12 +336,22 @@ function M.run(r, where, args, break_at)
         local f = math.floor(w * step / steps)
         bar = "[" .. string.rep("#", f) .. string.rep(".", w - f) .. "] "
       end
-      say("%sstep %d/%d | loss %.4f | lr %.2e | gnorm %.3f | %s tok/s | %.3f s | mfu %s | mem %.0f MiB%s | eta %s",
+      say("%sstep %d/%d | loss %.4f | lr %.2e | gnorm %.3f | %s tok/s | %.3f s | mfu %s | mem %.0f MiB%s | eta %s%s",
         bar, step, steps, loss, lr, norm, human(tps), dt, mfu and string.format("%.1f%%", 100 * mfu) or "n/a", mem / 2 ^ 20,
-        sharded.host_step_s and string.format(" | host step %.3f s", sharded.host_step_s) or "", duration(eta))
+        sharded.host_step_s and string.format(" | host step %.3f s", sharded.host_step_s) or "", duration(eta),
+        metrics and metrics.failed and " | metrics NOT written" or "")
     end
-    record({ step = step, loss = loss, lr = lr, grad_norm = norm, tokens_per_s = tps, step_time_s = dt, mfu = mfu or 0 / 0,
-      gemm_frac = rank_flops / gemm_rate, mem_bytes = mem, tokens = tokens_done, host_step_s = sharded.host_step_s })
+    record({ step = step, loss = loss, lr = lr, grad_norm = norm, tokens_per_s = tps, step_time_s = dt, mfu = mfu,
+      gemm_frac = rank_flops / gemm_rate, mem_bytes = mem, tokens = tokens_done, host_step_s = sharded.host_step_s,
+      skipped = warn and true or nil })
+    -- a step skipped for non-finite values changes nothing; several in a
+    -- row mean the run has diverged (or its weights are gone): stop
+    bad_in_row = warn and bad_in_row + 1 or 0
+    if bad_in_row >= r.train.max_bad_steps then
+      error(string.format("%s: steps %d to %d were all skipped (step %d: %s): the run has diverged. Lower optimizer.lr, " ..
+        "raise schedule.warmup, or resume from an earlier checkpoint (train.max_bad_steps = %d)", where,
+        step - bad_in_row + 1, step, step, warn, r.train.max_bad_steps), 0)
+    end
     if r.train.eval_every > 0 and (step % r.train.eval_every == 0 or step == last) then
       local vloss = evaluate()
       say("eval step %d | val_loss %.4f", step, vloss)
@@ -358,7 +380,7 @@ function M.run(r, where, args, break_at)
   if metrics then metrics:close() end
   sharded:free()
   return { first_loss = first_loss, last_loss = last_loss, losses = losses, tokens_per_s = steady, peak = the_peak,
-    flops_per_token = flops_tok }
+    flops_per_token = flops_tok, metrics_failed = metrics and metrics.failed }
 end
 
 -- `fsdp RECIPE.lua args...`: the rank host calls this when a file returns a table
