@@ -95,3 +95,8 @@ foreach(n 1 2)
                    ${CMAKE_SOURCE_DIR})
   set_tests_properties(lua_run_records_np${n} PROPERTIES LABELS multirank TIMEOUT 150 RUN_SERIAL ON)
 endforeach()
+# a run stopped by SIGTERM / SIGUSR1 saves and resumes bit for bit; a second
+# signal ends it at once (tests/scripts/test_stop_signal.sh)
+add_test(NAME stop_signal
+         COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_stop_signal.sh $<TARGET_FILE:fsdprun> ${CMAKE_SOURCE_DIR})
+set_tests_properties(stop_signal PROPERTIES LABELS multirank TIMEOUT 200 RUN_SERIAL ON)

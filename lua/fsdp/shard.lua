@@ -697,7 +697,9 @@ function Sharded:train_step(batches, opt)
   -- global grad norm and non-finite counts: every unit's share, one
   -- all-reduce over the shard group (HSDP replicas hold the same shards)
   local nu = #self.units
-  local sums = tensor.new(2 * nu + 1)
+  -- ... and whether a stop signal reached any rank (fsdp_stop_signal), so
+  -- that every rank stops after the same step, with no collective more
+  local sums = tensor.new(2 * nu + 2)
   local first, last = math.huge, 0
   for i, u in ipairs(self.units) do
     check(C.fsdp_unit_synchronize(u.handle), "unit '" .. u.name .. "' synchronize")
@@ -716,6 +718,7 @@ function Sharded:train_step(batches, opt)
   if last > 0 then self.host_step_s = last - first end
   for k = 1, K do total = total + ops.value(parts[k]) / K end
   sums:set(2 * nu, total)
+  sums:set(2 * nu + 1, C.fsdp_stop_signal())
   all_reduce_host(self.shard, sums, "sum")
   local norm2 = 0
   for i = 0, nu - 1 do norm2 = norm2 + sums:get(i) end
@@ -726,10 +729,13 @@ function Sharded:train_step(batches, opt)
     for i = 0, nu - 1 do norm2 = norm2 + sums:get(i) end
     loss = sums:get(2 * nu) / (self.shard:size() * self.outer:size())
   elseif self.outer then
-    local l = tensor.new(1); l:set(0, loss)
+    local l = tensor.new(2); l:set(0, loss); l:set(1, sums:get(2 * nu + 1))
     all_reduce_host(self.outer, l, "avg")
     loss = l:get(0)
+    sums:set(2 * nu + 1, l:get(1))
   end
+  -- the signal this rank got, else -1: another rank's
+  self.stop_signal = sums:get(2 * nu + 1) > 0 and (C.fsdp_stop_signal() > 0 and C.fsdp_stop_signal() or -1) or nil
   local norm = math.sqrt(norm2)
   -- non-finite grads anywhere: every rank skips the step, and says where
   local bad_units = {}

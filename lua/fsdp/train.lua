@@ -276,8 +276,9 @@ function M.run(r, where, args, break_at)
 
   local tty = R == 0 and (os.getenv("FSDPRUN_TTY") == "1" or (os.getenv("FSDPRUN") == nil and ffi.C.isatty(1) == 1))
   local steps = r.train.steps
-  local function save(step, lr)
-    local ok, e = pcall(checkpoint.save, sharded, ck.dir, { step = step, optimizer = o.name, async = ck.async,
+  local function save(step, lr, async)
+    if async == nil then async = ck.async end
+    local ok, e = pcall(checkpoint.save, sharded, ck.dir, { step = step, optimizer = o.name, async = async,
       keep_last = ck.keep_last, meta = { step = step, optimizer_step = sharded.step_count, consumed = train_loader.consumed,
         seed = seed, lr = lr, world = info.size, zero = r.fsdp.zero, optimizer = o.name, param_dtype = r.fsdp.param_dtype,
         skipped = sharded.skipped or 0, model = where } })
@@ -305,6 +306,8 @@ function M.run(r, where, args, break_at)
     return k ~= nil
   end
   local stopped = next_break and next_break < start and not prompt(start - 1)
+  local signalled -- {signal, step, saved}: stopped by a signal after that step
+  C.fsdp_stop_signals_watch(1)
   for step = start, stopped and -1 or last do
     fsdp.memory_reset_peak(device)
     local t0 = C.fsdp_time_now()
@@ -358,7 +361,17 @@ function M.run(r, where, args, break_at)
       record({ step = step, val_loss = vloss })
     end
     committed(checkpoint.poll(sharded))
-    if ck.dir and ((ck.every > 0 and step % ck.every == 0) or step == last) then committed(save(step, lr)) end
+    -- a stop signal (SIGTERM, SIGINT, SIGHUP, SIGUSR1) on any rank: every
+    -- rank has finished this step; save it, synchronously, and stop
+    local sig, saved = sharded.stop_signal, nil
+    if ck.dir and ((ck.every > 0 and step % ck.every == 0) or step == last or sig) then
+      saved = save(step, lr, not sig and nil or false)
+      committed(saved)
+    end
+    if sig then
+      signalled = { signal = sig, step = step, saved = saved }
+      break
+    end
     if next_break == step and not prompt(step) then stopped = true; break end
   end
   if next_break and not stopped then -- the run is over: one last look
@@ -366,7 +379,8 @@ function M.run(r, where, args, break_at)
     prompt(math.min(last, steps))
   end
   committed(checkpoint.wait(sharded))
-  if ck.export_hf then
+  C.fsdp_stop_signals_watch(0)
+  if ck.export_hf and not signalled then
     local ok, e = pcall(hf.export, sharded, cfg, ck.export_hf, { dtype = ck.export_dtype, shard_bytes = ck.export_shard_mb * 1e6 })
     if not ok then error(where .. ": checkpoint.export_hf: " .. tostring(e), 0) end
     say("exported %s (%d files, %s bytes, %s) for Hugging Face", ck.export_hf, e.files, human(e.bytes), ck.export_dtype)
@@ -380,7 +394,7 @@ function M.run(r, where, args, break_at)
   if metrics then metrics:close() end
   sharded:free()
   return { first_loss = first_loss, last_loss = last_loss, losses = losses, tokens_per_s = steady, peak = the_peak,
-    flops_per_token = flops_tok, metrics_failed = metrics and metrics.failed }
+    flops_per_token = flops_tok, metrics_failed = metrics and metrics.failed, signalled = signalled }
 end
 
 -- `fsdp RECIPE.lua args...`: the rank host calls this when a file returns a table
@@ -401,7 +415,18 @@ function M.main(r, path, ...)
     end
     i = i + 1
   end
-  return M.run(r, path, args, break_at)
+  local out = M.run(r, path, args, break_at)
+  local s = out.signalled
+  if s then -- the status a process ended by that signal would have, after saying what was kept
+    local name = s.signal > 0 and ffi.string(C.fsdp_signal_name(s.signal)) or "a signal to another rank"
+    if fsdp.init().rank == 0 then
+      io.stderr:write(string.format("fsdp: stopped by %s after step %d; %s\n", name, s.step, s.saved and
+        "checkpoint saved at " .. s.saved .. " (train.resume=auto continues from it)" or "nothing saved (no checkpoint.dir)"))
+    end
+    io.stdout:flush()
+    os.exit(128 + (s.signal > 0 and s.signal or 15))
+  end
+  return out
 end
 
 return M

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# test_stop_signal.sh FSDPRUN ROOT: a training run stopped by a signal
+# finishes its step, saves a checkpoint synchronously and exits 128+signal,
+# saying where it saved; resumed, it continues bit for bit: the losses of the
+# stopped-and-resumed run equal an uninterrupted run's (same ranks). Signals
+# go to fsdprun (which passes them on to the ranks) and straight to the
+# ranks (as srun and mpirun deliver them); SIGUSR1 (sbatch --signal) too.
+# A second, different signal ends a rank at once, with nothing saved.
+set -u
+fsdprun=$1
+root=$2
+passed=0
+failed=0
+ok() { passed=$((passed + 1)); echo "ok: $1"; }
+bad() { failed=$((failed + 1)); echo "FAILED: $1"; }
+check() { if eval "$2"; then ok "$1"; else bad "$1"; fi; }
+work=$(mktemp -d)
+trap 'kill -9 $(jobs -p) 2>/dev/null; rm -rf "$work"' EXIT
+quick="train.eval_every=0 data.seq=32 data.micro_batch=2 model.num_hidden_layers=1 train.log_every=1000"
+steps=100000 # never reached: the schedule follows it, the signal ends the run
+
+# the "loss" of every step record in a metrics file, one per line, as written
+losses() { sed -n 's/^{"step":\([0-9]*\),.*"loss":\([^,}]*\).*/\1 \2/p' "$1"; }
+
+# start a run in the background, wait for step 4 in its metrics
+start() { # dir
+  mkdir -p "$1"
+  "$fsdprun" -n 2 --timeout 120 "$root/recipes/tiny.lua" $quick train.steps=$steps checkpoint.dir="$1/ck" \
+    train.metrics="$1/m.jsonl" >"$1/out" 2>&1 &
+  pid=$!
+  for _ in $(seq 200); do
+    [ "$(wc -l 2>/dev/null <"$1/m.jsonl" || echo 0)" -ge 4 ] && return 0
+    sleep 0.05
+  done
+  bad "$1: the run did not reach step 4"
+  return 1
+}
+
+# stop_case NAME SIGNAL TARGET(fsdprun|ranks) EXPECTED_RC
+stop_case() {
+  local name=$1 sig=$2 target=$3 want=$4 dir="$work/$1"
+  start "$dir" || return
+  if [ "$target" = fsdprun ]; then kill -"$sig" $pid; else kill -"$sig" $(pgrep -P $pid); fi
+  wait $pid
+  local rc=$?
+  check "$name: exit status $want (got $rc)" "[ $rc = $want ]"
+  local n
+  n=$(sed -n 's/.*stopped by SIG[A-Z0-9]* after step \([0-9]*\); checkpoint saved at .*/\1/p' "$dir/out" | head -1)
+  check "$name: says it stopped after a step and saved" "[ -n '$n' ]"
+  [ -n "$n" ] || { tail -5 "$dir/out"; return; }
+  local ck
+  ck=$(printf '%s/ck/step-%08d' "$dir" "$n")
+  check "$name: $ck is there and latest names it" "[ -d '$ck' ] && grep -q \"step-\$(printf %08d $n)\" '$dir/ck/latest'"
+  check "$name: the metrics end at step $n" "[ \"\$(losses '$dir/m.jsonl' | tail -1 | cut -d' ' -f1)\" = $n ]"
+  # resume 3 more steps; then the same steps uninterrupted
+  "$fsdprun" -n 2 --timeout 120 "$root/recipes/tiny.lua" $quick train.steps=$steps checkpoint.dir="$dir/ck" \
+    train.metrics="$dir/m.jsonl" train.resume=auto train.stop_after=$((n + 3)) >"$dir/out2" 2>&1
+  check "$name: resumed to step $((n + 3))" "[ \$? = 0 ]"
+  "$fsdprun" -n 2 --timeout 120 "$root/recipes/tiny.lua" $quick train.steps=$steps train.metrics="$dir/ref.jsonl" \
+    train.stop_after=$((n + 3)) >"$dir/out3" 2>&1
+  check "$name: losses of steps 1-$((n + 3)) bit for bit as uninterrupted" \
+    "[ \"\$(losses '$dir/m.jsonl')\" = \"\$(losses '$dir/ref.jsonl')\" ] && [ \$(losses '$dir/ref.jsonl' | wc -l) = $((n + 3)) ]"
+}
+
+stop_case "SIGTERM to fsdprun" TERM fsdprun 143
+stop_case "SIGTERM to the ranks" TERM ranks 143
+stop_case "SIGUSR1 to the ranks" USR1 ranks 138
+
+# a second, different signal right after the first: the ranks end at once
+dir="$work/twice"
+if start "$dir"; then
+  ranks=$(pgrep -P $pid)
+  kill -TERM $ranks
+  kill -INT $ranks
+  wait $pid
+  rc=$?
+  check "SIGTERM then SIGINT: the job failed (got $rc)" "[ $rc != 0 ] && [ $rc != 143 ]"
+  check "SIGTERM then SIGINT: nothing saved" "[ ! -e '$dir/ck/latest' ]"
+  check "SIGTERM then SIGINT: fsdprun names the signal" "grep -q 'killed by signal 2' '$dir/out'"
+fi
+
+echo "test_stop_signal: $passed passed, $failed failed"
+[ "$failed" = 0 ]
