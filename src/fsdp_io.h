@@ -21,7 +21,7 @@ int32_t fsdp_token_file_width(const fsdp_token_file *f);   /* bytes per token: 2
 /* out[i] = token start + i for i < n, widened to int32; a uint32 token above
  * INT32_MAX is an error (FSDP_EINVAL), as is a range outside [0, count). */
 int fsdp_token_file_read(const fsdp_token_file *f, int64_t start, int64_t n, int32_t *out);
-void fsdp_token_file_close(fsdp_token_file *f);            /* NULL: no-op */
+int fsdp_token_file_close(fsdp_token_file *f);             /* NULL: no-op */
 
 /* ---- checksums and durable file steps (src/io/crc32c.c, src/io/fs.c) -- */
 /* CRC-32C (Castagnoli) of n bytes continuing from crc (start with 0);
@@ -36,7 +36,11 @@ int fsdp_fs_fsync(const char *path);
 int fsdp_fs_write_atomic(const char *path, const void *data, size_t n);
 int fsdp_fs_create(const char *path, int64_t bytes);  /* a new file of that size (zeros) */
 int fsdp_fs_pwrite(const char *path, int64_t offset, const void *data, size_t n);
-/* 0 and *bytes, *is_dir (either may be NULL) when path exists; 1 when not */
+/* A positive result that is not an error: what was looked for is not there
+ * (no message is set) */
+enum { FSDP_ABSENT = 1 };
+/* FSDP_OK and *bytes, *is_dir (either may be NULL) when path exists;
+ * FSDP_ABSENT when it does not; an error otherwise */
 int fsdp_fs_stat(const char *path, int64_t *bytes, int *is_dir);
 /* dir's entries, each followed by '\n', into buf (cap bytes); returns the
  * bytes needed (0 for a missing dir); call again with more when above cap */
@@ -63,13 +67,14 @@ typedef struct fsdp_ckpt fsdp_ckpt;
  * parsed, every file present with its size, every state of every tensor
  * covered by segments exactly once. FSDP_ECORRUPT names what is wrong. */
 int fsdp_ckpt_open(const char *dir, fsdp_ckpt **out);
-void fsdp_ckpt_close(fsdp_ckpt *c);
+int fsdp_ckpt_close(fsdp_ckpt *c);
 int fsdp_ckpt_tensor_count(const fsdp_ckpt *c);
 /* name stays valid until close; shape has room for 8 */
 int fsdp_ckpt_tensor_info(const fsdp_ckpt *c, int i, const char **name, int *ndim, int64_t *shape);
 int fsdp_ckpt_has_state(const fsdp_ckpt *c, const char *state); /* 1 or 0 */
 /* A number or string of the index's "meta" object at a dotted path
- * ("train.step"): 0 when found, 1 when missing or of another type. */
+ * ("train.step"): FSDP_OK when found, FSDP_ABSENT when missing or of
+ * another type. */
 int fsdp_ckpt_meta_number(const fsdp_ckpt *c, const char *key, double *out);
 int fsdp_ckpt_meta_string(const fsdp_ckpt *c, const char *key, char *buf, int64_t cap);
 /* Elements [begin, end) of a tensor's state ("param", "exp_avg", ...) into
@@ -91,9 +96,10 @@ int fsdp_safetensors_open(const char *path, fsdp_safetensors **out);
 /* The same checks on a file held in memory (n bytes available of a file of
  * file_bytes); what names it in messages. For the fuzzer and tests. */
 int fsdp_safetensors_parse(const void *file, size_t n, int64_t file_bytes, const char *what, fsdp_safetensors **out);
-void fsdp_safetensors_close(fsdp_safetensors *st);
+int fsdp_safetensors_close(fsdp_safetensors *st);
 int fsdp_safetensors_count(const fsdp_safetensors *st);
-int fsdp_safetensors_find(const fsdp_safetensors *st, const char *name); /* index, or -1 */
+/* FSDP_OK and *index of the tensor called name; FSDP_ABSENT if none is */
+int fsdp_safetensors_find(const fsdp_safetensors *st, const char *name, int *index);
 int fsdp_safetensors_entry_get(const fsdp_safetensors *st, int i, fsdp_safetensors_entry *out);
 const char *fsdp_safetensors_metadata(const fsdp_safetensors *st, const char *key); /* NULL: none */
 /* Elements [begin, end) of tensor i as fp32 (from F64, F32, F16, BF16) */

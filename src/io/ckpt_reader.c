@@ -46,8 +46,8 @@ struct fsdp_ckpt {
   size_t scratch_bytes;
 };
 
-void fsdp_ckpt_close(fsdp_ckpt *c) {
-  if (!c) return;
+int fsdp_ckpt_close(fsdp_ckpt *c) {
+  if (!c) return FSDP_OK;
   for (int i = 0; i < c->nfiles; i++)
     if (c->fds && c->fds[i] >= 0) close(c->fds[i]);
   free(c->fds);
@@ -60,11 +60,12 @@ void fsdp_ckpt_close(fsdp_ckpt *c) {
   cJSON_Delete(c->root);
   free(c->dir);
   free(c);
+  return FSDP_OK; /* read-only descriptors: closing them loses nothing */
 }
 
 static int read_whole(const char *path, char **out, size_t *n) {
   FILE *f = fopen(path, "rb");
-  if (!f) return errno == ENOENT ? 1 : fsdp_fail(FSDP_EIO, "cannot open '%s': %s", path, strerror(errno));
+  if (!f) return errno == ENOENT ? FSDP_ABSENT : fsdp_fail(FSDP_EIO, "cannot open '%s': %s", path, strerror(errno));
   fseek(f, 0, SEEK_END);
   long len = ftell(f);
   fseek(f, 0, SEEK_SET);
@@ -216,12 +217,12 @@ static int open_index(fsdp_ckpt *c) {
   char *text = NULL, *sum = NULL;
   size_t n = 0, ns = 0;
   int rc = read_whole(ip, &text, &n);
-  if (rc == 1)
+  if (rc == FSDP_ABSENT)
     return fsdp_fail(FSDP_EIO, "'%s' is not a checkpoint: it has no index.json (a save that did not finish leaves "
                      "none)", c->dir);
   FSDP_CHECK(rc);
   rc = read_whole(sp, &sum, &ns);
-  if (rc == 1) rc = BAD("checkpoint '%s': index.sum is missing", c->dir);
+  if (rc == FSDP_ABSENT) rc = BAD("checkpoint '%s': index.sum is missing", c->dir);
   unsigned crc = 0;
   long long bytes = -1;
   if (rc == FSDP_OK && sscanf(sum, "crc32c %8x bytes %lld", &crc, &bytes) != 2)
@@ -300,14 +301,14 @@ static const cJSON *meta_at(const fsdp_ckpt *c, const char *key) {
 
 int fsdp_ckpt_meta_number(const fsdp_ckpt *c, const char *key, double *out) {
   const cJSON *v = meta_at(c, key);
-  if (!cJSON_IsNumber(v)) return 1;
+  if (!cJSON_IsNumber(v)) return FSDP_ABSENT;
   *out = v->valuedouble;
   return FSDP_OK;
 }
 
 int fsdp_ckpt_meta_string(const fsdp_ckpt *c, const char *key, char *buf, int64_t cap) {
   const cJSON *v = meta_at(c, key);
-  if (!cJSON_IsString(v) || cap < 1) return 1;
+  if (!cJSON_IsString(v) || cap < 1) return FSDP_ABSENT;
   snprintf(buf, (size_t)cap, "%s", v->valuestring);
   return FSDP_OK;
 }

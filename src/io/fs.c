@@ -41,7 +41,7 @@ int fsdp_fs_mkdirs(const char *path) {
 int fsdp_fs_stat(const char *path, int64_t *bytes, int *is_dir) {
   struct stat st;
   if (stat(path, &st) != 0) {
-    if (errno == ENOENT) return 1;
+    if (errno == ENOENT) return FSDP_ABSENT;
     return os_fail("cannot stat", path);
   }
   if (bytes) *bytes = (int64_t)st.st_size;

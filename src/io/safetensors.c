@@ -50,12 +50,13 @@ static const struct {
 
 #define BAD(...) fsdp_fail(FSDP_ECORRUPT, __VA_ARGS__)
 
-void fsdp_safetensors_close(fsdp_safetensors *st) {
-  if (!st) return;
-  if (st->fd >= 0) close(st->fd);
+int fsdp_safetensors_close(fsdp_safetensors *st) {
+  if (!st) return FSDP_OK;
+  int rc = st->fd >= 0 && close(st->fd) != 0 ? fsdp_fail(FSDP_EIO, "closing a safetensors file: %s", strerror(errno)) : FSDP_OK;
   cJSON_Delete(st->root);
   free(st->e);
   free(st);
+  return rc;
 }
 
 static int by_offset(const void *a, const void *b) {
@@ -239,10 +240,14 @@ int fsdp_safetensors_open(const char *path, fsdp_safetensors **out) {
 
 int fsdp_safetensors_count(const fsdp_safetensors *st) { return st ? st->n : 0; }
 
-int fsdp_safetensors_find(const fsdp_safetensors *st, const char *name) {
-  for (int i = 0; st && name && i < st->n; i++)
-    if (!strcmp(st->e[i].name, name)) return i;
-  return -1;
+int fsdp_safetensors_find(const fsdp_safetensors *st, const char *name, int *index) {
+  if (!st || !name || !index) return fsdp_fail(FSDP_EINVAL, "safetensors_find: NULL argument");
+  for (int i = 0; i < st->n; i++)
+    if (!strcmp(st->e[i].name, name)) {
+      *index = i;
+      return FSDP_OK;
+    }
+  return FSDP_ABSENT;
 }
 
 int fsdp_safetensors_entry_get(const fsdp_safetensors *st, int i, fsdp_safetensors_entry *out) {

@@ -165,8 +165,10 @@ int fsdp_token_file_read(const fsdp_token_file *f, int64_t start, int64_t n, int
   return FSDP_OK;
 }
 
-void fsdp_token_file_close(fsdp_token_file *f) {
-  if (!f) return;
-  if (f->map) munmap((void *)f->map, f->map_bytes);
+int fsdp_token_file_close(fsdp_token_file *f) {
+  if (!f) return FSDP_OK;
+  int rc = f->map && munmap((void *)f->map, f->map_bytes) != 0 ? fsdp_fail(FSDP_EIO, "unmapping a token file: %s", strerror(errno))
+                                                                : FSDP_OK;
   free(f);
+  return rc;
 }

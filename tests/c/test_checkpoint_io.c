@@ -60,7 +60,7 @@ static void test_fs(void) {
   CHECK(n == 6 && !memcmp(list, "x.txt\n", 6)); /* the .tmp is gone */
   snprintf(d, sizeof d, "%s/a", root);
   CHECK_OK(fsdp_fs_remove_tree(d));
-  CHECK(fsdp_fs_stat(d, NULL, NULL) == 1);
+  CHECK(fsdp_fs_stat(d, NULL, NULL) == FSDP_ABSENT);
   CHECK(fsdp_fs_list(d, list, sizeof list) == 0);
   CHECK_FAILS(fsdp_fs_remove_tree("/"), FSDP_EINVAL, "refusing");
 }
@@ -291,15 +291,21 @@ static void test_safetensors(void) {
   fsdp_safetensors *st = NULL;
   CHECK_OK(parse(file, n, &st));
   CHECK(fsdp_safetensors_count(st) == 3);
-  CHECK(fsdp_safetensors_find(st, "model.b") >= 0 && fsdp_safetensors_find(st, "nope") == -1);
+  int ia = -1, ib = -1, iz = -1, missing = 7;
+  CHECK(fsdp_safetensors_find(st, "model.b", &ib) == FSDP_OK && ib == 1);
+  /* not there: a named result, not an error (no message), the index untouched */
+  fsdp_clear_error();
+  CHECK(fsdp_safetensors_find(st, "nope", &missing) == FSDP_ABSENT && missing == 7 && !*fsdp_last_error());
+  CHECK_FAILS(fsdp_safetensors_find(st, "nope", NULL), FSDP_EINVAL, "NULL argument");
   const char *fm = fsdp_safetensors_metadata(st, "format");
   CHECK(fm && !strcmp(fm, "pt"));
   fsdp_safetensors_entry e;
-  CHECK_OK(fsdp_safetensors_entry_get(st, fsdp_safetensors_find(st, "model.a"), &e));
+  CHECK_OK(fsdp_safetensors_find(st, "model.a", &ia));
+  CHECK_OK(fsdp_safetensors_entry_get(st, ia, &e));
   CHECK(e.ndim == 2 && e.shape[0] == 2 && e.shape[1] == 3 && !strcmp(e.dtype, "F32") && e.begin == begins[0] && e.end == begins[0] + 24);
   float x[6];
   CHECK_FAILS(fsdp_safetensors_read(st, 0, 0, 1, x), FSDP_ESTATE, "no file to read");
-  fsdp_safetensors_close(st);
+  CHECK_OK(fsdp_safetensors_close(st));
   char path[512];
   snprintf(path, sizeof path, "%s/t.safetensors", root);
   FILE *f = fopen(path, "wb");
@@ -309,7 +315,8 @@ static void test_safetensors(void) {
   }
   CHECK_OK(fsdp_safetensors_open(path, &st));
   if (st) {
-    int ia = fsdp_safetensors_find(st, "model.a"), ib = fsdp_safetensors_find(st, "model.b"), iz = fsdp_safetensors_find(st, "z");
+    CHECK(fsdp_safetensors_find(st, "model.a", &ia) == FSDP_OK && fsdp_safetensors_find(st, "model.b", &ib) == FSDP_OK &&
+          fsdp_safetensors_find(st, "z", &iz) == FSDP_OK);
     CHECK_OK(fsdp_safetensors_read(st, ia, 1, 6, x));
     CHECK(!memcmp(x, a + 1, 20));
     CHECK_OK(fsdp_safetensors_read(st, ib, 0, 4, x));

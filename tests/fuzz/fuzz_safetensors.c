@@ -25,7 +25,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     fsdp_safetensors_entry e;
     if (fsdp_safetensors_entry_get(st, i, &e) != 0) abort();
     if (e.begin < 8 || e.end < e.begin || e.end > (int64_t)size || !e.name || !e.dtype) abort();
-    if (fsdp_safetensors_find(st, e.name) < 0) abort();
+    int at = -1;
+    if (fsdp_safetensors_find(st, e.name, &at) != 0 || at < 0) abort();
     if (e.begin < lo) lo = e.begin;
     if (e.end > hi) hi = e.end;
     sum += e.end - e.begin;
