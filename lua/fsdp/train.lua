@@ -63,7 +63,7 @@ local function dataset_of(r, where)
   return data.token_file({ path = d.token_file, format = d.format, val_path = d.val_token_file, val_fraction = d.val_fraction })
 end
 
-function M.run(r, where, args, break_at)
+local function run(r, where, args, break_at, owned)
   local info = fsdp.init()
   local R = info.rank
   r = recipe.check(recipe.apply_overrides(r, args, where), where)
@@ -100,6 +100,7 @@ function M.run(r, where, args, break_at)
   end
 
   local mesh = fsdp.mesh(r.mesh, { device = device })
+  owned.mesh = mesh
   local names = {}
   for _, d in ipairs(mesh:dims()) do names[d.name or d[1]] = true end
   local shard = names.dp_shard and mesh:group("dp_shard") or mesh:group("world")
@@ -169,6 +170,7 @@ function M.run(r, where, args, break_at)
     prefetch = r.fsdp.prefetch, max_live_units = r.fsdp.max_live_units, seed = seed, hfsdp = r.fsdp.hfsdp,
     offload = r.fsdp.offload, comm_register = r.fsdp.comm_register, separate_reduce = r.fsdp.separate_reduce,
     mixed = { param_dtype = r.fsdp.param_dtype, reduce_dtype = r.fsdp.reduce_dtype } })
+  owned.sharded = sharded
 
   -- resume (train.resume), else initial weights from Hugging Face files
   -- (checkpoint.init_hf, by default model.from_hf's folder), else the meta init's
@@ -393,8 +395,29 @@ function M.run(r, where, args, break_at)
   end
   if metrics then metrics:close() end
   sharded:free()
+  mesh:free()
   return { first_loss = first_loss, last_loss = last_loss, losses = losses, tokens_per_s = steady, peak = the_peak,
     flops_per_token = flops_tok, metrics_failed = metrics and metrics.failed, signalled = signalled }
+end
+
+-- Trains recipe r (from file `where`, with command-line overrides args).
+-- On one rank, whatever way it ends, the model and the mesh it made are
+-- freed before it returns or raises, not left to the collector. On several
+-- ranks a failed run leaves them: freeing drains the comm streams, which
+-- could wait out FSDP_COMM_TIMEOUT for a peer that is not coming, and the
+-- job ends anyway.
+function M.run(r, where, args, break_at)
+  local owned = {}
+  local ok, out = pcall(run, r, where, args, break_at, owned)
+  if not ok then
+    C.fsdp_stop_signals_watch(0)
+    if fsdp.init().size == 1 then
+      if owned.sharded and not owned.sharded.freed then pcall(owned.sharded.free, owned.sharded) end
+      if owned.mesh then pcall(owned.mesh.free, owned.mesh) end
+    end
+    error(out, 0)
+  end
+  return out
 end
 
 -- `fsdp RECIPE.lua args...`: the rank host calls this when a file returns a table

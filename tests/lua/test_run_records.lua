@@ -39,7 +39,8 @@ local function python_accepts(path)
 end
 
 -- one scratch directory for the job: the PMIx namespace is the same on every rank
-local world = fsdp.mesh("dp_shard=-1"):group("world")
+local world_mesh = fsdp.mesh("dp_shard=-1")
+local world = world_mesh:group("world")
 local dir = string.format("%s/fsdp-run-records-%s", os.getenv("TMPDIR") or "/tmp",
   (os.getenv("PMIX_NAMESPACE") or "single"):gsub("[^%w%-_.]", "_"))
 if R == 0 then os.execute("rm -rf '" .. dir .. "' && mkdir -p '" .. dir .. "'") end
@@ -183,4 +184,7 @@ do
 end
 
 if R == 0 then os.execute("rm -rf '" .. dir .. "'") end
+world_mesh:free()
+jit.flush() -- compiled traces hold constants (the last plans) alive
+collectgarbage(); collectgarbage() -- their finalizers, before os.exit (the sanitizer build counts leaks)
 T.finish()
