@@ -100,3 +100,8 @@ endforeach()
 add_test(NAME stop_signal
          COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_stop_signal.sh $<TARGET_FILE:fsdprun> ${CMAKE_SOURCE_DIR})
 set_tests_properties(stop_signal PROPERTIES LABELS multirank TIMEOUT 200 RUN_SERIAL ON)
+# NaNs with payload bits read from C memory: plain NaN numbers in Lua
+# (LuaJIT's NaN boxing would take them for pointers; tests/lua/test_nan_payload.lua)
+add_test(NAME lua_nan_payload
+         COMMAND $<TARGET_FILE:fsdprun> -n 2 --timeout 60 ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_nan_payload.lua)
+set_tests_properties(lua_nan_payload PROPERTIES LABELS multirank TIMEOUT 90 RUN_SERIAL ON)

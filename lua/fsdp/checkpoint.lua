@@ -322,7 +322,7 @@ local function meta_of(h)
   local m = {}
   local num, buf = ffi.new("double[1]"), ffi.new("char[?]", 4096)
   for _, k in ipairs({ "step", "optimizer_step", "consumed", "seed", "world", "zero", "lr", "skipped" }) do
-    if C.fsdp_ckpt_meta_number(h, k, num) == 0 then m[k] = num[0] end
+    if C.fsdp_ckpt_meta_number(h, k, num) == 0 then m[k] = base.f64(num) end
   end
   for _, k in ipairs({ "optimizer", "param_dtype", "mesh", "model" }) do
     if C.fsdp_ckpt_meta_string(h, k, buf, 4096) == 0 then m[k] = ffi.string(buf) end

@@ -67,6 +67,52 @@ function M.cuda()
   return cuda_ns
 end
 
+-- ---- numbers from C memory ----
+-- LuaJIT keeps every Lua value in a NaN box: a double whose NaN payload
+-- bits are set is taken for a tagged value (nil, a table, a pointer...) as
+-- soon as it becomes a Lua number, and using it corrupts the heap. A NaN
+-- computed in C keeps the payload of the NaN it came from (weights, data),
+-- so every float or double the front end reads out of C memory goes through
+-- these readers: the bits are inspected as integers first, and any NaN
+-- becomes Lua's own. p is a pointer (or array) of that type, i an index
+-- (default 0). tests/lua/test_nan_payload.lua feeds payload NaNs through
+-- every caller.
+local bit = require "bit"
+local band = bit.band
+local NAN = 0 / 0 -- computed at run time (LuaJIT folds no NaN): the FPU's default NaN
+local u32p = ffi.typeof("const uint32_t *")
+
+function M.f64(p, i)
+  i = i or 0
+  local w = ffi.cast(u32p, p + i) -- little-endian: w[1] holds sign, exponent and the payload's top bits
+  local hi = w[1]
+  if band(hi, 0x7ff00000) == 0x7ff00000 and (band(hi, 0xfffff) ~= 0 or w[0] ~= 0) then return NAN end
+  return p[i]
+end
+
+function M.f32(p, i)
+  i = i or 0
+  local b = ffi.cast(u32p, p + i)[0]
+  if band(b, 0x7f800000) == 0x7f800000 and band(b, 0x7fffff) ~= 0 then return NAN end
+  return p[i]
+end
+
+-- bf16 and fp16 are uint16_t bits; converted by the engine, NaN excepted
+function M.bf16(p, i)
+  local h = p[i or 0]
+  if band(h, 0x7f80) == 0x7f80 and band(h, 0x7f) ~= 0 then return NAN end
+  return M.C.fsdp_bf16_to_f32(h)
+end
+
+function M.fp16(p, i)
+  local h = p[i or 0]
+  if band(h, 0x7c00) == 0x7c00 and band(h, 0x3ff) ~= 0 then return NAN end
+  return M.C.fsdp_fp16_to_f32(h)
+end
+
+-- by dtype name, for tensors (int32 holds no NaN)
+M.readers = { fp32 = M.f32, fp64 = M.f64, bf16 = M.bf16, fp16 = M.fp16, int32 = function(p, i) return p[i or 0] end }
+
 function M.check(rc, what)
   if rc < 0 then
     error(string.format("%s: %s (%s)", what, ffi.string(M.C.fsdp_last_error()),

@@ -228,7 +228,7 @@ function nn.mse(y, target, scale)
   local dy = tensor.new(y.shape)
   local loss = base.ffi.new("double[1]")
   check(C.fsdp_mse_forward_backward(loss, dy:ptr(), y:ptr(), target:ptr(), y:numel(), scale or 1), "mse")
-  return loss[0], dy
+  return base.f64(loss), dy
 end
 
 return nn

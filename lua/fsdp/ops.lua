@@ -175,7 +175,7 @@ function M.value(x)
       local host = ffi.new("double[1]")
       check(C.fsdp_memcpy(host, buf.device.data, 8, nil), "deferred loss")
       buf.device:free()
-      buf.host, buf.device = host[0], nil
+      buf.host, buf.device = base.f64(host), nil
     else
       buf.host = buf.read() -- a CPU stand-in (tests)
     end
@@ -196,7 +196,7 @@ function M.cross_entropy(logits, targets, tdev, n, V, ignore_index, grad_scale)
   end
   local sum, cnt = ffi.new("double[1]"), ffi.new("int64_t[1]")
   check(C.fsdp_cross_entropy(sum, cnt, logits:ptr(), logits:ptr(), targets:ptr(), n, V, ignore_index, grad_scale), "cross entropy")
-  return sum[0]
+  return base.f64(sum)
 end
 
 function M.tanh_forward(y, x) cpu_only(y, "Tanh") check(C.fsdp_tanh_forward(y:ptr(), x:ptr(), x:numel()), "Tanh forward") end

@@ -565,10 +565,13 @@ local function trace(s, op, u, phase)
 end
 
 local times = ffi.new("fsdp_unit_times")
+local function time_of(field) -- (read as every double from C is: ffi.lua)
+  return base.f64(ffi.cast("double *", times), ffi.offsetof("fsdp_unit_times", field) / 8)
+end
 local function comm_times(u, e, which)
   if not e then return end
   check(C.fsdp_unit_times_get(u.handle, times), "unit '" .. u.name .. "' times")
-  e.begin, e.finish = times[which .. "_begin"], times[which .. "_end"]
+  e.begin, e.finish = time_of(which .. "_begin"), time_of(which .. "_end")
 end
 
 -- zero 3: start gathering u's params unless already there (or at the
@@ -708,11 +711,12 @@ function Sharded:train_step(batches, opt)
     u.reduce_trace, u.step_trace = nil, nil
     if u.offload then -- the previous step's host span (self.host_step_s)
       check(C.fsdp_unit_times_get(u.handle, times), "unit '" .. u.name .. "' times")
-      if times.step_end > 0 then first, last = math.min(first, times.step_begin), math.max(last, times.step_end) end
+      local b, e = time_of("step_begin"), time_of("step_end")
+      if e > 0 then first, last = math.min(first, b), math.max(last, e) end
     end
     local sq, bad = ffi.new("double[1]"), ffi.new("int64_t[1]")
     check(C.fsdp_unit_grad_norm_get(u.handle, sq, bad), "grad norm")
-    sums:set(i - 1, sq[0])
+    sums:set(i - 1, base.f64(sq))
     sums:set(nu + i - 1, tonumber(bad[0]))
   end
   if last > 0 then self.host_step_s = last - first end
@@ -827,11 +831,11 @@ function Sharded:gather(name)
           src = host
         end
         if self.param_dtype == "fp32" then
-          local f = ffi.cast("float *", src)
-          for i = 0, p.spec.numel - 1 do out[i + 1] = f[i] end
+          local f, f32 = ffi.cast("float *", src), base.f32
+          for i = 0, p.spec.numel - 1 do out[i + 1] = f32(f, i) end
         else
-          local h = ffi.cast("uint16_t *", src)
-          for i = 0, p.spec.numel - 1 do out[i + 1] = C.fsdp_bf16_to_f32(h[i]) end
+          local h, bf16 = ffi.cast("uint16_t *", src), base.bf16
+          for i = 0, p.spec.numel - 1 do out[i + 1] = bf16(h, i) end
         end
         reshard(u, self)
         return out

@@ -104,10 +104,7 @@ end
 function Tensor:get(i)
   host_only(self, "tensor:get")
   bounds(self, i, "tensor:get")
-  local p = self:ptr()
-  if self.dtype == "bf16" then return C.fsdp_bf16_to_f32(p[i]) end
-  if self.dtype == "fp16" then return C.fsdp_fp16_to_f32(p[i]) end
-  return tonumber(p[i])
+  return base.readers[self.dtype](self:ptr(), i) -- a NaN read as Lua's own (ffi.lua)
 end
 
 function Tensor:set(i, v)
