@@ -76,6 +76,9 @@ uint16_t fsdp_f32_to_fp16(float f);
 int fsdp_convert(void *dst, int dst_dtype, const void *src, int src_dtype, size_t n);
 /* dst[i] += src[i], any two dtypes, one rounding to dst's dtype (CPU memory). */
 int fsdp_accumulate(void *dst, int dst_dtype, const void *src, int src_dtype, size_t n);
+/* The index of the first NaN or infinity among x[0, n) (CPU memory), or -1:
+ * one vectorised pass (src/base/scan.c). */
+int64_t fsdp_find_nonfinite(const float *x, int64_t n);
 
 /* ---- counter-based RNG (Philox-4x32-10) ------------------------------ */
 typedef enum { FSDP_RNG_UNIFORM = 0, FSDP_RNG_NORMAL = 1 } fsdp_rng_dist;

@@ -21,6 +21,9 @@ int32_t fsdp_token_file_width(const fsdp_token_file *f);   /* bytes per token: 2
 /* out[i] = token start + i for i < n, widened to int32; a uint32 token above
  * INT32_MAX is an error (FSDP_EINVAL), as is a range outside [0, count). */
 int fsdp_token_file_read(const fsdp_token_file *f, int64_t start, int64_t n, int32_t *out);
+/* FSDP_EINVAL naming the first token >= vocab (its index and byte offset in
+ * the file) when there is one: one vectorised pass over the mapped file. */
+int fsdp_token_file_check_ids(const fsdp_token_file *f, int64_t vocab);
 int fsdp_token_file_close(fsdp_token_file *f);             /* NULL: no-op */
 
 /* ---- checksums and durable file steps (src/io/crc32c.c, src/io/fs.c) -- */

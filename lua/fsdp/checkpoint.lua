@@ -66,6 +66,52 @@ end
 
 M.world, M.agree = world, agree
 
+-- ---- non-finite values in loaded weights ----
+-- A NaN or infinity in the weights a run starts from would skip every step
+-- and end "successfully". Each rank scans what it reads (one vectorised
+-- pass, fsdp_find_nonfinite) and keeps its first bad element in model
+-- order; verdict() (collective) finds the first over all ranks, so every
+-- rank gives the same message whatever the world size.
+
+-- a before b: (tensor id, state, element) in that order
+local function before(a, b)
+  return a[1] < b[1] or (a[1] == b[1] and (a[2] < b[2] or (a[2] == b[2] and a[3] < b[3])))
+end
+
+local function finite_guard()
+  local g = {}
+  -- n floats at ptr hold elements [begin, begin + n) of state k of tensor e
+  function g.scan(e, k, begin, ptr, n)
+    local i = tonumber(C.fsdp_find_nonfinite(ptr, n))
+    if i < 0 then return end
+    local key = { e.id, k, begin + i, tonumber(ffi.cast("const uint32_t *", ptr)[i]) }
+    if not g.first or before(key, g.first) then g.first = key end
+  end
+  -- nil, or "tensor 'NAME' (STATE) holds VALUE at element I ([i, j])"
+  function g.verdict(s, list, states)
+    local r, n = world(s)
+    local mine = {}
+    if g.first then for j = 1, 4 do mine[5 * r + j - 1] = g.first[j] end; mine[5 * r + 4] = 1 end
+    local all = share_ints(s, 5 * n, mine)
+    local best
+    for q = 0, n - 1 do
+      if all(5 * q + 4) == 1 then
+        local key = { all(5 * q), all(5 * q + 1), all(5 * q + 2), all(5 * q + 3) }
+        if not best or before(key, best) then best = key end
+      end
+    end
+    if not best then return nil end
+    local e, at, coords = list[best[1] + 1], best[3], {}
+    for d = #e.shape, 1, -1 do coords[d] = at % e.shape[d]; at = math.floor(at / e.shape[d]) end
+    local bits = ffi.new("uint32_t[1]", best[4])
+    return string.format("tensor '%s' (%s) holds %s at element %d ([%s] of %s): a run cannot start from non-finite " ..
+      "weights", e.name, states[best[2] + 1], tostring(base.f32(ffi.cast("float *", bits))), best[3],
+      table.concat(coords, ", "), table.concat(e.shape, "x"))
+  end
+  return g
+end
+M.finite_guard = finite_guard
+
 -- the model's parameters in model order: name, shape, numel, unit, index
 local function catalogue(s)
   local list, by_name = {}, {}
@@ -366,7 +412,7 @@ function M.load(s, path, o)
   local states = M.states[optimizer]
   if not states then error("checkpoint.load: optimizer '" .. tostring(optimizer) .. "' (expected adamw or sgd)", 2) end
   local list, by_name = catalogue(s)
-  local staged, meta = {}, nil
+  local staged, meta, guard = {}, nil, finite_guard()
   -- everything into host memory first (h is closed on every path)
   local function read_all(h)
     meta = meta_of(h)
@@ -385,7 +431,9 @@ function M.load(s, path, o)
       staged[#staged + 1] = { unit = u, bufs = bufs, n = n }
       for _, pc in ipairs(pieces(u, 0)) do
         for k, st in ipairs(states) do
-          if C.fsdp_ckpt_read(h, pc.name, st, pc.begin, pc["end"], bufs[k]:ptr() + pc.off) < 0 then error(last_error(), 0) end
+          local at = bufs[k]:ptr() + pc.off
+          if C.fsdp_ckpt_read(h, pc.name, st, pc.begin, pc["end"], at) < 0 then error(last_error(), 0) end
+          guard.scan(by_name[pc.name], k - 1, pc.begin, at, pc["end"] - pc.begin)
         end
       end
     end
@@ -397,10 +445,14 @@ function M.load(s, path, o)
     C.fsdp_ckpt_close(ffi.gc(h, nil))
     if not ok2 then error(e2, 0) end
   end)
-  if not ok then -- nothing is applied: free the staging now
-    for _, g in ipairs(staged) do for _, b in ipairs(g.bufs) do b:free() end end
-  end
+  local function drop() for _, g in ipairs(staged) do for _, b in ipairs(g.bufs) do b:free() end end end
+  if not ok then drop() end -- nothing is applied: free the staging now
   agree(s, not ok and err or nil, what)
+  local bad = guard.verdict(s, list, states)
+  if bad then
+    drop()
+    error(string.format("%s: %s", what, bad), 0)
+  end
   for _, g in ipairs(staged) do
     for k, b in ipairs(g.bufs) do
       check(C.fsdp_unit_state_set(g.unit.handle, k - 1, 0, g.n, b:ptr()), what)

@@ -74,14 +74,19 @@ function M.corpus(o)
     splits = { train = { src, 0, ntrain }, val = { src, ntrain, n } } }, Dataset)
 end
 
--- data.token_file{path = P, format = "auto" | "raw_u16" | "raw_u32", val_path = V, val_fraction = f}
+-- data.token_file{path = P, format = "auto" | "raw_u16" | "raw_u32", val_path = V, val_fraction = f,
+--                 vocab_size = N}
 --   Pre-tokenised token files (llm.c headers, nanoGPT's raw uint16; see
 --   docs/TRAINING.md, "The data"), memory-mapped by the C reader (src/io/token_file.c):
 --   nothing is read until a batch needs it, so a file of any size opens at
---   once. Without val_path the val split is the file's last val_fraction.
+--   once. With vocab_size, every token of each file is checked once at open
+--   (one vectorised pass over the mapping, memory speed): an id >=
+--   vocab_size fails there, naming the file and the id's offset, not mid-run
+--   in some batch. Without val_path the val split is the file's last
+--   val_fraction.
 local formats = { auto = C.FSDP_TOKENS_AUTO, raw_u16 = C.FSDP_TOKENS_RAW_U16, raw_u32 = C.FSDP_TOKENS_RAW_U32 }
 
-local function open_tokens(path, format, what)
+local function open_tokens(path, format, what, vocab)
   local fmt = formats[format or "auto"]
   if not fmt then
     error(string.format("%s: format = '%s'; expected auto, raw_u16 or raw_u32", what, tostring(format)), 3)
@@ -89,6 +94,7 @@ local function open_tokens(path, format, what)
   local out = ffi.new("fsdp_token_file *[1]")
   if C.fsdp_token_file_open(path, fmt, out) < 0 then error(what .. ": " .. ffi.string(C.fsdp_last_error()), 3) end
   local f = ffi.gc(out[0], C.fsdp_token_file_close)
+  if vocab and C.fsdp_token_file_check_ids(f, vocab) < 0 then error(what .. ": " .. ffi.string(C.fsdp_last_error()), 3) end
   return {
     file = f, count = tonumber(C.fsdp_token_file_count(f)),
     read = function(off, n, dst)
@@ -99,10 +105,10 @@ end
 
 function M.token_file(o)
   if type(o) ~= "table" or type(o.path) ~= "string" then error("data.token_file: expected {path = 'file.bin', ...}", 2) end
-  local train = open_tokens(o.path, o.format, "data.token_file")
+  local train = open_tokens(o.path, o.format, "data.token_file", o.vocab_size)
   local ds = setmetatable({ sources = { train }, files = { o.path } }, Dataset)
   if o.val_path then
-    local val = open_tokens(o.val_path, o.format, "data.val_token_file")
+    local val = open_tokens(o.val_path, o.format, "data.val_token_file", o.vocab_size)
     ds.sources[2], ds.files[2] = val, o.val_path
     ds.splits = { train = { train, 0, train.count }, val = { val, 0, val.count } }
   else

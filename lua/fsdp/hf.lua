@@ -253,8 +253,8 @@ end
 function M.import(s, cfg, dir, o)
   o = o or {}
   local what = "hf.import from " .. dir
-  local list = ckpt.catalogue(s)
-  local staged, notes = {}, {}
+  local list, by_name = ckpt.catalogue(s)
+  local staged, notes, guard = {}, {}, ckpt.finite_guard()
   local ok, err = pcall(function()
     notes = check_config(cfg, dir, o.seq)
     local found, handles = open_dir(dir)
@@ -283,6 +283,7 @@ function M.import(s, cfg, dir, o)
           if C.fsdp_safetensors_read(f.st, f.index, pc.begin, pc["end"], buf:ptr() + pc.off) < 0 then
             error(last_error(), 0)
           end
+          guard.scan(by_name[pc.name], 0, pc.begin, buf:ptr() + pc.off, pc["end"] - pc.begin)
           if pc.name == "model.embed_tokens.weight" and cfg.tie_word_embeddings and found["lm_head.weight"] then
             check_tied_head(dir, found, pc)
           end
@@ -294,6 +295,11 @@ function M.import(s, cfg, dir, o)
     if not ok2 then error(e2, 0) end
   end)
   agree(s, not ok and err or nil, what)
+  local bad = guard.verdict(s, list, { "param" })
+  if bad then
+    for _, g in ipairs(staged) do g.buf:free() end
+    error(string.format("%s: %s", what, bad), 0)
+  end
   for _, g in ipairs(staged) do
     check(C.fsdp_unit_state_set(g.unit.handle, C.FSDP_STATE_PARAM, 0, g.n, g.buf:ptr()), what)
     local z = tensor.new(math.max(g.n, 1)):fill(0)

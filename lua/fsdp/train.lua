@@ -51,7 +51,7 @@ local function as_ids(v, B, T)
   return t
 end
 
-local function dataset_of(r, where)
+local function dataset_of(r, vocab_size)
   local d = r.data
   if d.corpus then
     local c = {}
@@ -60,7 +60,8 @@ local function dataset_of(r, where)
     c.val_fraction = c.val_fraction or d.val_fraction
     return data.corpus(c)
   end
-  return data.token_file({ path = d.token_file, format = d.format, val_path = d.val_token_file, val_fraction = d.val_fraction })
+  return data.token_file({ path = d.token_file, format = d.format, val_path = d.val_token_file, val_fraction = d.val_fraction,
+    vocab_size = vocab_size })
 end
 
 local function run(r, where, args, break_at, owned)
@@ -158,7 +159,7 @@ local function run(r, where, args, break_at, owned)
     end
   end
 
-  local ds = dataset_of(r, where)
+  local ds = dataset_of(r, cfg.vocab_size)
   if ds.vocab_size and ds.vocab_size > cfg.vocab_size then
     error(string.format("%s: the data has token ids up to %d but model.vocab_size = %d", where, ds.vocab_size - 1, cfg.vocab_size), 0)
   end

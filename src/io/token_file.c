@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "../base/error.h"
+#include "../base/scan.h"
 
 enum { HEADER_INTS = 256, HEADER_BYTES = HEADER_INTS * 4 };
 enum { MAGIC_U16 = 20240520, VERSION_U16 = 1, MAGIC_U32 = 20240801, VERSION_U32 = 7 };
@@ -163,6 +164,19 @@ int fsdp_token_file_read(const fsdp_token_file *f, int64_t start, int64_t n, int
     }
   }
   return FSDP_OK;
+}
+
+int fsdp_token_file_check_ids(const fsdp_token_file *f, int64_t vocab) {
+  if (!f) return fsdp_fail(FSDP_EINVAL, "fsdp_token_file_check_ids: the file is NULL");
+  if (vocab < 1) return fsdp_fail(FSDP_EINVAL, "token file '%s': vocabulary size %lld", f->path, (long long)vocab);
+  uint32_t bound = vocab > INT32_MAX ? (uint32_t)INT32_MAX + 1u : (uint32_t)vocab, v = 0;
+  int64_t at = fsdp_scan_tokens_at_least(f->tokens, f->width, f->count, bound, &v);
+  if (at < 0) return FSDP_OK;
+  return fsdp_fail(FSDP_EINVAL,
+                   "token file '%s': token %lld (byte offset %lld) is id %lu, outside the vocabulary of %lld ids "
+                   "(0 to %lld)",
+                   f->path, (long long)at, (long long)((f->tokens - f->map) + at * f->width), (unsigned long)v,
+                   (long long)vocab, (long long)vocab - 1);
 }
 
 int fsdp_token_file_close(fsdp_token_file *f) {

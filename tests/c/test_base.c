@@ -129,6 +129,40 @@ static void test_dtypes(void) {
   CHECK(fsdp_bf16_to_f32(acc[0]) == 1.0f && fsdp_bf16_to_f32(acc[1]) == fsdp_bf16_to_f32(fsdp_f32_to_bf16(1.0f + 3.0f / 256)));
 }
 
+/* the first non-finite element, against a plain loop over isfinite(), with
+ * the bad value before, at and after block boundaries (scan.c: 4096) */
+static int64_t ref_nonfinite(const float *x, int64_t n) {
+  for (int64_t i = 0; i < n; i++)
+    if (!isfinite(x[i])) return i;
+  return -1;
+}
+
+static void test_find_nonfinite(void) {
+  enum { N = 3 * 4096 + 17 };
+  float *x = malloc(N * sizeof *x);
+  for (int i = 0; i < N; i++) x[i] = (i % 7 - 3) * 1e30f + (float)i; /* large and small, all finite */
+  x[5] = 3.4028235e38f;                                               /* FLT_MAX is finite */
+  x[6] = bits_f(0x00000001);                                          /* so is a subnormal */
+  CHECK(fsdp_find_nonfinite(x, N) == -1 && ref_nonfinite(x, N) == -1);
+  const uint32_t bad[] = {0x7f800000u, 0xff800000u, 0x7fc00000u, 0xffd00123u, 0x7f800001u};
+  const int64_t at[] = {0, 1, 4095, 4096, 4097, 8191, 12288, N - 1};
+  int wrong = 0;
+  for (size_t b = 0; b < sizeof bad / sizeof bad[0]; b++)
+    for (size_t k = 0; k < sizeof at / sizeof at[0]; k++) {
+      float keep = x[at[k]];
+      x[at[k]] = bits_f(bad[b]);
+      wrong += fsdp_find_nonfinite(x, N) != at[k] || ref_nonfinite(x, N) != at[k];
+      wrong += fsdp_find_nonfinite(x, at[k]) != -1; /* not within the first at[k] */
+      x[at[k]] = keep;
+    }
+  CHECK(wrong == 0);
+  x[9000] = bits_f(0x7fc00000u);
+  x[100] = bits_f(0xff800000u);
+  CHECK(fsdp_find_nonfinite(x, N) == 100); /* the first of two */
+  CHECK(fsdp_find_nonfinite(x, 0) == -1 && fsdp_find_nonfinite(NULL, 5) == -1);
+  free(x);
+}
+
 static void *other_thread(void *arg) {
   fsdp_fail(FSDP_EIO, "message from the other thread");
   return arg;
@@ -165,6 +199,7 @@ int main(void) {
   test_bf16();
   test_fp16();
   test_dtypes();
+  test_find_nonfinite();
   test_errors();
   return fsdp_test_summary("test_base");
 }

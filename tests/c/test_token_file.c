@@ -169,6 +169,41 @@ int main(void) {
   CHECK_FAILS(fsdp_token_file_read(f, 0, 3, buf), FSDP_EINVAL, "token 1 is 2147483648, above the int32 range");
   fsdp_token_file_close(f);
 
+  /* ---- ids at or above a vocabulary: the first one named, found by one
+   * pass over the file; against a plain loop, at block edges (4096) ---- */
+  {
+    enum { M = 3 * 4096 + 5 };
+    uint32_t *ids = malloc(M * sizeof *ids);
+    const int64_t at[] = {0, 4095, 4096, 8200, M - 1};
+    const struct { int32_t format, magic, version, width; const char *name; } kinds[] = {
+        {FSDP_TOKENS_AUTO, 20240520, 1, 2, "ids16.bin"}, {FSDP_TOKENS_AUTO, 20240801, 7, 4, "ids32.bin"},
+        {FSDP_TOKENS_RAW_U16, 0, 0, 2, "idsraw16.bin"}, {FSDP_TOKENS_RAW_U32, 0, 0, 4, "idsraw32.bin"}};
+    for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
+      for (size_t a = 0; a < sizeof at / sizeof at[0]; a++) {
+        for (int i = 0; i < M; i++) ids[i] = next_u32() % 50257; /* GPT-2's vocabulary */
+        ids[at[a]] = kinds[k].width == 2 ? 50257 + a : 128256 + (uint32_t)a;
+        if (a == 0) ids[M - 1] = 60000; /* a later one is not the first */
+        int64_t first = -1;
+        uint32_t vocab = 50257;
+        for (int i = 0; i < M && first < 0; i++)
+          if (ids[i] >= vocab) first = i;
+        const char *path = write_file(kinds[k].name, kinds[k].magic, kinds[k].version, M, ids, M, kinds[k].width, 0);
+        f = NULL;
+        CHECK_OK(fsdp_token_file_open(path, kinds[k].format, &f));
+        char want[160];
+        snprintf(want, sizeof want, "token %lld (byte offset %lld) is id %lu, outside the vocabulary of 50257 ids",
+                 (long long)first, (long long)((kinds[k].magic ? 1024 : 0) + first * kinds[k].width),
+                 (unsigned long)ids[first]);
+        CHECK_FAILS(fsdp_token_file_check_ids(f, vocab), FSDP_EINVAL, want);
+        CHECK(strstr(fsdp_last_error(), path) != NULL);
+        CHECK_OK(fsdp_token_file_check_ids(f, (int64_t)ids[first] + 1 > 60001 ? (int64_t)ids[first] + 1 : 60001));
+        fsdp_token_file_close(f);
+      }
+    }
+    free(ids);
+    CHECK_FAILS(fsdp_token_file_check_ids(NULL, 5), FSDP_EINVAL, "the file is NULL");
+  }
+
   /* NULL handles */
   CHECK(fsdp_token_file_count(NULL) == 0 && fsdp_token_file_width(NULL) == 0);
   CHECK_FAILS(fsdp_token_file_read(NULL, 0, 0, buf), FSDP_EINVAL, "the file is NULL");
