@@ -220,7 +220,7 @@ local function check_tied_head(dir, found, pc)
     if ua[i] ~= ub[i] then
       msg = string.format("%s: lm_head.weight (in %s) differs from model.embed_tokens.weight (element %d: %.9g vs %.9g), but " ..
         "the model ties them (tie_word_embeddings = true), so the files' head would be dropped. Set " ..
-        "model.tie_word_embeddings = false", dir, head.file, pc.begin + i, fa[i], fb[i])
+        "model.tie_word_embeddings = false", dir, head.file, pc.begin + i, base.f32(fa, i), base.f32(fb, i))
       break
     end
   end

@@ -244,13 +244,14 @@ do
   hf.export(tied, tcfg, tex, { dtype = "fp32", shard_bytes = 1e9 })
   local TP = params(tied)
   local emb = TP["model.embed_tokens.weight"]
-  local function with_head(dir, last)
+  local function with_head(dir, last, last_bits)
     if R == 0 then
       os.execute(string.format("cp -r '%s' '%s'", tex, dir))
       local n = #emb
       local data = ffi.new("float[?]", n)
       for i = 1, n do data[i - 1] = emb[i] end
       if last then data[n - 1] = last end
+      if last_bits then ffi.cast("uint32_t *", data)[n - 1] = last_bits end
       local h = json.encode({ ["lm_head.weight"] = { dtype = "F32", shape = { base.vocab_size, base.hidden_size },
         data_offsets = { 0, 4 * n } } })
       h = h .. string.rep(" ", (8 - #h % 8) % 8)
@@ -280,6 +281,15 @@ do
   shard.all_reduce_host(group, n, "sum")
   check(not ok and (says or tostring(err):find("failed (its message says why)", 1, true)) and n:get(0) >= 1,
     "one ulp off in the head's last element: refused on every rank, by the one holding it with the element: " .. tostring(err))
+  -- a NaN there whose payload, widened to double, is LuaJIT's table tag:
+  -- the message reads it as a plain NaN (issue 19; it crashed the rank)
+  dir = with_head(work .. "/tied-nan", nil, 0xffd00123)
+  ok, err = pcall(hf.import, t2, tcfg, dir, { quiet = true })
+  says = tostring(err):find("differs from model.embed_tokens.weight (element " .. (#emb - 1) .. ": nan vs ", 1, true) ~= nil
+  n:fill(says and 1 or 0)
+  shard.all_reduce_host(group, n, "sum")
+  check(not ok and (says or tostring(err):find("failed (its message says why)", 1, true)) and n:get(0) >= 1,
+    "a payload NaN in the head's last element: refused, the message reading it as nan: " .. tostring(err))
   tied:free(); t2:free()
 end
 
