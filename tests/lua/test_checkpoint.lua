@@ -35,10 +35,7 @@ local check, fails = T.check, T.fails
 -- than 1e-2).
 local RESHARD_TOL = 1e-5
 
-pcall(ffi.cdef, "int getpid(void);")
-local work = string.format("/tmp/fsdp-test-ckpt-%d", ffi.C.getpid())
-C.fsdp_fs_remove_tree(work)
-C.fsdp_fs_mkdirs(work)
+local work = T.workdir("ckpt")
 
 -- the data: words drawn by a fixed LCG from a fixed list, 256 KiB of bytes
 -- as raw uint16 tokens (the same on every machine and at every commit)
@@ -71,16 +68,10 @@ local common = { "train.eval_every=0", "train.log_every=100", "data.seq=64", "da
 
 -- fsdprun -n N tiny.lua common... extra...; returns ok, output
 local function run(n, extra, env)
-  local args = {}
+  local args = { recipe_path }
   for _, a in ipairs(common) do args[#args + 1] = a end
   for _, a in ipairs(extra) do args[#args + 1] = a end
-  local cmd = string.format("%s%s -n %d --timeout 120 %s %s 2>&1; echo \"EXIT=$?\"", env and (env .. " ") or "",
-    fsdprun, n, recipe_path, table.concat(args, " "))
-  local p = io.popen(cmd)
-  local out = p:read("*a")
-  p:close()
-  local code = tonumber(out:match("EXIT=(%d+)%s*$"))
-  return code == 0, out
+  return T.launch(fsdprun, n, args, env)
 end
 
 local function losses(path)

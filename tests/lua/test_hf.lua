@@ -86,19 +86,7 @@ local function model(over, seed)
   local cfg = cfg_of(over)
   return fsdp.fully_shard(llama.model(cfg), { shard = group, units = llama.units, zero = 3, seed = seed or 7 }), cfg
 end
-local function params(s)
-  local out = {}
-  for _, u in ipairs(s.units) do for _, p in ipairs(u.params) do out[p.name] = s:gather(p.name) end end
-  return out
-end
-local function same_params(a, b)
-  for name, va in pairs(a) do
-    local vb = b[name]
-    if not vb or #vb ~= #va then return false, name .. " missing" end
-    for i = 1, #va do if va[i] ~= vb[i] then return false, name .. " differs at " .. i end end
-  end
-  return true
-end
+local params, same_params = T.params, T.same_params
 
 local src, cfg = model()
 local P = params(src)

@@ -1,6 +1,8 @@
 -- testkit.lua: the Lua tests' assertion kit, the twin of tests/c/check.h.
 --   local T = dofile(dir .. "testkit.lua")(label)
 --   T.check(ok, what); T.fails(fn, needle, what); T.finish()  -- prints "N passed, M failed", exits
+--   T.workdir(name) -> a fresh /tmp directory; T.launch(fsdprun, n, args, env) -> ok, output
+--   T.params(s) -> a sharded model's parameters; T.same_params(a, b) -> ok, where not
 return function(label)
   local T = { passed = 0, failed = 0 }
   function T.check(ok, what)
@@ -15,6 +17,37 @@ return function(label)
   function T.fails(fn, needle, what)
     local ok, err = pcall(fn)
     T.check(not ok and tostring(err):find(needle, 1, true) ~= nil, what .. ": " .. tostring(err))
+  end
+  -- a fresh scratch directory for this process: /tmp/fsdp-test-NAME-PID
+  function T.workdir(name)
+    local ffi = require "ffi"
+    pcall(ffi.cdef, "int getpid(void);")
+    local dir = string.format("/tmp/fsdp-test-%s-%d", name, ffi.C.getpid())
+    assert(os.execute(string.format("rm -rf '%s' && mkdir -p '%s'", dir, dir)) == 0, "cannot create " .. dir)
+    return dir
+  end
+  -- `[env] fsdprun -n n --timeout 120 args...` (a list): ok (exit 0), its output (stdout and stderr)
+  function T.launch(fsdprun, n, args, env)
+    local p = io.popen(string.format("%s%s -n %d --timeout 120 %s 2>&1; echo \"EXIT=$?\"", env and (env .. " ") or "",
+      fsdprun, n, table.concat(args, " ")))
+    local out = p:read("*a")
+    p:close()
+    return tonumber(out:match("EXIT=(%d+)%s*$")) == 0, out
+  end
+  -- every parameter of a sharded model s, gathered: {name = {values}}
+  function T.params(s)
+    local out = {}
+    for _, u in ipairs(s.units) do for _, p in ipairs(u.params) do out[p.name] = s:gather(p.name) end end
+    return out
+  end
+  -- a's parameters all in b with equal values: true, or false and where not
+  function T.same_params(a, b)
+    for name, va in pairs(a) do
+      local vb = b[name]
+      if not vb or #vb ~= #va then return false, name .. " missing" end
+      for i = 1, #va do if va[i] ~= vb[i] then return false, name .. " differs at " .. i end end
+    end
+    return true
   end
   function T.finish()
     print(string.format("%s: %d passed, %d failed", label, T.passed, T.failed))
