@@ -154,6 +154,13 @@ function M.list(dir)
   return names
 end
 
+-- the step-* directories under dir, oldest first
+local function step_dirs(dir)
+  local steps = {}
+  for _, e in ipairs(M.list(dir)) do if e:match("^step%-%d+$") then steps[#steps + 1] = e end end
+  return steps
+end
+
 local function exists(path) return C.fsdp_fs_stat(path, nil, nil) == 0 end
 
 local function write_text(path, text)
@@ -249,8 +256,7 @@ local function commit(s)
     write_text(p.dir .. "/latest", p.name .. "\n")
     -- retention: the newest keep_last step-* directories stay
     if p.keep_last and p.keep_last > 0 then
-      local steps = {}
-      for _, e in ipairs(M.list(p.dir)) do if e:match("^step%-%d+$") then steps[#steps + 1] = e end end
+      local steps = step_dirs(p.dir)
       for i = 1, #steps - p.keep_last do
         if steps[i] ~= p.name then check(C.fsdp_fs_remove_tree(p.dir .. "/" .. steps[i]), "checkpoint: retention") end
       end
@@ -280,6 +286,8 @@ end
 -- o: step (integer, names the directory), optimizer ("adamw" | "sgd"),
 -- meta (a table of numbers and strings saved in the index: the trainer's
 -- step, data position, seed...), async (default false), keep_last (0: all).
+-- With meta.run_id, a checkpoint of another run is never replaced (nor
+-- `latest` moved away from one): the save fails, changing nothing.
 function M.save(s, dir, o)
   o = o or {}
   M.wait(s)
@@ -293,6 +301,14 @@ function M.save(s, dir, o)
   if r == 0 then
     local ok, e = pcall(function()
       check(C.fsdp_fs_mkdirs(dir), "checkpoint: directory")
+      local run_id = o.meta and o.meta.run_id
+      if run_id then -- never replace, nor re-point `latest` away from, another run's checkpoint
+        local steps = step_dirs(dir)
+        for _, other in ipairs({ name, steps[#steps] }) do
+          local c = M.checkpoint_of(dir, other)
+          if c and c.run_id and c.run_id ~= run_id then error(M.another_run(dir, c, run_id), 0) end
+        end
+      end
       for _, e in ipairs(M.list(dir)) do -- leftovers of saves that did not finish
         if e:match("^%.tmp%-") then check(C.fsdp_fs_remove_tree(dir .. "/" .. e), "checkpoint: clean up") end
       end
@@ -341,15 +357,13 @@ local function open(path)
 end
 
 -- The newest checkpoint under dir that opens (its index and files check
--- out): the one `latest` names, else the newest step-* directory. nil when
--- there is none; the second value says what was skipped and why.
+-- out): the newest step-* directory, which is the one `latest` names unless
+-- a save stopped between its rename and `latest`'s update. nil when there
+-- is none; the second value says what was skipped and why.
 function M.latest(dir)
   local skipped = {}
   local cands = {}
-  local l = read_text(dir .. "/latest")
-  if l and l:match("^step%-%d+%s*$") then cands[1] = l:match("^(step%-%d+)") end
-  local steps = {}
-  for _, e in ipairs(M.list(dir)) do if e:match("^step%-%d+$") then steps[#steps + 1] = e end end
+  local steps = step_dirs(dir)
   for i = #steps, 1, -1 do cands[#cands + 1] = steps[i] end
   for _, c in ipairs(cands) do
     local path = dir .. "/" .. c
@@ -367,13 +381,81 @@ end
 local function meta_of(h)
   local m = {}
   local num, buf = ffi.new("double[1]"), ffi.new("char[?]", 4096)
-  for _, k in ipairs({ "step", "optimizer_step", "consumed", "seed", "world", "zero", "lr", "skipped" }) do
+  for _, k in ipairs({ "step", "optimizer_step", "consumed", "seed", "world", "zero", "lr", "skipped", "seq", "micro_batch",
+    "windows" }) do
     if C.fsdp_ckpt_meta_number(h, k, num) == 0 then m[k] = base.f64(num) end
   end
-  for _, k in ipairs({ "optimizer", "param_dtype", "mesh", "model" }) do
+  for _, k in ipairs({ "optimizer", "param_dtype", "mesh", "model", "run_id" }) do
     if C.fsdp_ckpt_meta_string(h, k, buf, 4096) == 0 then m[k] = ffi.string(buf) end
   end
   return m
+end
+
+-- ---- histories ----
+-- A checkpoint records the run id of its history (meta.run_id): a new run
+-- draws one, a resumed run keeps its checkpoint's. A directory holds one
+-- history: a run that would save among another run's checkpoints, or among
+-- checkpoints newer than the step it starts from (a branch of an older
+-- one), would replace them, re-point `latest` and let keep_last delete the
+-- other history's. Checkpoints saved before run ids existed match any run.
+
+-- A new run id, the same on every rank of s (collective): 48 random bits
+-- drawn by rank 0, as 12 hex digits. Ranks must agree on it: each one
+-- checks checkpoint.dir against it, and a rank that refused alone would
+-- leave the others waiting in a collective.
+function M.new_run_id(s)
+  local bits = 0
+  if world(s) == 0 then
+    local f, bytes = io.open("/dev/urandom", "rb"), nil
+    if f then bytes = f:read(6); f:close() end
+    if bytes and #bytes == 6 then
+      for i = 1, 6 do bits = bits * 256 + bytes:byte(i) end
+    else -- no /dev/urandom: the clock
+      bits = math.floor(os.time() * 1e6 + C.fsdp_time_now() * 1e6) % 2 ^ 48
+    end
+  end
+  return string.format("%012x", share_ints(s, 1, { [0] = bits })(0))
+end
+
+-- The meta table of the checkpoint at path (its index checked, no weight read)
+function M.meta(path)
+  local h, err = open(path)
+  if not h then error(err, 0) end
+  local m = meta_of(h)
+  C.fsdp_ckpt_close(ffi.gc(h, nil))
+  return m
+end
+
+-- {name, step, run_id (nil: not recorded)} of dir/name, or nil when it
+-- does not open (a damaged checkpoint cannot be resumed: nobody's history)
+function M.checkpoint_of(dir, name)
+  local ok, m = pcall(M.meta, dir .. "/" .. name)
+  return ok and { name = name, step = tonumber(name:match("%d+")), run_id = m.run_id } or nil
+end
+
+-- the checkpoints in dir that open, oldest first
+function M.history(dir)
+  local out = {}
+  for _, name in ipairs(step_dirs(dir)) do out[#out + 1] = M.checkpoint_of(dir, name) end
+  return out
+end
+
+function M.another_run(dir, c, run_id)
+  return string.format("%s/%s belongs to another run (run %s; this run is %s): one checkpoint directory holds one history. " ..
+    "Give this run its own checkpoint.dir", dir, c.name, c.run_id, run_id)
+end
+
+-- Raises unless run run_id, starting after step `from`, may save into dir:
+-- no checkpoint of another run there, and none newer than `from`.
+function M.check_history(dir, run_id, from)
+  for _, c in ipairs(M.history(dir)) do
+    if c.step > from then
+      error(string.format("%s/%s (run %s) is newer than step %d, where this run starts: saving in %s would replace it or " ..
+        "pass it with another history. Give this run its own checkpoint.dir (a branch from an older checkpoint needs one), " ..
+        "or go on from the newest with train.resume=auto", dir, c.name, c.run_id or "not recorded", from, dir), 0)
+    end
+    if c.run_id and c.run_id ~= run_id then error(M.another_run(dir, c, run_id), 0) end
+  end
 end
 
 local function shape_str(shape) return table.concat(shape, "x") end

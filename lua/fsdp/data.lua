@@ -156,13 +156,19 @@ function Dataset:loader(o)
   local range = self.splits[split]
   if not range then error("data: split '" .. tostring(split) .. "' (expected train or val)", 2) end
   local B, T, W, r = o.batch, o.seq, o.world or 1, o.rank or 0
-  local nwin = math.floor((range[3] - range[2] - 1) / T)
+  local nwin = self:windows(split, T)
   if nwin < 1 then
     error(string.format("data: the %s split has %d tokens, fewer than one window of seq + 1 = %d", split, range[3] - range[2], T + 1), 2)
   end
   if r < 0 or r >= W then error(string.format("data: rank %d outside a world of %d", r, W), 2) end
   return setmetatable({ ds = self, split = split, src = range[1], start = range[2], B = B, T = T, W = W, r = r, seed = o.seed or 0,
     nwin = nwin, consumed = o.state and o.state.consumed or 0, shuffle = split == "train" }, Loader)
+end
+
+-- windows of seq + 1 tokens (one every seq tokens) in a split: an epoch
+function Dataset:windows(split, seq)
+  local range = self.splits[split]
+  return math.floor((range[3] - range[2] - 1) / seq)
 end
 
 function Loader:window(g) -- the window at global position g
@@ -190,5 +196,45 @@ end
 
 function Loader:state() return { consumed = self.consumed } end
 function Loader:reset() self.consumed = 0 end
+
+-- Where a resumed run's training data goes on. saved: a checkpoint's
+-- record {consumed = windows taken by the whole group, seq, micro_batch,
+-- windows = the training split's windows per epoch}; now: this run's {seq,
+-- micro_batch, windows}. Returns the windows consumed in this run's
+-- windows and a note for the log (or nil); raises when the position does
+-- not map exactly. The micro-batch and the world size never matter: the
+-- group takes consecutive positions of one shuffled order. Another seq
+-- cuts other windows in another order, so only whole epochs carry over.
+function M.resume_position(saved, now, what)
+  local consumed = saved.consumed or 0
+  if not saved.seq then
+    return consumed, string.format("%s records no data geometry (saved before fsdp recorded it): its %d windows consumed " ..
+      "are taken as windows of data.seq = %d tokens, this run's", what, consumed, now.seq)
+  end
+  if saved.seq == now.seq then
+    local notes = {}
+    if saved.micro_batch ~= now.micro_batch then
+      notes[#notes + 1] = string.format("data.micro_batch %d -> %d: the data goes on at window %d, as it would have",
+        saved.micro_batch, now.micro_batch, consumed)
+    end
+    if saved.windows and saved.windows ~= now.windows then
+      notes[#notes + 1] = string.format("the training split has %d windows of %d tokens and had %d when %s was saved: " ..
+        "is this the data it was trained on?", now.windows, now.seq, saved.windows, what)
+    end
+    return consumed, #notes > 0 and table.concat(notes, "; ") or nil
+  end
+  local per = saved.windows
+  if per and per > 0 and consumed % per == 0 then
+    local epochs = consumed / per
+    return epochs * now.windows, string.format("data.seq %d -> %d: %s holds %d whole epoch%s of the data (%d windows of %d " ..
+      "tokens); this run goes on at the start of epoch %d (%d windows of %d tokens each)", saved.seq, now.seq, what, epochs,
+      epochs == 1 and "" or "s", consumed, saved.seq, epochs, now.windows, now.seq)
+  end
+  error(string.format("%s was trained with data.seq = %d and this run has data.seq = %d: its data position (%d windows of %d " ..
+    "tokens, %s) cannot be mapped onto windows of %d tokens. Resume with data.seq = %d, or from a checkpoint saved at the " ..
+    "end of an epoch", what, saved.seq, now.seq, consumed, saved.seq,
+    per and string.format("%d into epoch %d of %d windows", consumed % per, math.floor(consumed / per), per) or "epochs unknown",
+    now.seq, saved.seq), 0)
+end
 
 return M

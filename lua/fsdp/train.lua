@@ -176,7 +176,7 @@ local function run(r, where, args, break_at, owned)
   -- resume (train.resume), else initial weights from Hugging Face files
   -- (checkpoint.init_hf, by default model.from_hf's folder), else the meta init's
   local ck, o = r.checkpoint, r.optimizer
-  local start, consumed, resumed = 1, 0, nil
+  local start, consumed, resumed, saved = 1, 0, nil, nil
   if r.train.resume then
     local path = r.train.resume
     if path == "auto" then
@@ -185,17 +185,37 @@ local function run(r, where, args, break_at, owned)
       if why then say("resume: skipped %s", why) end
       if not path then say("resume: no checkpoint in %s yet: starting at step 1", ck.dir) end
     end
-    if path then
-      local ok, meta = pcall(checkpoint.load, sharded, path, { optimizer = o.name })
-      if not ok then error(where .. ": train.resume: " .. tostring(meta), 0) end
-      start, consumed, resumed = (meta.step or 0) + 1, meta.consumed or 0, path
-      sharded.skipped = meta.skipped
-      if meta.seed and meta.seed ~= seed then
-        say("resume: %s was trained with train.seed = %d; keeping it for the data order (the recipe says %d)", path, meta.seed, seed)
-        seed = meta.seed
-      end
-      say("resumed from %s: step %d done, %d windows of data consumed", path, start - 1, consumed)
+    if path then -- its index first: what is refused below is refused before any weight is read
+      local ok, m = pcall(checkpoint.meta, path)
+      if not ok then error(where .. ": train.resume: " .. tostring(m), 0) end
+      saved, resumed = m, path
     end
+  end
+  -- the history this run continues (its checkpoint's) or begins; checkpoint.dir holds one
+  local run_id = saved and saved.run_id or checkpoint.new_run_id(sharded)
+  if saved and not saved.run_id then
+    say("resume: %s records no run id (saved before fsdp recorded them); this run's checkpoints carry %s", resumed, run_id)
+  end
+  if ck.dir then
+    local ok, e = pcall(checkpoint.check_history, ck.dir, run_id, saved and saved.step or 0)
+    if not ok then error(where .. ": checkpoint.dir: " .. tostring(e), 0) end
+  end
+  if saved then
+    local ok, at, note = pcall(data.resume_position, saved, { seq = T, micro_batch = B, windows = ds:windows("train", T) },
+      resumed)
+    if not ok then error(where .. ": train.resume: " .. tostring(at), 0) end
+    local meta
+    ok, meta = pcall(checkpoint.load, sharded, resumed, { optimizer = o.name })
+    if not ok then error(where .. ": train.resume: " .. tostring(meta), 0) end
+    start, consumed = (meta.step or 0) + 1, at
+    sharded.skipped = meta.skipped
+    if meta.seed and meta.seed ~= seed then
+      say("resume: %s was trained with train.seed = %d; keeping it for the data order (the recipe says %d)", resumed, meta.seed,
+        seed)
+      seed = meta.seed
+    end
+    say("resumed from %s: step %d done, %d windows of data consumed", resumed, start - 1, saved.consumed or 0)
+    if note then say("resume: %s", note) end
   end
   local init_hf = ck.init_hf
   if init_hf == nil then init_hf = r.model.from_hf end
@@ -284,7 +304,8 @@ local function run(r, where, args, break_at, owned)
     local ok, e = pcall(checkpoint.save, sharded, ck.dir, { step = step, optimizer = o.name, async = async,
       keep_last = ck.keep_last, meta = { step = step, optimizer_step = sharded.step_count, consumed = train_loader.consumed,
         seed = seed, lr = lr, world = info.size, zero = r.fsdp.zero, optimizer = o.name, param_dtype = r.fsdp.param_dtype,
-        skipped = sharded.skipped or 0, model = where } })
+        skipped = sharded.skipped or 0, model = where, run_id = run_id, seq = T, micro_batch = B,
+        windows = train_loader.nwin } })
     if not ok then error(where .. ": checkpoint: " .. tostring(e), 0) end
     return e
   end
