@@ -106,7 +106,8 @@ add_test(NAME lua_nan_payload
          COMMAND $<TARGET_FILE:fsdprun> -n 2 --timeout 60 ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_nan_payload.lua)
 set_tests_properties(lua_nan_payload PROPERTIES LABELS multirank TIMEOUT 90 RUN_SERIAL ON)
 # faults that must be refused up front, naming what is wrong: non-finite
-# weights at load, token ids outside the vocabulary (tests/lua/test_faults.lua)
+# weights at load, token ids outside the vocabulary, resumes in another data
+# geometry or history, ranks that never reach fsdp.init (tests/lua/test_faults.lua)
 add_test(NAME lua_faults
          COMMAND fsdp-host ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_faults.lua $<TARGET_FILE:fsdprun> ${CMAKE_SOURCE_DIR})
 set_tests_properties(lua_faults PROPERTIES LABELS multirank TIMEOUT 300 RUN_SERIAL ON)

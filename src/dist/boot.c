@@ -11,6 +11,7 @@
 #include "../base/log.h"
 #include "../device/cuda_backend.h"
 #include "../device/device_impl.h"
+#include "arrival.h"
 #include "comm_impl.h"
 
 static struct {
@@ -81,6 +82,8 @@ int fsdp_init(fsdp_proc_info *info) {
     boot.info.rank = 0;
     boot.info.size = 1;
     boot.info.local_size = 1;
+  } else {
+    fsdp_arrival_announce();
   }
   boot.initialized = 1;
   fsdp_cpu_threads_share(boot.info.local_size);
@@ -144,9 +147,17 @@ int fsdp_kv_fence(int timeout_ms) {
   rc = PMIx_Fence(NULL, 0, info, 2);
   PMIX_INFO_DESTRUCT(&info[0]);
   PMIX_INFO_DESTRUCT(&info[1]);
-  if (rc == PMIX_ERR_TIMEOUT)
-    return fsdp_fail(FSDP_ETIMEOUT, "kv_fence: not every rank arrived within %d s (a rank died, or ranks "
-                     "disagree on the order of collective calls)", secs);
+  if (rc == PMIX_ERR_TIMEOUT) {
+    char missing[256];
+    if (!fsdp_arrival_missing(&boot.me, boot.info.rank, boot.info.size, missing, sizeof missing))
+      return fsdp_fail(FSDP_ETIMEOUT, "kv_fence: not every rank arrived within %d s (a rank died, or ranks "
+                       "disagree on the order of collective calls)", secs);
+    if (missing[0])
+      return fsdp_fail(FSDP_ETIMEOUT, "kv_fence: not every rank arrived within %d s: %s %s never reached fsdp_init (stuck "
+                       "or failed before it, or never started)", secs, strpbrk(missing, ",-") ? "ranks" : "rank", missing);
+    return fsdp_fail(FSDP_ETIMEOUT, "kv_fence: not every rank arrived within %d s; every rank reached fsdp_init, so one "
+                     "died since, or the ranks disagree on the order of collective calls", secs);
+  }
   if (rc != PMIX_SUCCESS) return pmix_fail(FSDP_ELAUNCH, rc, "kv_fence");
   return FSDP_OK;
 }

@@ -13,6 +13,7 @@
 --     exactly (whole epochs, or the same windows) or refused naming both
 --   * a branch from an older checkpoint, or a new run, saving among another
 --     history's checkpoints: refused naming checkpoint.dir
+--   * ranks that never reach fsdp.init: the fence that times out names them
 local fsdp = require "fsdp"
 local ckpt = require "fsdp.checkpoint"
 local hf = require "fsdp.hf"
@@ -251,6 +252,26 @@ do
     ck .. "/step-00000010 belongs to another run (run " .. run_id .. "; this run is 0123456789abcdef)", "save over another run's")
   check(ckpt.read_text(ck .. "/step-00000010/index.json") == index10, "and changes nothing")
   s:free()
+end
+
+-- 5. ranks that never reach fsdp.init: the others' first fence (creating a
+-- comm) times out naming them
+do
+  local script = work .. "/late.lua"
+  local f = assert(io.open(script, "w"))
+  f:write([[
+local r = tonumber(os.getenv("PMIX_RANK"))
+if r == 1 or r == 3 then os.execute("sleep 30") os.exit(0) end -- stuck before fsdp.init
+local fsdp = require "fsdp"
+fsdp.init()
+fsdp.mesh("dp=-1"):group("dp")
+]])
+  f:close()
+  local ok, out = T.launch(fsdprun, 4, { script }, "FSDP_COMM_TIMEOUT=2")
+  check(not ok and out:find("not every rank arrived within 2 s: ranks 1, 3 never reached fsdp_init", 1, true),
+    "a fence names the ranks that never reached fsdp.init:\n" .. out)
+  ok, out = T.launch(fsdprun, 3, { script }, "FSDP_COMM_TIMEOUT=2")
+  check(not ok and out:find("rank 1 never reached fsdp_init", 1, true), "the one rank:\n" .. out)
 end
 
 C.fsdp_fs_remove_tree(work)
