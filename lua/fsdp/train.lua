@@ -416,6 +416,16 @@ local function run(r, where, args, break_at, owned)
       duration(wall), first_loss, last_loss, human(steady), human(tokens_done) .. " tokens", info.size)
   end
   if metrics then metrics:close() end
+  if signalled then -- rank 0 says so before any rank exits (fsdprun would stop the others at the first exit)
+    if R == 0 then
+      local s = signalled
+      io.stderr:write(string.format("fsdp: stopped by %s after step %d; %s\n", s.signal > 0 and
+        ffi.string(C.fsdp_signal_name(s.signal)) or "a signal to another rank", s.step, s.saved and "checkpoint saved at " ..
+        s.saved .. " (train.resume=auto continues from it)" or "nothing saved (no checkpoint.dir)"))
+      io.stderr:flush()
+    end
+    mesh:group("world"):barrier()
+  end
   sharded:free()
   mesh:free()
   return { first_loss = first_loss, last_loss = last_loss, losses = losses, tokens_per_s = steady, peak = the_peak,
@@ -462,12 +472,7 @@ function M.main(r, path, ...)
   end
   local out = M.run(r, path, args, break_at)
   local s = out.signalled
-  if s then -- the status a process ended by that signal would have, after saying what was kept
-    local name = s.signal > 0 and ffi.string(C.fsdp_signal_name(s.signal)) or "a signal to another rank"
-    if fsdp.init().rank == 0 then
-      io.stderr:write(string.format("fsdp: stopped by %s after step %d; %s\n", name, s.step, s.saved and
-        "checkpoint saved at " .. s.saved .. " (train.resume=auto continues from it)" or "nothing saved (no checkpoint.dir)"))
-    end
+  if s then -- the status a process ended by that signal would have (rank 0 has said what was kept)
     io.stdout:flush()
     os.exit(128 + (s.signal > 0 and s.signal or 15))
   end
