@@ -88,6 +88,22 @@ static int traceback(lua_State *L) {
   return 1;
 }
 
+/* 0 at the interactive prompt, where an error is shown and the prompt goes on. */
+static int errors_end_the_job = 1;
+
+/* An error on one rank of a job ends the job: returning 1 would leave the
+ * others running under launchers that ignore a rank's exit status (plain
+ * srun). fsdp_abort prints the message with the rank, then PMIx_Abort. */
+static void report_error(const char *msg) {
+  fsdp_proc_info me;
+  if (errors_end_the_job && fsdp_initialized() && fsdp_init(&me) == FSDP_OK && me.size > 1) {
+    fflush(stdout);
+    fsdp_abort(1, msg);
+    return;
+  }
+  fprintf(stderr, "fsdp: %s\n", msg);
+}
+
 /* Runs the chunk on the stack top with `nargs` already pushed; prints errors. */
 static int call(lua_State *L, int nargs, int nresults) {
   int base = lua_gettop(L) - nargs;
@@ -96,7 +112,8 @@ static int call(lua_State *L, int nargs, int nresults) {
   int rc = lua_pcall(L, nargs, nresults, base);
   lua_remove(L, base);
   if (rc) {
-    fprintf(stderr, "fsdp: %s\n", lua_tostring(L, -1));
+    const char *msg = lua_tostring(L, -1);
+    report_error(msg ? msg : "(error object is not a string)");
     lua_pop(L, 1);
   }
   return rc;
@@ -216,6 +233,7 @@ static void repl(lua_State *L) {
   lua_getglobal(L, "require");
   lua_pushstring(L, "fsdp");
   if (call(L, 1, 1) == 0) lua_setglobal(L, "fsdp");
+  errors_end_the_job = 0;
   for (;;) {
     char *chunk = read_line(tty, "fsdp> ");
     if (!chunk) break;

@@ -68,8 +68,10 @@ static void on_rank_failed(sup *s, int r) {
 
 static void on_abort(sup *s, int r, int status, const char *msg) {
   char tail[64];
-  fprintf(stderr, "fsdprun: rank %d called PMIx_Abort with status %d%s%s%s\n", r, status, msg[0] ? ": " : "", msg,
-          others(s->running - 1, tail, sizeof tail));
+  /* the first line: the rank printed the whole message (a traceback) itself */
+  int len = (int)strcspn(msg, "\n");
+  fprintf(stderr, "fsdprun: rank %d called PMIx_Abort with status %d%s%.*s%s%s\n", r, status, msg[0] ? ": " : "", len,
+          msg, msg[len] ? " (...)" : "", others(s->running - 1, tail, sizeof tail));
   stop(s, failure_code(status));
 }
 

@@ -96,8 +96,8 @@ typedef struct fsdp_proc_info {
   int32_t size;        /* ranks in the job */
   int32_t local_rank;  /* on this node */
   int32_t local_size;
-  int32_t node_rank;
-  int32_t num_nodes;
+  int32_t node_rank;   /* this rank's host among the job's distinct host names, sorted: 0..num_nodes-1 */
+  int32_t num_nodes;   /* distinct hosts (PMIX_HOSTNAME) in the job */
   int32_t singleton;   /* 1: no launcher was found, world of one */
   int32_t device_count;/* CUDA devices visible; -1: not looked at (fsdp_init starts CUDA only
                           if it is in use already; fsdp_device_count(FSDP_CUDA) asks) */

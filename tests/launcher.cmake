@@ -14,3 +14,6 @@ endforeach()
 add_test(NAME launcher_fsdp_host
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/launcher/test_fsdp_host.sh $<TARGET_FILE:fsdprun> $<TARGET_FILE:fsdp-host>)
 set_tests_properties(launcher_fsdp_host PROPERTIES LABELS launcher TIMEOUT 60)
+add_test(NAME launcher_env
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/launcher/test_launcher_env.sh $<TARGET_FILE:fsdprun> $<TARGET_FILE:fsdp-host>)
+set_tests_properties(launcher_env PROPERTIES LABELS launcher TIMEOUT 90)

@@ -2,6 +2,7 @@
  * client API only, so the same binary runs under fsdprun, Slurm
  * (srun --mpi=pmix), PRRTE, or alone as a singleton. */
 #include <pmix.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -18,6 +19,7 @@ static struct {
   int initialized;
   pmix_proc_t me;
   fsdp_proc_info info;
+  uint32_t fences; /* fences called: each publishes its number */
 } boot;
 
 static int pmix_fail(int status, pmix_status_t rc, const char *what) {
@@ -54,8 +56,6 @@ static void read_identity(int singleton) {
   in->size = get_uint(&job, PMIX_JOB_SIZE, &v) == 0 ? (int32_t)v : 1;
   in->local_rank = get_uint(&boot.me, PMIX_LOCAL_RANK, &v) == 0 ? (int32_t)v : 0;
   in->local_size = get_uint(&job, PMIX_LOCAL_SIZE, &v) == 0 ? (int32_t)v : in->size;
-  in->node_rank = get_uint(&boot.me, PMIX_NODEID, &v) == 0 ? (int32_t)v : 0;
-  in->num_nodes = get_uint(&job, PMIX_NUM_NODES, &v) == 0 ? (int32_t)v : 1;
   in->singleton = singleton;
   snprintf(in->nspace, sizeof in->nspace, "%s", boot.me.nspace);
 }
@@ -74,6 +74,11 @@ int fsdp_init(fsdp_proc_info *info) {
     if (getenv("FSDPRUN"))
       return pmix_fail(FSDP_ELAUNCH, rc, "fsdp_init: started by fsdprun but cannot reach its PMIx server");
     singleton = 1;
+    int st = fsdp_launcher_check_singleton();
+    if (st < 0) {
+      PMIx_Finalize(NULL, 0);
+      return st;
+    }
   } else if (rc != PMIX_SUCCESS) {
     return pmix_fail(FSDP_ELAUNCH, rc, "fsdp_init: PMIx_Init failed");
   }
@@ -85,6 +90,14 @@ int fsdp_init(fsdp_proc_info *info) {
   } else {
     fsdp_arrival_announce();
   }
+  int node, nodes, st = fsdp_hosts_load(boot.me.nspace, boot.info.size, boot.info.rank, &node, &nodes);
+  if (st < 0) {
+    PMIx_Finalize(NULL, 0);
+    return st;
+  }
+  boot.info.node_rank = node;
+  boot.info.num_nodes = nodes;
+  if (!singleton) fsdp_peer_events_register();
   boot.initialized = 1;
   fsdp_cpu_threads_share(boot.info.local_size);
   /* One GPU per local rank, the usual mapping, chosen when the CUDA backend
@@ -136,6 +149,8 @@ int fsdp_kv_put(const char *key, const void *data, size_t len) {
 
 int fsdp_kv_fence(int timeout_ms) {
   FSDP_CHECK(need_init("kv_fence"));
+  uint32_t nth = ++boot.fences;
+  if (!boot.info.singleton) FSDP_CHECK(fsdp_fence_mark(nth));
   pmix_status_t rc = PMIx_Commit();
   if (rc != PMIX_SUCCESS) return pmix_fail(FSDP_ELAUNCH, rc, "kv_fence: commit");
   if (timeout_ms <= 0) timeout_ms = (int)(fsdp_comm_default_timeout() * 1000.0);
@@ -157,6 +172,16 @@ int fsdp_kv_fence(int timeout_ms) {
                        "or failed before it, or never started)", secs, strpbrk(missing, ",-") ? "ranks" : "rank", missing);
     return fsdp_fail(FSDP_ETIMEOUT, "kv_fence: not every rank arrived within %d s; every rank reached fsdp_init, so one "
                      "died since, or the ranks disagree on the order of collective calls", secs);
+  }
+  if (rc == PMIX_ERR_PARTIAL_SUCCESS || rc == PMIX_ERR_LOST_CONNECTION || rc == PMIX_ERR_PROC_TERM_WO_SYNC) {
+    char who[96];
+    int n = fsdp_fence_missing(boot.me.nspace, boot.info.size, boot.info.rank, nth, who, sizeof who);
+    if (n == 0 && fsdp_peer_left() >= 0) n = 1, snprintf(who, sizeof who, "%d", fsdp_peer_left());
+    if (n > 0)
+      return fsdp_fail(FSDP_EPEER, "kv_fence: rank%s %s left the job during the fence (PMIx status %d)",
+                       n > 1 ? "s" : "", who, (int)rc);
+    return fsdp_fail(FSDP_EPEER, "kv_fence: a rank left the job during the fence (PMIx status %d; PMIx did not "
+                     "say which: see the launcher's messages)", (int)rc);
   }
   if (rc != PMIX_SUCCESS) return pmix_fail(FSDP_ELAUNCH, rc, "kv_fence");
   return FSDP_OK;
@@ -191,6 +216,10 @@ int fsdp_kv_get(int rank, const char *key, void *data, size_t cap, size_t *len) 
 int fsdp_abort(int status, const char *message) {
   const char *msg = message ? message : "fsdp_abort";
   if (boot.initialized && !boot.info.singleton) {
+    /* said here: mpirun, srun and prterun do not print PMIx_Abort's message */
+    fprintf(stderr, "fsdp: rank %d of %d aborts the job (status %d): %s\n", boot.info.rank, boot.info.size, status,
+            msg);
+    fflush(stderr);
     pmix_status_t rc = PMIx_Abort(status, msg, NULL, 0);
     if (rc == PMIX_SUCCESS) return FSDP_OK; /* the launcher tears the job down */
   }

@@ -167,3 +167,27 @@ int fsdp_comm_synchronize(fsdp_comm *c) {
   /* the transports' messages already name the comm */
   return c->ops->synchronize ? c->ops->synchronize(c) : fsdp_stream_synchronize(c->stream);
 }
+
+/* See comm_impl.h. A member that could not join (map the segment, open
+ * the communicator) makes every member fail at once, naming it, instead of
+ * leaving them in their first barrier until the timeout. */
+int fsdp_comm_joined_everywhere(const comm_group_spec *spec, const char *key, int my_rc) {
+  char st_key[300], msg[512];
+  snprintf(st_key, sizeof st_key, "%s.st", key);
+  snprintf(msg, sizeof msg, "%s", my_rc < 0 ? fsdp_last_error() : "");
+  int rc = fsdp_kv_put(st_key, msg, strlen(msg) + 1);
+  int frc = fsdp_kv_fence(0);
+  if (my_rc < 0) return fsdp_fail(my_rc, "%s", msg);
+  FSDP_CHECK(rc);
+  FSDP_CHECK(frc);
+  for (int i = 0; i < spec->size; i++) {
+    size_t len = 0;
+    if (i == spec->my_index) continue;
+    FSDP_CHECK(fsdp_kv_get(spec->members[i], st_key, msg, sizeof msg, &len));
+    msg[sizeof msg - 1] = '\0';
+    if (msg[0])
+      return fsdp_fail(FSDP_EPEER, "comm '%s': rank %d (member %d) could not join the group: %s", spec->name,
+                       spec->members[i], i, msg);
+  }
+  return FSDP_OK;
+}

@@ -68,6 +68,11 @@ typedef struct comm_group_spec {
 
 int fsdp_comm_shm_create(const comm_group_spec *spec, fsdp_comm **out);
 int fsdp_comm_nccl_create(const comm_group_spec *spec, fsdp_comm **out);
+/* After a member tried to join its group (my_rc: how it went), every member
+ * says so to the others through one more world fence (every rank calls it
+ * once, member or not); fails when any member of this group could not. key
+ * is the group's unique rendezvous key. */
+int fsdp_comm_joined_everywhere(const comm_group_spec *spec, const char *key, int my_rc);
 /* Frees a comm now (its constructor's error path). */
 void fsdp_comm_free(fsdp_comm *c);
 /* One more reference to c, or one less: the last release frees it. A new
@@ -78,5 +83,23 @@ void fsdp_comm_release(fsdp_comm *c);
 /* Shared by the backends: fills the common fields of a new comm. */
 int fsdp_comm_init_common(fsdp_comm *c, const comm_group_spec *spec, int device, const comm_ops *ops);
 double fsdp_comm_default_timeout(void);
+
+/* launcher_env.c: what the launcher and the environment tell a rank.
+ * A singleton whose environment shows several tasks (SLURM_*, PMI_*, ...)
+ * fails: no PMIx server, each task would run alone. */
+int fsdp_launcher_check_singleton(void);
+/* Reads every rank's host (PMIX_HOSTNAME; FSDP_TEST_HOSTS in tests) and
+ * gives this rank's dense node index (sorted distinct names). */
+int fsdp_hosts_load(const char *nspace, int size, int rank, int *node_index, int *num_nodes);
+const char *fsdp_host_of(int rank); /* NULL: not known */
+/* Fails (naming each host's ranks) when the members are on several hosts. */
+int fsdp_hosts_check_one(const char *group, const int *members, int n);
+/* Each fence publishes its number; after a fence cut short, the ranks whose
+ * number did not arrive ("3, 5"; returns how many). */
+int fsdp_fence_mark(uint32_t n);
+int fsdp_fence_missing(const char *nspace, int size, int me, uint32_t n, char *buf, size_t cap);
+/* PMIx events that say a peer ended; fsdp_peer_left: its rank, or -1. */
+void fsdp_peer_events_register(void);
+int fsdp_peer_left(void);
 
 #endif

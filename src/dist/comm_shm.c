@@ -352,11 +352,13 @@ static int open_group(fsdp_comm *c, shm_comm *s, const comm_group_spec *spec) {
   size_t chunk = chunk_bytes();
   int n = spec->size;
   s->map_bytes = SHM_DATA_OFFSET + (size_t)n * 2 * chunk;
-  char key[256], segname[128];
+  char key[256], segname[128] = "";
   snprintf(key, sizeof key, "fsdp.shm.%s", spec->tag);
   int leader = spec->my_index == 0;
-  int rc = FSDP_OK;
-  if (leader) {
+  /* Every member reads the same host list, so on several hosts all of them
+   * fail here at once (another host's /dev/shm is not this one's). */
+  int rc = fsdp_hosts_check_one(spec->name, spec->members, n);
+  if (rc == FSDP_OK && leader) {
     snprintf(segname, sizeof segname, "/fsdp.%d.%s", (int)getpid(), spec->tag);
     for (char *p = segname + 1; *p; p++)
       if (*p == '/') *p = '_';
@@ -368,20 +370,28 @@ static int open_group(fsdp_comm *c, shm_comm *s, const comm_group_spec *spec) {
       rc = fsdp_kv_put(key, segname, strlen(segname) + 1);
     }
   }
-  /* Every rank of the world fences exactly once per group creation, even when
-   * its own step above failed, so that the others are not left waiting. */
+  /* Every rank of the world fences the same number of times per group
+   * creation (two), even when its own step failed, so that the others are
+   * not left waiting. */
   int frc = fsdp_kv_fence(0);
-  if (rc < 0) return rc;
-  if (frc < 0) return frc;
-  if (!leader) {
+  if (frc < 0) {
+    if (leader && s->hdr) shm_unlink(segname);
+    return rc < 0 ? rc : frc;
+  }
+  if (rc == FSDP_OK && !leader) {
     size_t len = 0;
-    FSDP_CHECK(fsdp_kv_get(spec->members[0], key, segname, sizeof segname, &len));
-    FSDP_CHECK(map_segment(segname, 0, s->map_bytes, &s->hdr));
-    if (s->hdr->magic != SHM_MAGIC || s->hdr->n != (uint32_t)n || s->hdr->chunk != chunk)
-      return fsdp_fail(FSDP_ECOMM,
-                       "shared memory '%s' does not match this group (members %u vs %d, chunk %llu vs %zu: is "
-                       "FSDP_SHM_CHUNK the same on every rank?)",
-                       segname, s->hdr->n, n, (unsigned long long)s->hdr->chunk, chunk);
+    rc = fsdp_kv_get(spec->members[0], key, segname, sizeof segname, &len);
+    if (rc == FSDP_OK) rc = map_segment(segname, 0, s->map_bytes, &s->hdr);
+    if (rc == FSDP_OK && (s->hdr->magic != SHM_MAGIC || s->hdr->n != (uint32_t)n || s->hdr->chunk != chunk))
+      rc = fsdp_fail(FSDP_ECOMM,
+                     "shared memory '%s' does not match this group (members %u vs %d, chunk %llu vs %zu: is "
+                     "FSDP_SHM_CHUNK the same on every rank?)",
+                     segname, s->hdr->n, n, (unsigned long long)s->hdr->chunk, chunk);
+  }
+  rc = fsdp_comm_joined_everywhere(spec, key, rc);
+  if (rc < 0) {
+    if (leader && s->hdr) shm_unlink(segname);
+    return rc;
   }
   atomic_store(&s->hdr->pids[spec->my_index], (int32_t)getpid());
   rc = step_barrier(c, s, "group creation");
@@ -407,7 +417,8 @@ int fsdp_comm_shm_create(const comm_group_spec *spec, fsdp_comm **out) {
     if (spec->size > 1) {
       rc = open_group(c, s, spec);
     } else {
-      rc = fsdp_kv_fence(0); /* keep the world's fences in step */
+      rc = fsdp_kv_fence(0); /* keep the world's fences in step: two, as open_group */
+      if (rc == FSDP_OK) rc = fsdp_kv_fence(0);
     }
   }
   if (rc == FSDP_OK && s->hdr) {

@@ -29,10 +29,17 @@ check "3 fsdp ranks: exit 0 (got $rc)" "[ $rc = 0 ]"
 for r in 0 1 2; do check "fsdp rank $r: rank $r of 3, prefixed" "grep -qx '\[$r\] rank $r of 3 local $r/3' '$work/out'"; done
 no_leftovers "3 fsdp ranks" $MARK
 
-fail_case "a Lua error on rank 1" 1 '^fsdprun: rank 1 exited with status 1' 5000 -n 3 "$job" error 1 $MARK
-check "a Lua error on rank 1: the error is shown, prefixed" "grep -q '^\[1\] .*rank 1 fails on purpose' '$work/err'"
+# A Lua error on a rank of several ends the job through fsdp_abort (plain
+# srun would ignore an exit status), and the rank itself prints the message
+# with its rank (mpirun, srun, prterun do not print PMIx_Abort's).
+fail_case "a Lua error on rank 1" 1 '^fsdprun: rank 1 called PMIx_Abort with status 1: .*rank 1 fails on purpose' 5000 \
+  -n 3 "$job" error 1 $MARK
+check "a Lua error on rank 1: the rank prints it with its rank" \
+  "grep -q '^\[1\] fsdp: rank 1 of 3 aborts the job (status 1): .*rank 1 fails on purpose' '$work/err'"
 fail_case "fsdp.abort on rank 2" 9 '^fsdprun: rank 2 called PMIx_Abort with status 9: job asked to abort' 5000 \
   -n 3 "$job" abort 2 $MARK
+check "fsdp.abort on rank 2: the rank prints it with its rank" \
+  "grep -q '^\[2\] fsdp: rank 2 of 3 aborts the job (status 9): job asked to abort' '$work/err'"
 
 for v in $(env | grep -o '^PMIX_[A-Za-z0-9_]*' | grep -v '^PMIX_MCA_'); do unset "$v"; done
 out=$(env -u FSDPRUN "$HOST" "$job" ok 2>&1)
