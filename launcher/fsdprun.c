@@ -2,9 +2,11 @@
  * output with a rank prefix, and ends the whole job when one rank fails.
  * This file: options, --help, and the order of start-up and exit.
  * `fsdprun --help` is the user's documentation; docs/LAUNCH.md says more. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -12,6 +14,7 @@
 #include <string.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "fsdprun.h"
@@ -33,7 +36,12 @@ static const char *help_text =
     "local size, and exchanges keys with the others (fsdp_init in the engine).\n"
     "\n"
     "Options (a value may also be given as --option=VALUE):\n"
-    "  -n, --np N         number of ranks to start (required, 1 to 4096)\n"
+    "  -n, --np N         number of ranks to start (required, 1 to 4096; at most\n"
+    "                     the host's slots unless --oversubscribe)\n"
+    "  --slots N          ranks this host takes (default: its GPUs if it has any,\n"
+    "                     else its cores, as the CPU affinity mask allows)\n"
+    "  --oversubscribe    allow more ranks than slots (ranks then share cores or\n"
+    "                     GPUs: slower, and NCCL refuses two ranks on one GPU)\n"
     "  --host PROGRAM     run PROGRAM (looked up in PATH) as each rank instead of\n"
     "                     the fsdp rank host: any PMIx client (test binaries,\n"
     "                     benchmarks). It comes last: everything after it is\n"
@@ -44,8 +52,9 @@ static const char *help_text =
     "                     still shown (errors are never hidden)\n"
     "  --grace SECONDS    when stopping the job, time between SIGTERM and SIGKILL\n"
     "                     (default 5)\n"
-    "  --timeout SECONDS  stop the job, exit status 124, if it runs longer\n"
-    "                     (default 0: no limit)\n"
+    "  --timeout SECONDS  stop the job, exit status 124, if it runs longer,\n"
+    "                     counted from fsdprun's start, whatever the ranks are\n"
+    "                     doing (even still starting) (default 0: no limit)\n"
     "  --repl             a recipe's run stops for a prompt on rank 0 (at the start,\n"
     "                     or at --break-at), the other ranks following its commands:\n"
     "                     gather(name), shard(r, name), stats(name), units(), rank(r),\n"
@@ -59,10 +68,14 @@ static const char *help_text =
     "Output: a rank's stdout goes to fsdprun's stdout and its stderr to fsdprun's\n"
     "stderr, one whole line at a time, as \"[3] text\". A last line without a\n"
     "newline is still shown when the rank ends. Rank 0 reads fsdprun's stdin\n"
-    "unless that is a terminal; the other ranks read /dev/null.\n"
+    "unless that is a terminal; the other ranks read /dev/null. A training run\n"
+    "draws its progress line only when fsdprun's stdout is a terminal\n"
+    "(FSDPRUN_TTY=1 tells the ranks); into a file or a pipe it prints plain\n"
+    "lines, one per logged step.\n"
     "\n"
     "Failures: when a rank exits non-zero, is killed by a signal, or calls\n"
-    "PMIx_Abort (fsdp.abort), fsdprun names it on stderr, e.g.\n"
+    "PMIx_Abort (fsdp.abort, or any Lua error in a job of several ranks),\n"
+    "fsdprun names the first one to end (by time) on stderr, e.g.\n"
     "  fsdprun: rank 3 exited with status 3; stopping the other 3 ranks\n"
     "sends SIGTERM to every rank (and to what they started: the ranks share one\n"
     "process group), SIGKILL after the grace period, and exits with that rank's\n"
@@ -82,6 +95,7 @@ static const char *help_text =
     "\n"
     "Environment:\n"
     "  FSDPRUN_HOST   the rank program, as --host (the command line wins)\n"
+    "  FSDPRUN_OVERSUBSCRIBE=1  as --oversubscribe (test suites on small machines)\n"
     "  TMPDIR         where the PMIx server's temporary directory is made (/tmp)\n"
     "  Ranks inherit fsdprun's environment (FSDP_LOG, FSDP_COMM_TIMEOUT, ...)\n"
     "  without fsdprun's own PMIX_* variables, plus the PMIx variables of their\n"
@@ -90,13 +104,22 @@ static const char *help_text =
     "More than one machine: ranks use only the PMIx client API, so on a cluster\n"
     "the same fsdp binary is started by the cluster's own PMIx server instead:\n"
     "  Slurm:  srun --mpi=pmix -N 4 --ntasks-per-node=8 fsdp FILE.lua [args...]\n"
-    "          (`srun --mpi=list` shows whether your Slurm was built with PMIx)\n"
+    "          (`srun --mpi=list` shows whether your Slurm was built with PMIx;\n"
+    "          add --kill-on-bad-exit=1 so a failed rank ends the step)\n"
     "  PRRTE:  prterun -n 32 --map-by ppr:8:node fsdp FILE.lua [args...]\n"
     "          (PRRTE refuses to run as root unless given --allow-run-as-root)\n"
     "A rank started with no launcher at all (`fsdp FILE.lua`) runs alone as a\n"
     "singleton: rank 0 of 1.\n";
 
 static job J;
+
+double fsdprun_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int fsdprun_past_timeout(const job *j) { return j->timeout > 0 && fsdprun_now() - j->start >= j->timeout; }
 
 void fsdprun_wake(job *j) {
   char c = 1;
@@ -162,13 +185,50 @@ static const char *option_value(char **argv, int argc, int *i, char *name, size_
   }
   snprintf(name, cap, "%s", a);
   if (!strcmp(a, "-n") || !strcmp(a, "--np") || !strcmp(a, "--host") || !strcmp(a, "--grace") ||
-      !strcmp(a, "--timeout"))
+      !strcmp(a, "--timeout") || !strcmp(a, "--slots"))
     return ++*i < argc ? argv[*i] : NULL;
   if (!strncmp(a, "-n", 2) && a[2]) { /* -n4 */
     snprintf(name, cap, "-n");
     return a + 2;
   }
   return NULL;
+}
+
+/* GPUs this host shows: CUDA_VISIBLE_DEVICES when set, else /dev/nvidiaN. */
+static int count_gpus(void) {
+  const char *vis = getenv("CUDA_VISIBLE_DEVICES");
+  if (vis) {
+    int n = 0;
+    for (const char *p = vis; *p; p++)
+      if (*p != ',' && (p == vis || p[-1] == ',')) n++;
+    return n;
+  }
+  int n = 0;
+  DIR *d = opendir("/dev");
+  struct dirent *e;
+  while (d && (e = readdir(d)))
+    if (!strncmp(e->d_name, "nvidia", 6) && e->d_name[6] >= '0' && e->d_name[6] <= '9') n++;
+  if (d) closedir(d);
+  return n;
+}
+
+/* Like mpirun: no more ranks than slots unless asked, so a typo in -n does
+ * not start ranks until the memory is gone. */
+static int check_slots(void) {
+  char why[64] = "--slots";
+  int slots = J.slots;
+  if (!slots) {
+    int gpus = count_gpus();
+    cpu_set_t set;
+    int cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    slots = gpus > 0 ? gpus : cores > 0 ? cores : 1;
+    snprintf(why, sizeof why, gpus > 0 ? "its GPUs" : "its cores");
+  }
+  if (J.n <= slots || J.oversubscribe) return 0;
+  usage_error("%d ranks, but this host has %d slot%s (%s). Give --oversubscribe to start more ranks than "
+              "slots (or --slots N)",
+              J.n, slots, slots == 1 ? "" : "s", why);
+  return 1;
 }
 
 static int parse_args(int argc, char **argv) {
@@ -178,6 +238,7 @@ static int parse_args(int argc, char **argv) {
   J.grace = 5;
   J.break_at = -1;
   J.stdin_fwd = -1;
+  J.epoll_fd = -1;
   int i = 1;
   for (; i < argc && argv[i][0] == '-' && argv[i][1]; i++) {
     char name[64];
@@ -203,6 +264,14 @@ static int parse_args(int argc, char **argv) {
       host = val;
       i++; /* everything after PROGRAM is its own arguments */
       break;
+    } else if (!strcmp(name, "--slots")) {
+      char *end;
+      long n = val ? strtol(val, &end, 10) : 0;
+      if (!val || end == val || *end || n < 1 || n > MAX_RANKS)
+        return usage_error("--slots expects a number of ranks from 1 to 4096, got '%s'", val ? val : "");
+      J.slots = (int)n;
+    } else if (!strcmp(name, "--oversubscribe") && !val) {
+      J.oversubscribe = 1;
     } else if (!strcmp(name, "--no-prefix") && !val) {
       J.prefix = 0;
     } else if (!strcmp(name, "--rank0-only") && !val) {
@@ -224,6 +293,9 @@ static int parse_args(int argc, char **argv) {
     }
   }
   if (!J.n) return usage_error("how many ranks? give -n N");
+  const char *over = getenv("FSDPRUN_OVERSUBSCRIBE");
+  if (over && !strcmp(over, "1")) J.oversubscribe = 1;
+  if (check_slots()) return 2;
   if (J.break_at >= 0 && !J.repl) return usage_error("--break-at needs --repl");
   if (!host) { /* the fsdp rank host runs FILE.lua */
     if (i >= argc) return usage_error("no job file: fsdprun -n N FILE.lua [args...]");
@@ -307,6 +379,7 @@ static void open_std_fds(void) {
 }
 
 int main(int argc, char **argv) {
+  J.start = fsdprun_now();
   open_std_fds();
   int rc = parse_args(argc, argv);
   if (rc) return rc;
@@ -315,11 +388,12 @@ int main(int argc, char **argv) {
     fprintf(stderr, "fsdprun: cannot set up: %s\n", strerror(errno));
     return 1;
   }
-  for (int r = 0; r < J.n; r++) J.ranks[r].out.fd = J.ranks[r].err.fd = -1;
+  for (int r = 0; r < J.n; r++) J.ranks[r].out.fd = J.ranks[r].err.fd = J.ranks[r].pidfd = -1;
   snprintf(J.nspace, sizeof J.nspace, "fsdprun-%d", (int)getpid());
   procs_become_subreaper(); /* descendants that leave the ranks' group stay ours */
   if (make_tmpdir() < 0) return 1;
   if (pmix_start(&J) < 0) quick_exit_code(1);
+  /* procs_spawn stopping early (--timeout, a signal) is the supervisor's to report */
   if (pmix_register_job(&J) < 0 || procs_spawn(&J) < 0) {
     procs_signal(&J, SIGKILL); /* the ranks already started */
     int ignored = -1;

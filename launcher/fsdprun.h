@@ -21,6 +21,7 @@ typedef struct out_stream {
 
 typedef struct rank_proc {
   pid_t pid;          /* 0 until forked */
+  int pidfd;          /* -1: none (closed once the rank is reaped) */
   int exited;         /* seen by waitid */
   int code, sig;      /* exit status, or the signal that killed it (sig > 0) */
   out_stream out, err;
@@ -34,7 +35,12 @@ typedef struct job {
   int repl;           /* --repl: rank 0's stdout passes through as it comes (prompts) */
   long break_at;      /* --break-at STEP, -1: none */
   double grace, timeout;
+  int slots;          /* --slots, else 0: the host's GPUs, or its cores */
+  int oversubscribe;  /* --oversubscribe or FSDPRUN_OVERSUBSCRIBE=1: more ranks than slots */
   /* state */
+  double start;       /* monotonic seconds when fsdprun started: --timeout counts from here */
+  int spawned;        /* ranks started so far (fewer than n when --timeout or a signal came first) */
+  int epoll_fd;       /* the ranks' pidfds: ready in the order the ranks ended */
   char tmpdir[4096];  /* PMIx server temp directory, removed on every exit path */
   char nspace[256];   /* PMIX_MAX_NSLEN + 1: the library reads the whole array */
   rank_proc *ranks;
@@ -55,6 +61,8 @@ int pmix_stop(job *j, double seconds);
 int pmix_take_abort(int *rank, int *status, char *msg, size_t cap);
 
 /* fsdprun_procs.c */
+/* Starts the ranks; stops early (returns 1, j->spawned < n) when --timeout
+ * runs out or fsdprun is asked to stop meanwhile. */
 int procs_spawn(job *j);
 int procs_reap(job *j, int *newly_failed); /* returns how many still run */
 void procs_signal(job *j, int sig);        /* to the group and every live rank */
@@ -70,6 +78,8 @@ void io_finish(job *j);                      /* flush partial lines, close pipes
 int job_supervise(job *j); /* returns fsdprun's exit code */
 
 /* fsdprun.c */
+double fsdprun_now(void);  /* monotonic seconds */
+int fsdprun_past_timeout(const job *j);
 void fsdprun_wake(job *j); /* safe from any thread */
 void describe_end(const rank_proc *r, char *buf, size_t cap);
 

@@ -14,13 +14,15 @@
  * writing binary junk cannot make fsdprun's buffer grow without bound. */
 #define MAX_LINE 65536
 
-static void write_all(int fd, const char *p, size_t n) {
+static void write_all(const job *j, int fd, const char *p, size_t n) {
   while (n) {
     ssize_t w = write(fd, p, n);
     if (w < 0 && errno == EINTR) continue;
     if (w < 0 && errno == EAGAIN) { /* our stdout was left non-blocking by whoever started us */
+      /* a reader that stopped reading must not hold up --timeout */
+      if (fsdprun_past_timeout(j)) return;
       struct pollfd pfd = {.fd = fd, .events = POLLOUT};
-      poll(&pfd, 1, -1);
+      poll(&pfd, 1, 200);
       continue;
     }
     if (w <= 0) return; /* our reader is gone (EPIPE): drop the output, keep supervising */
@@ -40,7 +42,7 @@ static void emit(job *j, int rank, int is_err, const char *line, size_t len) {
   memcpy(buf + at, line, len);
   at += len;
   if (!len || line[len - 1] != '\n') buf[at++] = '\n'; /* a partial last line */
-  write_all(is_err ? 2 : 1, buf, at);
+  write_all(j, is_err ? 2 : 1, buf, at);
   if (buf != stack) free(buf);
 }
 
@@ -48,7 +50,7 @@ static void emit(job *j, int rank, int is_err, const char *line, size_t len) {
  * 0's stdout goes out as it comes, unprefixed: its prompt has no newline. */
 static void emit_lines(job *j, int rank, int is_err, out_stream *s) {
   if (j->repl && rank == 0 && !is_err) {
-    write_all(1, s->buf, s->len);
+    write_all(j, 1, s->buf, s->len);
     s->len = 0;
     return;
   }

@@ -19,11 +19,7 @@
  * left the ranks' group before giving up on its output. */
 #define DRAIN_AFTER_KILL 1.0
 
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
+static double now(void) { return fsdprun_now(); }
 
 typedef struct sup {
   job *j;
@@ -101,7 +97,8 @@ static void check_events(sup *s) {
 }
 
 /* When to wake up next without an event: the timeout or the end of grace. */
-static int poll_ms(sup *s, double start) {
+static int poll_ms(sup *s) {
+  double start = s->j->start;
   double t = -1, left;
   if (!s->stopping && s->j->timeout > 0) t = start + s->j->timeout;
   if (s->stopping && !s->killed) t = s->kill_at;
@@ -140,7 +137,6 @@ static void forward_stdin(job *j) {
 
 int job_supervise(job *j) {
   sup s = {.j = j};
-  double start = now();
   size_t cap = (size_t)j->n * 2 + 3;
   struct pollfd *fds = calloc(cap, sizeof *fds);
   int *who = calloc(cap, sizeof *who); /* rank * 2 + is_err, per pollfd */
@@ -151,11 +147,15 @@ int job_supervise(job *j) {
     kill_now(&s);
     return 1;
   }
+  drain_wakeups(j, &s); /* a signal that stopped the start of the ranks */
   for (;;) {
     check_events(&s);
-    if (!s.stopping && j->timeout > 0 && now() - start >= j->timeout) {
-      fprintf(stderr, "fsdprun: the job ran past --timeout %g s; stopping %d rank%s\n", j->timeout, s.running,
-              s.running == 1 ? "" : "s");
+    if (!s.stopping && fsdprun_past_timeout(j)) {
+      char starting[96] = "";
+      if (j->spawned < j->n)
+        snprintf(starting, sizeof starting, " while starting the ranks (%d of %d started)", j->spawned, j->n);
+      fprintf(stderr, "fsdprun: the job ran past --timeout %g s%s; stopping %d rank%s\n", j->timeout, starting,
+              s.running, s.running == 1 ? "" : "s");
       stop(&s, 124);
     }
     if (s.running == 0 && !s.stopping) {
@@ -187,7 +187,7 @@ int job_supervise(job *j) {
         fds[nfd++] = (struct pollfd){.fd = j->ranks[r].err.fd, .events = POLLIN};
       }
     }
-    int rc = poll(fds, nfd, poll_ms(&s, start));
+    int rc = poll(fds, nfd, poll_ms(&s));
     if (rc < 0 && errno != EINTR) { /* cannot watch the job: end it, then wait without poll */
       fprintf(stderr, "fsdprun: poll: %s\n", strerror(errno));
       if (!s.stopping) stop(&s, 1);

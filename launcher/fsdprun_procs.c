@@ -8,7 +8,11 @@
  * A descendant can leave the group (setsid, a daemon). fsdprun is a child
  * subreaper, so such a process becomes fsdprun's child when its parent
  * dies; those "strays" are found in /proc and signalled and reaped like
- * the ranks. */
+ * the ranks.
+ *
+ * Which rank ended first is read from an epoll set of the ranks' pidfds:
+ * its ready list keeps the order in which they became readable (the ranks
+ * ended), even when several ended before fsdprun looked. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -16,7 +20,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -129,6 +135,15 @@ static int spawn_one(job *j, int r, int null_fd) {
   if (r == 0) j->pgid = pid;
   setpgid(pid, j->pgid);
   rp->pid = pid;
+  rp->pidfd = (int)syscall(SYS_pidfd_open, pid, 0); /* -1 (old kernel): reaped in rank order */
+  if (rp->pidfd >= 0) {
+    fcntl(rp->pidfd, F_SETFD, FD_CLOEXEC);
+    struct epoll_event ev = {.events = EPOLLIN, .data.u32 = (uint32_t)r};
+    if (j->epoll_fd < 0 || epoll_ctl(j->epoll_fd, EPOLL_CTL_ADD, rp->pidfd, &ev) < 0) {
+      close(rp->pidfd);
+      rp->pidfd = -1;
+    }
+  }
   rp->out.fd = out[0];
   rp->err.fd = err[0];
   out[0] = err[0] = -1;
@@ -155,8 +170,24 @@ int procs_spawn(job *j) {
     return -1;
   }
   fflush(NULL); /* nothing buffered gets written twice */
+  j->epoll_fd = epoll_create1(EPOLL_CLOEXEC);
+  sigset_t stop_sigs, pending;
+  sigemptyset(&stop_sigs);
+  sigaddset(&stop_sigs, SIGINT);
+  sigaddset(&stop_sigs, SIGTERM);
+  sigaddset(&stop_sigs, SIGHUP);
   int rc = 0;
-  for (int r = 0; r < j->n && rc == 0; r++) rc = spawn_one(j, r, null_fd);
+  for (int r = 0; r < j->n && rc == 0; r++) {
+    /* --timeout or a stop request while starting: the supervisor reports it */
+    sigpending(&pending);
+    if (fsdprun_past_timeout(j) || sigismember(&pending, SIGINT) || sigismember(&pending, SIGTERM) ||
+        sigismember(&pending, SIGHUP)) {
+      rc = 1;
+      break;
+    }
+    rc = spawn_one(j, r, null_fd);
+    if (rc == 0) j->spawned = r + 1;
+  }
   close(null_fd);
   return rc;
 }
@@ -192,33 +223,49 @@ static int strays(job *j, pid_t *out, int cap) {
 
 void procs_become_subreaper(void) { prctl(PR_SET_CHILD_SUBREAPER, 1); }
 
+/* Reaps rank r if it ended (rank 0: only reads its status); 1 if it did. */
+static int reap_one(job *j, int r, int *newly_failed) {
+  rank_proc *rp = &j->ranks[r];
+  if (rp->pid <= 0 || rp->exited) return 0;
+  siginfo_t si;
+  memset(&si, 0, sizeof si);
+  int flags = WEXITED | WNOHANG | (r == 0 ? WNOWAIT : 0);
+  if (waitid(P_PID, (id_t)rp->pid, &si, flags) < 0) {
+    if (errno != ECHILD) return 0; /* EINTR: look again next time */
+    si.si_code = CLD_EXITED;        /* already reaped by someone else: status unknown */
+    si.si_status = 255;
+  } else if (si.si_pid == 0) {
+    return 0;
+  }
+  rp->exited = 1;
+  if (rp->pidfd >= 0) {
+    epoll_ctl(j->epoll_fd, EPOLL_CTL_DEL, rp->pidfd, NULL);
+    close(rp->pidfd);
+    rp->pidfd = -1;
+  }
+  if (si.si_code == CLD_EXITED)
+    rp->code = si.si_status;
+  else
+    rp->sig = si.si_status;
+  if ((rp->code || rp->sig) && *newly_failed < 0) *newly_failed = r;
+  return 1;
+}
+
 int procs_reap(job *j, int *newly_failed) {
   pid_t stray[64];
   for (int k = 0, ns = strays(j, stray, 64); k < ns; k++) waitpid(stray[k], NULL, WNOHANG);
+  /* first the ranks whose pidfd is ready, in the order they ended */
+  struct epoll_event ev[64];
+  int got;
+  while (j->epoll_fd >= 0 && (got = epoll_wait(j->epoll_fd, ev, 64, 0)) > 0) {
+    int progress = 0;
+    for (int k = 0; k < got; k++) progress += reap_one(j, (int)ev[k].data.u32, newly_failed);
+    if (!progress) break;
+  }
   int running = 0;
   for (int r = 0; r < j->n; r++) {
-    rank_proc *rp = &j->ranks[r];
-    if (rp->pid <= 0 || rp->exited) continue;
-    siginfo_t si;
-    memset(&si, 0, sizeof si);
-    int flags = WEXITED | WNOHANG | (r == 0 ? WNOWAIT : 0);
-    if (waitid(P_PID, (id_t)rp->pid, &si, flags) < 0) {
-      if (errno != ECHILD) { /* EINTR: look again next time */
-        running++;
-        continue;
-      }
-      si.si_code = CLD_EXITED; /* already reaped by someone else: status unknown */
-      si.si_status = 255;
-    } else if (si.si_pid == 0) {
-      running++;
-      continue;
-    }
-    rp->exited = 1;
-    if (si.si_code == CLD_EXITED)
-      rp->code = si.si_status;
-    else
-      rp->sig = si.si_status;
-    if ((rp->code || rp->sig) && *newly_failed < 0) *newly_failed = r;
+    reap_one(j, r, newly_failed);
+    if (j->ranks[r].pid > 0 && !j->ranks[r].exited) running++;
   }
   return running;
 }

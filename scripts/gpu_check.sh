@@ -17,6 +17,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
+export FSDPRUN_OVERSUBSCRIBE=1 # CPU checks run more ranks than the one GPU (fsdprun counts GPUs as slots)
 out=${2:-${OUT:-/tmp/fsdp-gpu}}
 mkdir -p "$out"
 . scripts/gpu_env.sh "$build"
