@@ -31,6 +31,20 @@ function fsdp.init()
   return info
 end
 
+-- Whether the user watches this rank's stdout on a terminal, so a line
+-- redrawn with a carriage return (the progress bar) may be drawn: under
+-- fsdprun it says so (FSDPRUN_TTY=1: its own stdout is one; the ranks' is a
+-- pipe); alone, the rank's own stdout; under other launchers never, since
+-- their ranks' stdout can be a pty even when the job's output goes to a
+-- file (mpirun). getenv and isatty may be given (tests).
+pcall(ffi.cdef, "int isatty(int fd);")
+function fsdp.on_terminal(i, getenv, isatty)
+  getenv = getenv or os.getenv
+  isatty = isatty or function(fd) return ffi.C.isatty(fd) == 1 end
+  if getenv("FSDPRUN") then return getenv("FSDPRUN_TTY") == "1" end
+  return i.singleton and isatty(1) or false
+end
+
 function fsdp.rank() return fsdp.init().rank end
 function fsdp.size() return fsdp.init().size end
 function fsdp.finalize()

@@ -297,7 +297,7 @@ local function run(r, where, args, break_at, owned)
       { forward_loss = forward_loss })
   end
 
-  local tty = R == 0 and (os.getenv("FSDPRUN_TTY") == "1" or (os.getenv("FSDPRUN") == nil and ffi.C.isatty(1) == 1))
+  local tty = R == 0 and fsdp.on_terminal(info)
   local steps = r.train.steps
   local function save(step, lr, async)
     if async == nil then async = ck.async end

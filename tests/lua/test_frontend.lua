@@ -233,4 +233,18 @@ if arg[1] then
   check(pv == "/nowhere/?.lua\n", "FSDP_LUA_PATH overrides the Lua dir: " .. pv)
 end
 
+-- the progress line is drawn only where the user's terminal is the end of
+-- this rank's stdout: fsdprun says so; alone, our own stdout; under other
+-- launchers (mpirun gives ranks a pty even when its output goes to a file) never
+do
+  local function env(t) return function(k) return t[k] end end
+  local yes, no = function() return true end, function() return false end
+  local multi, alone = { singleton = false }, { singleton = true }
+  check(fsdp.on_terminal(multi, env { FSDPRUN = "1", FSDPRUN_TTY = "1" }, no), "fsdprun at a terminal: drawn")
+  check(not fsdp.on_terminal(multi, env { FSDPRUN = "1" }, yes), "fsdprun into a file: plain lines")
+  check(not fsdp.on_terminal(multi, env {}, yes), "mpirun (a pty as the rank's stdout): plain lines")
+  check(fsdp.on_terminal(alone, env {}, yes), "a singleton at a terminal: drawn")
+  check(not fsdp.on_terminal(alone, env {}, no), "a singleton into a file: plain lines")
+end
+
 T.finish()
