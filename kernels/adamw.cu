@@ -55,6 +55,7 @@ extern "C" int fsdp_cuda_adamw_step(float *param, void *out, int32_t out_dtype, 
     return fsdp_fail(FSDP_EINVAL, "cuda adamw: expected 0 <= beta1, beta2 < 1, eps > 0, lr >= 0, weight_decay >= 0");
   FSDP_CHECK(check_dtype(out_dtype, "cuda adamw"));
   if (n == 0) return FSDP_OK;
+  FSDP_NEED_PTRS("cuda adamw", param, grad, m, v); /* out: optional */
   // the bias corrections in double, as on the CPU
   float c1 = (float)(1.0 / (1.0 - pow(cfg->beta1, (double)step))), c2 = (float)(1.0 / (1.0 - pow(cfg->beta2, (double)step)));
   float decay = 1.0f - cfg->lr * cfg->weight_decay;
@@ -69,6 +70,7 @@ extern "C" int fsdp_cuda_sgd_step(float *param, void *out, int32_t out_dtype, co
   if (n < 0 || step < 1 || (mu != 0 && !momentum && n)) return fsdp_fail(FSDP_EINVAL, "cuda sgd: bad arguments");
   FSDP_CHECK(check_dtype(out_dtype, "cuda sgd"));
   if (n == 0) return FSDP_OK;
+  FSDP_NEED_PTRS("cuda sgd", param, grad);
   FSDP_DISPATCH(out_dtype, T, sgd_kernel<T><<<blocks_for(n, 256), 256, 0, stream_of(s)>>>(
                                   param, (T *)out, grad, momentum, n, step == 1, lr, mu, weight_decay, grad_scale));
   return launched("cuda sgd");
@@ -77,6 +79,7 @@ extern "C" int fsdp_cuda_sgd_step(float *param, void *out, int32_t out_dtype, co
 extern "C" int fsdp_cuda_sum_squares(const float *x, int64_t n, double *sum, int64_t *nonfinite, fsdp_stream *s) {
   if (n < 0 || !sum || !nonfinite) return fsdp_fail(FSDP_EINVAL, "cuda sum_squares: bad arguments");
   if (n == 0) return FSDP_OK;
+  FSDP_NEED_PTRS("cuda sum_squares", x);
   unsigned blocks = blocks_for(n, 256);
   if (blocks > 1024) blocks = 1024;
   sum_squares_kernel<<<blocks, 256, 0, stream_of(s)>>>(x, n, sum, (unsigned long long *)nonfinite);

@@ -101,6 +101,7 @@ extern "C" int fsdp_cuda_attention_forward(void *out, float *lse, const void *q,
   const char *what = "cuda attention";
   FSDP_CHECK(fsdp_attention_check_args(batch, seq, heads, kv_heads, head_dim, dtype, what));
   if (batch * seq == 0) return FSDP_OK;
+  FSDP_NEED_PTRS(what, out, lse, q, k, v);
   const void *ptrs[] = {out, lse, q, k, v};
   char why[384];
   int kind = choose(dtype, batch, seq, heads, kv_heads, head_dim, 0, ptrs, 5, what, why, sizeof why);
@@ -119,6 +120,7 @@ extern "C" int fsdp_cuda_attention_backward(void *dq, void *dk, void *dv, const 
   const char *what = "cuda attention backward";
   FSDP_CHECK(fsdp_attention_check_args(batch, seq, heads, kv_heads, head_dim, dtype, what));
   if (batch * seq == 0) return FSDP_OK;
+  FSDP_NEED_PTRS(what, dq, dk, dv, dout, q, k, v, out, lse);
   const void *ptrs[] = {dq, dk, dv, dout, q, k, v, out, lse};
   char why[384];
   int kind = choose(dtype, batch, seq, heads, kv_heads, head_dim, 1, ptrs, 9, what, why, sizeof why);

@@ -14,6 +14,31 @@ extern "C" {
 }
 #include "kernels.h"
 
+#include <initializer_list>
+#include <string.h>
+
+// The entry points' pointer check: a NULL among the pointers an op needs (a
+// freed tensor, a buffer never allocated) is an error naming the argument,
+// not an illegal-address fault reported later, far from its cause.
+//   FSDP_NEED_PTRS("cuda add", y, a, b);
+static inline int fsdp_need_ptrs(const char *what, const char *names, std::initializer_list<const void *> ptrs) {
+  int i = 0;
+  for (const void *p : ptrs) {
+    if (!p) {
+      const char *at = names;
+      for (int k = 0; k < i && at; k++)
+        if ((at = strchr(at, ','))) at++;
+      while (at && *at == ' ') at++;
+      int len = at ? (int)strcspn(at, ",") : 1;
+      return fsdp_fail(FSDP_EINVAL, "%s: %.*s is NULL (a freed tensor, or a buffer never allocated)", what, len,
+                       at ? at : "?");
+    }
+    i++;
+  }
+  return FSDP_OK;
+}
+#define FSDP_NEED_PTRS(what, ...) FSDP_CHECK(fsdp_need_ptrs(what, #__VA_ARGS__, {__VA_ARGS__}))
+
 namespace fsdpk {
 
 inline cudaStream_t stream_of(fsdp_stream *s) {

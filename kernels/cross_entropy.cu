@@ -41,6 +41,7 @@ extern "C" int fsdp_cuda_cross_entropy(double *loss_sum, int64_t *count, void *d
     return fsdp_fail(FSDP_EINVAL, "cuda cross_entropy: n = %lld, vocab = %lld, device sums %s", (long long)n,
                      (long long)vocab, loss_sum && count ? "given" : "missing");
   FSDP_CHECK(check_dtype(dtype, "cuda cross_entropy"));
+  if (n > 0) FSDP_NEED_PTRS("cuda cross_entropy", logits, targets); /* dlogits: optional */
   cudaStream_t st_ = stream_of(s);
   if (cudaMemsetAsync(loss_sum, 0, sizeof(double), st_) != cudaSuccess || cudaMemsetAsync(count, 0, sizeof(int64_t), st_) != cudaSuccess)
     return launched("cuda cross_entropy");

@@ -44,6 +44,7 @@ static int args_ok(int64_t n, int32_t dtype, const char *what) {
 extern "C" int fsdp_cuda_add(void *y, const void *a, const void *b, int64_t n, int32_t dtype, fsdp_stream *s) {
   FSDP_CHECK(args_ok(n, dtype, "cuda add"));
   if (n == 0) return FSDP_OK;
+  FSDP_NEED_PTRS("cuda add", y, a, b);
   FSDP_DISPATCH(dtype, T, add_kernel<T><<<blocks_for(n, 256), 256, 0, stream_of(s)>>>(
                               (T *)y, (const T *)a, (const T *)b, n));
   return launched("cuda add");
@@ -52,6 +53,7 @@ extern "C" int fsdp_cuda_add(void *y, const void *a, const void *b, int64_t n, i
 extern "C" int fsdp_cuda_scale_add(void *y, float alpha, const void *x, int64_t n, int32_t dtype, fsdp_stream *s) {
   FSDP_CHECK(args_ok(n, dtype, "cuda scale_add"));
   if (n == 0) return FSDP_OK;
+  FSDP_NEED_PTRS("cuda scale_add", y, x);
   FSDP_DISPATCH(dtype, T, scale_add_kernel<T><<<blocks_for(n, 256), 256, 0, stream_of(s)>>>((T *)y, alpha, (const T *)x, n));
   return launched("cuda scale_add");
 }
@@ -59,6 +61,7 @@ extern "C" int fsdp_cuda_scale_add(void *y, float alpha, const void *x, int64_t 
 extern "C" int fsdp_cuda_swiglu_forward(void *y, const void *gate, const void *up, int64_t n, int32_t dtype, fsdp_stream *s) {
   FSDP_CHECK(args_ok(n, dtype, "cuda swiglu"));
   if (n == 0) return FSDP_OK;
+  FSDP_NEED_PTRS("cuda swiglu", y, gate, up);
   FSDP_DISPATCH(dtype, T, swiglu_fwd<T><<<blocks_for(n, 256), 256, 0, stream_of(s)>>>((T *)y, (const T *)gate, (const T *)up, n));
   return launched("cuda swiglu forward");
 }
@@ -67,6 +70,7 @@ extern "C" int fsdp_cuda_swiglu_backward(void *dgate, void *dup, const void *dy,
                                          int32_t dtype, fsdp_stream *s) {
   FSDP_CHECK(args_ok(n, dtype, "cuda swiglu backward"));
   if (n == 0) return FSDP_OK;
+  FSDP_NEED_PTRS("cuda swiglu backward", dgate, dup, dy, gate, up);
   FSDP_DISPATCH(dtype, T, swiglu_bwd<T><<<blocks_for(n, 256), 256, 0, stream_of(s)>>>(
                               (T *)dgate, (T *)dup, (const T *)dy, (const T *)gate, (const T *)up, n));
   return launched("cuda swiglu backward");

@@ -37,6 +37,7 @@ extern "C" int fsdp_cuda_embedding_forward(void *y, const int32_t *ids, const vo
                                            int64_t dim, int32_t dtype, fsdp_stream *s) {
   FSDP_CHECK(args_ok(n, vocab, dim, dtype, "cuda embedding"));
   if (n == 0) return FSDP_OK;
+  FSDP_NEED_PTRS("cuda embedding", y, ids, table);
   FSDP_DISPATCH(dtype, T, embedding_fwd<T><<<(unsigned)n, 256, 0, stream_of(s)>>>((T *)y, ids, (const T *)table, n, vocab, dim));
   return launched("cuda embedding forward");
 }
@@ -45,6 +46,7 @@ extern "C" int fsdp_cuda_embedding_backward(void *dtable, const void *dy, const 
                                             int64_t dim, int32_t dtype, fsdp_stream *s) {
   FSDP_CHECK(args_ok(n, vocab, dim, dtype, "cuda embedding backward"));
   if (n == 0) return FSDP_OK;
+  FSDP_NEED_PTRS("cuda embedding backward", dtable, dy, ids);
   cudaStream_t st_ = stream_of(s);
   // scratch, stream-ordered: sorted ids, row numbers before and after, CUB's temp
   size_t temp = 0, ints = ((size_t)n * sizeof(int32_t) + 255) / 256 * 256;

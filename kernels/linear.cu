@@ -181,6 +181,7 @@ extern "C" int fsdp_cuda_linear_forward(void *y, const void *x, const void *w, c
                                         int64_t out, int32_t dtype, fsdp_stream *s) {
   FSDP_CHECK(args_ok(n, in, out, dtype, "cuda linear forward"));
   if (n == 0) return FSDP_OK;
+  FSDP_NEED_PTRS("cuda linear forward", y, x, w); /* b: optional */
   // y^T [out, n] = W^T... : A = W (col-major [in, out], transposed), B = x^T ([in, n])
   return lt_matmul(true, false, out, n, in, w, in, x, in, y, out, 0.0f, b, dtype, stream_of(s), "cuda linear forward");
 }
@@ -189,6 +190,9 @@ extern "C" int fsdp_cuda_linear_backward(void *dx, void *dw, void *db, const voi
                                          int64_t in, int64_t out, int32_t dtype, fsdp_stream *s) {
   FSDP_CHECK(args_ok(n, in, out, dtype, "cuda linear backward"));
   if (n == 0) return FSDP_OK;
+  FSDP_NEED_PTRS("cuda linear backward", dy); /* dx, dw, db: each optional */
+  if (dx) FSDP_NEED_PTRS("cuda linear backward (dx)", w);
+  if (dw) FSDP_NEED_PTRS("cuda linear backward (dw)", x);
   cudaStream_t st_ = stream_of(s);
   // dx^T [in, n] = W (col-major [in, out]) dy^T ([out, n])
   if (dx) FSDP_CHECK(lt_matmul(false, false, in, n, out, w, in, dy, out, dx, in, 0.0f, nullptr, dtype, st_, "cuda linear dx"));

@@ -43,6 +43,7 @@ extern "C" int fsdp_cuda_rmsnorm_forward(void *y, float *rstd, const void *x, co
   if (n < 0 || dim < 1 || n > 2147483647) return fsdp_fail(FSDP_EINVAL, "cuda rmsnorm: n = %lld, dim = %lld", (long long)n, (long long)dim);
   FSDP_CHECK(check_dtype(dtype, "cuda rmsnorm"));
   if (n == 0) return FSDP_OK;
+  FSDP_NEED_PTRS("cuda rmsnorm", y, rstd, x, w);
   FSDP_DISPATCH(dtype, T, rmsnorm_fwd<T><<<(unsigned)n, row_threads(dim), 0, stream_of(s)>>>(
                               (T *)y, rstd, (const T *)x, (const T *)w, dim, eps));
   return launched("cuda rmsnorm forward");
@@ -55,6 +56,7 @@ extern "C" int fsdp_cuda_rmsnorm_backward(void *dx, void *dw, const void *dy, co
                      rstd ? "given" : "NULL");
   FSDP_CHECK(check_dtype(dtype, "cuda rmsnorm backward"));
   if (n == 0) return FSDP_OK;
+  FSDP_NEED_PTRS("cuda rmsnorm backward", dx, dy, x, w); /* dw: optional */
   cudaStream_t st_ = stream_of(s);
   FSDP_DISPATCH(dtype, T, rmsnorm_bwd_dx<T><<<(unsigned)n, row_threads(dim), 0, st_>>>(
                               (T *)dx, (const T *)dy, (const T *)x, (const T *)w, rstd, dim));

@@ -29,6 +29,7 @@ static int run(void *x, const float *cos_t, const float *sin_t, int64_t batch, i
   FSDP_CHECK(check_dtype(dtype, what));
   int64_t rows = batch * seq * heads;
   if (rows == 0) return FSDP_OK;
+  FSDP_NEED_PTRS(what, x, cos_t, sin_t);
   FSDP_DISPATCH(dtype, T, rope_kernel<T><<<blocks_for(rows * hd / 2, 256), 256, 0, stream_of(s)>>>(
                               (T *)x, cos_t, sin_t, rows, seq, heads, hd, sign));
   return launched(what);

@@ -27,38 +27,62 @@ local function cpu_only(t, what)
   if on_cuda(t) then error(what .. ": there is no CUDA version of this op", 3) end
 end
 
+-- The one liveness check for both devices: every op turns its tensors into
+-- pointers here before it picks the CPU op or the CUDA kernel, so a freed
+-- tensor (or a view of one) is an error naming the op on either device,
+-- never a NULL or stale pointer handed to a kernel. nil (an optional
+-- tensor) stays nil.
+local function ptrs(what, ...)
+  local n, out = select("#", ...), {}
+  for i = 1, n do
+    local t = select(i, ...)
+    if t ~= nil then
+      if tensor.dead(t) then error(string.format("%s: tensor argument %d used after free() (of it or of the tensor it views)", what, i), 3) end
+      out[i] = t:ptr()
+    end
+  end
+  return unpack(out, 1, n)
+end
+M.ptrs = ptrs
+
 function M.linear_forward(y, x, w, b, n, inp, out)
-  if on_cuda(y) then return check(CU().fsdp_cuda_linear_forward(y.data, x.data, w, b, n, inp, out, y.dtype_id, S()), "Linear forward") end
-  check(C.fsdp_linear_forward(y:ptr(), x:ptr(), w, b, n, inp, out), "Linear forward")
+  local yp, xp = ptrs("Linear forward", y, x)
+  if on_cuda(y) then return check(CU().fsdp_cuda_linear_forward(yp, xp, w, b, n, inp, out, y.dtype_id, S()), "Linear forward") end
+  check(C.fsdp_linear_forward(yp, xp, w, b, n, inp, out), "Linear forward")
 end
 
 function M.linear_backward(dx, dw, db, dy, x, w, n, inp, out)
+  local dxp, dyp, xp = ptrs("Linear backward", dx, dy, x)
   if on_cuda(dy) then
-    return check(CU().fsdp_cuda_linear_backward(dx and dx.data, dw, db, dy.data, x.data, w, n, inp, out, dy.dtype_id, S()), "Linear backward")
+    return check(CU().fsdp_cuda_linear_backward(dxp, dw, db, dyp, xp, w, n, inp, out, dy.dtype_id, S()), "Linear backward")
   end
-  check(C.fsdp_linear_backward(dx and dx:ptr(), dw, db, dy:ptr(), x:ptr(), w, n, inp, out), "Linear backward")
+  check(C.fsdp_linear_backward(dxp, dw, db, dyp, xp, w, n, inp, out), "Linear backward")
 end
 
 function M.embedding_forward(y, ids, w, n, vocab, dim)
-  if on_cuda(y) then return check(CU().fsdp_cuda_embedding_forward(y.data, ids:ptr(), w, n, vocab, dim, y.dtype_id, S()), "Embedding forward") end
-  check(C.fsdp_embedding_forward(y:ptr(), ids:ptr(), w, n, vocab, dim), "Embedding forward")
+  local yp, idp = ptrs("Embedding forward", y, ids)
+  if on_cuda(y) then return check(CU().fsdp_cuda_embedding_forward(yp, idp, w, n, vocab, dim, y.dtype_id, S()), "Embedding forward") end
+  check(C.fsdp_embedding_forward(yp, idp, w, n, vocab, dim), "Embedding forward")
 end
 
 function M.embedding_backward(dw, dy, ids, n, vocab, dim)
-  if on_cuda(dy) then return check(CU().fsdp_cuda_embedding_backward(dw, dy.data, ids:ptr(), n, vocab, dim, dy.dtype_id, S()), "Embedding backward") end
-  check(C.fsdp_embedding_backward(dw, dy:ptr(), ids:ptr(), n, vocab, dim), "Embedding backward")
+  local dyp, idp = ptrs("Embedding backward", dy, ids)
+  if on_cuda(dy) then return check(CU().fsdp_cuda_embedding_backward(dw, dyp, idp, n, vocab, dim, dy.dtype_id, S()), "Embedding backward") end
+  check(C.fsdp_embedding_backward(dw, dyp, idp, n, vocab, dim), "Embedding backward")
 end
 
 function M.rmsnorm_forward(y, rstd, x, w, n, dim, eps)
-  if on_cuda(y) then return check(CU().fsdp_cuda_rmsnorm_forward(y.data, rstd:ptr(), x.data, w, n, dim, eps, y.dtype_id, S()), "RMSNorm forward") end
-  check(C.fsdp_rmsnorm_forward(y:ptr(), rstd:ptr(), x:ptr(), w, n, dim, eps), "RMSNorm forward")
+  local yp, rp, xp = ptrs("RMSNorm forward", y, rstd, x)
+  if on_cuda(y) then return check(CU().fsdp_cuda_rmsnorm_forward(yp, rp, xp, w, n, dim, eps, y.dtype_id, S()), "RMSNorm forward") end
+  check(C.fsdp_rmsnorm_forward(yp, rp, xp, w, n, dim, eps), "RMSNorm forward")
 end
 
 function M.rmsnorm_backward(dx, dw, dy, x, w, rstd, n, dim)
+  local dxp, dyp, xp, rp = ptrs("RMSNorm backward", dx, dy, x, rstd)
   if on_cuda(dx) then
-    return check(CU().fsdp_cuda_rmsnorm_backward(dx.data, dw, dy.data, x.data, w, rstd:ptr(), n, dim, dx.dtype_id, S()), "RMSNorm backward")
+    return check(CU().fsdp_cuda_rmsnorm_backward(dxp, dw, dyp, xp, w, rp, n, dim, dx.dtype_id, S()), "RMSNorm backward")
   end
-  check(C.fsdp_rmsnorm_backward(dx:ptr(), dw, dy:ptr(), x:ptr(), w, rstd:ptr(), n, dim), "RMSNorm backward")
+  check(C.fsdp_rmsnorm_backward(dxp, dw, dyp, xp, w, rp, n, dim), "RMSNorm backward")
 end
 
 -- cos/sin tables [seq, head_dim] (fp32) on the device that will use them
@@ -78,28 +102,30 @@ function M.rope_tables(seq, hd, theta, scaling, device)
 end
 
 function M.rope(x, t, B, T, heads, hd, backward)
+  local xp, cp, sp = ptrs("rope", x, t.cos, t.sin)
   if on_cuda(x) then
     local f = backward and CU().fsdp_cuda_rope_backward or CU().fsdp_cuda_rope_forward
-    return check(f(x.data, t.cos:ptr(), t.sin:ptr(), B, T, heads, hd, x.dtype_id, S()), "rope")
+    return check(f(xp, cp, sp, B, T, heads, hd, x.dtype_id, S()), "rope")
   end
   local f = backward and C.fsdp_rope_backward or C.fsdp_rope_forward
-  check(f(x:ptr(), t.cos:ptr(), t.sin:ptr(), B, T, heads, hd), "rope")
+  check(f(xp, cp, sp, B, T, heads, hd), "rope")
 end
 
 function M.attention_forward(out, lse, q, k, v, B, T, nh, nkv, hd)
+  local op, lp, qp, kp, vp = ptrs("attention", out, lse, q, k, v)
   if on_cuda(out) then
-    return check(CU().fsdp_cuda_attention_forward(out.data, lse:ptr(), q.data, k.data, v.data, B, T, nh, nkv, hd, out.dtype_id, S()), "attention")
+    return check(CU().fsdp_cuda_attention_forward(op, lp, qp, kp, vp, B, T, nh, nkv, hd, out.dtype_id, S()), "attention")
   end
-  check(C.fsdp_attention_forward(out:ptr(), lse:ptr(), q:ptr(), k:ptr(), v:ptr(), B, T, nh, nkv, hd), "attention")
+  check(C.fsdp_attention_forward(op, lp, qp, kp, vp, B, T, nh, nkv, hd), "attention")
 end
 
 function M.attention_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, nh, nkv, hd)
+  local dqp, dkp, dvp, dop, qp, kp, vp, op, lp = ptrs("attention backward", dq, dk, dv, dout, q, k, v, out, lse)
   if on_cuda(dq) then
-    return check(CU().fsdp_cuda_attention_backward(dq.data, dk.data, dv.data, dout.data, q.data, k.data, v.data, out.data,
-      lse:ptr(), B, T, nh, nkv, hd, dq.dtype_id, S()), "attention backward")
+    return check(CU().fsdp_cuda_attention_backward(dqp, dkp, dvp, dop, qp, kp, vp, op, lp, B, T, nh, nkv, hd, dq.dtype_id, S()),
+      "attention backward")
   end
-  check(C.fsdp_attention_backward(dq:ptr(), dk:ptr(), dv:ptr(), dout:ptr(), q:ptr(), k:ptr(), v:ptr(), out:ptr(), lse:ptr(),
-    B, T, nh, nkv, hd), "attention backward")
+  check(C.fsdp_attention_backward(dqp, dkp, dvp, dop, qp, kp, vp, op, lp, B, T, nh, nkv, hd), "attention backward")
 end
 
 -- which CUDA attention kernels a step of this shape runs, as a line for the
@@ -112,21 +138,24 @@ function M.attention_choice(dtype, B, T, nh, nkv, hd)
 end
 
 function M.swiglu_forward(y, g, u)
-  if on_cuda(y) then return check(CU().fsdp_cuda_swiglu_forward(y.data, g.data, u.data, y:numel(), y.dtype_id, S()), "swiglu") end
-  check(C.fsdp_swiglu_forward(y:ptr(), g:ptr(), u:ptr(), y:numel()), "swiglu")
+  local yp, gp, up = ptrs("swiglu", y, g, u)
+  if on_cuda(y) then return check(CU().fsdp_cuda_swiglu_forward(yp, gp, up, y:numel(), y.dtype_id, S()), "swiglu") end
+  check(C.fsdp_swiglu_forward(yp, gp, up, y:numel()), "swiglu")
 end
 
 function M.swiglu_backward(dg, du, dy, g, u)
+  local dgp, dup, dyp, gp, up = ptrs("swiglu backward", dg, du, dy, g, u)
   if on_cuda(dy) then
-    return check(CU().fsdp_cuda_swiglu_backward(dg.data, du.data, dy.data, g.data, u.data, dy:numel(), dy.dtype_id, S()), "swiglu backward")
+    return check(CU().fsdp_cuda_swiglu_backward(dgp, dup, dyp, gp, up, dy:numel(), dy.dtype_id, S()), "swiglu backward")
   end
-  check(C.fsdp_swiglu_backward(dg:ptr(), du:ptr(), dy:ptr(), g:ptr(), u:ptr(), dy:numel()), "swiglu backward")
+  check(C.fsdp_swiglu_backward(dgp, dup, dyp, gp, up, dy:numel()), "swiglu backward")
 end
 
 -- y = a + b (y may be a or b)
 function M.add(y, a, b)
-  if on_cuda(y) then return check(CU().fsdp_cuda_add(y.data, a.data, b.data, y:numel(), y.dtype_id, S()), "add") end
-  check(C.fsdp_add(y:ptr(), a:ptr(), b:ptr(), y:numel()), "add")
+  local yp, ap, bp = ptrs("add", y, a, b)
+  if on_cuda(y) then return check(CU().fsdp_cuda_add(yp, ap, bp, y:numel(), y.dtype_id, S()), "add") end
+  check(C.fsdp_add(yp, ap, bp, y:numel()), "add")
 end
 
 -- A scalar the GPU has not finished computing: the loss of a micro-batch
@@ -173,7 +202,7 @@ function M.value(x)
     if buf.device then
       M.compute_stream():synchronize()
       local host = ffi.new("double[1]")
-      check(C.fsdp_memcpy(host, buf.device.data, 8, nil), "deferred loss")
+      check(C.fsdp_memcpy(host, buf.device:ptr(), 8, nil), "deferred loss")
       buf.device:free()
       buf.host, buf.device = base.f64(host), nil
     else
@@ -188,18 +217,28 @@ end
 -- written over the logits; targets is a CPU int32 tensor (counted and
 -- checked by the caller), tdev its device copy or nil.
 function M.cross_entropy(logits, targets, tdev, n, V, ignore_index, grad_scale)
+  local lp, tp = ptrs("cross entropy", logits, on_cuda(logits) and tdev or targets)
   if on_cuda(logits) then
     local sums = tensor.new(2, "fp64", "cuda") -- from the caching allocator
-    check(CU().fsdp_cuda_cross_entropy(ffi.cast("double *", sums.data), ffi.cast("int64_t *", sums.data) + 1, logits.data,
-      logits.data, tdev:ptr(), n, V, ignore_index, grad_scale, logits.dtype_id, S()), "cross entropy")
+    local sp = sums:ptr()
+    check(CU().fsdp_cuda_cross_entropy(sp, ffi.cast("int64_t *", sp) + 1, lp, lp, tp, n, V, ignore_index, grad_scale,
+      logits.dtype_id, S()), "cross entropy")
     return deferred({ device = sums }, 1)
   end
   local sum, cnt = ffi.new("double[1]"), ffi.new("int64_t[1]")
-  check(C.fsdp_cross_entropy(sum, cnt, logits:ptr(), logits:ptr(), targets:ptr(), n, V, ignore_index, grad_scale), "cross entropy")
+  check(C.fsdp_cross_entropy(sum, cnt, lp, lp, tp, n, V, ignore_index, grad_scale), "cross entropy")
   return base.f64(sum)
 end
 
-function M.tanh_forward(y, x) cpu_only(y, "Tanh") check(C.fsdp_tanh_forward(y:ptr(), x:ptr(), x:numel()), "Tanh forward") end
-function M.tanh_backward(dx, dy, y) cpu_only(dx, "Tanh") check(C.fsdp_tanh_backward(dx:ptr(), dy:ptr(), y:ptr(), dy:numel()), "Tanh backward") end
+function M.tanh_forward(y, x)
+  cpu_only(y, "Tanh")
+  local yp, xp = ptrs("Tanh forward", y, x)
+  check(C.fsdp_tanh_forward(yp, xp, x:numel()), "Tanh forward")
+end
+function M.tanh_backward(dx, dy, y)
+  cpu_only(dx, "Tanh")
+  local dxp, dyp, yp = ptrs("Tanh backward", dx, dy, y)
+  check(C.fsdp_tanh_backward(dxp, dyp, yp, dy:numel()), "Tanh backward")
+end
 
 return M

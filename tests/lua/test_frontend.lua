@@ -69,6 +69,22 @@ f:free()
 f:free() -- idempotent
 check(before - fsdp.memory_stats("cpu").allocated == 24, "memory_stats sees the 24 bytes freed")
 fails(function() f:get(0) end, "after free", "use after free is an error")
+do -- ops check their tensors once, before picking the CPU op or the CUDA kernel
+  local ops = require "fsdp.ops"
+  local y, a, b = fsdp.tensor(4), fsdp.tensor(4), fsdp.tensor(8)
+  local bv = b:view(4, 4)
+  b:free()
+  fails(function() ops.add(y, a, bv) end, "add: tensor argument 3 used after free()", "an op on a view of a freed tensor")
+  a:free()
+  fails(function() ops.swiglu_forward(y, a, y) end, "swiglu: tensor argument 2 used after free()", "an op on a freed tensor")
+  -- a freed tensor that was on the GPU: the same check, before any CUDA call
+  -- (on this machine a CUDA call would fail otherwise: no backend)
+  a.device = "cuda"
+  fails(function() ops.add(a, y, y) end, "add: tensor argument 1 used after free()", "a freed CUDA tensor, same check")
+  fails(function() ops.linear_forward(a, y, nil, nil, 1, 4, 4) end, "Linear forward: tensor argument 1 used after free()",
+    "a freed CUDA tensor in Linear")
+  y:free()
+end
 do -- the collector frees what nobody holds (and views keep their base alive)
   collectgarbage()
   local base0 = fsdp.memory_stats("cpu").allocated

@@ -1,0 +1,32 @@
+/* test_cuda_null: the CUDA entry points refuse a NULL pointer among the
+ * buffers an op needs (a freed tensor) with an error naming the argument,
+ * before any kernel is launched: so this runs on any machine with the CUDA
+ * backend built, GPU or not. Optional buffers (a bias, dx of the first
+ * layer) may still be NULL. */
+#include <string.h>
+
+#include "check.h"
+#include "fsdp.h"
+
+#define refused(expr, want) CHECK_FAILS(expr, FSDP_EINVAL, want)
+
+int main(void) {
+  float a[64] = {0}, b[64] = {0}, y[64] = {0}, r[64] = {0};
+  refused(fsdp_cuda_add(y, a, NULL, 4, FSDP_FP32, NULL), "cuda add: b is NULL");
+  refused(fsdp_cuda_add(NULL, a, b, 4, FSDP_FP32, NULL), "cuda add: y is NULL");
+  refused(fsdp_cuda_scale_add(y, 2.0f, NULL, 4, FSDP_FP32, NULL), "cuda scale_add: x is NULL");
+  refused(fsdp_cuda_swiglu_backward(y, y, a, b, NULL, 4, FSDP_FP32, NULL), "cuda swiglu backward: up is NULL");
+  refused(fsdp_cuda_linear_forward(y, NULL, a, NULL, 2, 4, 4, FSDP_FP32, NULL), "cuda linear forward: x is NULL");
+  refused(fsdp_cuda_linear_backward(y, NULL, NULL, a, b, NULL, 2, 4, 4, FSDP_FP32, NULL),
+          "cuda linear backward (dx): w is NULL");
+  refused(fsdp_cuda_embedding_forward(y, NULL, a, 4, 8, 4, FSDP_FP32, NULL), "cuda embedding: ids is NULL");
+  refused(fsdp_cuda_rmsnorm_forward(y, r, a, NULL, 2, 4, 1e-5f, FSDP_FP32, NULL), "cuda rmsnorm: w is NULL");
+  refused(fsdp_cuda_rope_forward(NULL, a, b, 1, 2, 1, 4, FSDP_FP32, NULL), "cuda rope forward: x is NULL");
+  refused(fsdp_cuda_attention_forward(y, r, a, NULL, b, 1, 4, 2, 2, 8, FSDP_FP32, NULL), "cuda attention: k is NULL");
+  refused(fsdp_cuda_cross_entropy((double *)r, (int64_t *)(r + 8), y, a, NULL, 2, 4, -1, 1.0f, FSDP_FP32, NULL),
+          "cuda cross_entropy: targets is NULL");
+  refused(fsdp_cuda_sum_squares(NULL, 4, (double *)r, (int64_t *)(r + 8), NULL), "cuda sum_squares: x is NULL");
+  /* nothing to do: no pointer is needed */
+  CHECK(fsdp_cuda_add(NULL, NULL, NULL, 0, FSDP_FP32, NULL) == FSDP_OK);
+  return fsdp_test_summary("test_cuda_null");
+}
