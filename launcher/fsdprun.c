@@ -103,13 +103,16 @@ static const char *help_text =
     "\n"
     "More than one machine: ranks use only the PMIx client API, so on a cluster\n"
     "the same fsdp binary is started by the cluster's own PMIx server instead:\n"
-    "  Slurm:  srun --mpi=pmix -N 4 --ntasks-per-node=8 fsdp FILE.lua [args...]\n"
+    "  Slurm:  srun --mpi=pmix --kill-on-bad-exit=1 -N 4 --ntasks-per-node=8 \\\n"
+    "               fsdp FILE.lua [args...]\n"
     "          (`srun --mpi=list` shows whether your Slurm was built with PMIx;\n"
-    "          add --kill-on-bad-exit=1 so a failed rank ends the step)\n"
+    "          --kill-on-bad-exit=1: a rank that fails ends the step)\n"
+    "  Open MPI: mpirun -np 32 --map-by ppr:8:node fsdp FILE.lua [args...]\n"
     "  PRRTE:  prterun -n 32 --map-by ppr:8:node fsdp FILE.lua [args...]\n"
     "          (PRRTE refuses to run as root unless given --allow-run-as-root)\n"
     "A rank started with no launcher at all (`fsdp FILE.lua`) runs alone as a\n"
-    "singleton: rank 0 of 1.\n";
+    "singleton: rank 0 of 1. Launchers without PMIx (srun --mpi=pmi2 or none)\n"
+    "are refused: each rank would run the whole job alone (docs/LAUNCH.md).\n";
 
 static job J;
 
