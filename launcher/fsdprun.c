@@ -400,7 +400,8 @@ int main(int argc, char **argv) {
   if (pmix_register_job(&J) < 0 || procs_spawn(&J) < 0) {
     procs_signal(&J, SIGKILL); /* the ranks already started */
     int ignored = -1;
-    while (procs_reap(&J, &ignored)) usleep(10000);
+    double when;
+    while (procs_reap(&J, &ignored, &when)) usleep(10000);
     procs_release_leader(&J);
     quick_exit_code(1);
   }

@@ -9,7 +9,9 @@
 #ifndef FSDPRUN_H
 #define FSDPRUN_H
 
+#include <stdatomic.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/types.h>
 
 /* One of a rank's output pipes and its unfinished last line. */
@@ -21,7 +23,8 @@ typedef struct out_stream {
 
 typedef struct rank_proc {
   pid_t pid;          /* 0 until forked */
-  int pidfd;          /* -1: none (closed once the rank is reaped) */
+  int pidfd;          /* -1: none */
+  _Atomic int64_t ended_ns; /* when it ended (monotonic ns), stamped by the watcher thread; 0: not yet */
   int exited;         /* seen by waitid */
   int code, sig;      /* exit status, or the signal that killed it (sig > 0) */
   out_stream out, err;
@@ -40,7 +43,7 @@ typedef struct job {
   /* state */
   double start;       /* monotonic seconds when fsdprun started: --timeout counts from here */
   int spawned;        /* ranks started so far (fewer than n when --timeout or a signal came first) */
-  int epoll_fd;       /* the ranks' pidfds: ready in the order the ranks ended */
+  int epoll_fd;       /* the ranks' pidfds, watched by a thread that stamps when each rank ends */
   char tmpdir[4096];  /* PMIx server temp directory, removed on every exit path */
   char nspace[256];   /* PMIX_MAX_NSLEN + 1: the library reads the whole array */
   rank_proc *ranks;
@@ -57,14 +60,16 @@ int pmix_rank_env(job *j, int rank, char ***env); /* malloc'ed, argv-style */
 int pmix_all_finalized(void);
 /* Tears the server down; gives up after `seconds` (returns -1). */
 int pmix_stop(job *j, double seconds);
-/* A rank called PMIx_Abort: returns 1 and fills (rank, status, msg), once. */
-int pmix_take_abort(int *rank, int *status, char *msg, size_t cap);
+/* A rank called PMIx_Abort: returns 1 and fills (rank, status, msg, when), once. */
+int pmix_take_abort(int *rank, int *status, char *msg, size_t cap, double *at);
 
 /* fsdprun_procs.c */
 /* Starts the ranks; stops early (returns 1, j->spawned < n) when --timeout
  * runs out or fsdprun is asked to stop meanwhile. */
 int procs_spawn(job *j);
-int procs_reap(job *j, int *newly_failed); /* returns how many still run */
+/* Returns how many still run; *newly_failed: of the ranks that failed since
+ * the last call, the first to end (by time), and *failed_at when it ended. */
+int procs_reap(job *j, int *newly_failed, double *failed_at);
 void procs_signal(job *j, int sig);        /* to the group and every live rank */
 void procs_release_leader(job *j);         /* kill strays; reap rank 0, kept as a zombie to hold the group */
 void procs_become_subreaper(void);

@@ -88,12 +88,18 @@ static void on_signal(sup *s, int sig) {
 static void check_events(sup *s) {
   job *j = s->j;
   int failed = -1, ab_rank, ab_status;
+  double failed_at = 0, ab_at = 0;
   char ab_msg[512];
-  s->running = procs_reap(j, &failed);
-  /* An abort comes before its rank's exit: PMIx_Abort returns only after
-   * the library told us. So check it first. */
-  if (!s->stopping && pmix_take_abort(&ab_rank, &ab_status, ab_msg, sizeof ab_msg)) on_abort(s, ab_rank, ab_status, ab_msg);
-  if (!s->stopping && failed >= 0) on_rank_failed(s, failed);
+  s->running = procs_reap(j, &failed, &failed_at);
+  if (s->stopping) return;
+  /* The first by time: a rank killed by a signal before a survivor aborted
+   * (its collective saw the dead peer) is the cause. An abort comes before
+   * its own rank's exit: PMIx_Abort returns only after the library told us. */
+  int aborted = pmix_take_abort(&ab_rank, &ab_status, ab_msg, sizeof ab_msg, &ab_at);
+  if (aborted && (failed < 0 || ab_at <= failed_at))
+    on_abort(s, ab_rank, ab_status, ab_msg);
+  else if (failed >= 0)
+    on_rank_failed(s, failed);
 }
 
 /* When to wake up next without an event: the timeout or the end of grace. */

@@ -20,6 +20,7 @@ static job *the_job;
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static struct {
   int pending, taken, rank, status;
+  double at; /* when it came: compared with the ranks' ends */
   char msg[512];
 } aborted;
 static int finalized;
@@ -53,6 +54,7 @@ static pmix_status_t on_abort(const pmix_proc_t *proc, void *obj, int status, co
     aborted.pending = 1;
     aborted.rank = (int)proc->rank;
     aborted.status = status;
+    aborted.at = fsdprun_now();
     snprintf(aborted.msg, sizeof aborted.msg, "%s", msg ? msg : "");
   }
   pthread_mutex_unlock(&mu);
@@ -84,7 +86,7 @@ static pmix_server_module_t module = {
     .fence_nb = on_fence,
 };
 
-int pmix_take_abort(int *rank, int *status, char *msg, size_t cap) {
+int pmix_take_abort(int *rank, int *status, char *msg, size_t cap, double *at) {
   pthread_mutex_lock(&mu);
   int got = aborted.pending;
   if (got) {
@@ -92,6 +94,7 @@ int pmix_take_abort(int *rank, int *status, char *msg, size_t cap) {
     aborted.taken = 1;
     *rank = aborted.rank;
     *status = aborted.status;
+    *at = aborted.at;
     snprintf(msg, cap, "%s", aborted.msg);
   }
   pthread_mutex_unlock(&mu);

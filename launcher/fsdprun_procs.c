@@ -10,12 +10,13 @@
  * dies; those "strays" are found in /proc and signalled and reaped like
  * the ranks.
  *
- * Which rank ended first is read from an epoll set of the ranks' pidfds:
- * its ready list keeps the order in which they became readable (the ranks
- * ended), even when several ended before fsdprun looked. */
+ * Which rank ended first: a thread waits on the ranks' pidfds (epoll) and
+ * stamps each rank's end as it happens, so the order is known even when
+ * several ended before the main loop looked. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,6 +30,8 @@
 #include "fsdprun.h"
 
 extern char **environ;
+
+static void *watch_ends(void *arg); /* the thread that stamps the ranks' ends */
 
 /* The launcher's own PMIx variables (from an outer launcher, or our server's
  * settings other than PMIX_MCA_*) must not leak into a rank: setup_fork
@@ -171,6 +174,11 @@ int procs_spawn(job *j) {
   }
   fflush(NULL); /* nothing buffered gets written twice */
   j->epoll_fd = epoll_create1(EPOLL_CLOEXEC);
+  pthread_t watcher; /* runs until fsdprun exits: it only reads the ranks' pidfds */
+  if (j->epoll_fd >= 0 && pthread_create(&watcher, NULL, watch_ends, j) == 0)
+    pthread_detach(watcher);
+  else if (j->epoll_fd >= 0)
+    close(j->epoll_fd), j->epoll_fd = -1;
   sigset_t stop_sigs, pending;
   sigemptyset(&stop_sigs);
   sigaddset(&stop_sigs, SIGINT);
@@ -223,8 +231,33 @@ static int strays(job *j, pid_t *out, int cap) {
 
 void procs_become_subreaper(void) { prctl(PR_SET_CHILD_SUBREAPER, 1); }
 
+static int64_t now_ns(void) { return (int64_t)(fsdprun_now() * 1e9) + 1; /* never 0 */ }
+
+/* The first stamp wins: the watcher's, or the reaper's if it looked first. */
+static void stamp_end(rank_proc *rp) {
+  int64_t none = 0;
+  atomic_compare_exchange_strong(&rp->ended_ns, &none, now_ns());
+}
+
+/* The watcher thread: stamps each rank's end as its pidfd becomes readable,
+ * then stops watching that pidfd and wakes the main loop. */
+static void *watch_ends(void *arg) {
+  job *j = arg;
+  struct epoll_event ev[64];
+  for (;;) {
+    int got = epoll_wait(j->epoll_fd, ev, 64, -1);
+    if (got < 0 && errno != EINTR) return NULL;
+    for (int k = 0; k < got; k++) {
+      rank_proc *rp = &j->ranks[ev[k].data.u32];
+      stamp_end(rp);
+      epoll_ctl(j->epoll_fd, EPOLL_CTL_DEL, rp->pidfd, NULL);
+    }
+    if (got > 0) fsdprun_wake(j);
+  }
+}
+
 /* Reaps rank r if it ended (rank 0: only reads its status); 1 if it did. */
-static int reap_one(job *j, int r, int *newly_failed) {
+static int reap_one(job *j, int r) {
   rank_proc *rp = &j->ranks[r];
   if (rp->pid <= 0 || rp->exited) return 0;
   siginfo_t si;
@@ -238,35 +271,28 @@ static int reap_one(job *j, int r, int *newly_failed) {
     return 0;
   }
   rp->exited = 1;
-  if (rp->pidfd >= 0) {
-    epoll_ctl(j->epoll_fd, EPOLL_CTL_DEL, rp->pidfd, NULL);
-    close(rp->pidfd);
-    rp->pidfd = -1;
-  }
+  stamp_end(rp); /* no pidfd, or the watcher has not run yet */
   if (si.si_code == CLD_EXITED)
     rp->code = si.si_status;
   else
     rp->sig = si.si_status;
-  if ((rp->code || rp->sig) && *newly_failed < 0) *newly_failed = r;
   return 1;
 }
 
-int procs_reap(job *j, int *newly_failed) {
+int procs_reap(job *j, int *newly_failed, double *failed_at) {
   pid_t stray[64];
   for (int k = 0, ns = strays(j, stray, 64); k < ns; k++) waitpid(stray[k], NULL, WNOHANG);
-  /* first the ranks whose pidfd is ready, in the order they ended */
-  struct epoll_event ev[64];
-  int got;
-  while (j->epoll_fd >= 0 && (got = epoll_wait(j->epoll_fd, ev, 64, 0)) > 0) {
-    int progress = 0;
-    for (int k = 0; k < got; k++) progress += reap_one(j, (int)ev[k].data.u32, newly_failed);
-    if (!progress) break;
-  }
   int running = 0;
+  int64_t first = 0;
   for (int r = 0; r < j->n; r++) {
-    reap_one(j, r, newly_failed);
-    if (j->ranks[r].pid > 0 && !j->ranks[r].exited) running++;
+    rank_proc *rp = &j->ranks[r];
+    if (reap_one(j, r) && (rp->code || rp->sig)) {
+      int64_t t = atomic_load(&rp->ended_ns);
+      if (*newly_failed < 0 || t < first) *newly_failed = r, first = t;
+    }
+    if (rp->pid > 0 && !rp->exited) running++;
   }
+  if (*newly_failed >= 0) *failed_at = (double)(first - 1) * 1e-9;
   return running;
 }
 
