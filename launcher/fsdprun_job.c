@@ -18,6 +18,7 @@
 /* After SIGKILL, how long to wait for pipes held open by a process that
  * left the ranks' group before giving up on its output. */
 #define DRAIN_AFTER_KILL 1.0
+#define ABORT_SLACK 0.05
 
 static double now(void) { return fsdprun_now(); }
 
@@ -96,7 +97,10 @@ static void check_events(sup *s) {
    * (its collective saw the dead peer) is the cause. An abort comes before
    * its own rank's exit: PMIx_Abort returns only after the library told us. */
   int aborted = pmix_take_abort(&ab_rank, &ab_status, ab_msg, sizeof ab_msg, &ab_at);
-  if (aborted && (failed < 0 || ab_at <= failed_at))
+  /* A survivor aborts a few ms after a peer's death (the time to notice
+   * it), and a busy fsdprun may stamp that death late by as much: an abort
+   * less than ABORT_SLACK before another rank's failure counts as after. */
+  if (aborted && (failed < 0 || ab_rank == failed || ab_at + ABORT_SLACK <= failed_at))
     on_abort(s, ab_rank, ab_status, ab_msg);
   else if (failed >= 0)
     on_rank_failed(s, failed);

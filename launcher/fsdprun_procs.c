@@ -16,6 +16,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -239,20 +240,33 @@ static void stamp_end(rank_proc *rp) {
   atomic_compare_exchange_strong(&rp->ended_ns, &none, now_ns());
 }
 
-/* The watcher thread: stamps each rank's end as its pidfd becomes readable,
- * then stops watching that pidfd and wakes the main loop. */
-static void *watch_ends(void *arg) {
-  job *j = arg;
+/* Stamps the ranks whose pidfd is ready, in the order they became ready
+ * (epoll's ready list keeps it), and stops watching them. Under a lock, so
+ * that the watcher and the reaper never stamp out of that order. */
+static pthread_mutex_t stamping = PTHREAD_MUTEX_INITIALIZER;
+static int stamp_ready(job *j) {
   struct epoll_event ev[64];
-  for (;;) {
-    int got = epoll_wait(j->epoll_fd, ev, 64, -1);
-    if (got < 0 && errno != EINTR) return NULL;
+  int got, total = 0;
+  pthread_mutex_lock(&stamping);
+  while (j->epoll_fd >= 0 && (got = epoll_wait(j->epoll_fd, ev, 64, 0)) > 0) {
     for (int k = 0; k < got; k++) {
       rank_proc *rp = &j->ranks[ev[k].data.u32];
       stamp_end(rp);
       epoll_ctl(j->epoll_fd, EPOLL_CTL_DEL, rp->pidfd, NULL);
     }
-    if (got > 0) fsdprun_wake(j);
+    total += got;
+  }
+  pthread_mutex_unlock(&stamping);
+  return total;
+}
+
+/* The watcher thread: stamps each rank's end as it happens, wakes the main loop. */
+static void *watch_ends(void *arg) {
+  job *j = arg;
+  for (;;) {
+    struct pollfd pfd = {.fd = j->epoll_fd, .events = POLLIN};
+    if (poll(&pfd, 1, -1) < 0 && errno != EINTR) return NULL;
+    if (stamp_ready(j)) fsdprun_wake(j);
   }
 }
 
@@ -282,6 +296,7 @@ static int reap_one(job *j, int r) {
 int procs_reap(job *j, int *newly_failed, double *failed_at) {
   pid_t stray[64];
   for (int k = 0, ns = strays(j, stray, 64); k < ns; k++) waitpid(stray[k], NULL, WNOHANG);
+  stamp_ready(j); /* ends the watcher has not stamped yet, in their order */
   int running = 0;
   int64_t first = 0;
   for (int r = 0; r < j->n; r++) {
@@ -298,8 +313,11 @@ int procs_reap(job *j, int *newly_failed, double *failed_at) {
 
 void procs_signal(job *j, int sig) {
   if (j->pgid > 0) kill(-j->pgid, sig);
-  for (int r = 0; r < j->n; r++) /* a rank that left the group still gets it */
-    if (j->ranks[r].pid > 0 && !j->ranks[r].exited) kill(j->ranks[r].pid, sig);
+  /* a rank that left the group still gets it, but only once: a second
+   * SIGTERM ends a rank at once instead of letting it save (stop_signal.c) */
+  for (int r = 0; r < j->n; r++)
+    if (j->ranks[r].pid > 0 && !j->ranks[r].exited && (j->pgid <= 0 || getpgid(j->ranks[r].pid) != j->pgid))
+      kill(j->ranks[r].pid, sig);
   pid_t stray[64];
   for (int k = 0, ns = strays(j, stray, 64); k < ns; k++) kill(stray[k], sig);
 }
