@@ -7,7 +7,9 @@ add_test(NAME lua_ffi COMMAND fsdp-host ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_ffi
 add_test(NAME lua_frontend COMMAND fsdp-host ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_frontend.lua $<TARGET_FILE:fsdp-host>)
 # the MFU's peaks (lua/fsdp/peak.lua) against hand-computed values
 add_test(NAME lua_peak COMMAND fsdp-host ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_peak.lua)
-set_tests_properties(lua_ffi lua_frontend lua_peak PROPERTIES LABELS unit TIMEOUT 60)
+# fsdp.autograd's ownership rules: gradients, byte counts, errors (lua/fsdp/autograd.lua)
+add_test(NAME lua_autograd COMMAND fsdp-host ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_autograd.lua ${CMAKE_SOURCE_DIR})
+set_tests_properties(lua_ffi lua_frontend lua_peak lua_autograd PROPERTIES LABELS unit TIMEOUT 60)
 foreach(n 1 2 3 4)
   add_test(NAME lua_collectives_np${n}
            COMMAND $<TARGET_FILE:fsdprun> -n ${n} --timeout 120 ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_collectives.lua)

@@ -5,9 +5,12 @@
 -- child so that the FSDP schedule (unshard, prefetch, reshard, reduce) runs
 -- at unit boundaries. Activations follow their input's device and dtype
 -- (fsdp.ops dispatches: CPU fp32, or CUDA in the units' compute dtype).
+-- Modules never free: a forward puts what its backward needs in m.saved,
+-- and fsdp.autograd's rules free every activation at its last use.
 local base = require "fsdp.ffi"
 local tensor = require "fsdp.tensor"
 local ops = require "fsdp.ops"
+local autograd = require "fsdp.autograd"
 local C, check = base.C, base.check
 
 local nn = {}
@@ -20,26 +23,6 @@ end
 
 -- a ctx that does nothing: run a module with bound params and no sharding
 local plain = { enter = function() end, leave = function() end }
-
--- Activations are freed at their last use, not left to the garbage
--- collector (it sees small Lua proxies, not the device memory behind them).
--- A module frees what it created; what it saves of its input belongs to the
--- caller. m:release() (where defined) frees what m saved for backward and
--- created itself: nn.free_saved(m, keys) frees m.saved[key] for each key.
-function nn.free_saved(m, keys)
-  local s = m.saved
-  m.saved = nil
-  if type(s) ~= "table" then return end
-  for _, k in ipairs(keys) do if s[k] then s[k]:free() end end
-end
-
--- m and its children drop what they saved for backward (activation
--- checkpointing, forward without grads)
-function nn.release(m)
-  if m.release then m:release() end
-  m.saved = nil
-  for _, c in ipairs(m.children or {}) do nn.release(c) end
-end
 
 ---------------------------------------------------------------- Linear
 local Linear = class("Linear")
@@ -70,19 +53,18 @@ function Linear:forward(ctx, x)
   end
   local y = ops.like(x, with_last(x.shape, self.out))
   ops.linear_forward(y, x, self.bound.weight, self.bound.bias, n, self.inp, self.out)
-  self.saved = x
+  self.saved = { x = x }
   return y
 end
 
 -- self.dx_into (set by the caller, used once): a tensor of x's shape to
 -- write dx into (rows of a larger gradient) instead of a new one
 function Linear:backward(ctx, dy)
-  local x = self.saved
+  local x = self.saved.x
   local n = x:numel() / self.inp
   local dx = self.dx_into or ops.like(x)
   self.dx_into = nil
   ops.linear_backward(dx, self.grad.weight, self.grad.bias, dy, x, self.bound.weight, n, self.inp, self.out)
-  self.saved = nil
   return dx
 end
 
@@ -93,14 +75,13 @@ nn.Tanh = function() return setmetatable({ params = {} }, Tanh) end
 function Tanh:forward(ctx, x)
   local y = ops.like(x)
   ops.tanh_forward(y, x)
-  self.saved = y
+  self.saved = { y = y }
   return y
 end
 
 function Tanh:backward(ctx, dy)
   local dx = ops.like(dy)
-  ops.tanh_backward(dx, dy, self.saved)
-  self.saved = nil
+  ops.tanh_backward(dx, dy, self.saved.y)
   return dx
 end
 
@@ -110,39 +91,12 @@ nn.Sequential = function(...)
   return setmetatable({ params = {}, children = { ... } }, Sequential)
 end
 
--- outs[i], child i's output, is freed after child i's backward (child i+1's
--- came first), and each gradient after the child that consumed it; the
--- input, the output and the returned gradient belong to the caller
-function Sequential:forward(ctx, x)
-  ctx = ctx or plain
-  local outs = { [0] = x }
-  for i, c in ipairs(self.children) do
-    ctx:enter(c, "forward")
-    outs[i] = c:forward(ctx, outs[i - 1])
-    ctx:leave(c, "forward")
-    if ctx.no_grad and i > 1 and outs[i - 1] ~= outs[i] then outs[i - 1]:free() end
-  end
-  self.outs = not ctx.no_grad and outs or nil
-  return outs[#outs]
+function Sequential:forward(ctx, x, phase)
+  return nn.forward_chain(ctx or plain, self.children, x, phase)
 end
 
 function Sequential:backward(ctx, dy)
-  ctx = ctx or plain
-  local outs, n = self.outs, #self.children
-  self.outs = nil
-  for i = n, 1, -1 do
-    local c = self.children[i]
-    ctx:enter(c, "backward")
-    local dx = c:backward(ctx, dy)
-    ctx:leave(c, "backward")
-    if i < n then
-      if dy ~= dx then dy:free() end
-      local o = outs[i]
-      if o ~= outs[i - 1] and o ~= outs[n] then o:free() end -- (an identity child returns its input)
-    end
-    dy = dx
-  end
-  return dy
+  return nn.backward_chain(ctx or plain, self.children, dy)
 end
 
 -- Depth-first walk in model order: fn(module, path) for every module. A
@@ -159,15 +113,54 @@ function nn.walk(m, fn, path)
   end
 end
 
--- Runs child c of m under the schedule's hooks (unshard, bind, reduce).
+-- Runs child c of m under the schedule's hooks (unshard, bind, reduce) and
+-- fsdp.autograd's rules (phase "backward" consumes x, the gradient). The
+-- hooks' own allocations (bf16 scratch) are nobody's activations.
 function nn.call(ctx, c, phase, x)
-  ctx:enter(c, phase)
+  phase = phase or "forward"
+  autograd.untracked(ctx.enter, ctx, c, phase)
   local y
-  if phase == "backward" then y = c:backward(ctx, x) else y = c:forward(ctx, x, phase) end
-  ctx:leave(c, phase)
+  if phase == "backward" then y = autograd.backward(ctx, c, x) else y = autograd.forward(ctx, c, x, phase) end
+  autograd.untracked(ctx.leave, ctx, c, phase)
   return y
 end
 nn.plain = plain
+
+-- x through mods in order; each intermediate output is released once the
+-- next module has run (kept only if that module saved it)
+function nn.forward_chain(ctx, mods, x, phase)
+  for i, c in ipairs(mods) do
+    local y = nn.call(ctx, c, phase, x)
+    if i > 1 and y ~= x then autograd.consume(x) end
+    x = y
+  end
+  return x
+end
+
+-- dy back through mods (given in forward order), last first; each
+-- gradient is consumed by the module it is given to
+function nn.backward_chain(ctx, mods, dy)
+  for i = #mods, 1, -1 do dy = nn.call(ctx, mods[i], "backward", dy) end
+  return dy
+end
+
+-- y = x + f(x), f the chain mods
+function nn.residual(ctx, mods, x, phase)
+  local f = nn.forward_chain(ctx, mods, x, phase)
+  local y = ops.like(x)
+  ops.add(y, x, f)
+  if f ~= x then autograd.consume(f) end
+  return y
+end
+
+-- the gradient of nn.residual: dy + f'(dy) (dy kept for the sum)
+function nn.residual_backward(ctx, mods, dy)
+  autograd.retain(dy)
+  local d = nn.backward_chain(ctx, mods, dy)
+  ops.add(d, d, dy)
+  autograd.release(dy)
+  return d
+end
 
 ---------------------------------------------------------------- Embedding
 local Embedding = class("Embedding")
@@ -184,14 +177,13 @@ function Embedding:forward(ctx, ids)
   -- the output's dtype: the units' compute dtype on CUDA (set by fully_shard), fp32 on CPU
   local y = tensor.new({ ids.shape[1], ids.shape[2] or 1, self.dim }, ids.device == "cuda" and self.act_dtype or "fp32", ids.device)
   ops.embedding_forward(y, ids, self.bound.weight, ids:numel(), self.vocab, self.dim)
-  self.saved = ids
+  self.saved = { ids = ids }
   return y
 end
 
 function Embedding:backward(ctx, dy)
-  local ids = self.saved
+  local ids = self.saved.ids
   ops.embedding_backward(self.grad.weight, dy, ids, ids:numel(), self.vocab, self.dim)
-  self.saved = nil
   return nil -- no gradient for token ids
 end
 
@@ -216,12 +208,8 @@ function RMSNorm:backward(ctx, dy)
   local n = s.x:numel() / self.dim
   local dx = ops.like(s.x)
   ops.rmsnorm_backward(dx, self.grad.weight, dy, s.x, self.bound.weight, s.rstd, n, self.dim)
-  s.rstd:free()
-  self.saved = nil
   return dx
 end
-
-function RMSNorm:release() nn.free_saved(self, { "rstd" }) end
 
 -- mean squared error and its gradient (scaled, e.g. by 1 / micro-batches)
 function nn.mse(y, target, scale)

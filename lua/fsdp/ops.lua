@@ -219,7 +219,8 @@ end
 function M.cross_entropy(logits, targets, tdev, n, V, ignore_index, grad_scale)
   local lp, tp = ptrs("cross entropy", logits, on_cuda(logits) and tdev or targets)
   if on_cuda(logits) then
-    local sums = tensor.new(2, "fp64", "cuda") -- from the caching allocator
+    -- from the caching allocator; read after the step: nobody's activation
+    local sums = require("fsdp.autograd").untracked(tensor.new, 2, "fp64", "cuda")
     local sp = sums:ptr()
     check(CU().fsdp_cuda_cross_entropy(sp, ffi.cast("int64_t *", sp) + 1, lp, lp, tp, n, V, ignore_index, grad_scale,
       logits.dtype_id, S()), "cross entropy")

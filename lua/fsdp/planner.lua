@@ -74,19 +74,23 @@ function M.policy(units, where)
   return units
 end
 
--- The peak activation bytes of one micro-batch: the model's allocations
--- replayed (lua/fsdp/models/llama.lua frees each at its last use), in the
--- activation dtype (es bytes: the compute dtype on GPUs, fp32 on CPU ranks;
--- norms' rstd and attention's lse are fp32). Per token: a layer keeps n1,
--- h, n2 (hidden each), q, out (heads x head_dim), k, v, gate, up and the
--- SwiGLU output, lse and two rstd; a checkpointed layer keeps only its
--- input (held by every layer anyway) and recomputes the rest in backward.
--- The model adds the layers' inputs and the final norm's output. The head:
--- with chunk_bytes > 0 (train.loss_chunk_mb, forward_loss) the logits of
--- one chunk of rows at a time next to the head input's gradient; else the
--- whole logits, then that gradient. Backward then peaks inside a layer: the
--- MLP's gradients (2 x intermediate above the layer's own), or attention's
--- (dout, dq, dk, dv after the MLP's are freed).
+-- The peak activation bytes of one micro-batch: the allocations of
+-- lua/fsdp/models/llama.lua replayed under fsdp.autograd's rules (what a
+-- module saves lives until its backward has run, temporaries until their op
+-- returns, gradients until consumed), in the activation dtype (es bytes:
+-- the compute dtype on GPUs, fp32 on CPU ranks; norms' rstd and
+-- attention's lse are fp32). Per token: a layer saves n1, h, n2 (hidden
+-- each), q, out (heads x head_dim), k, v, gate, up and the SwiGLU output, lse
+-- and two rstd; a checkpointed layer keeps only its input (held by every
+-- layer anyway) and its recompute adds the layer's saved set plus the last
+-- residual's two outputs. The model adds the layers' inputs and the final
+-- norm's output. The head: with chunk_bytes > 0 (train.loss_chunk_mb,
+-- forward_loss) the logits of one chunk of rows at a time next to the head
+-- input's gradient; else the whole logits, then that gradient. Backward
+-- then peaks inside a layer: in the MLP (its input gradient, gate and up
+-- gradients and the first projection's output over the layer's saved set,
+-- less the SwiGLU output), or in attention (after the MLP's part is gone:
+-- dout, dq, dk, dv and the projections' outputs, whichever point is largest).
 local function activations(cfg, B, T, ck, es, chunk_bytes)
   local h, I, L, V = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, cfg.vocab_size
   local q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
@@ -98,10 +102,11 @@ local function activations(cfg, B, T, ck, es, chunk_bytes)
   local rows = chunk_bytes > 0 and math.max(1, math.min(N, math.floor(chunk_bytes / (V * es)))) or N
   local peak = N * (live + h * es) + rows * V * es -- the head: its input's gradient and (a chunk of) the logits
   live = live - h * es - 4 -- final norm and the last layer's output freed
-  local inside = math.max(2 * I * es, (2 * q + 2 * kv - 3 * I - h) * es - 4)
+  local attn = math.max(2 * q + 2 * kv + h, q + 2 * kv + 2 * h, q + kv + 3 * h)
+  local inside = math.max((2 * I + h) * es, (attn - 3 * I - 2 * h) * es - 4)
   for i = L, 1, -1 do
     local again = ckpt(i) and layer or 0 -- recomputed
-    peak = math.max(peak, N * (live + again + math.max(inside, again > 0 and h * es or 0)))
+    peak = math.max(peak, N * (live + again + math.max(inside, again > 0 and 2 * h * es or 0)))
     live = live - (ckpt(i) and 0 or layer) - h * es -- its activations and its input freed
   end
   return peak, rows

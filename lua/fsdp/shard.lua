@@ -11,6 +11,7 @@
 --   function(m, path) if m.kind == "Linear" then return path, {zero = 2} end end
 local base = require "fsdp.ffi"
 local nn = require "fsdp.nn"
+local autograd = require "fsdp.autograd"
 local bit = require "bit"
 local tensor = require "fsdp.tensor"
 local ops = require "fsdp.ops"
@@ -679,23 +680,21 @@ function Sharded:train_step(batches, opt)
   opt = opt or {}
   local K, total, parts = #batches, 0, {}
   local lossfn = opt.loss or function(y, b, scale) return nn.mse(y, b.y, scale) end
+  -- each micro-batch is one autograd scope: whatever is left of it when
+  -- the backward has run is freed then (fsdp.autograd), not by the collector
   for k, b in ipairs(batches) do
     local ctx = setmetatable({ s = self, sync = k == K }, Ctx)
-    if opt.forward_loss then -- the model's own forward and loss (Llama's fused head), then backward from there
-      parts[k] = opt.forward_loss(self.model, ctx, b, 1 / K)
-      self.model:backward(ctx)
-    else
+    parts[k] = autograd.scope(function()
+      if opt.forward_loss then -- the model's own forward and loss (Llama's fused head), then backward from there
+        local loss = opt.forward_loss(self.model, ctx, b, 1 / K)
+        self.model:backward(ctx)
+        return loss
+      end
       local y = self.model:forward(ctx, b.x)
       local loss, dy = lossfn(y, b, 1 / K)
-      parts[k] = loss -- on a GPU still on the device (ops.deferred): read below, once
-      self.model:backward(ctx, dy)
-      -- the model freed its activations at their last use (Llama's backward
-      -- also frees the logits' gradient, written over the logits); the output
-      -- goes with the collector, as a deferred loss may still read it
-      if type(dy) == "table" and dy ~= y and dy.free then dy:free() end
-      y, dy = nil, nil
-    end
-    collectgarbage()
+      self.model:backward(ctx, dy) -- (consumes dy)
+      return loss -- on a GPU still on the device (ops.deferred): read below, once
+    end)
   end
   -- global grad norm and non-finite counts: every unit's share, one
   -- all-reduce over the shard group (HSDP replicas hold the same shards)
@@ -788,16 +787,14 @@ end
 function Sharded:evaluate(batches, lossfn, opt)
   live(self, "evaluate")
   local total, parts = 0, {}
-  local ctx = setmetatable({ s = self, no_grad = true }, Ctx) -- models free activations as they go
+  local ctx = setmetatable({ s = self, no_grad = true }, Ctx) -- nothing is saved: activations go as they are used
   for k, b in ipairs(batches) do
-    if opt and opt.forward_loss then
-      parts[k] = opt.forward_loss(self.model, ctx, b, 1)
-    else
+    parts[k] = autograd.scope(function()
+      if opt and opt.forward_loss then return opt.forward_loss(self.model, ctx, b, 1) end
       local y = self.model:forward(ctx, b.x)
-      parts[k] = lossfn(y, b)
-      y = nil -- (a deferred loss may still read it)
-    end
-    collectgarbage()
+      local loss = lossfn(y, b)
+      return loss, type(loss) == "table" and y or nil -- (a deferred loss may still read y: it outlives the scope)
+    end)
   end
   for k = 1, #batches do total = total + ops.value(parts[k]) / #batches end
   if ctx.cur and ctx.cur.zero == 3 then reshard(ctx.cur, self) end

@@ -1,6 +1,7 @@
 -- fsdp.tensor: contiguous buffers of fp32/bf16/fp16/fp64/int32 elements, 1 to 4-D,
--- on the CPU or a GPU, allocated by the engine. Freed by the garbage
--- collector or, at once, by t:free() (idempotent).
+-- on the CPU or a GPU, allocated by the engine. Freed at once by t:free()
+-- (idempotent), by fsdp.autograd's rules when allocated inside a module's
+-- forward or backward, or else by the garbage collector.
 local base = require "fsdp.ffi"
 local ffi, C, check = base.ffi, base.C, base.check
 
@@ -63,7 +64,9 @@ function M.new(shape, dtype, device)
   -- cycle through LuaJIT's finalizer table (no ephemerons) and t would
   -- never be collected
   ffi.gc(c, C.fsdp_tensor_free)
-  return wrap(c, shape, dtype, device)
+  local t = wrap(c, shape, dtype, device)
+  if M.on_new then M.on_new(t) end -- fsdp.autograd: the open scope owns it
+  return t
 end
 
 function Tensor:free() release(self) end

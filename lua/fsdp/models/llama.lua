@@ -10,13 +10,15 @@
 --   local cfg = llama.config("llama3_8b", {num_hidden_layers = 2})  -- or a table of HF fields
 --   local model = llama.model(cfg, {checkpoint = "none" | "full" | k})
 --   logits = model:forward(ctx, ids)      -- ids: int32 {B, T}; logits {B, T, vocab}
---   model:backward(ctx, dlogits)          -- frees dlogits (and every activation) at its last use
--- With ctx.no_grad (evaluation) each layer's activations go as soon as the
--- next layer has run; the caller frees the logits.
+--   model:backward(ctx, dlogits)          -- consumes dlogits
+-- No code here frees a tensor: fsdp.autograd's rules free every activation
+-- at its last use (with ctx.no_grad, each layer's as soon as the next has
+-- run); modules only say what their backward needs (m.saved).
 -- The model declares its parameters and allocates nothing until sharded.
 local tensor = require "fsdp.tensor"
 local ops = require "fsdp.ops"
 local nn = require "fsdp.nn"
+local autograd = require "fsdp.autograd"
 
 local M = {}
 
@@ -152,8 +154,8 @@ end
 function Attention:tables(seq, device)
   local r, c = self.rope, self.cfg
   local t = r[device]
-  if not t or t.seq < seq then
-    t = ops.rope_tables(seq, c.head_dim, c.rope_theta, c.rope_scaling, device)
+  if not t or t.seq < seq then -- kept across steps: nobody's activation
+    t = autograd.untracked(ops.rope_tables, seq, c.head_dim, c.rope_theta, c.rope_scaling, device)
     r[device] = t
   end
   return t
@@ -179,8 +181,6 @@ function Attention:forward(ctx, x, phase)
   return nn.call(ctx, ch[4], phase, out)
 end
 
-function Attention:release() nn.free_saved(self, { "q", "k", "v", "out", "lse" }) end
-
 function Attention:backward(ctx, dy)
   local cfg, ch, s = self.cfg, self.children, self.saved
   local nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
@@ -191,14 +191,9 @@ function Attention:backward(ctx, dy)
   local t = self:tables(T, dq.device)
   ops.rope(dq, t, B, T, nh, hd, true)
   ops.rope(dk, t, B, T, nkv, hd, true)
-  for _, x in pairs({ s.q, s.k, s.v, s.out, s.lse, dout }) do x:free() end
-  self.saved = nil
   local dx = nn.call(ctx, ch[1], "backward", dq)
-  local dxk = nn.call(ctx, ch[2], "backward", dk)
-  local dxv = nn.call(ctx, ch[3], "backward", dv)
-  ops.add(dx, dx, dxk)
-  ops.add(dx, dx, dxv)
-  for _, x in pairs({ dq, dk, dv, dxk, dxv }) do x:free() end
+  ops.add(dx, dx, nn.call(ctx, ch[2], "backward", dk))
+  ops.add(dx, dx, nn.call(ctx, ch[3], "backward", dv))
   return dx
 end
 
@@ -219,24 +214,17 @@ function MLP:forward(ctx, x, phase)
   local u = nn.call(ctx, ch[2], phase, x)
   local a = ops.like(g)
   ops.swiglu_forward(a, g, u)
-  self.saved = { g = g, u = u, a = a }
+  self.saved = { g = g, u = u }
   return nn.call(ctx, ch[3], phase, a)
 end
-
-function MLP:release() nn.free_saved(self, { "g", "u", "a" }) end
 
 function MLP:backward(ctx, dy)
   local ch, s = self.children, self.saved
   local da = nn.call(ctx, ch[3], "backward", dy)
-  s.a:free()
   local dg, du = ops.like(s.g), ops.like(s.u)
   ops.swiglu_backward(dg, du, da, s.g, s.u)
-  s.g:free(); s.u:free(); da:free()
-  self.saved = nil
   local dx = nn.call(ctx, ch[1], "backward", dg)
-  local dxu = nn.call(ctx, ch[2], "backward", du)
-  ops.add(dx, dx, dxu)
-  dg:free(); du:free(); dxu:free()
+  ops.add(dx, dx, nn.call(ctx, ch[2], "backward", du))
   return dx
 end
 
@@ -250,62 +238,25 @@ local function new_layer(cfg, rope, checkpoint)
     child_names = { "input_layernorm", "self_attn", "post_attention_layernorm", "mlp" } }, Layer)
 end
 
--- h = x + attn(norm1(x)); y = h + mlp(norm2(h)). The layer owns n1, h
--- and n2 (the linears and norms only reference what they save).
-local function layer_forward(self, ctx, x, phase)
+-- h = x + attn(norm1(x)); y = h + mlp(norm2(h)). With self.checkpoint,
+-- fsdp.autograd keeps only x and re-runs this in backward ("recompute").
+function Layer:forward(ctx, x, phase)
   local ch = self.children
-  local n1 = nn.call(ctx, ch[1], phase, x)
-  local a = nn.call(ctx, ch[2], phase, n1)
-  local h = ops.like(x)
-  ops.add(h, x, a)
-  a:free()
-  local n2 = nn.call(ctx, ch[3], phase, h)
-  local m = nn.call(ctx, ch[4], phase, n2)
-  local y = ops.like(x)
-  ops.add(y, h, m)
-  m:free()
-  self.saved = { n1 = n1, h = h, n2 = n2 }
-  return y
+  local h = nn.residual(ctx, { ch[1], ch[2] }, x, phase)
+  return nn.residual(ctx, { ch[3], ch[4] }, h, phase)
 end
 
-function Layer:release() nn.free_saved(self, { "n1", "h", "n2" }) end
-
-function Layer:forward(ctx, x)
-  local y = layer_forward(self, ctx, x, "forward")
-  if self.checkpoint or ctx.no_grad then
-    nn.release(self) -- activation checkpointing: free now, recompute in backward
-    self.input = (self.checkpoint and not ctx.no_grad) and x or nil
-  end
-  return y
-end
-
--- every activation is freed at its last use, not left to the garbage
--- collector: Lua sees small proxies, not the device memory behind them
+-- dh = dy + norm2'(mlp'(dy)); dx = dh + norm1'(attn'(dh))
 function Layer:backward(ctx, dy)
   local ch = self.children
-  if self.checkpoint then -- params are gathered for backward: recompute first
-    layer_forward(self, ctx, self.input, "recompute"):free()
-    self.input = nil
-  end
-  local s = self.saved
-  self.saved = nil
-  -- dh = dy + norm2'(mlp'(dy)); dx = dh + norm1'(attn'(dh))
-  local dmlp = nn.call(ctx, ch[4], "backward", dy)
-  s.n2:free()
-  local dm = nn.call(ctx, ch[3], "backward", dmlp)
-  dmlp:free(); s.h:free()
-  ops.add(dm, dm, dy)
-  local dattn = nn.call(ctx, ch[2], "backward", dm)
-  s.n1:free()
-  local da = nn.call(ctx, ch[1], "backward", dattn)
-  dattn:free()
-  ops.add(da, da, dm)
-  dm:free()
-  return da
+  local dh = nn.residual_backward(ctx, { ch[3], ch[4] }, dy)
+  return nn.residual_backward(ctx, { ch[1], ch[2] }, dh)
 end
 
 ---------------------------------------------------------------- the model
-local ModuleList = class("ModuleList")
+local ModuleList = class("ModuleList") -- the layers, run as a chain
+function ModuleList:forward(ctx, x, phase) return nn.forward_chain(ctx, self.children, x, phase) end
+function ModuleList:backward(ctx, dy) return nn.backward_chain(ctx, self.children, dy) end
 local Model = class("LlamaModel")
 local CausalLM = class("LlamaForCausalLM")
 
@@ -335,40 +286,17 @@ function M.model(cfg, opts)
     child_names = { "model", "lm_head" } }, CausalLM)
 end
 
--- through the final norm: its output, and the last layer's
-local function trunk(self, ctx, ids)
+-- the modules in forward order: embedding, layers, final norm (and head)
+local function trunk(self)
   local m = self.children[1]
-  local emb, layers, norm = m.children[1], m.children[2].children, m.children[3]
-  local x = nn.call(ctx, emb, "forward", ids)
-  -- acts[i]: layer i's input (what its first norm or its checkpoint saved),
-  -- freed after layer i's backward; without grads, as soon as it is used
-  local acts = { x }
-  for i, l in ipairs(layers) do
-    x = nn.call(ctx, l, "forward", x)
-    if ctx.no_grad then acts[i]:free() end
-    acts[i + 1] = x
-  end
-  local nf = nn.call(ctx, norm, "forward", x)
-  if ctx.no_grad then x:free() else self.acts = acts end
-  return nf
-end
-
--- after the head: without grads, what the model saved goes
-local function done_forward(self, ctx, nf)
-  if ctx.no_grad then
-    nf:free()
-    nn.release(self)
-  else
-    self.nf = nf
-  end
+  return { m.children[1], m.children[2], m.children[3] }
 end
 
 function CausalLM:forward(ctx, ids)
   ctx = ctx or nn.plain
-  local nf = trunk(self, ctx, ids)
-  local logits = nn.call(ctx, self.children[2], "forward", nf)
-  done_forward(self, ctx, nf)
-  return logits
+  local mods = trunk(self)
+  mods[4] = self.children[2]
+  return nn.forward_chain(ctx, mods, ids)
 end
 
 -- How many targets count (not ignore_index), each checked against the vocabulary.
@@ -403,30 +331,34 @@ function CausalLM:forward_loss(ctx, ids, targets, o)
   o = o or {}
   local cfg, head = self.cfg, self.children[2]
   local ignore = o.ignore_index or -100
-  local nf = trunk(self, ctx, ids)
   local V, h = cfg.vocab_size, cfg.hidden_size
-  local n = nf:numel() / h
-  local count = count_targets(targets, n, V, ignore)
-  if nf.device == "cuda" and not o.targets_dev then error("llama forward_loss: on cuda the targets' device copy is needed", 2) end
-  local rows = math.max(1, math.min(n, math.floor((o.chunk_bytes or M.loss_chunk_bytes) / (V * nf.esize))))
-  local gscale = count > 0 and (o.scale or 1) / count or 0
-  local dnf = not ctx.no_grad and ops.like(nf) or nil
-  local parts = {}
-  for r0 = 0, n - 1, rows do
-    local r = math.min(rows, n - r0)
-    local logits = nn.call(ctx, head, "forward", nf:view(r0 * h, { r, h }))
-    parts[#parts + 1] = ops.cross_entropy(logits, targets:view(r0, r), o.targets_dev and o.targets_dev:view(r0, r), r, V,
-      ignore, gscale)
-    if dnf then
-      head.dx_into = dnf:view(r0 * h, { r, h })
-      nn.call(ctx, head, "backward", logits)
+  local count
+  local sum, dnf = autograd.scope(function()
+    local nf = nn.forward_chain(ctx, trunk(self), ids)
+    local n = nf:numel() / h
+    count = count_targets(targets, n, V, ignore)
+    if nf.device == "cuda" and not o.targets_dev then error("llama forward_loss: on cuda the targets' device copy is needed", 0) end
+    local rows = math.max(1, math.min(n, math.floor((o.chunk_bytes or M.loss_chunk_bytes) / (V * nf.esize))))
+    local gscale = count > 0 and (o.scale or 1) / count or 0
+    local grad = not ctx.no_grad and ops.like(nf) or nil
+    local parts = {}
+    for r0 = 0, n - 1, rows do
+      local r = math.min(rows, n - r0)
+      autograd.scope(function() -- one chunk's logits, turned into their gradient in place
+        local logits = nn.call(ctx, head, "forward", nf:view(r0 * h, { r, h }))
+        parts[#parts + 1] = ops.cross_entropy(logits, targets:view(r0, r), o.targets_dev and o.targets_dev:view(r0, r), r,
+          V, ignore, gscale)
+        if grad then
+          head.dx_into = grad:view(r0 * h, { r, h })
+          nn.call(ctx, head, "backward", logits)
+        end
+      end)
     end
-    logits:free()
-  end
-  done_forward(self, ctx, nf)
+    return ops.sum(parts), grad
+  end)
   self.dnf = dnf
   if count == 0 then return 0, 0 end
-  return ops.sum(parts) / count, count
+  return sum / count, count
 end
 -- chunk bytes of logits in forward_loss (the recipe's train.loss_chunk_mb)
 M.loss_chunk_bytes = 256 * 2 ^ 20
@@ -439,28 +371,17 @@ function M.forward_loss(chunk_bytes)
   end
 end
 
+-- from dlogits, or (after forward_loss) from the head input's gradient
 function CausalLM:backward(ctx, dlogits)
   ctx = ctx or nn.plain
-  local m, head = self.children[1], self.children[2]
-  local emb, layers, norm = m.children[1], m.children[2].children, m.children[3]
-  local acts = self.acts
-  self.acts = nil
-  local dh = self.dnf -- forward_loss ran the head's backward
+  local mods = trunk(self)
+  local dy = self.dnf
   self.dnf = nil
-  if not dh then
-    dh = nn.call(ctx, head, "backward", dlogits)
-    dlogits:free() -- consumed: the largest activation, gone before the layers' backward
+  if not dy then
+    mods[4] = self.children[2]
+    dy = dlogits
   end
-  self.nf:free(); self.nf = nil
-  local dx = nn.call(ctx, norm, "backward", dh)
-  dh:free(); acts[#acts]:free()
-  for i = #layers, 1, -1 do
-    local d = nn.call(ctx, layers[i], "backward", dx)
-    dx:free(); acts[i]:free()
-    dx = d
-  end
-  nn.call(ctx, emb, "backward", dx)
-  dx:free()
+  nn.backward_chain(ctx, mods, dy)
 end
 
 -- The default FSDP units: one per decoder layer, the embeddings their own,
