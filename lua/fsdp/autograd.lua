@@ -115,6 +115,16 @@ local function close(sc, keep, keep2)
   end
 end
 
+-- A program error ("file.lua:12: ...") keeps the traceback of where it
+-- happened (the scope rethrows it); a message meant for the user (no
+-- position) goes on unchanged, as fsdp's own error printer does.
+local function where(err)
+  if type(err) == "string" and err:match("^[^\n:]+:%d+:") and not err:find("\nstack traceback:", 1, true) then
+    return debug.traceback(err, 2)
+  end
+  return err
+end
+
 -- On an error, the scopes above depth are released (their tensors freed
 -- unless retained) and the error goes on.
 local function unwind(depth, err)
@@ -127,7 +137,7 @@ end
 function M.scope(fn, ...)
   local depth = #stack
   local sc = open()
-  local ok, a, b, c = pcall(fn, ...)
+  local ok, a, b, c = xpcall(fn, where, ...)
   if not ok then unwind(depth, a) end
   close(sc, a, b)
   return a, b, c
@@ -172,7 +182,7 @@ function M.forward(ctx, m, x, phase)
   local depth = #stack
   local sc = open()
   if ck then dropping = dropping + 1 end
-  local ok, y = pcall(m.forward, m, ctx, x, phase)
+  local ok, y = xpcall(m.forward, where, m, ctx, x, phase)
   if ck then dropping = dropping - 1 end
   if not ok then unwind(depth, y) end
   if ck then
@@ -192,7 +202,7 @@ end
 function M.backward(ctx, m, dy)
   local depth = #stack
   local sc = open()
-  local ok, dx = pcall(function()
+  local ok, dx = xpcall(function()
     local x = m.ck_input
     if x then -- checkpointed: recompute the forward, saving this time
       m.ck_input = nil
@@ -200,7 +210,7 @@ function M.backward(ctx, m, dy)
       M.release(x)
     end
     return m:backward(ctx, dy)
-  end)
+  end, where)
   if not ok then unwind(depth, dx) end
   release_all(m.held)
   m.held, m.saved = nil, nil

@@ -16,6 +16,7 @@ local ops = require "fsdp.ops"
 local hf_config = require "fsdp.hf_config"
 local peak = require "fsdp.peak"
 local metrics_file = require "fsdp.metrics"
+local autograd = require "fsdp.autograd"
 local ffi, C, check = fsdp.ffi, fsdp.C, fsdp.check
 
 local M = {}
@@ -291,10 +292,12 @@ local function run(r, where, args, break_at, owned)
 
   local function evaluate()
     local vl = ds:loader({ split = "val", batch = B, seq = T, rank = dp_rank, world = dp, seed = seed })
-    local batches = {}
-    for i = 1, r.train.eval_batches do batches[i] = next_batch(vl) end
-    return sharded:evaluate(batches, function(logits, b) return (llama.loss(logits, b.y, 0, nil, b.y_dev)) end,
-      { forward_loss = forward_loss })
+    return autograd.scope(function() -- the batches' tensors go with it
+      local batches = {}
+      for i = 1, r.train.eval_batches do batches[i] = next_batch(vl) end
+      return sharded:evaluate(batches, function(logits, b) return (llama.loss(logits, b.y, 0, nil, b.y_dev)) end,
+        { forward_loss = forward_loss })
+    end)
   end
 
   local tty = R == 0 and fsdp.on_terminal(info)
@@ -335,13 +338,17 @@ local function run(r, where, args, break_at, owned)
   for step = start, stopped and -1 or last do
     fsdp.memory_reset_peak(device)
     local t0 = C.fsdp_time_now()
-    local batches = {}
-    for k = 1, K do batches[k] = next_batch(train_loader) end
     local lr = schedule.lr(step, steps, { lr = o.lr, warmup = r.schedule.warmup, decay = r.schedule.decay,
       min_lr_ratio = r.schedule.min_lr_ratio })
-    local loss, norm, warn = sharded:train_step(batches, { optimizer = o.name, lr = lr, beta1 = o.beta1, beta2 = o.beta2,
-      eps = o.eps, weight_decay = o.weight_decay, clip = o.clip > 0 and o.clip or nil, momentum = o.momentum, loss = loss_fn,
-      forward_loss = forward_loss })
+    -- one scope per step: the batches' tensors (host and device) are freed
+    -- when it ends, not whenever the collector runs
+    local loss, norm, warn = autograd.scope(function()
+      local batches = {}
+      for k = 1, K do batches[k] = next_batch(train_loader) end
+      return sharded:train_step(batches, { optimizer = o.name, lr = lr, beta1 = o.beta1, beta2 = o.beta2,
+        eps = o.eps, weight_decay = o.weight_decay, clip = o.clip > 0 and o.clip or nil, momentum = o.momentum, loss = loss_fn,
+        forward_loss = forward_loss })
+    end)
     local dt = C.fsdp_time_now() - t0
     tokens_done = tokens_done + tokens_step
     if step == steady_from then t_steady = t0 end
