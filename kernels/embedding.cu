@@ -48,20 +48,30 @@ extern "C" int fsdp_cuda_embedding_backward(void *dtable, const void *dy, const 
   if (n == 0) return FSDP_OK;
   FSDP_NEED_PTRS("cuda embedding backward", dtable, dy, ids);
   cudaStream_t st_ = stream_of(s);
-  // scratch, stream-ordered: sorted ids, row numbers before and after, CUB's temp
+  // scratch, stream-ordered: sorted ids, row numbers before and after, the
+  // windows' partial sums (grad_sums.cuh), CUB's temp
+  int64_t windows = (n + fsdp_sums::EMB_WIN - 1) / fsdp_sums::EMB_WIN;
   size_t temp = 0, ints = ((size_t)n * sizeof(int32_t) + 255) / 256 * 256;
+  size_t parts = ((size_t)windows * (size_t)dim * sizeof(float) + 255) / 256 * 256;
   if (cub::DeviceRadixSort::SortPairs(nullptr, temp, ids, (int32_t *)nullptr, (const int32_t *)nullptr, (int32_t *)nullptr,
                                       n, 0, 32, st_) != cudaSuccess)
     return launched("cuda embedding backward (sort size)");
   char *scratch = nullptr;
-  if (cudaMallocAsync((void **)&scratch, 3 * ints + temp, st_) != cudaSuccess)
-    return fsdp_fail(FSDP_ENOMEM, "cuda embedding backward: %zu bytes of scratch for %lld rows", 3 * ints + temp, (long long)n);
+  if (cudaMallocAsync((void **)&scratch, 3 * ints + 2 * parts + temp, st_) != cudaSuccess)
+    return fsdp_fail(FSDP_ENOMEM, "cuda embedding backward: %zu bytes of scratch for %lld rows",
+                     3 * ints + 2 * parts + temp, (long long)n);
   int32_t *sorted = (int32_t *)scratch, *rows = (int32_t *)(scratch + ints), *rows_sorted = (int32_t *)(scratch + 2 * ints);
+  float *first = (float *)(scratch + 3 * ints), *last = (float *)(scratch + 3 * ints + parts);
   row_numbers<<<blocks_for(n, 256), 256, 0, st_>>>(rows, n);
-  cudaError_t e = cub::DeviceRadixSort::SortPairs(scratch + 3 * ints, temp, ids, sorted, rows, rows_sorted, n, 0, 32, st_);
-  if (e == cudaSuccess)
-    FSDP_DISPATCH(dtype, T, fsdp_sums::embedding_bwd_runs<T><<<(unsigned)n, 256, 0, st_>>>((T *)dtable, (const T *)dy, sorted, rows_sorted,
-                                                                                 n, vocab, dim));
+  cudaError_t e = cub::DeviceRadixSort::SortPairs(scratch + 3 * ints + 2 * parts, temp, ids, sorted, rows, rows_sorted, n, 0,
+                                                  32, st_);
+  if (e == cudaSuccess) {
+    dim3 grid((unsigned)windows, (unsigned)((dim + 255) / 256));
+    FSDP_DISPATCH(dtype, T, fsdp_sums::embedding_bwd_windows<T><<<grid, 256, 0, st_>>>((T *)dtable, first, last, (const T *)dy,
+                                                                                       sorted, rows_sorted, n, vocab, dim));
+    FSDP_DISPATCH(dtype, T, fsdp_sums::embedding_bwd_spans<T><<<grid, 256, 0, st_>>>((T *)dtable, first, last, sorted, n,
+                                                                                     vocab, dim));
+  }
   int rc = launched("cuda embedding backward");
   cudaFreeAsync(scratch, st_);
   if (e != cudaSuccess) return fsdp_fail(FSDP_EDEVICE, "cuda embedding backward: sorting the ids: %s", cudaGetErrorString(e));

@@ -55,20 +55,35 @@ static double rel_error(const std::vector<T> &got, const std::vector<double> &re
   return worst / scale;
 }
 
+/* the two window passes of the embedding backward over rows already sorted */
 template <typename T>
-static void embedding(double tol, const char *name) {
-  const int64_t n = 600, vocab = 11, dim = 40;
+static void embedding_passes(std::vector<T> &table, const std::vector<T> &dy, const std::vector<int32_t> &sorted,
+                             const std::vector<int32_t> &rows, int64_t n, int64_t vocab, int64_t dim) {
+  const int threads = 32;
+  int64_t windows = (n + fsdp_sums::EMB_WIN - 1) / fsdp_sums::EMB_WIN;
+  std::vector<float> first(windows * dim, NAN), last(windows * dim, NAN); /* NaN: a slot read unwritten shows */
+  cuda_emu::dim3 grid{(unsigned)windows, (unsigned)((dim + threads - 1) / threads), 1};
+  cuda_emu::launch(grid, threads, 0, [&] {
+    fsdp_sums::embedding_bwd_windows<T>(table.data(), first.data(), last.data(), dy.data(), sorted.data(), rows.data(), n,
+                                        vocab, dim);
+  });
+  cuda_emu::launch(grid, threads, 0, [&] {
+    fsdp_sums::embedding_bwd_spans<T>(table.data(), first.data(), last.data(), sorted.data(), n, vocab, dim);
+  });
+}
+
+/* ids: row r's token; the table after the backward against float64 */
+template <typename T>
+static void embedding_case(double tol, const char *name, const char *label, const std::vector<int32_t> &ids, int64_t vocab) {
+  const int64_t n = (int64_t)ids.size(), dim = 40;
   uint32_t s = 7;
-  std::vector<int32_t> ids(n);
-  for (int64_t i = 0; i < n; i++) ids[i] = i % 3 == 0 ? 4 : (int32_t)((i * 5) % vocab);
-  ids[17] = -1; /* refused on the host in practice; skipped here */
   std::vector<T> dy(n * dim), table(vocab * dim);
   for (auto &v : dy) v = from<T>(rnd(s));
   for (auto &v : table) v = from<T>(rnd(s));
   std::vector<double> ref(vocab * dim);
   for (int64_t i = 0; i < vocab * dim; i++) ref[i] = ld(table.data(), i);
   for (int64_t r = 0; r < n; r++)
-    if (ids[r] >= 0)
+    if (ids[r] >= 0 && ids[r] < vocab)
       for (int64_t j = 0; j < dim; j++) ref[ids[r] * dim + j] += ld(dy.data(), r * dim + j);
   /* the GPU sorts (id, row) pairs stably by id */
   std::vector<int32_t> rows(n), sorted(n);
@@ -76,22 +91,43 @@ static void embedding(double tol, const char *name) {
   std::stable_sort(rows.begin(), rows.end(), [&](int32_t a, int32_t b) { return ids[a] < ids[b]; });
   for (int64_t k = 0; k < n; k++) sorted[k] = ids[rows[k]];
   std::vector<T> got = table;
-  cuda_emu::launch({(unsigned)n, 1, 1}, 32, 0, [&] {
-    fsdp_sums::embedding_bwd_runs<T>(got.data(), dy.data(), sorted.data(), rows.data(), n, vocab, dim);
-  });
-  char what[128];
-  snprintf(what, sizeof what, "embedding table, %s, 600 rows over 11 ids", name);
+  embedding_passes(got, dy, sorted, rows, n, vocab, dim);
+  char what[160];
+  snprintf(what, sizeof what, "embedding table, %s, %s", name, label);
   double e = rel_error(got, ref);
   expect(e <= tol, what, e, tol);
-  if (sizeof(T) == 2) { /* one bf16 add per row misses the same bound */
+  if (sizeof(T) == 2 && n >= 600) { /* one bf16 add per row misses the same bound */
     std::vector<T> naive = table;
     for (int64_t r = 0; r < n; r++)
-      if (ids[r] >= 0)
+      if (ids[r] >= 0 && ids[r] < vocab)
         for (int64_t j = 0; j < dim; j++)
           st(naive.data(), ids[r] * dim + j, ld(naive.data(), ids[r] * dim + j) + ld(dy.data(), r * dim + j));
     double en = rel_error(naive, ref);
-    expect(en > tol, "a bf16 add per row is outside the bf16 bound", en, tol);
+    snprintf(what, sizeof what, "a bf16 add per row is outside the bf16 bound (%s)", label);
+    expect(en > tol, what, en, tol);
   }
+}
+
+/* runs shorter and longer than a window, starting and ending on and off
+ * window boundaries, one id over every row, ids outside the vocabulary */
+template <typename T>
+static void embedding(double tol, const char *name) {
+  const int64_t W = fsdp_sums::EMB_WIN;
+  std::vector<int32_t> mixed(600);
+  for (int64_t i = 0; i < 600; i++) mixed[i] = i % 3 == 0 ? 4 : (int32_t)((i * 5) % 11);
+  mixed[17] = -1; /* refused on the host in practice; skipped here */
+  mixed[18] = 11;
+  embedding_case<T>(tol, name, "600 rows over 11 ids (one id in a third of them)", mixed, 11);
+  embedding_case<T>(tol, name, "600 rows of one id", std::vector<int32_t>(600, 3), 11);
+  std::vector<int32_t> aligned; /* run lengths W, 2W, 1, W - 1, W + 1, 3W: boundaries on and off windows */
+  const int64_t lens[] = {W, 2 * W, 1, W - 1, W + 1, 3 * W};
+  for (int id = 0; id < 6; id++) aligned.insert(aligned.end(), lens[id], 5 - id);
+  embedding_case<T>(tol, name, "runs of W, 2W, 1, W-1, W+1, 3W rows", aligned, 6);
+  std::vector<int32_t> zipf(900); /* a token frequency like text's: id k about 1/(k+1) */
+  uint32_t s = 3;
+  for (auto &v : zipf) v = (int32_t)(std::floor(std::exp(std::fabs(rnd(s)) * std::log(50.0)))) - 1;
+  embedding_case<T>(tol, name, "900 rows, Zipf-like ids over 50", zipf, 50);
+  embedding_case<T>(tol, name, "a window's worth less one row", std::vector<int32_t>(W - 1, 1), 2);
 }
 
 template <typename T>
