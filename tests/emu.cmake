@@ -1,6 +1,7 @@
 # CUDA kernels' logic on the CPU (tests/emu): the tensor-core attention
 # kernels (kernels/attention_tc.cuh) under an emulation of warps and WMMA,
-# and the gradient sums (kernels/grad_sums.cuh), against float64. Needs a
+# the gradient sums (kernels/grad_sums.cuh) and the fused cross-entropy
+# (kernels/cross_entropy.cuh), against float64. Needs a
 # C++17 compiler (build-essential has g++); not in the sanitizer build (it
 # runs thousands of threads; the normal build covers it).
 include(CheckLanguage)
@@ -19,6 +20,7 @@ if(CMAKE_CXX_COMPILER AND NOT FSDP_SANITIZE)
   endfunction()
   fsdp_emu_test(attention_tc 300)
   fsdp_emu_test(grad_sums 120) # kernels/grad_sums.cuh: the embedding's and RMSNorm's fp32 gradient sums
+  fsdp_emu_test(cross_entropy 120) # kernels/cross_entropy.cuh: the fused loss and gradient
 else()
   message(STATUS "fsdp: the emulated-kernel tests (tests/emu) not built (no C++ compiler, or the sanitizer build)")
 endif()

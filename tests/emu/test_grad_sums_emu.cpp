@@ -11,36 +11,14 @@
 #include <cstdio>
 #include <numeric>
 
-#include "cuda_emu.h"
+#include "emu_kit.h"
 
-static inline float ld(const float *p, int64_t i) { return p[i]; }
-static inline float ld(const __nv_bfloat16 *p, int64_t i) { return __bfloat162float(p[i]); }
-static inline void st(float *p, int64_t i, float v) { p[i] = v; }
-static inline void st(__nv_bfloat16 *p, int64_t i, float v) { p[i] = __float2bfloat16_rn(v); }
 
 #include "../../kernels/grad_sums.cuh"
 
-static float rnd(uint32_t &s) {
-  s = s * 1664525u + 1013904223u;
-  return (float)(int32_t)s / 2147483648.0f;
-}
 
-template <typename T>
-static T from(float v);
-template <>
-float from<float>(float v) { return v; }
-template <>
-__nv_bfloat16 from<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
-
-static int passed, failed;
-static void expect(bool ok, const char *what, double value, double tol) {
-  if (ok) {
-    passed++;
-  } else {
-    failed++;
-    fprintf(stderr, "test_grad_sums_emu: FAILED: %s (%.3g, tolerance %.3g)\n", what, value, tol);
-  }
-}
+static EmuKit kit{"test_grad_sums_emu"};
+static void expect(bool ok, const char *what, double value, double tol) { kit.expect(ok, what, value, tol); }
 
 /* max |got - ref| / max |ref|; huge when something is not finite */
 template <typename T>
@@ -161,6 +139,5 @@ int main() {
   embedding<__nv_bfloat16>(4e-3, "bf16");
   rmsnorm_dw<float>(1e-5, "fp32");
   rmsnorm_dw<__nv_bfloat16>(4e-3, "bf16");
-  printf("test_grad_sums_emu: %d passed, %d failed\n", passed, failed);
-  return failed ? 1 : 0;
+  return kit.finish();
 }

@@ -1,0 +1,47 @@
+// emu_kit.h: what the emulated-kernel tests share: the element loads and
+// stores the kernels' headers expect (fp32 arithmetic over fp32 or bf16
+// storage), a seeded generator, and the pass/fail count.
+#ifndef FSDP_TESTS_EMU_KIT_H
+#define FSDP_TESTS_EMU_KIT_H
+
+#include <cstdio>
+
+#include "cuda_emu.h"
+
+static inline float ld(const float *p, int64_t i) { return p[i]; }
+static inline float ld(const __nv_bfloat16 *p, int64_t i) { return __bfloat162float(p[i]); }
+static inline void st(float *p, int64_t i, float v) { p[i] = v; }
+static inline void st(__nv_bfloat16 *p, int64_t i, float v) { p[i] = __float2bfloat16_rn(v); }
+
+/* uniform in [-1, 1), from seed s */
+static inline float rnd(uint32_t &s) {
+  s = s * 1664525u + 1013904223u;
+  return (float)(int32_t)s / 2147483648.0f;
+}
+
+template <typename T>
+static T from(float v);
+template <>
+inline float from<float>(float v) { return v; }
+template <>
+inline __nv_bfloat16 from<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+
+/* counts checks; a failure prints `label: FAILED: what (value, tolerance)` */
+struct EmuKit {
+  const char *label;
+  int passed = 0, failed = 0;
+  void expect(bool ok, const char *what, double value, double tol) {
+    if (ok) {
+      passed++;
+    } else {
+      failed++;
+      fprintf(stderr, "%s: FAILED: %s (%.3g, tolerance %.3g)\n", label, what, value, tol);
+    }
+  }
+  int finish() {
+    printf("%s: %d passed, %d failed\n", label, passed, failed);
+    return failed ? 1 : 0;
+  }
+};
+
+#endif
