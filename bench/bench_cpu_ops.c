@@ -55,9 +55,16 @@ static int cross_entropy(const bcase *k) {
   return fsdp_cross_entropy(&sum, &cnt, Y, Y, TG, k->a, k->b, -100, 1.0f);
 }
 
+/* swiglu: a = elements; forward then backward */
+static int swiglu(const bcase *k) {
+  int rc = fsdp_swiglu_forward(Y, X, W, k->a);
+  return rc ? rc : fsdp_swiglu_backward(DX, DW, Y, X, W, k->a);
+}
+
 #define LIN(name, n, i, o) {name, linear, n, i, o, 0, 0, 6.0 * (n) * (i) * (o)}
 #define ATT(name, b, t, h, hk, d) {name, attention, b, t, h, hk, d, 12.0 * (b) * (h) * (t) * (t) * (d)}
 #define CE(name, n, v) {name, cross_entropy, n, v, 0, 0, 0, 0}
+#define SWI(name, n) {name, swiglu, n, 0, 0, 0, 0, 0}
 
 static const bcase cases[] = {
     LIN("tiny linear 1024x128->128", 1024, 128, 128),
@@ -66,12 +73,14 @@ static const bcase cases[] = {
     LIN("tiny linear 1024x128->256 (head)", 1024, 128, 256),
     ATT("tiny attention 8x128, 4/2 heads of 32", 8, 128, 4, 2, 32),
     CE("tiny cross_entropy 1024 rows x 256", 1024, 256),
+    SWI("tiny swiglu 1024x352, fwd+bwd", 1024 * 352),
     LIN("large linear 512x512->512", 512, 512, 512),
     LIN("large linear 512x512->1408", 512, 512, 1408),
     LIN("large linear 512x1408->512", 512, 1408, 512),
     LIN("large linear 512x512->32000 (head)", 512, 512, 32000),
     ATT("large attention 1x1024, 8/4 heads of 64", 1, 1024, 8, 4, 64),
     CE("large cross_entropy 512 rows x 32000", 512, 32000),
+    SWI("large swiglu 512x1408, fwd+bwd", 512 * 1408),
 };
 
 static int cmp(const void *a, const void *b) {

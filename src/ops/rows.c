@@ -1,5 +1,6 @@
 /* rows.c: the softmax's loops over one row, in fp32 (rows.h): the
- * cross-entropy's over the vocabulary, attention's over the keys. Loops the
+ * cross-entropy's over the vocabulary, attention's over the keys; and the
+ * sigmoid of SwiGLU (swiglu.c), the other user of the exponential. Loops the
  * compiler vectorises: the exponential is exp_nonpos below, branch-free;
  * the max and the sum keep LANES running results (lane l takes entries
  * l, l + LANES, ...) combined in a fixed order, so a vector of any width
@@ -82,4 +83,15 @@ FSDP_VECTOR_CLONES void fsdp_row_exp_scaled(float *x, int64_t n, float shift, fl
 
 FSDP_VECTOR_CLONES void fsdp_row_softmax_grad(float *dp, const float *p, int64_t n, float di) {
   for (int64_t j = 0; j < n; j++) dp[j] = p[j] * (dp[j] - di);
+}
+
+/* sigmoid(x) = 1 / (1 + e^-x) from e^-|x|, which cannot overflow: 1 / (1 + e)
+ * for x >= 0, e / (1 + e) below. NaN stays NaN. */
+FSDP_VECTOR_CLONES void fsdp_row_sigmoid(float *s, const float *x, int64_t n) {
+  for (int64_t j = 0; j < n; j++) {
+    const float v = x[j];
+    const float e = exp_nonpos(v < 0 ? v : -v);
+    const float r = 1.0f / (1.0f + e);
+    s[j] = v < 0 ? e * r : r;
+  }
 }

@@ -16,4 +16,7 @@ void fsdp_row_exp_scaled(float *x, int64_t n, float shift, float scale);
 /* the softmax's backward: dp_j <- p_j (dp_j - di), di = sum_j p_j dp_j */
 void fsdp_row_softmax_grad(float *dp, const float *p, int64_t n, float di);
 
+/* s[j] = sigmoid(x[j]) = 1 / (1 + e^-x[j]), with the exponential above */
+void fsdp_row_sigmoid(float *s, const float *x, int64_t n);
+
 #endif

@@ -1,6 +1,9 @@
 /* test_swiglu: silu(gate) * up against float64: forward within 1e-6
  * relative + 1e-7; dgate, dup within 1e-4 relative + 1e-6 of the float64
- * analytic derivative checked itself by central differences (h = 1e-6). */
+ * analytic derivative checked itself by central differences (h = 1e-6).
+ * 1001 gates in +-8 (two of the op's 512-element chunks), then gates
+ * from -120 to 120 (the exponential's clamp at -87 and saturation), and a
+ * NaN gate stays NaN. */
 #include <math.h>
 #include <stdlib.h>
 
@@ -29,6 +32,15 @@ int main(void) {
   }
   CHECK(ref_mismatches("swiglu dgate", dg, wg, N, 1e-4, 1e-6) == 0);
   CHECK(ref_mismatches("swiglu dup", du, wu, N, 1e-4, 1e-6) == 0);
+  enum { M = 481 };
+  static float ge[M], ue[M], ye[M + 1];
+  static double we[M];
+  for (int i = 0; i < M; i++) ge[i] = -120.0f + 0.5f * (float)i, ue[i] = 1.0f, we[i] = f(ge[i], 1.0);
+  CHECK_OK(fsdp_swiglu_forward(ye, ge, ue, M));
+  CHECK(ref_mismatches("swiglu y, gates -120..120", ye, we, M, 1e-6, 1e-7) == 0);
+  float gn[2] = {NAN, 1.0f}, un[2] = {1.0f, 1.0f};
+  CHECK_OK(fsdp_swiglu_forward(ye, gn, un, 2));
+  CHECK(isnan(ye[0]) && fabsf(ye[1] - (float)f(1.0, 1.0)) < 1e-6f);
   CHECK_FAILS(fsdp_swiglu_forward(y, NULL, u, 3), FSDP_EINVAL, "swiglu_forward");
   free(y), free(dg), free(du);
   return fsdp_test_summary("test_swiglu");
