@@ -88,6 +88,13 @@ function M.consume(t)
   end
 end
 
+-- true when only the innermost scope holds t (no save, no other scope):
+-- its owner may write over it (nn.residual adds in place)
+function M.alone(t)
+  if not is_tensor(t) or t.base then return false end
+  return t.refs == 1 and t.owner ~= nil and t.owner == stack[#stack]
+end
+
 local function open()
   local sc = {}
   stack[#stack + 1] = sc

@@ -144,9 +144,14 @@ function nn.backward_chain(ctx, mods, dy)
   return dy
 end
 
--- y = x + f(x), f the chain mods
+-- y = x + f(x), f the chain mods; written over f(x) when nothing else
+-- holds it (one activation less; the same bits: addition commutes)
 function nn.residual(ctx, mods, x, phase)
   local f = nn.forward_chain(ctx, mods, x, phase)
+  if f ~= x and autograd.alone(f) then
+    ops.add(f, x, f)
+    return f
+  end
   local y = ops.like(x)
   ops.add(y, x, f)
   if f ~= x then autograd.consume(f) end

@@ -82,8 +82,8 @@ end
 -- attention's lse are fp32). Per token: a layer saves n1, h, n2 (hidden
 -- each), q, out (heads x head_dim), k, v, gate, up and the SwiGLU output, lse
 -- and two rstd; a checkpointed layer keeps only its input (held by every
--- layer anyway) and its recompute adds the layer's saved set plus the last
--- residual's two outputs. The model adds the layers' inputs and the final
+-- layer anyway) and its recompute adds the layer's saved set plus its
+-- output (residuals add in place). The model adds the layers' inputs and the final
 -- norm's output. The head: with chunk_bytes > 0 (train.loss_chunk_mb,
 -- forward_loss) the logits of one chunk of rows at a time next to the head
 -- input's gradient; else the whole logits, then that gradient. Backward
@@ -106,7 +106,7 @@ local function activations(cfg, B, T, ck, es, chunk_bytes)
   local inside = math.max((2 * I + h) * es, (attn - 3 * I - 2 * h) * es - 4)
   for i = L, 1, -1 do
     local again = ckpt(i) and layer or 0 -- recomputed
-    peak = math.max(peak, N * (live + again + math.max(inside, again > 0 and 2 * h * es or 0)))
+    peak = math.max(peak, N * (live + again + math.max(inside, again > 0 and h * es or 0)))
     live = live - (ckpt(i) and 0 or layer) - h * es -- its activations and its input freed
   end
   return peak, rows
