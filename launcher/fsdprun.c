@@ -50,8 +50,16 @@ static const char *help_text =
     "  --rank0-only       show only rank 0's standard output; the other ranks'\n"
     "                     stdout is discarded, but every rank's standard error is\n"
     "                     still shown (errors are never hidden)\n"
-    "  --grace SECONDS    when stopping the job, time between SIGTERM and SIGKILL\n"
-    "                     (default 5)\n"
+    "  --grace SECONDS    when stopping the job on a signal or --timeout, time\n"
+    "                     between SIGTERM and SIGKILL, for the ranks to finish\n"
+    "                     their step and save a checkpoint (default 60); after a\n"
+    "                     rank failed, at most 5 (the others cannot finish a step)\n"
+    "  --max-restarts N   when a rank fails, start the job again, up to N times\n"
+    "                     (default 0), with train.resume=auto added to a recipe's\n"
+    "                     arguments, after a back-off of 1 s, doubling for each\n"
+    "                     restart up to 30 s. Not restarted: a job stopped by a\n"
+    "                     signal or --timeout, or a rank that ended by (or exited\n"
+    "                     128 + the number of) SIGINT, SIGTERM, SIGHUP, SIGUSR1\n"
     "  --timeout SECONDS  stop the job, exit status 124, if it runs longer,\n"
     "                     counted from fsdprun's start, whatever the ranks are\n"
     "                     doing (even still starting) (default 0: no limit)\n"
@@ -79,9 +87,17 @@ static const char *help_text =
     "  fsdprun: rank 3 exited with status 3; stopping the other 3 ranks\n"
     "sends SIGTERM to every rank (and to what they started: the ranks share one\n"
     "process group), SIGKILL after the grace period, and exits with that rank's\n"
-    "status. SIGINT, SIGTERM or SIGHUP to fsdprun stop the job the same way; a\n"
-    "second one skips the grace period. No rank outlives fsdprun, and its\n"
+    "status. SIGINT, SIGTERM, SIGHUP or SIGUSR1 to fsdprun stop the job the same\n"
+    "way (a training run's ranks finish their step and save: docs/CHECKPOINTS.md);\n"
+    "a second one skips the grace period. No rank outlives fsdprun, and its\n"
     "temporary PMIx directory is removed on every path.\n"
+    "\n"
+    "Restarts (--max-restarts N): each is announced on stderr, e.g.\n"
+    "  fsdprun: restart 1 of 3 in 1 s (rank 2 was killed by signal 9 (Killed))\n"
+    "The ranks see FSDP_RESTART_ATTEMPT (0 the first time, k the k-th restart)\n"
+    "and FSDP_MAX_RESTARTS; a training run shows them in its step lines and\n"
+    "metrics. --timeout counts from the first start. The exit status is the\n"
+    "last attempt's.\n"
     "\n"
     "Exit status:\n"
     "  0         every rank exited 0\n"
@@ -96,6 +112,7 @@ static const char *help_text =
     "Environment:\n"
     "  FSDPRUN_HOST   the rank program, as --host (the command line wins)\n"
     "  FSDPRUN_OVERSUBSCRIBE=1  as --oversubscribe (test suites on small machines)\n"
+    "  FSDPRUN_RESTART_BACKOFF  the first restart's back-off in seconds (default 1)\n"
     "  TMPDIR         where the PMIx server's temporary directory is made (/tmp)\n"
     "  Ranks inherit fsdprun's environment (FSDP_LOG, FSDP_COMM_TIMEOUT, ...)\n"
     "  without fsdprun's own PMIX_* variables, plus the PMIx variables of their\n"
@@ -188,7 +205,7 @@ static const char *option_value(char **argv, int argc, int *i, char *name, size_
   }
   snprintf(name, cap, "%s", a);
   if (!strcmp(a, "-n") || !strcmp(a, "--np") || !strcmp(a, "--host") || !strcmp(a, "--grace") ||
-      !strcmp(a, "--timeout") || !strcmp(a, "--slots"))
+      !strcmp(a, "--timeout") || !strcmp(a, "--slots") || !strcmp(a, "--max-restarts"))
     return ++*i < argc ? argv[*i] : NULL;
   if (!strncmp(a, "-n", 2) && a[2]) { /* -n4 */
     snprintf(name, cap, "-n");
@@ -238,7 +255,7 @@ static int parse_args(int argc, char **argv) {
   const char *host = getenv("FSDPRUN_HOST");
   if (host && !host[0]) host = NULL;
   J.prefix = 1;
-  J.grace = 5;
+  J.grace = 60; /* a synchronous save of a large model takes a while */
   J.break_at = -1;
   J.stdin_fwd = -1;
   J.epoll_fd = -1;
@@ -273,6 +290,12 @@ static int parse_args(int argc, char **argv) {
       if (!val || end == val || *end || n < 1 || n > MAX_RANKS)
         return usage_error("--slots expects a number of ranks from 1 to 4096, got '%s'", val ? val : "");
       J.slots = (int)n;
+    } else if (!strcmp(name, "--max-restarts")) {
+      char *end;
+      long n = val ? strtol(val, &end, 10) : -1;
+      if (!val || end == val || *end || n < 0 || n > 1000)
+        return usage_error("--max-restarts expects a number from 0 to 1000, got '%s'", val ? val : "");
+      J.max_restarts = (int)n;
     } else if (!strcmp(name, "--oversubscribe") && !val) {
       J.oversubscribe = 1;
     } else if (!strcmp(name, "--no-prefix") && !val) {
@@ -307,6 +330,7 @@ static int parse_args(int argc, char **argv) {
       return 2;
     }
     host = FSDP_HOST_PATH;
+    J.recipe = 1;
   }
   char *path = find_program(host);
   if (!path) {
@@ -348,6 +372,14 @@ static int make_tmpdir(void) {
 
 /* ---- start-up and exit ---- */
 
+void fsdprun_stop_signals(sigset_t *set) {
+  sigemptyset(set);
+  sigaddset(set, SIGINT);
+  sigaddset(set, SIGTERM);
+  sigaddset(set, SIGHUP);
+  sigaddset(set, SIGUSR1); /* sbatch --signal=USR1@120: a time limit ahead */
+}
+
 /* Signals are read from a signalfd by the main loop, never handled
  * asynchronously. They are blocked before PMIx starts its thread so that
  * thread inherits the mask and never takes them. */
@@ -355,10 +387,7 @@ static int setup_signals(void) {
   signal(SIGPIPE, SIG_IGN); /* a rank dying mid-handshake: the library writes to a dead socket */
   signal(SIGCHLD, SIG_DFL); /* an inherited SIG_IGN would reap the ranks behind our back */
   sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  sigaddset(&set, SIGHUP);
+  fsdprun_stop_signals(&set);
   sigaddset(&set, SIGCHLD);
   if (sigprocmask(SIG_BLOCK, &set, NULL) < 0) return -1;
   J.signal_fd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
@@ -371,6 +400,7 @@ static void quick_exit_code(int code) {
   fflush(stdout);
   fflush(stderr);
   rm_tmpdir();
+  restart_if_due(&J, code);
   _exit(code);
 }
 
@@ -386,11 +416,13 @@ int main(int argc, char **argv) {
   open_std_fds();
   int rc = parse_args(argc, argv);
   if (rc) return rc;
+  if (restart_setup(&J, argv) < 0) return 1;
   J.ranks = calloc((size_t)J.n, sizeof *J.ranks);
   if (!J.ranks || pipe2(J.wake_fd, O_CLOEXEC | O_NONBLOCK) < 0 || setup_signals() < 0) {
     fprintf(stderr, "fsdprun: cannot set up: %s\n", strerror(errno));
     return 1;
   }
+  J.failed_rank = -1;
   for (int r = 0; r < J.n; r++) J.ranks[r].out.fd = J.ranks[r].err.fd = J.ranks[r].pidfd = -1;
   snprintf(J.nspace, sizeof J.nspace, "fsdprun-%d", (int)getpid());
   procs_become_subreaper(); /* descendants that leave the ranks' group stay ours */

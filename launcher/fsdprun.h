@@ -5,10 +5,12 @@
  *   fsdprun_pmix.c   the PMIx server: namespace, clients, module callbacks
  *   fsdprun_procs.c  fork/exec of the ranks, reaping, signalling
  *   fsdprun_io.c     the ranks' output, line by line, with a rank prefix
- *   fsdprun_job.c    the supervising loop: failures, signals, timeout, stop */
+ *   fsdprun_job.c    the supervising loop: failures, signals, timeout, stop
+ *   fsdprun_restart.c  --max-restarts: the job started again after a failure */
 #ifndef FSDPRUN_H
 #define FSDPRUN_H
 
+#include <signal.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -38,6 +40,8 @@ typedef struct job {
   int repl;           /* --repl: rank 0's stdout passes through as it comes (prompts) */
   long break_at;      /* --break-at STEP, -1: none */
   double grace, timeout;
+  int max_restarts;   /* --max-restarts N: restarts after a rank failed */
+  int recipe;         /* the ranks run FSDP_HOST_PATH FILE.lua (no --host): a restart adds train.resume=auto */
   int slots;          /* --slots, else 0: the host's GPUs, or its cores */
   int oversubscribe;  /* --oversubscribe or FSDPRUN_OVERSUBSCRIBE=1: more ranks than slots */
   /* state */
@@ -49,8 +53,13 @@ typedef struct job {
   rank_proc *ranks;
   pid_t pgid;         /* the ranks' process group: rank 0's pid */
   int wake_fd[2];     /* PMIx callbacks wake the loop through this pipe */
-  int signal_fd;      /* signalfd for SIGINT, SIGTERM, SIGHUP, SIGCHLD */
+  int signal_fd;      /* signalfd for the stop signals and SIGCHLD */
   int stdin_fwd;      /* --repl from a terminal: our stdin goes to rank 0 through this pipe; -1 */
+  int attempt;        /* 0: the first start; k: the k-th restart (--max-restarts) */
+  int failed_rank;    /* the rank whose failure stopped the job; -1: none */
+  char failure[160];  /* how it failed ("was killed by signal 9 (Killed)") */
+  int failed_sig;     /* the signal it ended by (or exited 128 + it); 0: none */
+  int stop_signal;    /* a signal to fsdprun stopped the job (never restarted); 0: none */
 } job;
 
 /* fsdprun_pmix.c */
@@ -70,6 +79,11 @@ int procs_spawn(job *j);
 /* Returns how many still run; *newly_failed: of the ranks that failed since
  * the last call, the first to end (by time), and *failed_at when it ended. */
 int procs_reap(job *j, int *newly_failed, double *failed_at);
+/* Stamps the ranks that have ended by now (any thread) */
+void procs_stamp_ended(job *j);
+/* Whether a rank ended at or before monotonic time t but is not reaped yet. */
+int procs_ended_before(const job *j, double t);
+int procs_running(const job *j);            /* started and not seen to end */
 void procs_signal(job *j, int sig);        /* to the group and every live rank */
 void procs_release_leader(job *j);         /* kill strays; reap rank 0, kept as a zombie to hold the group */
 void procs_become_subreaper(void);
@@ -82,8 +96,20 @@ void io_finish(job *j);                      /* flush partial lines, close pipes
 /* fsdprun_job.c */
 int job_supervise(job *j); /* returns fsdprun's exit code */
 
+/* fsdprun_restart.c */
+/* After the options: takes over the state a restarted fsdprun was given
+ * (the attempt, the first start's time) and tells the ranks the attempt. */
+int restart_setup(job *j, char **argv);
+/* On the way out with `code`: if a rank's failure ended the job and restarts
+ * are left, waits the back-off and execs fsdprun again (returns only when it
+ * does not restart, or exits 128+K on signal K during the back-off). */
+void restart_if_due(job *j, int code);
+
 /* fsdprun.c */
 double fsdprun_now(void);  /* monotonic seconds */
+/* The signals that stop the job (the ranks finish their step and save):
+ * SIGINT, SIGTERM, SIGHUP, SIGUSR1. */
+void fsdprun_stop_signals(sigset_t *set);
 int fsdprun_past_timeout(const job *j);
 void fsdprun_wake(job *j); /* safe from any thread */
 void describe_end(const rank_proc *r, char *buf, size_t cap);

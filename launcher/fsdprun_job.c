@@ -19,11 +19,26 @@
  * left the ranks' group before giving up on its output. */
 #define DRAIN_AFTER_KILL 1.0
 #define ABORT_SLACK 0.05
+/* After a rank failed, the others cannot finish a step (it needs every
+ * rank) nor save: at most this long before SIGKILL, whatever --grace says. */
+#define FAILED_GRACE 5.0
 
 static double now(void) { return fsdprun_now(); }
 
+/* An abort that came while a rank that had ended before it was not reaped
+ * yet waits for that reap (the rank's status), at most this long. */
+#define ABORT_HOLD 1.0
+
+/* A rank's PMIx_Abort, taken from the library, not acted on yet. */
+typedef struct abort_note {
+  int pending, rank, status;
+  double at;
+  char msg[512];
+} abort_note;
+
 typedef struct sup {
   job *j;
+  abort_note ab;
   int code;       /* fsdprun's exit code, set by the first bad event */
   int stopping;   /* SIGTERM sent */
   int killed;     /* SIGKILL sent */
@@ -49,6 +64,17 @@ static void stop(sup *s, int code) {
   procs_signal(s->j, SIGTERM);
 }
 
+/* A rank failed (how: `what`; by_sig: the signal it ended by, or exited
+ * 128 + it, else 0); the job may be restarted (fsdprun_restart.c). */
+static void stop_failed(sup *s, int code, int rank, const char *what, int by_sig) {
+  job *j = s->j;
+  j->failed_rank = rank;
+  j->failed_sig = by_sig;
+  snprintf(j->failure, sizeof j->failure, "%s", what);
+  stop(s, code);
+  if (j->grace > FAILED_GRACE) s->kill_at = now() + FAILED_GRACE;
+}
+
 static void kill_now(sup *s) {
   s->killed = 1;
   s->kill_at = now();
@@ -60,7 +86,8 @@ static void on_rank_failed(sup *s, int r) {
   char what[128], tail[64];
   describe_end(rp, what, sizeof what);
   fprintf(stderr, "fsdprun: rank %d %s%s\n", r, what, others(s->running, tail, sizeof tail));
-  stop(s, rp->sig ? 128 + rp->sig : failure_code(rp->code));
+  stop_failed(s, rp->sig ? 128 + rp->sig : failure_code(rp->code), r, what,
+              rp->sig ? rp->sig : rp->code > 128 ? rp->code - 128 : 0);
 }
 
 static void on_abort(sup *s, int r, int status, const char *msg) {
@@ -69,13 +96,17 @@ static void on_abort(sup *s, int r, int status, const char *msg) {
   int len = (int)strcspn(msg, "\n");
   fprintf(stderr, "fsdprun: rank %d called PMIx_Abort with status %d%s%.*s%s%s\n", r, status, msg[0] ? ": " : "", len,
           msg, msg[len] ? " (...)" : "", others(s->running - 1, tail, sizeof tail));
-  stop(s, failure_code(status));
+  char what[64];
+  snprintf(what, sizeof what, "called PMIx_Abort with status %d", status);
+  stop_failed(s, failure_code(status), r, what, 0);
 }
 
 static void on_signal(sup *s, int sig) {
   s->signals++;
   if (sig == SIGCHLD) return; /* only a wake-up: the loop reaps */
+  s->j->stop_signal = sig;    /* asked to stop: no restart */
   if (!s->stopping) {
+    s->running = procs_running(s->j); /* a signal while starting comes before the first reap */
     fprintf(stderr, "fsdprun: got signal %d (%s); stopping %d rank%s\n", sig, strsignal(sig), s->running,
             s->running == 1 ? "" : "s");
     stop(s, 128 + sig);
@@ -88,22 +119,30 @@ static void on_signal(sup *s, int sig) {
 /* Everything that may have happened since the last look. */
 static void check_events(sup *s) {
   job *j = s->j;
-  int failed = -1, ab_rank, ab_status;
-  double failed_at = 0, ab_at = 0;
-  char ab_msg[512];
-  s->running = procs_reap(j, &failed, &failed_at);
-  if (s->stopping) return;
+  int failed = -1;
+  double failed_at = 0;
+  abort_note *ab = &s->ab;
   /* The first by time: a rank killed by a signal before a survivor aborted
    * (its collective saw the dead peer) is the cause. An abort comes before
-   * its own rank's exit: PMIx_Abort returns only after the library told us. */
-  int aborted = pmix_take_abort(&ab_rank, &ab_status, ab_msg, sizeof ab_msg, &ab_at);
+   * its own rank's exit: PMIx_Abort returns only after the library told us.
+   * The abort is taken first: the ranks that had ended when it came were
+   * stamped then (fsdprun_pmix.c), and the reap below finds them. */
+  if (!ab->pending && !s->stopping)
+    ab->pending = pmix_take_abort(&ab->rank, &ab->status, ab->msg, sizeof ab->msg, &ab->at);
+  s->running = procs_reap(j, &failed, &failed_at);
+  if (s->stopping) return;
+  /* such a rank whose threads are still exiting: wait for its status */
+  /* (the aborting rank's own end, if it came meanwhile, is the abort's) */
+  if (ab->pending && (failed < 0 || failed == ab->rank) && procs_ended_before(j, ab->at) && now() < ab->at + ABORT_HOLD)
+    return;
   /* A survivor aborts a few ms after a peer's death (the time to notice
    * it), and a busy fsdprun may stamp that death late by as much: an abort
    * less than ABORT_SLACK before another rank's failure counts as after. */
-  if (aborted && (failed < 0 || ab_rank == failed || ab_at + ABORT_SLACK <= failed_at))
-    on_abort(s, ab_rank, ab_status, ab_msg);
+  if (ab->pending && (failed < 0 || ab->rank == failed || ab->at + ABORT_SLACK <= failed_at))
+    on_abort(s, ab->rank, ab->status, ab->msg);
   else if (failed >= 0)
     on_rank_failed(s, failed);
+  ab->pending = 0;
 }
 
 /* When to wake up next without an event: the timeout or the end of grace. */
@@ -111,6 +150,7 @@ static int poll_ms(sup *s) {
   double start = s->j->start;
   double t = -1, left;
   if (!s->stopping && s->j->timeout > 0) t = start + s->j->timeout;
+  if (s->ab.pending && !s->stopping && (t < 0 || s->ab.at + ABORT_HOLD < t)) t = s->ab.at + ABORT_HOLD;
   if (s->stopping && !s->killed) t = s->kill_at;
   if (s->killed && !s->running) t = s->kill_at + DRAIN_AFTER_KILL;
   if (t < 0) return -1;

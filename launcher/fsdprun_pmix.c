@@ -49,6 +49,9 @@ static pmix_status_t on_finalized(const pmix_proc_t *proc, void *obj, pmix_op_cb
 static pmix_status_t on_abort(const pmix_proc_t *proc, void *obj, int status, const char msg[], pmix_proc_t procs[],
                               size_t nprocs, pmix_op_cbfunc_t cb, void *cbdata) {
   (void)obj, (void)procs, (void)nprocs;
+  /* a peer whose death made this rank abort has ended before now: its end
+   * is stamped first, however late the watcher thread would be */
+  if (the_job) procs_stamp_ended(the_job);
   pthread_mutex_lock(&mu);
   if (!aborted.pending && !aborted.taken) {
     aborted.pending = 1;

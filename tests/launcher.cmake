@@ -6,7 +6,7 @@ add_executable(pmix_probe launcher/pmix_probe.c)
 target_compile_options(pmix_probe PRIVATE ${FSDP_WARN})
 target_link_libraries(pmix_probe PRIVATE PkgConfig::PMIX)
 
-foreach(t output exit abort killed sigterm singleton options help limits)
+foreach(t output exit abort killed sigterm singleton options help limits restart)
   add_test(NAME launcher_${t}
            COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/launcher/test_${t}.sh $<TARGET_FILE:fsdprun> $<TARGET_FILE:pmix_probe>)
   set_tests_properties(launcher_${t} PROPERTIES LABELS launcher TIMEOUT 60)

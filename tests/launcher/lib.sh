@@ -46,6 +46,26 @@ no_leftovers() { # what marker
   rm -rf "${TMPDIR:?}"/*
 }
 
+# Waits (5 s at most) until file $3 has $1 lines matching regex $2.
+wait_lines() {
+  for _ in $(seq 100); do
+    [ "$(grep -Ec -- "$2" "$3" 2>/dev/null)" -ge "$1" ] && return 0
+    sleep 0.05
+  done
+  return 1
+}
+
+# Sends signal $2 to process $1 and waits for it: its status in $rc, the
+# milliseconds it took in $dt.
+signal_and_wait() {
+  local t0
+  t0=$(ms)
+  kill -"$2" "$1"
+  wait "$1"
+  rc=$?
+  dt=$(($(ms) - t0))
+}
+
 finish() {
   echo "$(basename "$0"): $passed passed, $failed failed"
   [ "$failed" = 0 ]
