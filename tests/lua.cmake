@@ -102,6 +102,12 @@ endforeach()
 add_test(NAME stop_signal
          COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_stop_signal.sh $<TARGET_FILE:fsdprun> ${CMAKE_SOURCE_DIR})
 set_tests_properties(stop_signal PROPERTIES LABELS multirank TIMEOUT 200 RUN_SERIAL ON)
+# fsdprun --max-restarts: ranks killed at random steps, the losses bit for
+# bit as uninterrupted; killed on 2 ranks, continued on 1 within a tolerance
+# (tests/scripts/test_elastic.sh)
+add_test(NAME elastic
+         COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_elastic.sh $<TARGET_FILE:fsdprun> ${CMAKE_SOURCE_DIR})
+set_tests_properties(elastic PROPERTIES LABELS multirank TIMEOUT 120 RUN_SERIAL ON)
 # NaNs with payload bits read from C memory: plain NaN numbers in Lua
 # (LuaJIT's NaN boxing would take them for pointers; tests/lua/test_nan_payload.lua)
 add_test(NAME lua_nan_payload

@@ -17,6 +17,7 @@ local hf_config = require "fsdp.hf_config"
 local peak = require "fsdp.peak"
 local metrics_file = require "fsdp.metrics"
 local autograd = require "fsdp.autograd"
+local restarts = require "fsdp.restarts"
 local ffi, C, check = fsdp.ffi, fsdp.C, fsdp.check
 
 local M = {}
@@ -173,6 +174,17 @@ local function run(r, where, args, break_at, owned)
     offload = r.fsdp.offload, comm_register = r.fsdp.comm_register, separate_reduce = r.fsdp.separate_reduce,
     mixed = { param_dtype = r.fsdp.param_dtype, reduce_dtype = r.fsdp.reduce_dtype } })
   owned.sharded = sharded
+
+  -- fsdprun --max-restarts: which attempt this is; restarting without
+  -- checkpoints starts again at step 1 (allowed: a short run may want it)
+  local restart = restarts.current()
+  if restart and restart.attempt > 0 then
+    say("fsdp: restart %d of %d (fsdprun --max-restarts)", restart.attempt, restart.max)
+  end
+  if restart and restart.max > 0 and not r.checkpoint.dir and R == 0 then
+    io.stderr:write(string.format("fsdp: warning: fsdprun --max-restarts %d without checkpoint.dir: a restarted run " ..
+      "starts again at step 1\n", restart.max))
+  end
 
   -- resume (train.resume), else initial weights from Hugging Face files
   -- (checkpoint.init_hf, by default model.from_hf's folder), else the meta init's
@@ -336,6 +348,7 @@ local function run(r, where, args, break_at, owned)
   local signalled -- {signal, step, saved}: stopped by a signal after that step
   C.fsdp_stop_signals_watch(1)
   for step = start, stopped and -1 or last do
+    restarts.test_kill(restart, R, step)
     fsdp.memory_reset_peak(device)
     local t0 = C.fsdp_time_now()
     local lr = schedule.lr(step, steps, { lr = o.lr, warmup = r.schedule.warmup, decay = r.schedule.decay,
@@ -370,14 +383,14 @@ local function run(r, where, args, break_at, owned)
         local f = math.floor(w * step / steps)
         bar = "[" .. string.rep("#", f) .. string.rep(".", w - f) .. "] "
       end
-      say("%sstep %d/%d | loss %.4f | lr %.2e | gnorm %.3f | %s tok/s | %.3f s | mfu %s | mem %.0f MiB%s | eta %s%s",
+      say("%sstep %d/%d | loss %.4f | lr %.2e | gnorm %.3f | %s tok/s | %.3f s | mfu %s | mem %.0f MiB%s | eta %s%s%s",
         bar, step, steps, loss, lr, norm, human(tps), dt, mfu and string.format("%.1f%%", 100 * mfu) or "n/a", mem / 2 ^ 20,
         sharded.host_step_s and string.format(" | host step %.3f s", sharded.host_step_s) or "", duration(eta),
-        metrics and metrics.failed and " | metrics NOT written" or "")
+        restarts.suffix(restart), metrics and metrics.failed and " | metrics NOT written" or "")
     end
     record({ step = step, loss = loss, lr = lr, grad_norm = norm, tokens_per_s = tps, step_time_s = dt, mfu = mfu,
       gemm_frac = rank_flops / gemm_rate, mem_bytes = mem, tokens = tokens_done, host_step_s = sharded.host_step_s,
-      skipped = warn and true or nil })
+      skipped = warn and true or nil, attempt = restart and restart.attempt })
     -- a step skipped for non-finite values changes nothing; several in a
     -- row mean the run has diverged (or its weights are gone): stop
     bad_in_row = warn and bad_in_row + 1 or 0

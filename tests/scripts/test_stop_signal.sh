@@ -6,14 +6,11 @@
 # go to fsdprun (which passes them on to the ranks) and straight to the
 # ranks (as srun and mpirun deliver them); SIGUSR1 (sbatch --signal) too.
 # A second, different signal ends a rank at once, with nothing saved.
+# Where Open MPI's mpirun is installed, SIGUSR1 and SIGTERM to mpirun too.
 set -u
 fsdprun=$1
 root=$2
-passed=0
-failed=0
-ok() { passed=$((passed + 1)); echo "ok: $1"; }
-bad() { failed=$((failed + 1)); echo "FAILED: $1"; }
-check() { if eval "$2"; then ok "$1"; else bad "$1"; fi; }
+. "$(dirname "$0")/checks.sh"
 work=$(mktemp -d)
 trap 'kill -9 $(jobs -p) 2>/dev/null; rm -rf "$work"' EXIT
 quick="train.eval_every=0 data.seq=32 data.micro_batch=2 model.num_hidden_layers=1 train.log_every=1000"
@@ -22,10 +19,13 @@ steps=100000 # never reached: the schedule follows it, the signal ends the run
 # the "loss" of every step record in a metrics file, one per line, as written
 losses() { sed -n 's/^{"step":\([0-9]*\),.*"loss":\([^,}]*\).*/\1 \2/p' "$1"; }
 
+# the command that starts 2 ranks (stop_case's launcher)
+launch="$fsdprun -n 2 --timeout 120"
+
 # start a run in the background, wait for step 4 in its metrics
 start() { # dir
   mkdir -p "$1"
-  "$fsdprun" -n 2 --timeout 120 "$root/recipes/tiny.lua" $quick train.steps=$steps checkpoint.dir="$1/ck" \
+  $launch "$root/recipes/tiny.lua" $quick train.steps=$steps checkpoint.dir="$1/ck" \
     train.metrics="$1/m.jsonl" >"$1/out" 2>&1 &
   pid=$!
   for _ in $(seq 200); do
@@ -36,11 +36,11 @@ start() { # dir
   return 1
 }
 
-# stop_case NAME SIGNAL TARGET(fsdprun|ranks) EXPECTED_RC
+# stop_case NAME SIGNAL TARGET(launcher|ranks) EXPECTED_RC
 stop_case() {
   local name=$1 sig=$2 target=$3 want=$4 dir="$work/$1"
   start "$dir" || return
-  if [ "$target" = fsdprun ]; then kill -"$sig" $pid; else kill -"$sig" $(pgrep -P $pid); fi
+  if [ "$target" = launcher ]; then kill -"$sig" $pid; else kill -"$sig" $(pgrep -P $pid); fi
   wait $pid
   local rc=$?
   check "$name: exit status $want (got $rc)" "[ $rc = $want ]"
@@ -62,9 +62,21 @@ stop_case() {
     "[ \"\$(losses '$dir/m.jsonl')\" = \"\$(losses '$dir/ref.jsonl')\" ] && [ \$(losses '$dir/ref.jsonl' | wc -l) = $((n + 3)) ]"
 }
 
-stop_case "SIGTERM to fsdprun" TERM fsdprun 143
+stop_case "SIGTERM to fsdprun" TERM launcher 143
 stop_case "SIGTERM to the ranks" TERM ranks 143
 stop_case "SIGUSR1 to the ranks" USR1 ranks 138
+if command -v mpirun >/dev/null && mpirun --version 2>/dev/null | grep -q "Open MPI"; then
+  # Open MPI 4.1: mpirun forwards SIGUSR1 at once ("mpirun: Forwarding
+  # signal 10 to job"); on SIGTERM it sends the ranks SIGCONT, SIGTERM
+  # odls_base_sigkill_timeout seconds later, SIGKILL as long after that,
+  # and exits 1. mpirun also waits about that long after the ranks ended.
+  launch="mpirun --allow-run-as-root --oversubscribe -np 2 --mca odls_base_sigkill_timeout 2 $(dirname "$fsdprun")/fsdp"
+  stop_case "SIGUSR1 to mpirun" USR1 launcher 138
+  stop_case "SIGTERM to mpirun" TERM launcher 1
+  launch="$fsdprun -n 2 --timeout 120"
+else
+  echo "skipped: SIGUSR1 and SIGTERM to mpirun (Open MPI's mpirun is not installed)"
+fi
 
 # a second, different signal right after the first: the ranks end at once
 dir="$work/twice"
@@ -82,5 +94,4 @@ if start "$dir"; then
   check "SIGTERM then SIGINT: no rank says it stopped cleanly" "! grep -q 'stopped by SIG' '$dir/out'"
 fi
 
-echo "test_stop_signal: $passed passed, $failed failed"
-[ "$failed" = 0 ]
+finish test_stop_signal
