@@ -119,3 +119,10 @@ set_tests_properties(lua_nan_payload PROPERTIES LABELS multirank TIMEOUT 90 RUN_
 add_test(NAME lua_faults
          COMMAND fsdp-host ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_faults.lua $<TARGET_FILE:fsdprun> ${CMAKE_SOURCE_DIR})
 set_tests_properties(lua_faults PROPERTIES LABELS multirank TIMEOUT 300 RUN_SERIAL ON)
+# checkpoints a save or a resume cannot use (issue 18): a full disk on
+# `latest` fails every rank at once; `latest` naming a checkpoint that is
+# gone is refused; data failing its CRC falls back to the checkpoint before
+# (tests/lua/test_resume_faults.lua)
+add_test(NAME lua_resume_faults
+         COMMAND fsdp-host ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_resume_faults.lua $<TARGET_FILE:fsdprun> ${CMAKE_SOURCE_DIR})
+set_tests_properties(lua_resume_faults PROPERTIES LABELS multirank TIMEOUT 120 RUN_SERIAL ON)

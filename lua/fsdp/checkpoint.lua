@@ -33,8 +33,6 @@ local function all_reduce(s, t, op)
   if s.outer then shard.all_reduce_host(s.outer, t, op) end
 end
 
-local function barrier(s) all_reduce(s, tensor.new(1):fill(0), "sum") end
-
 -- Integers in [0, 2^48) that each rank fills at its own indices (zeros
 -- elsewhere), summed over the ranks exactly: as three 16-bit chunks in fp32
 -- (the collectives reduce fp32; integers below 2^24 stay exact).
@@ -50,8 +48,9 @@ local function share_ints(s, n, vals)
 end
 
 -- Every rank learns whether any failed: err (a message or nil) on this
--- rank; raises on all ranks when one failed, naming the first such rank.
-local function agree(s, err, what)
+-- rank; raises on all ranks when one failed, naming the first such rank
+-- and what became of the files (tail; default: nothing was changed).
+local function agree(s, err, what, tail)
   local r, n = world(s)
   local t = tensor.new(n):fill(0)
   if err then t:set(r, 1) end
@@ -59,7 +58,7 @@ local function agree(s, err, what)
   for q = 0, n - 1 do
     if t:get(q) > 0 then
       if err then error(what .. ": " .. tostring(err), 0) end
-      error(string.format("%s: rank %d failed (its message says why); nothing was changed", what, q), 0)
+      error(string.format("%s: rank %d failed (its message says why); %s", what, q, tail or "nothing was changed"), 0)
     end
   end
 end
@@ -162,9 +161,10 @@ local function step_dirs(dir)
 end
 
 local function exists(path) return C.fsdp_fs_stat(path, nil, nil) == 0 end
+M.exists = exists
 
 local function write_text(path, text)
-  check(C.fsdp_fs_write_atomic(path, text, #text), "checkpoint: write")
+  if C.fsdp_fs_write_atomic(path, text, #text) < 0 then error(path .. ": " .. last_error(), 0) end
 end
 
 -- a whole file's bytes, or nil when it cannot be read
@@ -233,7 +233,12 @@ local function commit(s)
     mine[k + 4], mine[k + 5] = tonumber(offsets[i - 1]), tonumber(crcs[i - 1])
   end
   local tab = share_ints(s, total * 6, mine)
-  if r == 0 then
+  -- rank 0 writes the index, renames and re-points `latest`; the others
+  -- learn how that went from the agreement (not from a collective that
+  -- would wait for a rank 0 that has stopped: a full disk here fails the
+  -- save on every rank at once)
+  local ok2, err2 = true, nil
+  if r == 0 then ok2, err2 = pcall(function()
     local files, segments, tensors = {}, {}, {}
     for _, e in ipairs(p.catalogue) do
       tensors[#tensors + 1] = { name = e.name, dtype = "F32", shape = json.array(e.shape) }
@@ -261,8 +266,8 @@ local function commit(s)
         if steps[i] ~= p.name then check(C.fsdp_fs_remove_tree(p.dir .. "/" .. steps[i]), "checkpoint: retention") end
       end
     end
-  end
-  barrier(s)
+  end) end
+  agree(s, not ok2 and err2 or nil, what, "the checkpoints already there are whole")
   return p.final
 end
 
@@ -361,20 +366,35 @@ end
 -- a save stopped between its rename and `latest`'s update. nil when there
 -- is none; the second value says what was skipped and why.
 function M.latest(dir)
-  local skipped = {}
-  local cands = {}
+  local paths, skipped = M.candidates(dir)
+  return paths[1], skipped
+end
+
+-- Every checkpoint under dir that opens, newest first, and what was skipped
+-- (nil: nothing). Opening checks the index, not the data: resume=auto loads
+-- the first and falls back to the next when its data is damaged (load's
+-- o.skip_damaged), so the data is read once, by the load itself.
+function M.candidates(dir)
+  local skipped, paths = {}, {}
   local steps = step_dirs(dir)
-  for i = #steps, 1, -1 do cands[#cands + 1] = steps[i] end
-  for _, c in ipairs(cands) do
-    local path = dir .. "/" .. c
+  for i = #steps, 1, -1 do
+    local path = dir .. "/" .. steps[i]
     local h, err = open(path)
     if h then
       C.fsdp_ckpt_close(ffi.gc(h, nil))
-      return path, #skipped > 0 and table.concat(skipped, "; ") or nil
+      paths[#paths + 1] = path
+    else
+      skipped[#skipped + 1] = err
     end
-    skipped[#skipped + 1] = err
   end
-  return nil, #skipped > 0 and table.concat(skipped, "; ") or nil
+  return paths, #skipped > 0 and table.concat(skipped, "; ") or nil
+end
+
+-- The checkpoint name dir/latest holds, or nil when there is no such file:
+-- its presence proves that a run saved in dir.
+function M.latest_name(dir)
+  local t = read_text(dir .. "/latest")
+  return t and (t:match("^%s*(.-)%s*$")) or nil
 end
 
 -- meta values saved with the checkpoint (numbers and strings)
@@ -446,15 +466,20 @@ function M.another_run(dir, c, run_id)
 end
 
 -- Raises unless run run_id, starting after step `from`, may save into dir:
--- no checkpoint of another run there, and none newer than `from`.
-function M.check_history(dir, run_id, from)
+-- no checkpoint of another run there, and none newer than `from`, but for
+-- the names in `damaged` (a set: checkpoints whose data failed its CRC,
+-- which this run's saves replace).
+function M.check_history(dir, run_id, from, damaged)
   for _, c in ipairs(M.history(dir)) do
-    if c.step > from then
+    if damaged and damaged[c.name] then
+      -- skipped: this run replaces it
+    elseif c.step > from then
       error(string.format("%s/%s (run %s) is newer than step %d, where this run starts: saving in %s would replace it or " ..
         "pass it with another history. Give this run its own checkpoint.dir (a branch from an older checkpoint needs one), " ..
         "or go on from the newest with train.resume=auto", dir, c.name, c.run_id or "not recorded", from, dir), 0)
+    elseif c.run_id and c.run_id ~= run_id then
+      error(M.another_run(dir, c, run_id), 0)
     end
-    if c.run_id and c.run_id ~= run_id then error(M.another_run(dir, c, run_id), 0) end
   end
 end
 
@@ -487,6 +512,9 @@ end
 -- Loads path into s: every rank reads the ranges it holds, all verified
 -- before any is applied; on any rank's failure no rank changes anything.
 -- o.optimizer: the states to load. Returns the saved meta table.
+-- o.skip_damaged: when data fails its CRC on some rank (and nothing else
+-- failed), return nil, why, and whether this rank found it, on every rank,
+-- instead of raising (resume=auto then tries the previous checkpoint).
 function M.load(s, path, o)
   o = o or {}
   local what = "checkpoint: loading " .. path
@@ -494,7 +522,7 @@ function M.load(s, path, o)
   local states = M.states[optimizer]
   if not states then error("checkpoint.load: optimizer '" .. tostring(optimizer) .. "' (expected adamw or sgd)", 2) end
   local list, by_name = catalogue(s)
-  local staged, meta, guard = {}, nil, finite_guard()
+  local staged, meta, guard, damaged = {}, nil, finite_guard(), false
   -- everything into host memory first (h is closed on every path)
   local function read_all(h)
     meta = meta_of(h)
@@ -514,7 +542,11 @@ function M.load(s, path, o)
       for _, pc in ipairs(pieces(u, 0)) do
         for k, st in ipairs(states) do
           local at = bufs[k]:ptr() + pc.off
-          if C.fsdp_ckpt_read(h, pc.name, st, pc.begin, pc["end"], at) < 0 then error(last_error(), 0) end
+          local rc = C.fsdp_ckpt_read(h, pc.name, st, pc.begin, pc["end"], at)
+          if rc < 0 then
+            damaged = rc == C.FSDP_ECORRUPT
+            error(last_error(), 0)
+          end
           guard.scan(by_name[pc.name], k - 1, pc.begin, at, pc["end"] - pc.begin)
         end
       end
@@ -529,6 +561,14 @@ function M.load(s, path, o)
   end)
   local function drop() for _, g in ipairs(staged) do for _, b in ipairs(g.bufs) do b:free() end end end
   if not ok then drop() end -- nothing is applied: free the staging now
+  if o.skip_damaged then -- data that fails its CRC on some rank, and nothing else wrong: nil and why, on every rank
+    local t = tensor.new(2):fill(0)
+    t:set(damaged and 0 or 1, not ok and 1 or 0)
+    all_reduce(s, t, "sum")
+    if t:get(0) > 0 and t:get(1) == 0 then
+      return nil, damaged and err or "another rank found damaged data (its message says where)", damaged
+    end
+  end
   agree(s, not ok and err or nil, what)
   local bad = guard.verdict(s, list, states)
   if bad then

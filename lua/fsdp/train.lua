@@ -190,45 +190,69 @@ local function run(r, where, args, break_at, owned)
   -- (checkpoint.init_hf, by default model.from_hf's folder), else the meta init's
   local ck, o = r.checkpoint, r.optimizer
   local start, consumed, resumed, saved = 1, 0, nil, nil
-  if r.train.resume then
-    local path = r.train.resume
-    if path == "auto" then
-      local why
-      path, why = checkpoint.latest(ck.dir)
-      if why then say("resume: skipped %s", why) end
-      if not path then say("resume: no checkpoint in %s yet: starting at step 1", ck.dir) end
+  local auto, cands = r.train.resume == "auto", { r.train.resume }
+  if auto then
+    local why
+    cands, why = checkpoint.candidates(ck.dir)
+    if why then say("resume: skipped %s", why) end
+    local named = #cands == 0 and checkpoint.latest_name(ck.dir)
+    if named then -- `latest` proves a run saved here: starting at step 1 would begin its history anew
+      error(string.format("%s: train.resume=auto: %s/latest names %s, which %s, and no other checkpoint in %s opens. A run " ..
+        "saved there: restore %s/%s, continue from a checkpoint of your own with train.resume=PATH, or start over in " ..
+        "another checkpoint.dir (or remove %s/latest)", where, ck.dir, named, checkpoint.exists(ck.dir .. "/" .. named) and
+        "does not open" or "does not exist", ck.dir, ck.dir, named, ck.dir), 0)
     end
-    if path then -- its index first: what is refused below is refused before any weight is read
-      local ok, m = pcall(checkpoint.meta, path)
-      if not ok then error(where .. ": train.resume: " .. tostring(m), 0) end
-      saved, resumed = m, path
+    if #cands == 0 then say("resume: no checkpoint in %s yet: starting at step 1", ck.dir) end
+  end
+  -- resume=auto: the newest checkpoint whose data checks out; one whose data
+  -- fails its CRC is skipped (this run's saves replace it), the next older tried
+  local damaged, run_id = {}, nil
+  for _, path in ipairs(cands) do
+    local ok, m = pcall(checkpoint.meta, path) -- its index first: what is refused below is refused before any weight is read
+    if not ok then error(where .. ": train.resume: " .. tostring(m), 0) end
+    saved, resumed = m, path
+    -- the history this run continues (its checkpoint's); checkpoint.dir holds one
+    run_id = saved.run_id or checkpoint.new_run_id(sharded)
+    if not saved.run_id then
+      say("resume: %s records no run id (saved before fsdp recorded them); this run's checkpoints carry %s", resumed, run_id)
     end
-  end
-  -- the history this run continues (its checkpoint's) or begins; checkpoint.dir holds one
-  local run_id = saved and saved.run_id or checkpoint.new_run_id(sharded)
-  if saved and not saved.run_id then
-    say("resume: %s records no run id (saved before fsdp recorded them); this run's checkpoints carry %s", resumed, run_id)
-  end
-  if ck.dir then
-    local ok, e = pcall(checkpoint.check_history, ck.dir, run_id, saved and saved.step or 0)
-    if not ok then error(where .. ": checkpoint.dir: " .. tostring(e), 0) end
-  end
-  if saved then
-    local ok, at, note = pcall(data.resume_position, saved, { seq = T, micro_batch = B, windows = ds:windows("train", T) },
+    if ck.dir then
+      local ok2, e = pcall(checkpoint.check_history, ck.dir, run_id, saved.step or 0, damaged)
+      if not ok2 then error(where .. ": checkpoint.dir: " .. tostring(e), 0) end
+    end
+    local ok3, at, note = pcall(data.resume_position, saved, { seq = T, micro_batch = B, windows = ds:windows("train", T) },
       resumed)
-    if not ok then error(where .. ": train.resume: " .. tostring(at), 0) end
-    local meta
-    ok, meta = pcall(checkpoint.load, sharded, resumed, { optimizer = o.name })
+    if not ok3 then error(where .. ": train.resume: " .. tostring(at), 0) end
+    local meta, why, mine
+    ok, meta, why, mine = pcall(checkpoint.load, sharded, resumed, { optimizer = o.name, skip_damaged = auto })
     if not ok then error(where .. ": train.resume: " .. tostring(meta), 0) end
-    start, consumed = (meta.step or 0) + 1, at
-    sharded.skipped = meta.skipped
-    if meta.seed and meta.seed ~= seed then
-      say("resume: %s was trained with train.seed = %d; keeping it for the data order (the recipe says %d)", resumed, meta.seed,
-        seed)
-      seed = meta.seed
+    if meta then
+      start, consumed = (meta.step or 0) + 1, at
+      sharded.skipped = meta.skipped
+      if meta.seed and meta.seed ~= seed then
+        say("resume: %s was trained with train.seed = %d; keeping it for the data order (the recipe says %d)", resumed,
+          meta.seed, seed)
+        seed = meta.seed
+      end
+      say("resumed from %s: step %d done, %d windows of data consumed", resumed, start - 1, saved.consumed or 0)
+      if note then say("resume: %s", note) end
+      break
     end
-    say("resumed from %s: step %d done, %d windows of data consumed", resumed, start - 1, saved.consumed or 0)
-    if note then say("resume: %s", note) end
+    if mine then io.stderr:write(string.format("[%d] resume: %s\n", R, why)) end
+    say("resume: skipped %s: its data is damaged (a rank's message above says where); trying the one before", resumed)
+    damaged[resumed:match("[^/]+$")] = true
+    saved, resumed, run_id = nil, nil, nil
+  end
+  if auto and next(damaged) and not resumed then
+    error(string.format("%s: train.resume=auto: every checkpoint in %s is damaged (see above). Restore one, or start over " ..
+      "in another checkpoint.dir", where, ck.dir), 0)
+  end
+  if not saved then -- a new history
+    run_id = checkpoint.new_run_id(sharded)
+    if ck.dir then
+      local ok, e = pcall(checkpoint.check_history, ck.dir, run_id, 0)
+      if not ok then error(where .. ": checkpoint.dir: " .. tostring(e), 0) end
+    end
   end
   local init_hf = ck.init_hf
   if init_hf == nil then init_hf = r.model.from_hf end

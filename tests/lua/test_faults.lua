@@ -141,12 +141,7 @@ do -- the mapping itself, against positions worked out by hand
   at, note = data.resume_position({ consumed = 9 }, now, "ck/old")
   check(at == 9 and note:find("ck/old records no data geometry", 1, true), "a checkpoint without the record: " .. tostring(note))
 end
--- per-step losses of a metrics file, as written (17 digits: the double itself)
-local function losses(path)
-  local t = {}
-  for step, loss in (ckpt.read_text(path) or ""):gmatch('"step":(%d+),[^\n]-"loss":([^,}]+)') do t[tonumber(step)] = loss end
-  return t
-end
+local losses = T.losses
 -- end to end on a file whose training split is 28 windows of 32 tokens (896
 -- + 1 tokens; the tiny recipe validates on the last 5%: 944 in all), so that
 -- step 7 (2 ranks x 2 windows a step) ends epoch 0

@@ -3,6 +3,7 @@
 --   T.check(ok, what); T.fails(fn, needle, what); T.finish()  -- prints "N passed, M failed", exits
 --   T.workdir(name) -> a fresh /tmp directory; T.launch(fsdprun, n, args, env) -> ok, output
 --   T.params(s) -> a sharded model's parameters; T.same_params(a, b) -> ok, where not
+--   T.losses(path) -> {step = loss as written} of a metrics file
 return function(label)
   local T = { passed = 0, failed = 0 }
   function T.check(ok, what)
@@ -48,6 +49,14 @@ return function(label)
       for i = 1, #va do if va[i] ~= vb[i] then return false, name .. " differs at " .. i end end
     end
     return true
+  end
+  -- per-step losses of a metrics file, as written (17 digits: the double itself)
+  function T.losses(path)
+    local t, f = {}, io.open(path, "rb")
+    local text = f and f:read("*a") or ""
+    if f then f:close() end
+    for step, loss in text:gmatch('"step":(%d+),[^\n]-"loss":([^,}]+)') do t[tonumber(step)] = loss end
+    return t
   end
   function T.finish()
     print(string.format("%s: %d passed, %d failed", label, T.passed, T.failed))
