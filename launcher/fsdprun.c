@@ -90,7 +90,8 @@ static const char *help_text =
     "status. SIGINT, SIGTERM, SIGHUP or SIGUSR1 to fsdprun stop the job the same\n"
     "way (a training run's ranks finish their step and save: docs/CHECKPOINTS.md);\n"
     "a second one skips the grace period. No rank outlives fsdprun, and its\n"
-    "temporary PMIx directory is removed on every path.\n"
+    "temporary PMIx directory and the job's /dev/shm segments are removed on\n"
+    "every path.\n"
     "\n"
     "Restarts (--max-restarts N): each is announced on stderr, e.g.\n"
     "  fsdprun: restart 1 of 3 in 1 s (rank 2 was killed by signal 9 (Killed))\n"
@@ -353,7 +354,9 @@ static int rm_entry(const char *path, const struct stat *st, int flag, struct FT
   return 0;
 }
 
+/* With the job's /dev/shm segments: every exit path comes here, ranks gone. */
 static void rm_tmpdir(void) {
+  job_shm_sweep(&J);
   if (J.tmpdir[0]) nftw(J.tmpdir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
   J.tmpdir[0] = 0;
 }

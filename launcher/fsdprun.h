@@ -6,7 +6,8 @@
  *   fsdprun_procs.c  fork/exec of the ranks, reaping, signalling
  *   fsdprun_io.c     the ranks' output, line by line, with a rank prefix
  *   fsdprun_job.c    the supervising loop: failures, signals, timeout, stop
- *   fsdprun_restart.c  --max-restarts: the job started again after a failure */
+ *   fsdprun_restart.c  --max-restarts: the job started again after a failure
+ *   fsdprun_shm.c    removing the job's /dev/shm segments when it ends */
 #ifndef FSDPRUN_H
 #define FSDPRUN_H
 
@@ -104,6 +105,9 @@ int restart_setup(job *j, char **argv);
  * are left, waits the back-off and execs fsdprun again (returns only when it
  * does not restart, or exits 128+K on signal K during the back-off). */
 void restart_if_due(job *j, int code);
+
+/* fsdprun_shm.c: once no rank runs (every exit path, before a restart too) */
+void job_shm_sweep(const job *j);
 
 /* fsdprun.c */
 double fsdprun_now(void);  /* monotonic seconds */

@@ -17,3 +17,8 @@ set_tests_properties(launcher_fsdp_host PROPERTIES LABELS launcher TIMEOUT 60)
 add_test(NAME launcher_env
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/launcher/test_launcher_env.sh $<TARGET_FILE:fsdprun> $<TARGET_FILE:fsdp-host>)
 set_tests_properties(launcher_env PROPERTIES LABELS launcher TIMEOUT 90)
+# a rank dying while a CPU group is created leaves no /dev/shm segment once
+# fsdprun has returned (tests/launcher/test_shm_cleanup.sh)
+add_test(NAME launcher_shm_cleanup
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/launcher/test_shm_cleanup.sh $<TARGET_FILE:fsdprun> $<TARGET_FILE:fsdp-host>)
+set_tests_properties(launcher_shm_cleanup PROPERTIES LABELS launcher TIMEOUT 60)

@@ -19,8 +19,10 @@
  * root) and checks everyone's after the first barrier, so ranks that call
  * different collectives fail with a message instead of corrupting data or
  * hanging. Waits are bounded (timeout) and notice dead peers.
- * The segment is unlinked as soon as every member has mapped it, so a crash
- * leaves nothing behind in /dev/shm. */
+ * The segment's name is removed as soon as every member has mapped it (or
+ * the creation failed), by every member that knows it, so that a member
+ * dying then leaves nothing behind in /dev/shm; fsdprun removes what a
+ * rank killed earlier left (the names carry the job's namespace). */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -35,6 +37,7 @@
 #include "../base/log.h"
 #include "../device/device_impl.h"
 #include "comm_impl.h"
+#include "shm_segment.h"
 #include "shm_sync.h"
 
 #define SHM_MAGIC 0x46534450u /* "FSDP" */
@@ -328,42 +331,22 @@ static size_t chunk_bytes(void) {
   return (b + 4095) & ~(size_t)4095;
 }
 
-static int map_segment(const char *segname, int create, size_t bytes, shm_header **out) {
-  int fd = shm_open(segname, create ? O_CREAT | O_EXCL | O_RDWR : O_RDWR, 0600);
-  if (fd < 0) return fsdp_fail(FSDP_EIO, "shm_open('%s'): %s", segname, strerror(errno));
-  if (create && ftruncate(fd, (off_t)bytes) < 0) {
-    int e = errno;
-    close(fd);
-    shm_unlink(segname);
-    return fsdp_fail(FSDP_EIO, "cannot size shared memory '%s' to %zu bytes: %s (is /dev/shm large enough?)",
-                     segname, bytes, strerror(e));
-  }
-  void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  close(fd);
-  if (p == MAP_FAILED) {
-    if (create) shm_unlink(segname);
-    return fsdp_fail(FSDP_EIO, "mmap of shared memory '%s' (%zu bytes): %s", segname, bytes, strerror(errno));
-  }
-  *out = p;
-  return FSDP_OK;
-}
-
 static int open_group(fsdp_comm *c, shm_comm *s, const comm_group_spec *spec) {
   size_t chunk = chunk_bytes();
   int n = spec->size;
   s->map_bytes = SHM_DATA_OFFSET + (size_t)n * 2 * chunk;
-  char key[256], segname[128] = "";
+  char key[256], segname[256] = "";
   snprintf(key, sizeof key, "fsdp.shm.%s", spec->tag);
   int leader = spec->my_index == 0;
   /* Every member reads the same host list, so on several hosts all of them
    * fail here at once (another host's /dev/shm is not this one's). */
   int rc = fsdp_hosts_check_one(spec->name, spec->members, n);
+  int me = spec->members[spec->my_index];
   if (rc == FSDP_OK && leader) {
-    snprintf(segname, sizeof segname, "/fsdp.%d.%s", (int)getpid(), spec->tag);
-    for (char *p = segname + 1; *p; p++)
-      if (*p == '/') *p = '_';
-    rc = map_segment(segname, 1, s->map_bytes, &s->hdr);
+    shm_segment_name(segname, sizeof segname, spec->tag);
+    rc = shm_segment_map(segname, 1, s->map_bytes, (void **)&s->hdr);
     if (rc == FSDP_OK) {
+      shm_segment_test_die(me, "created");
       s->hdr->magic = SHM_MAGIC;
       s->hdr->n = (uint32_t)n;
       s->hdr->chunk = chunk;
@@ -381,22 +364,24 @@ static int open_group(fsdp_comm *c, shm_comm *s, const comm_group_spec *spec) {
   if (rc == FSDP_OK && !leader) {
     size_t len = 0;
     rc = fsdp_kv_get(spec->members[0], key, segname, sizeof segname, &len);
-    if (rc == FSDP_OK) rc = map_segment(segname, 0, s->map_bytes, &s->hdr);
+    if (rc < 0) segname[0] = 0;
+    segname[sizeof segname - 1] = 0;
+    if (rc == FSDP_OK) rc = shm_segment_map(segname, 0, s->map_bytes, (void **)&s->hdr);
     if (rc == FSDP_OK && (s->hdr->magic != SHM_MAGIC || s->hdr->n != (uint32_t)n || s->hdr->chunk != chunk))
       rc = fsdp_fail(FSDP_ECOMM,
                      "shared memory '%s' does not match this group (members %u vs %d, chunk %llu vs %zu: is "
                      "FSDP_SHM_CHUNK the same on every rank?)",
                      segname, s->hdr->n, n, (unsigned long long)s->hdr->chunk, chunk);
   }
+  if (s->hdr) shm_segment_test_die(me, "mapped");
   rc = fsdp_comm_joined_everywhere(spec, key, rc);
-  if (rc < 0) {
-    if (leader && s->hdr) shm_unlink(segname);
-    return rc;
-  }
+  /* Everyone has it mapped, or the creation failed: the name is not needed
+   * any more. Every member that knows it removes it (ENOENT: another did),
+   * so a leader that died since creating it leaves nothing behind. */
+  if (segname[0]) shm_unlink(segname);
+  if (rc < 0) return rc;
   atomic_store(&s->hdr->pids[spec->my_index], (int32_t)getpid());
-  rc = step_barrier(c, s, "group creation");
-  if (leader) shm_unlink(segname); /* everyone has it mapped now */
-  return rc;
+  return step_barrier(c, s, "group creation");
 }
 
 int fsdp_comm_shm_create(const comm_group_spec *spec, fsdp_comm **out) {
