@@ -60,6 +60,14 @@ static const char *help_text =
     "                     restart up to 30 s. Not restarted: a job stopped by a\n"
     "                     signal or --timeout, or a rank that ended by (or exited\n"
     "                     128 + the number of) SIGINT, SIGTERM, SIGHUP, SIGUSR1\n"
+    "  --heartbeat-timeout SECONDS\n"
+    "                     stop the job when a rank has sent no heartbeat for\n"
+    "                     this long (stopped, or stuck outside the engine), naming\n"
+    "                     it and its last step (default 300; 0: not watched).\n"
+    "                     Ranks beat at each training step and while they wait\n"
+    "                     in a collective or read or write a file, so a rank\n"
+    "                     waiting for a stuck peer is not the one named. Not\n"
+    "                     with --repl (a prompt waits for you)\n"
     "  --timeout SECONDS  stop the job, exit status 124, if it runs longer,\n"
     "                     counted from fsdprun's start, whatever the ranks are\n"
     "                     doing (even still starting) (default 0: no limit)\n"
@@ -108,7 +116,8 @@ static const char *help_text =
     "            received signal K (130 for SIGINT, 143 for SIGTERM)\n"
     "  124       --timeout ran out\n"
     "  2         usage error: bad option, missing file or program\n"
-    "  1         the job could not be started\n"
+    "  1         the job could not be started, or a rank sent no heartbeat\n"
+    "            for --heartbeat-timeout seconds\n"
     "\n"
     "Environment:\n"
     "  FSDPRUN_HOST   the rank program, as --host (the command line wins)\n"
@@ -206,7 +215,8 @@ static const char *option_value(char **argv, int argc, int *i, char *name, size_
   }
   snprintf(name, cap, "%s", a);
   if (!strcmp(a, "-n") || !strcmp(a, "--np") || !strcmp(a, "--host") || !strcmp(a, "--grace") ||
-      !strcmp(a, "--timeout") || !strcmp(a, "--slots") || !strcmp(a, "--max-restarts"))
+      !strcmp(a, "--timeout") || !strcmp(a, "--slots") || !strcmp(a, "--max-restarts") ||
+      !strcmp(a, "--heartbeat-timeout"))
     return ++*i < argc ? argv[*i] : NULL;
   if (!strncmp(a, "-n", 2) && a[2]) { /* -n4 */
     snprintf(name, cap, "-n");
@@ -257,6 +267,7 @@ static int parse_args(int argc, char **argv) {
   if (host && !host[0]) host = NULL;
   J.prefix = 1;
   J.grace = 60; /* a synchronous save of a large model takes a while */
+  J.heartbeat_timeout = 300;
   J.break_at = -1;
   J.stdin_fwd = -1;
   J.epoll_fd = -1;
@@ -315,6 +326,8 @@ static int parse_args(int argc, char **argv) {
       if (parse_seconds(name, val, &J.grace)) return 2;
     } else if (!strcmp(name, "--timeout")) {
       if (parse_seconds(name, val, &J.timeout)) return 2;
+    } else if (!strcmp(name, "--heartbeat-timeout")) {
+      if (parse_seconds(name, val, &J.heartbeat_timeout)) return 2;
     } else {
       return usage_error("unknown option '%s'", argv[i]);
     }
@@ -430,6 +443,7 @@ int main(int argc, char **argv) {
   snprintf(J.nspace, sizeof J.nspace, "fsdprun-%d", (int)getpid());
   procs_become_subreaper(); /* descendants that leave the ranks' group stay ours */
   if (make_tmpdir() < 0) return 1;
+  if (heartbeat_open(&J) < 0) quick_exit_code(1);
   if (pmix_start(&J) < 0) quick_exit_code(1);
   /* procs_spawn stopping early (--timeout, a signal) is the supervisor's to report */
   if (pmix_register_job(&J) < 0 || procs_spawn(&J) < 0) {

@@ -7,7 +7,8 @@
  *   fsdprun_io.c     the ranks' output, line by line, with a rank prefix
  *   fsdprun_job.c    the supervising loop: failures, signals, timeout, stop
  *   fsdprun_restart.c  --max-restarts: the job started again after a failure
- *   fsdprun_shm.c    removing the job's /dev/shm segments when it ends */
+ *   fsdprun_shm.c    removing the job's /dev/shm segments when it ends
+ *   fsdprun_heartbeat.c  --heartbeat-timeout: the ranks' beats, and who went silent */
 #ifndef FSDPRUN_H
 #define FSDPRUN_H
 
@@ -16,6 +17,8 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
+
+#include "../src/base/heartbeat.h"
 
 /* One of a rank's output pipes and its unfinished last line. */
 typedef struct out_stream {
@@ -44,6 +47,7 @@ typedef struct job {
   int max_restarts;   /* --max-restarts N: restarts after a rank failed */
   int recipe;         /* the ranks run FSDP_HOST_PATH FILE.lua (no --host): a restart adds train.resume=auto */
   int slots;          /* --slots, else 0: the host's GPUs, or its cores */
+  double heartbeat_timeout; /* --heartbeat-timeout SECONDS, 0: not watched */
   int oversubscribe;  /* --oversubscribe or FSDPRUN_OVERSUBSCRIBE=1: more ranks than slots */
   /* state */
   double start;       /* monotonic seconds when fsdprun started: --timeout counts from here */
@@ -61,6 +65,8 @@ typedef struct job {
   char failure[160];  /* how it failed ("was killed by signal 9 (Killed)") */
   int failed_sig;     /* the signal it ended by (or exited 128 + it); 0: none */
   int stop_signal;    /* a signal to fsdprun stopped the job (never restarted); 0: none */
+  fsdp_heartbeat_slot *heartbeat; /* one slot per rank, shared with them; NULL: not watched */
+  char heartbeat_env[4200];       /* "FSDPRUN_HEARTBEAT=<tmpdir>/heartbeat" for the ranks */
 } job;
 
 /* fsdprun_pmix.c */
@@ -108,6 +114,13 @@ void restart_if_due(job *j, int code);
 
 /* fsdprun_shm.c: once no rank runs (every exit path, before a restart too) */
 void job_shm_sweep(const job *j);
+
+/* fsdprun_heartbeat.c */
+int heartbeat_open(job *j); /* after the temporary directory exists; nothing when the timeout is 0 */
+double heartbeat_check_every(const job *j);
+/* The running rank silent longest, if past the timeout: 1 and its rank, the
+ * silence (s) and the last step it reported (-1: none). */
+int heartbeat_stale(const job *j, int *rank, double *silent, long long *step);
 
 /* fsdprun.c */
 double fsdprun_now(void);  /* monotonic seconds */

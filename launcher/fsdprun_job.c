@@ -145,12 +145,33 @@ static void check_events(sup *s) {
   ab->pending = 0;
 }
 
-/* When to wake up next without an event: the timeout or the end of grace. */
+/* A rank silent past --heartbeat-timeout: stuck (stopped, or spinning
+ * outside the engine). It cannot act on SIGTERM (a stopped one would not
+ * even see it): it is killed now, the others stopped as after a failure. */
+static void check_heartbeats(sup *s) {
+  int r;
+  double silent;
+  long long step;
+  if (s->stopping || !heartbeat_stale(s->j, &r, &silent, &step)) return;
+  char last[64] = "no step reported yet", what[128];
+  if (step >= 0) snprintf(last, sizeof last, "last at step %lld", step);
+  snprintf(what, sizeof what, "sent no heartbeat for %.0f s (%s)", silent, last);
+  fprintf(stderr, "fsdprun: rank %d %s; stopping the job\n", r, what);
+  kill(s->j->ranks[r].pid, SIGKILL);
+  stop_failed(s, 1, r, what, 0); /* a restart (--max-restarts) may get past it */
+}
+
+/* When to wake up next without an event: the timeout, the end of grace, or
+ * the next look at the heartbeats. */
 static int poll_ms(sup *s) {
   double start = s->j->start;
   double t = -1, left;
   if (!s->stopping && s->j->timeout > 0) t = start + s->j->timeout;
   if (s->ab.pending && !s->stopping && (t < 0 || s->ab.at + ABORT_HOLD < t)) t = s->ab.at + ABORT_HOLD;
+  if (!s->stopping && s->j->heartbeat) {
+    double next = now() + heartbeat_check_every(s->j);
+    if (t < 0 || next < t) t = next;
+  }
   if (s->stopping && !s->killed) t = s->kill_at;
   if (s->killed && !s->running) t = s->kill_at + DRAIN_AFTER_KILL;
   if (t < 0) return -1;
@@ -200,6 +221,7 @@ int job_supervise(job *j) {
   drain_wakeups(j, &s); /* a signal that stopped the start of the ranks */
   for (;;) {
     check_events(&s);
+    check_heartbeats(&s);
     if (!s.stopping && fsdprun_past_timeout(j)) {
       char starting[96] = "";
       if (j->spawned < j->n)

@@ -38,7 +38,9 @@ static void *watch_ends(void *arg); /* the thread that stamps the ranks' ends */
  * settings other than PMIX_MCA_*) must not leak into a rank: setup_fork
  * provides the right ones. */
 static int inherited(const char *kv) {
-  if (!strncmp(kv, "FSDPRUN=", 8) || !strncmp(kv, "FSDPRUN_TTY=", 12)) return 0;
+  if (!strncmp(kv, "FSDPRUN=", 8) || !strncmp(kv, "FSDPRUN_TTY=", 12) ||
+      !strncmp(kv, FSDP_HEARTBEAT_ENV "=", sizeof FSDP_HEARTBEAT_ENV))
+    return 0;
   return strncmp(kv, "PMIX_", 5) || !strncmp(kv, "PMIX_MCA_", 9);
 }
 
@@ -52,13 +54,14 @@ static char **rank_envp(const job *j, char **pmix_env) {
   size_t n = 0, k = 0;
   for (char **e = environ; *e; e++) n++;
   for (char **e = pmix_env; *e; e++) n++;
-  char **envp = calloc(n + 5, sizeof *envp);
+  char **envp = calloc(n + 6, sizeof *envp);
   if (!envp) return NULL;
   for (char **e = environ; *e; e++)
     if (inherited(*e)) envp[k++] = *e;
   for (char **e = pmix_env; *e; e++) envp[k++] = *e;
   envp[k++] = "FSDPRUN=1";
   if (isatty(1)) envp[k++] = "FSDPRUN_TTY=1";
+  if (j->heartbeat) envp[k++] = (char *)j->heartbeat_env;
   if (j->repl) { /* the trainer's prompt (lua/fsdp/repl.lua) */
     envp[k++] = "FSDP_REPL=1";
     if (j->break_at >= 0) {

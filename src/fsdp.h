@@ -62,6 +62,9 @@ double fsdp_time_now(void);                /* monotonic seconds */
 int fsdp_stop_signals_watch(int on);
 int fsdp_stop_signal(void);
 const char *fsdp_signal_name(int sig);     /* "SIGTERM", ...; "a signal" for others */
+/* Tells fsdprun this rank is alive and at `step` (< 0: the step is not
+ * known); a no-op when fsdprun does not watch (src/base/heartbeat.h). */
+int fsdp_heartbeat(int64_t step);
 void fsdp_log_set_level(int level);
 int fsdp_log_get_level(void);
 

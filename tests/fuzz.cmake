@@ -24,7 +24,7 @@ if(fuzz_ok)
     set(fuzz_werror -Werror)
   endif()
   set(fuzz_src ${CMAKE_CURRENT_SOURCE_DIR}/fuzz/fuzz_safetensors.c ${CMAKE_SOURCE_DIR}/src/io/safetensors.c
-      ${CMAKE_SOURCE_DIR}/src/base/error.c ${CMAKE_SOURCE_DIR}/src/base/dtype.c)
+      ${CMAKE_SOURCE_DIR}/src/base/error.c ${CMAKE_SOURCE_DIR}/src/base/dtype.c ${CMAKE_SOURCE_DIR}/src/base/heartbeat.c)
   add_custom_command(OUTPUT ${fuzz_bin}
     COMMAND ${FSDP_CLANG} -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
             -Wall -Wextra -Wno-unused-parameter ${fuzz_werror} -I${CMAKE_SOURCE_DIR}/src ${CJSON_CFLAGS} ${fuzz_src}

@@ -126,3 +126,8 @@ set_tests_properties(lua_faults PROPERTIES LABELS multirank TIMEOUT 300 RUN_SERI
 add_test(NAME lua_resume_faults
          COMMAND fsdp-host ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_resume_faults.lua $<TARGET_FILE:fsdprun> ${CMAKE_SOURCE_DIR})
 set_tests_properties(lua_resume_faults PROPERTIES LABELS multirank TIMEOUT 120 RUN_SERIAL ON)
+# a rank alive but stuck (SIGSTOP, spinning in Lua) ends the job within
+# fsdprun --heartbeat-timeout, naming it and its last step (tests/scripts/test_heartbeat.sh)
+add_test(NAME heartbeat
+         COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_heartbeat.sh $<TARGET_FILE:fsdprun> ${CMAKE_SOURCE_DIR})
+set_tests_properties(heartbeat PROPERTIES LABELS multirank TIMEOUT 120 RUN_SERIAL ON)

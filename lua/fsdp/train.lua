@@ -23,6 +23,25 @@ local ffi, C, check = fsdp.ffi, fsdp.C, fsdp.check
 local M = {}
 
 pcall(ffi.cdef, "int mkdir(const char *path, unsigned int mode); int isatty(int fd);")
+pcall(ffi.cdef, "int kill(int pid, int sig); int getpid(void); int usleep(unsigned int us);")
+
+-- FSDP_TEST_STALL = "RANK:STEP:stop|spin" (tests only): at the start of
+-- step STEP, rank RANK stops itself (SIGSTOP) or spins in Lua for ever:
+-- alive but stuck, outside any collective (fsdprun --heartbeat-timeout).
+-- It first works 1 s longer than its peers, beating: by its last beat they
+-- have waited for it in a collective for 1 s, and only their own beats
+-- while waiting keep them from being taken for the stuck ones.
+local function stall_hook(rank, step)
+  local r, st, how = (os.getenv("FSDP_TEST_STALL") or ""):match("^(%d+):(%d+):(%a+)$")
+  if tonumber(r) ~= rank or tonumber(st) ~= step then return end
+  for _ = 1, 100 do
+    ffi.C.usleep(10000)
+    C.fsdp_heartbeat(step)
+  end
+  if how == "stop" then ffi.C.kill(ffi.C.getpid(), 19) end -- SIGSTOP
+  local x = 0
+  while how == "spin" do x = x + 1 end
+end
 
 local function mkdir_p(dir)
   local path = ""
@@ -372,6 +391,8 @@ local function run(r, where, args, break_at, owned)
   local signalled -- {signal, step, saved}: stopped by a signal after that step
   C.fsdp_stop_signals_watch(1)
   for step = start, stopped and -1 or last do
+    C.fsdp_heartbeat(step) -- fsdprun --heartbeat-timeout: alive, at this step
+    stall_hook(R, step)
     restarts.test_kill(restart, R, step)
     fsdp.memory_reset_peak(device)
     local t0 = C.fsdp_time_now()

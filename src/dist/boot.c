@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "../base/error.h"
+#include "../base/heartbeat.h"
 #include "../base/parallel.h"
 #include "../base/log.h"
 #include "../device/cuda_backend.h"
@@ -99,6 +100,7 @@ int fsdp_init(fsdp_proc_info *info) {
   boot.info.num_nodes = nodes;
   if (!singleton) fsdp_peer_events_register();
   boot.initialized = 1;
+  fsdp_heartbeat_attach(boot.info.rank); /* fsdprun --heartbeat-timeout watches from here on */
   fsdp_cpu_threads_share(boot.info.local_size);
   /* One GPU per local rank, the usual mapping, chosen when the CUDA backend
    * opens: a CPU job never starts CUDA (cuda_backend.h). */

@@ -22,6 +22,7 @@
 
 #include "../../kernels/kernels.h"
 #include "../base/error.h"
+#include "../base/heartbeat.h"
 #include "../device/cuda_impl.h"
 #include "comm_impl.h"
 #include "shm_sync.h"
@@ -113,6 +114,7 @@ static int nccl_synchronize(fsdp_comm *c) {
                        "comm '%s': collectives did not finish within %.0f s (a peer died or is calling collectives "
                        "in another order); the communicator was aborted", c->name, c->timeout_s);
     }
+    fsdp_heartbeat_pulse(); /* waiting for a peer is not being stuck */
     if (shm_now() - start > 1e-3) usleep(50); /* spin the first millisecond: short waits stay short */
   }
 }

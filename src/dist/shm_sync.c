@@ -1,6 +1,8 @@
 /* shm_sync.c: futex-based barrier across processes (see shm_sync.h). */
 #include "shm_sync.h"
 
+#include "../base/heartbeat.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -67,6 +69,7 @@ shm_wait_result shm_barrier_wait(shm_barrier *b, const shm_watch *w, int *culpri
   for (;;) {
     if (atomic_load_explicit(&b->gen, memory_order_acquire) != gen) return SHM_WAIT_OK;
     futex_wait(&b->gen, gen, 5 * 1000 * 1000); /* 5 ms: bounds how late a death is seen */
+    fsdp_heartbeat_pulse(); /* waiting for a peer is not being stuck: the stuck one goes silent */
     if (atomic_load_explicit(&b->gen, memory_order_acquire) != gen) return SHM_WAIT_OK;
     if (atomic_load_explicit(w->failed, memory_order_acquire)) return SHM_WAIT_FAILED;
     for (int j = 0; j < w->n; j++) {

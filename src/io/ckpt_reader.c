@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "../base/error.h"
+#include "../base/heartbeat.h"
 #include "json_util.h"
 
 enum { MAX_NDIM = 8 };
@@ -341,6 +342,7 @@ static int load_segment(fsdp_ckpt *c, const seg *s) {
       return BAD("checkpoint '%s': '%s' ends inside the %s of '%s' (bytes %lld..%lld)", c->dir, c->files[s->file],
                  c->states[s->state], c->tensors[s->tensor].name, (long long)s->offset, (long long)(s->offset + (int64_t)bytes));
     got += (size_t)k;
+    fsdp_heartbeat_pulse(); /* a long read is progress (fsdprun --heartbeat-timeout) */
   }
   uint32_t crc = fsdp_crc32c(0, c->scratch, bytes);
   if (crc != s->crc)

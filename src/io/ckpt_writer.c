@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "../base/error.h"
+#include "../base/heartbeat.h"
 
 enum { SEG_ALIGN = 64, CHUNK = 8 << 20 };
 
@@ -67,6 +68,7 @@ static void *run(void *arg) {
         break;
       }
       crc = fsdp_crc32c(crc, p, (size_t)k);
+      fsdp_heartbeat_pulse(); /* progress: a sync save's rank waits for this thread */
       p += k;
       left -= k;
       pos += k;

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "../base/error.h"
+#include "../base/heartbeat.h"
 
 static int os_fail(const char *what, const char *path) {
   return fsdp_fail(FSDP_EIO, "%s '%s': %s", what, path, strerror(errno));
@@ -119,6 +120,7 @@ static int write_all(int fd, const void *data, size_t n, int64_t off, const char
     p += w;
     n -= (size_t)w;
     off += w;
+    fsdp_heartbeat_pulse(); /* a long write is progress (fsdprun --heartbeat-timeout) */
   }
   return FSDP_OK;
 }

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "../base/error.h"
+#include "../base/heartbeat.h"
 #include "json_util.h"
 
 enum { MAX_NDIM = 8 };
@@ -290,6 +291,7 @@ int fsdp_safetensors_read(fsdp_safetensors *st, int i, int64_t begin, int64_t en
       if (r <= 0) rc = BAD("%s: the file ends inside tensor '%s' (it was truncated after opening?)", st->what, e->name);
       else have += (size_t)r;
     }
+    fsdp_heartbeat_pulse(); /* a long import is progress (fsdprun --heartbeat-timeout) */
     if (rc == FSDP_OK) rc = fsdp_convert(dst, FSDP_FP32, buf, e->fsdp_dtype, (size_t)k);
     dst += k;
     begin += k;
