@@ -4,8 +4,8 @@
  * FSDPRUN_HEARTBEAT; this header is the layout both sides map.
  *
  * A beat is progress, never a timer: the trainer beats at every step (with
- * the step's number), and the library beats while a rank waits in a
- * collective for its peers and while it reads or writes a file. A rank
+ * the step's number), and the library beats at every collective, while a
+ * rank waits in one for its peers, and while it reads or writes a file. A rank
  * stopped (SIGSTOP), or spinning outside the library, goes silent; the
  * peers waiting for it in a collective keep beating, so the stale one is
  * the one to blame. Nothing beats from a thread of its own. */

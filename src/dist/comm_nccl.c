@@ -95,6 +95,7 @@ static int nccl_synchronize(fsdp_comm *c) {
   nccl_comm *nc = c->impl;
   if (nc->aborted) return fsdp_fail(FSDP_ECOMM, "comm '%s': aborted after an earlier failure", c->name);
   double start = shm_now(), deadline = start + c->timeout_s;
+  fsdp_heartbeat_pulse(); /* reaching a collective's end is progress, even without a wait */
   for (;;) {
     cudaError_t e = cudaStreamQuery(stream_of(c));
     if (e == cudaSuccess) return FSDP_OK;

@@ -34,6 +34,7 @@
 
 #include "../base/bf16.h"
 #include "../base/error.h"
+#include "../base/heartbeat.h"
 #include "../base/log.h"
 #include "../device/device_impl.h"
 #include "comm_impl.h"
@@ -278,6 +279,7 @@ static int run_single(coll *a, shm_comm *s) {
 static int coll_task(void *arg) {
   coll *a = arg;
   shm_comm *s = a->c->impl;
+  fsdp_heartbeat_pulse(); /* a collective reached is progress, even one that never waits */
   int rc = s->hdr ? run_group(a, s) : run_single(a, s);
   if (rc < 0 && s->hdr) mark_failed(s, fsdp_last_error());
   return rc;
