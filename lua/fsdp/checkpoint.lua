@@ -54,6 +54,10 @@ local function agree(s, err, what, tail)
   local r, n = world(s)
   local t = tensor.new(n):fill(0)
   if err then t:set(r, 1) end
+  if err and n > 1 then -- said now: another rank's error may end the job before this rank's is shown
+    io.stderr:write(string.format("fsdp: rank %d: %s: %s\n", r, what, tostring(err)))
+    io.stderr:flush()
+  end
   all_reduce(s, t, "sum")
   for q = 0, n - 1 do
     if t:get(q) > 0 then
