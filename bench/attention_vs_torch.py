@@ -20,7 +20,7 @@ backend that runs, and the exit status is 1 when one is off by more than
 import argparse, ctypes, datetime, os, statistics, sys, warnings
 
 FSDP_CUDA, FSDP_BF16 = 1, 1                   # src/fsdp.h
-FSDP_ATTN_SIMPLE, FSDP_ATTN_TENSOR_CORES, FSDP_ATTN_CUDNN = 1, 2, 3  # src/fsdp_ops.h
+FSDP_ATTN_SIMPLE, FSDP_ATTN_TENSOR_CORES, FSDP_ATTN_CUDNN = 1, 2, 3  # src/fsdp_kernels.h
 IMPLS = [("simple", FSDP_ATTN_SIMPLE), ("tc", FSDP_ATTN_TENSOR_CORES), ("fsdp-cudnn", FSDP_ATTN_CUDNN)]
 OURS = [e for e, _ in IMPLS]
 SHAPES = [("llama3.2-1b", 32, 8, 64), ("llama3-8b", 32, 8, 128)]  # name, H, Hkv, D
@@ -37,7 +37,7 @@ class Unavailable(Exception):
 
 class Fsdp:
     """The few entry points of libfsdp.so this needs, argtypes as in src/fsdp.h
-    and src/fsdp_ops.h (every pointer is a void *; fsdp_stream * is NULL)."""
+    and src/fsdp_kernels.h (every pointer is a void *; fsdp_stream * is NULL)."""
 
     def __init__(self, path):
         self.lib = lib = ctypes.CDLL(path)

@@ -40,7 +40,7 @@
 
 extern "C" {
 #include "../src/base/error.h"
-#include "../src/fsdp.h"
+#include "../src/fsdp_kernels.h"
 }
 #include "attention_cudnn.h"
 

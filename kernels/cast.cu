@@ -4,7 +4,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include "../src/fsdp.h"
+#include "../src/fsdp_base.h"
 #include "kernels.h"
 
 template <typename T>

@@ -12,6 +12,7 @@ extern "C" {
 #include "../src/base/error.h"
 #include "../src/device/cuda_impl.h"
 }
+#include "../src/fsdp_kernels.h"
 #include "kernels.h"
 
 #include <initializer_list>

@@ -1,10 +1,14 @@
-/* fsdp_io.h: data readers, checkpoints and safetensors (src/io/). Part of
- * the public API: included by fsdp.h, read by ffi.lua, FFI-clean like it. */
+/* fsdp_io.h: the io layer's API (src/io/): token files, checksums and
+ * durable file steps, checkpoints, safetensors. Part of the public API:
+ * included by fsdp.h, read by ffi.lua, FFI-clean like it. */
 #ifndef FSDP_IO_API_H
 #define FSDP_IO_API_H
 
-#include <stddef.h>
-#include <stdint.h>
+#include "fsdp_base.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 /* ---- pre-tokenised token files (src/io/token_file.c) ----------------- */
 /* Formats (docs/TRAINING.md, "The data"): AUTO reads the llm.c header (256 x int32: magic,
@@ -39,9 +43,6 @@ int fsdp_fs_fsync(const char *path);
 int fsdp_fs_write_atomic(const char *path, const void *data, size_t n);
 int fsdp_fs_create(const char *path, int64_t bytes);  /* a new file of that size (zeros) */
 int fsdp_fs_pwrite(const char *path, int64_t offset, const void *data, size_t n);
-/* A positive result that is not an error: what was looked for is not there
- * (no message is set) */
-enum { FSDP_ABSENT = 1 };
 /* FSDP_OK and *bytes, *is_dir (either may be NULL) when path exists;
  * FSDP_ABSENT when it does not; an error otherwise */
 int fsdp_fs_stat(const char *path, int64_t *bytes, int *is_dir);
@@ -116,4 +117,7 @@ int64_t fsdp_safetensors_header(int n, const char *const *names, const char *con
                                 const int64_t *shapes, int nmeta, const char *const *meta, char *buf, int64_t cap,
                                 int64_t *data_begin);
 
+#ifdef __cplusplus
+}
+#endif
 #endif /* FSDP_IO_API_H */

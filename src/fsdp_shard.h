@@ -7,8 +7,11 @@
 #ifndef FSDP_SHARD_API_H
 #define FSDP_SHARD_API_H
 
-#include <stddef.h>
-#include <stdint.h>
+#include "fsdp_dist.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 /* How fully_shard and the planner lay units out: each parameter starts at
  * a multiple of FSDP_PARAM_ALIGN elements, each shard is a multiple of
@@ -53,9 +56,6 @@ int fsdp_layout_init_shard(const fsdp_layout *l, int rank, const char *const *pa
                            const fsdp_init_rule *rules, uint64_t seed, void *shard, int dtype);
 
 /* ---- optimizers on flat fp32 shards (src/shard/adamw.c) --------------- */
-typedef struct fsdp_adamw_config {
-  float lr, beta1, beta2, eps, weight_decay;
-} fsdp_adamw_config;
 
 /* One AdamW step over n elements; step counts from 1. param_bf16 (may be
  * NULL) receives the new values rounded to bf16 in the same pass. The
@@ -65,10 +65,6 @@ int fsdp_adamw_step(float *param, uint16_t *param_bf16, const float *grad, float
 /* SGD with momentum mu (0: plain SGD), coupled weight decay. */
 int fsdp_sgd_step(float *param, uint16_t *param_bf16, const float *grad, float *momentum, int64_t n, int64_t step,
                   float lr, float mu, float weight_decay, float grad_scale);
-/* CPU threads the optimizer steps (and other elementwise host loops) use:
- * FSDP_CPU_THREADS, else the machine's cores divided among its ranks. */
-int fsdp_cpu_threads(void);
-int fsdp_cpu_threads_set(int n);
 /* Sum of squares (float64) of the finite elements, and how many were not. */
 int fsdp_sum_squares(const float *x, int64_t n, double *sum, int64_t *nonfinite);
 
@@ -193,8 +189,6 @@ int fsdp_unit_destroy(fsdp_unit *u);
 /* The unit's plan, as fsdp_unit_plan_make made it for this rank. */
 int fsdp_unit_plan_get(const fsdp_unit *u, fsdp_unit_plan *out);
 const fsdp_layout *fsdp_unit_layout(const fsdp_unit *u);
-/* What unshard and prefetch return when they did not start the gather. */
-enum { FSDP_DEFERRED = 1 };
 /* Start gathering the full params (zero 3; no-op otherwise). FSDP_DEFERRED:
  * not started, the pool is at its bound (prefetch stops there). */
 int fsdp_unit_unshard(fsdp_unit *u);
@@ -283,5 +277,7 @@ int fsdp_unit_state_set(fsdp_unit *u, int kind, int64_t off, int64_t n, const fl
  * over the shard group, and the outer group with hfsdp). */
 int fsdp_unit_state_publish(fsdp_unit *u);
 
-
+#ifdef __cplusplus
+}
+#endif
 #endif /* FSDP_SHARD_API_H */

@@ -51,3 +51,7 @@ foreach(n 1 2 3 4)
            COMMAND $<TARGET_FILE:fsdprun> -n ${n} --timeout 200 --host $<TARGET_FILE:test_units>)
   set_tests_properties(units_np${n} PROPERTIES LABELS multirank TIMEOUT 240 RUN_SERIAL ON)
 endforeach()
+# the layers hold: no include reaches up, no include cycle in src/, kernels/,
+# launcher/ (scripts/check_layers.py), and the checker fails when one does
+add_test(NAME check_layers COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_check_layers.sh ${CMAKE_SOURCE_DIR})
+set_tests_properties(check_layers PROPERTIES LABELS unit TIMEOUT 60 SKIP_RETURN_CODE 77)

@@ -29,7 +29,7 @@ if(fuzz_ok)
     COMMAND ${FSDP_CLANG} -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
             -Wall -Wextra -Wno-unused-parameter ${fuzz_werror} -I${CMAKE_SOURCE_DIR}/src ${CJSON_CFLAGS} ${fuzz_src}
             ${CJSON_LDFLAGS} -lm -o ${fuzz_bin}
-    DEPENDS ${fuzz_src} ${CMAKE_SOURCE_DIR}/src/fsdp.h ${CMAKE_SOURCE_DIR}/src/fsdp_io.h ${CMAKE_SOURCE_DIR}/src/io/json_util.h
+    DEPENDS ${fuzz_src} ${CMAKE_SOURCE_DIR}/src/fsdp_base.h ${CMAKE_SOURCE_DIR}/src/fsdp_io.h ${CMAKE_SOURCE_DIR}/src/io/json_util.h
     COMMENT "fuzz_safetensors (clang, libFuzzer)" VERBATIM)
   add_custom_target(fuzz_safetensors_build ALL DEPENDS ${fuzz_bin})
   add_test(NAME fuzz_safetensors COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/fuzz/run.sh ${fuzz_bin} ${FSDP_FUZZ_SECONDS})

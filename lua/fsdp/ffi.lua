@@ -30,9 +30,15 @@ local function find(env, candidates, what)
 end
 
 -- The header minus what ffi.cdef cannot read; its quoted includes (the
--- per-layer parts of the API, fsdp_ops.h ...) are read in place, from the
--- same folder.
-function M.declarations(path)
+-- per-layer parts of the API: fsdp_base.h, fsdp_device.h ...) are read in
+-- place, from the same folder, each once however many headers include it
+-- (ffi.cdef refuses a type declared twice). seen (optional) collects the
+-- files read, in order, as a list and by path.
+function M.declarations(path, seen)
+  seen = seen or {}
+  if seen[path] then return "" end
+  seen[path] = true
+  seen[#seen + 1] = path
   local dir = path:match("^(.*)/[^/]*$") or "."
   local out, skip = {}, false
   for line in io.lines(path) do
@@ -42,7 +48,7 @@ function M.declarations(path)
     elseif skip and line:match("^%s*#%s*endif") then
       skip = false
     elseif inc and not skip then
-      out[#out + 1] = M.declarations(dir .. "/" .. inc)
+      out[#out + 1] = M.declarations(dir .. "/" .. inc, seen)
     elseif not skip and not line:match("^%s*#") then
       out[#out + 1] = line
     end
@@ -51,10 +57,11 @@ function M.declarations(path)
 end
 
 M.header = find("FSDP_HEADER", { root .. "/src/fsdp.h", root .. "/include/fsdp.h" }, "the header fsdp.h")
-ffi.cdef(M.declarations(M.header))
+M.headers = {} -- the public headers read, fsdp.h first
+ffi.cdef(M.declarations(M.header, M.headers))
 M.C = ffi.load(find("FSDP_LIB", { root .. "/build/libfsdp.so", root .. "/lib/libfsdp.so" }, "libfsdp.so"))
 
--- The CUDA backend's public entry points (the fsdp_cuda_* of fsdp_ops.h)
+-- The CUDA backend's public entry points (the fsdp_cuda_* of fsdp_kernels.h)
 -- are in libfsdp_cuda.so, which libfsdp opens the first time CUDA is asked
 -- for; this loads it on first use, so a CPU job never does.
 local cuda_ns

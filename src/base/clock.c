@@ -1,7 +1,7 @@
 /* clock.c: a monotonic clock for timings, the same one in C and Lua. */
 #include <time.h>
 
-#include "../fsdp.h"
+#include "../fsdp_base.h"
 
 double fsdp_time_now(void) {
   struct timespec ts;

@@ -5,6 +5,7 @@
 
 #include "bf16.h"
 #include "error.h"
+#include "../fsdp_base.h"
 
 size_t fsdp_dtype_size(int dtype) {
   switch (dtype) {

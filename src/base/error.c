@@ -1,6 +1,7 @@
 /* error.c: thread-local last error. A message is kept per thread so that a
  * comm worker's failure never overwrites the caller's message mid-read. */
 #include "error.h"
+#include "../fsdp_base.h"
 
 #include <stdarg.h>
 #include <stdio.h>

@@ -2,7 +2,7 @@
 #ifndef FSDP_BASE_ERROR_H
 #define FSDP_BASE_ERROR_H
 
-#include "../fsdp.h"
+#include "../fsdp_base.h"
 
 /* Sets the thread's last error message and returns status, so that callers
  * can write `return fsdp_fail(FSDP_EINVAL, "count %zu ...", n);`. */

@@ -1,6 +1,7 @@
 /* log.c: one line per message, written with a single write() so lines from
  * worker threads do not interleave. */
 #include "log.h"
+#include "../fsdp_base.h"
 
 #include <stdarg.h>
 #include <stdio.h>

@@ -2,7 +2,7 @@
 #ifndef FSDP_BASE_LOG_H
 #define FSDP_BASE_LOG_H
 
-#include "../fsdp.h"
+#include "../fsdp_base.h"
 
 void fsdp_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 

@@ -15,6 +15,7 @@
 
 #include "error.h"
 #include "parallel.h"
+#include "../fsdp_base.h"
 
 enum { MAX_THREADS = 64 };
 

@@ -11,6 +11,7 @@
 #include <math.h>
 
 #include "error.h"
+#include "../fsdp_base.h"
 
 void fsdp_philox4x32_10(const uint32_t counter[4], const uint32_t key[2], uint32_t out[4]) {
   uint32_t c0 = counter[0], c1 = counter[1], c2 = counter[2], c3 = counter[3];

@@ -8,7 +8,7 @@
 
 #include <string.h>
 
-#include "../fsdp.h"
+#include "../fsdp_base.h"
 
 enum { BLOCK = 4096 };
 

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "error.h"
+#include "../fsdp_base.h"
 
 static const int watched[] = {SIGTERM, SIGINT, SIGHUP, SIGUSR1};
 enum { NWATCHED = (int)(sizeof watched / sizeof watched[0]) };

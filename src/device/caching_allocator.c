@@ -31,6 +31,7 @@
 #include <string.h>
 
 #include "../base/error.h"
+#include "../fsdp_device.h"
 #include "cuda_backend.h"
 #include "device_impl.h"
 

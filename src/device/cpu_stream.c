@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "../base/error.h"
+#include "../fsdp_device.h"
 #include "device_impl.h"
 
 struct task {

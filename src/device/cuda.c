@@ -20,6 +20,7 @@
 
 #include "../../kernels/kernels.h"
 #include "../base/error.h"
+#include "../fsdp_device.h"
 #include "cuda_impl.h"
 
 static int cuda_check(cudaError_t e, const char *call, const char *file, int line) {

@@ -4,6 +4,7 @@
  * turned into the engine's statuses. */
 #include "../../kernels/kernels.h"
 #include "../base/error.h"
+#include "../fsdp_device.h"
 #include "cuda_backend.h"
 #include "cuda_impl.h"
 

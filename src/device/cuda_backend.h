@@ -13,7 +13,7 @@
 #ifndef FSDP_DEVICE_CUDA_BACKEND_H
 #define FSDP_DEVICE_CUDA_BACKEND_H
 
-#include "../fsdp.h"
+#include "../fsdp_device.h"
 
 typedef struct fsdp_cuda_backend {
   /* devices, memory, streams, events (src/device/cuda.c) */

@@ -15,6 +15,7 @@
 
 #include "../base/error.h"
 #include "../base/log.h"
+#include "../fsdp_device.h"
 #include "cuda_backend.h"
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;

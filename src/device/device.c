@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "../base/error.h"
+#include "../fsdp_device.h"
 #include "cuda_backend.h"
 #include "device_impl.h"
 

@@ -3,7 +3,7 @@
 #ifndef FSDP_DEVICE_IMPL_H
 #define FSDP_DEVICE_IMPL_H
 
-#include "../fsdp.h"
+#include "../fsdp_device.h"
 
 struct fsdp_stream {
   int device;

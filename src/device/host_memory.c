@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 #include "../base/error.h"
+#include "../fsdp_device.h"
 #include "device_impl.h"
 
 int fsdp_host_alloc(size_t bytes, void **out) {

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "../base/error.h"
+#include "../fsdp_device.h"
 
 static int check_shape(const char *op, int ndim, const int64_t *shape, int64_t *numel) {
   if (ndim < 1 || ndim > 4 || !shape) return fsdp_fail(FSDP_EINVAL, "%s: %d dimensions; expected 1 to 4", op, ndim);

@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "../base/log.h"
+#include "../fsdp_dist.h"
 
 static const char *const REACHED_INIT = "fsdp.reached_init";
 

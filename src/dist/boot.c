@@ -13,6 +13,7 @@
 #include "../base/log.h"
 #include "../device/cuda_backend.h"
 #include "../device/device_impl.h"
+#include "../fsdp_dist.h"
 #include "arrival.h"
 #include "comm_impl.h"
 

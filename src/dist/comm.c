@@ -8,6 +8,7 @@
 
 #include "../base/error.h"
 #include "../device/device_impl.h"
+#include "../fsdp_dist.h"
 #include "comm_impl.h"
 
 double fsdp_comm_default_timeout(void) {

@@ -3,7 +3,7 @@
 #ifndef FSDP_DIST_COMM_IMPL_H
 #define FSDP_DIST_COMM_IMPL_H
 
-#include "../fsdp.h"
+#include "../fsdp_dist.h"
 
 typedef struct comm_ops {
   const char *transport; /* "shm", "nccl" */

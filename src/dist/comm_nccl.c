@@ -24,6 +24,7 @@
 #include "../base/error.h"
 #include "../base/heartbeat.h"
 #include "../device/cuda_impl.h"
+#include "../fsdp_dist.h"
 #include "comm_impl.h"
 #include "shm_sync.h"
 

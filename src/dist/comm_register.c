@@ -12,6 +12,7 @@
 
 #include "../base/error.h"
 #include "../device/device_impl.h"
+#include "../fsdp_dist.h"
 #include "comm_impl.h"
 
 struct fsdp_comm_reg {

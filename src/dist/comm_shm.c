@@ -37,6 +37,7 @@
 #include "../base/heartbeat.h"
 #include "../base/log.h"
 #include "../device/device_impl.h"
+#include "../fsdp_dist.h"
 #include "comm_impl.h"
 #include "shm_segment.h"
 #include "shm_sync.h"

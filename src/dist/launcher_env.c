@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "../base/error.h"
+#include "../fsdp_dist.h"
 #include "comm_impl.h"
 
 /* ---- several tasks, no PMIx ---- */

@@ -8,6 +8,7 @@
 
 #include "../base/error.h"
 #include "../device/cuda_backend.h"
+#include "../fsdp_dist.h"
 #include "comm_impl.h"
 
 #define MESH_MAX_DIMS 8

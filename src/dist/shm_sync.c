@@ -1,5 +1,6 @@
 /* shm_sync.c: futex-based barrier across processes (see shm_sync.h). */
 #include "shm_sync.h"
+#include "../fsdp_dist.h"
 
 #include "../base/heartbeat.h"
 

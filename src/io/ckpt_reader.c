@@ -17,6 +17,7 @@
 
 #include "../base/error.h"
 #include "../base/heartbeat.h"
+#include "../fsdp_io.h"
 #include "json_util.h"
 
 enum { MAX_NDIM = 8 };

@@ -17,6 +17,7 @@
 
 #include "../base/error.h"
 #include "../base/heartbeat.h"
+#include "../fsdp_io.h"
 
 enum { SEG_ALIGN = 64, CHUNK = 8 << 20 };
 

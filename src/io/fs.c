@@ -14,6 +14,7 @@
 
 #include "../base/error.h"
 #include "../base/heartbeat.h"
+#include "../fsdp_io.h"
 
 static int os_fail(const char *what, const char *path) {
   return fsdp_fail(FSDP_EIO, "%s '%s': %s", what, path, strerror(errno));

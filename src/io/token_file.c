@@ -21,6 +21,7 @@
 
 #include "../base/error.h"
 #include "../base/scan.h"
+#include "../fsdp_io.h"
 
 enum { HEADER_INTS = 256, HEADER_BYTES = HEADER_INTS * 4 };
 enum { MAGIC_U16 = 20240520, VERSION_U16 = 1, MAGIC_U32 = 20240801, VERSION_U32 = 7 };

@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "../base/error.h"
+#include "../fsdp_ops.h"
 #include "ops.h"
 #include "rows.h"
 

@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "../base/parallel.h"
+#include "../fsdp_ops.h"
 #include "ops.h"
 
 enum { MIN_FLOPS_PER_THREAD = 128 << 20 };

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "../base/error.h"
+#include "../fsdp_ops.h"
 #include "rows.h"
 
 int fsdp_cross_entropy(double *loss_sum, int64_t *count, float *dlogits, const float *logits, const int32_t *targets,

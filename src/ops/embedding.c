@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "../base/error.h"
+#include "../fsdp_ops.h"
 
 static int check_ids(const char *op, const int32_t *ids, int64_t n, int64_t vocab) {
   for (int64_t i = 0; i < n; i++)

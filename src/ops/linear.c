@@ -5,6 +5,7 @@
  * grad buffers collect every use of a parameter. fp32. The GEMMs go through
  * fsdp_sgemm (blas_threads.c), which picks their threads by size. */
 #include "../base/error.h"
+#include "../fsdp_ops.h"
 #include "ops.h"
 
 static int check_dims(const char *op, int64_t n, int64_t in, int64_t out) {

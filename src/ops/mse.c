@@ -2,6 +2,7 @@
  * dx = scale * 2 (x - t) / n (scale: 1 / micro-batches for accumulation).
  * The sum runs in float64. fp32. */
 #include "../base/error.h"
+#include "../fsdp_ops.h"
 
 int fsdp_mse_forward_backward(double *loss, float *dx, const float *x, const float *target, int64_t n, float scale) {
   if (n < 1 || !x || !target || !loss) return fsdp_fail(FSDP_EINVAL, "mse: bad arguments (n = %lld)", (long long)n);

@@ -1,5 +1,6 @@
 /* residual.c: the residual stream's additions. y may alias a or b. */
 #include "../base/error.h"
+#include "../fsdp_ops.h"
 
 int fsdp_add(float *y, const float *a, const float *b, int64_t n) {
   if (n < 0 || (n && (!y || !a || !b))) return fsdp_fail(FSDP_EINVAL, "add: bad arguments (n=%lld)", (long long)n);

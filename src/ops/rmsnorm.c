@@ -6,6 +6,7 @@
 #include <math.h>
 
 #include "../base/error.h"
+#include "../fsdp_ops.h"
 
 static int check_args(const char *op, int64_t n, int64_t dim) {
   if (n < 0 || dim < 1) return fsdp_fail(FSDP_EINVAL, "%s: n=%lld dim=%lld", op, (long long)n, (long long)dim);

@@ -9,6 +9,7 @@
 #include <math.h>
 
 #include "../base/error.h"
+#include "../fsdp_ops.h"
 
 int fsdp_rope_table(float *cos_t, float *sin_t, int64_t seq, int64_t head_dim, double theta,
                     const fsdp_rope_scaling *sc) {

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "rows.h"
+#include "../fsdp_ops.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define FSDP_VECTOR_CLONES __attribute__((target_clones("avx2", "default")))

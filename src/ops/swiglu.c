@@ -4,6 +4,7 @@
  * The sigmoid comes from rows.c's vectorised exponential, a chunk at a time
  * (scalar expf took 8% of the demo's step in a profile). */
 #include "../base/error.h"
+#include "../fsdp_ops.h"
 #include "rows.h"
 
 enum { CHUNK = 512 }; /* sigmoids on the stack at a time */

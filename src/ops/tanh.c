@@ -3,6 +3,7 @@
 #include <math.h>
 
 #include "../base/error.h"
+#include "../fsdp_ops.h"
 
 int fsdp_tanh_forward(float *y, const float *x, int64_t n) {
   if (n < 0 || (n && (!y || !x))) return fsdp_fail(FSDP_EINVAL, "tanh_forward: bad arguments");

@@ -19,6 +19,7 @@
 #include "../base/error.h"
 #include "../base/parallel.h"
 #include "../base/adamw_math.h"
+#include "../fsdp_shard.h"
 
 /* below this many elements a step stays on the calling thread */
 enum { GRAIN = 1 << 16 };

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 
 #include "../base/error.h"
+#include "../fsdp_shard.h"
 
 struct fsdp_layout {
   int nparams, group_size;

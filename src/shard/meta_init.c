@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "../base/error.h"
+#include "../fsdp_shard.h"
 
 static int fill_piece(void *dst, int dtype, int64_t n, uint64_t seed, const char *name, int64_t first,
                       const fsdp_init_rule *rule) {

@@ -14,6 +14,7 @@
 
 #include "../base/error.h"
 #include "../dist/comm_impl.h"
+#include "../fsdp_shard.h"
 #include "pool.h"
 
 struct fsdp_pool {

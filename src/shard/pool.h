@@ -2,7 +2,7 @@
 #ifndef FSDP_SHARD_POOL_H
 #define FSDP_SHARD_POOL_H
 
-#include "../fsdp.h"
+#include "../fsdp_shard.h"
 
 /* 0: the slot and pointer are taken, and `user` will wait for the buffer's previous user;
  * 1: every buffer is live (the bound); < 0: error. */

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "../base/error.h"
+#include "../fsdp_shard.h"
 #include "unit_impl.h"
 
 static int check_config(const char *name, const fsdp_unit_config *c) {

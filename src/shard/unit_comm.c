@@ -16,6 +16,7 @@
 #include "../base/bf16.h"
 #include "../base/error.h"
 #include "../device/cuda_backend.h"
+#include "../fsdp_shard.h"
 #include "unit_impl.h"
 
 /* ---- host steps enqueued behind collectives ---- */

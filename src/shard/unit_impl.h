@@ -15,7 +15,7 @@
 
 #include "../device/device_impl.h"
 #include "../dist/comm_impl.h"
-#include "../fsdp.h"
+#include "../fsdp_shard.h"
 #include "pool.h"
 
 struct fsdp_unit {

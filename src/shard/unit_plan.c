@@ -21,7 +21,7 @@
 #include <string.h>
 
 #include "../base/error.h"
-#include "../fsdp.h"
+#include "../fsdp_shard.h"
 
 static const char *const names[FSDP_UBUF_COUNT] = {"main_params", "opt1",        "opt2",        "main_grads", "grad_accum",
                                                    "param_shard", "params_full", "grads_full", "host_stage"};

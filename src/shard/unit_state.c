@@ -4,6 +4,7 @@
  * ranges, independent of world size, ZeRO level and unit grouping. Which
  * ranges a rank holds and saves: fsdp_unit_state_pieces (unit.c). */
 #include "../base/error.h"
+#include "../fsdp_shard.h"
 #include "unit_impl.h"
 
 int64_t fsdp_unit_state_numel(const fsdp_unit *u) { return u ? u->opt_numel : 0; }

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "../base/error.h"
+#include "../fsdp_shard.h"
 #include "unit_impl.h"
 
 /* ---- the grad norm ---- */

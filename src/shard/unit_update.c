@@ -10,6 +10,7 @@
 #include "../base/bf16.h"
 #include "../base/error.h"
 #include "../device/cuda_backend.h"
+#include "../fsdp_shard.h"
 #include "unit_impl.h"
 
 int fsdp_unit_cast_out(void *dst, int dtype, const float *src, int64_t n, fsdp_stream *s) {

@@ -177,7 +177,7 @@ static void test_reader(void) {
   char opt[32] = "";
   CHECK(fsdp_ckpt_meta_number(c, "step", &step) == 0 && step == 7);
   CHECK(fsdp_ckpt_meta_number(c, "train.lr", &lr) == 0 && lr == 0.5);
-  CHECK(fsdp_ckpt_meta_number(c, "nope", &lr) == 1);
+  CHECK(fsdp_ckpt_meta_number(c, "nope", &lr) == FSDP_ABSENT);
   CHECK(fsdp_ckpt_meta_string(c, "optimizer", opt, sizeof opt) == 0 && !strcmp(opt, "adamw"));
   const char *name = NULL;
   int nd = 0;

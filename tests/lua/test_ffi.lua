@@ -1,5 +1,6 @@
--- test_ffi.lua: the FFI's view of fsdp.h (built from the header itself)
--- must equal C's: struct sizes, field offsets, every constant.
+-- test_ffi.lua: the FFI's view of the public API (built from the headers
+-- themselves: fsdp.h and every per-layer header beside it) must equal C's:
+-- struct sizes, field offsets, every constant.
 --   fsdp tests/lua/test_ffi.lua PATH/TO/ffi_layout
 local fsdp = require "fsdp"
 local ffi = fsdp.ffi
@@ -21,10 +22,30 @@ for _, o in ipairs(c.offsets) do
   check(okf and got == off, string.format("offsetof(%s, %s): C %d, FFI %s", t, f, off, tostring(got)))
 end
 
--- every struct the header defines, and every field of it, is in C's lists
--- (a struct or field added to fsdp.h but not to ffi_layout.c fails here)
--- (the whole public API: fsdp.h and the per-layer headers it includes)
+-- every public header (src/fsdp*.h) reaches the FFI, each once: fsdp.h
+-- includes it, directly or through another
 local base = require "fsdp.ffi"
+local dir = base.header:match("^(.*)/[^/]*$") or "."
+local read = {}
+for _, path in ipairs(base.headers) do
+  local name = path:match("([^/]*)$")
+  check(not read[name], name .. " was read twice")
+  read[name] = true
+end
+local ls = assert(io.popen("ls '" .. dir .. "'"))
+local npublic = 0
+for name in ls:lines() do
+  if name:match("^fsdp[%w_]*%.h$") then
+    npublic = npublic + 1
+    check(read[name], dir .. "/" .. name .. " is not included by fsdp.h, so the FFI does not see it")
+  end
+end
+ls:close()
+check(npublic >= 8 and #base.headers == npublic,
+  string.format("the FFI read %d headers of the %d public ones", #base.headers, npublic))
+
+-- every struct the headers define, and every field of it, is in C's lists
+-- (a struct or field added to a header but not to ffi_layout.c fails here)
 local header = base.declarations(base.header)
 local text = header:gsub("/%*.-%*/", " "):gsub("//[^\n]*", " ")
 local listed = {}

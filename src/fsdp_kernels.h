@@ -1,0 +1,90 @@
+/* fsdp_kernels.h: the kernels' API (kernels/): the CUDA twins of the ops,
+ * and the optimizer steps on device shards. The kernels are a library of
+ * the device level, inside the CUDA backend (libfsdp_cuda.so): the device
+ * layer, the NCCL transport and the units' steps run them, so they sit
+ * below dist and shard. Part of the public API: included by fsdp.h, read
+ * by ffi.lua, FFI-clean like it. */
+#ifndef FSDP_KERNELS_API_H
+#define FSDP_KERNELS_API_H
+
+#include "fsdp_device.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- the CUDA twins (kernels/, one file per op family) ---------------
+ * The same math as the CPU ops above, on device memory: activations,
+ * weights and their grads in `dtype` (FSDP_FP32 or FSDP_BF16), statistics
+ * (rstd, lse) in fp32, arithmetic in fp32. Asynchronous on s (NULL: the
+ * default stream): argument errors return at once, faults inside a kernel
+ * at the stream's next synchronize. Ids and targets must be valid: check
+ * them on the host (a bad id gives zeros, not an error). Built with the
+ * CUDA backend only (the symbols are absent otherwise). */
+int fsdp_cuda_linear_forward(void *y, const void *x, const void *w, const void *b, int64_t n, int64_t in, int64_t out,
+                             int32_t dtype, fsdp_stream *s);
+int fsdp_cuda_linear_backward(void *dx, void *dw, void *db, const void *dy, const void *x, const void *w, int64_t n,
+                              int64_t in, int64_t out, int32_t dtype, fsdp_stream *s);
+int fsdp_cuda_embedding_forward(void *y, const int32_t *ids, const void *table, int64_t n, int64_t vocab, int64_t dim,
+                                int32_t dtype, fsdp_stream *s);
+int fsdp_cuda_embedding_backward(void *dtable, const void *dy, const int32_t *ids, int64_t n, int64_t vocab, int64_t dim,
+                                 int32_t dtype, fsdp_stream *s);
+int fsdp_cuda_rmsnorm_forward(void *y, float *rstd, const void *x, const void *w, int64_t n, int64_t dim, float eps,
+                              int32_t dtype, fsdp_stream *s);
+int fsdp_cuda_rmsnorm_backward(void *dx, void *dw, const void *dy, const void *x, const void *w, const float *rstd,
+                               int64_t n, int64_t dim, int32_t dtype, fsdp_stream *s);
+int fsdp_cuda_rope_forward(void *x, const float *cos_t, const float *sin_t, int64_t batch, int64_t seq, int64_t heads,
+                           int64_t head_dim, int32_t dtype, fsdp_stream *s);
+int fsdp_cuda_rope_backward(void *dx, const float *cos_t, const float *sin_t, int64_t batch, int64_t seq, int64_t heads,
+                            int64_t head_dim, int32_t dtype, fsdp_stream *s);
+/* Which CUDA attention kernels run (process-wide; returns the previous
+ * choice). AUTO: cuDNN's fused flash attention (kernels/attention_cudnn.cpp)
+ * where it takes the call (bf16, head_dim a multiple of 8 up to 256,
+ * libcudnn 9 loadable, a plan for the shape), else OWN. OWN: our
+ * tensor-core kernels (kernels/attention_tc.cu) for bf16 with head_dim 64 or
+ * 128 on compute capability 8.0+, else our fp32 CUDA-core kernels
+ * (kernels/attention.cu). SIMPLE, TENSOR_CORES, CUDNN: always that family
+ * (EUNSUPPORTED, with the reason, where it does not apply). The
+ * environment's FSDP_ATTENTION=auto|own|cudnn|tc|simple sets the start. */
+typedef enum {
+  FSDP_ATTN_AUTO = 0,
+  FSDP_ATTN_SIMPLE = 1,
+  FSDP_ATTN_TENSOR_CORES = 2,
+  FSDP_ATTN_CUDNN = 3,
+  FSDP_ATTN_OWN = 4
+} fsdp_attention_impl;
+int fsdp_cuda_attention_impl_set(int which);
+/* Which family a call of this shape would run (FSDP_ATTN_CUDNN,
+ * _TENSOR_CORES or _SIMPLE, for aligned buffers on the current GPU), with
+ * a line for the user in desc: the cuDNN version, or why not cuDNN.
+ * backward: 0 forward, 1 backward. Builds cuDNN's plan if needed. */
+int fsdp_cuda_attention_choice(int32_t dtype, int64_t batch, int64_t seq, int64_t heads, int64_t kv_heads,
+                               int64_t head_dim, int backward, char *desc, size_t desc_len);
+int fsdp_cuda_attention_forward(void *out, float *lse, const void *q, const void *k, const void *v, int64_t batch,
+                                int64_t seq, int64_t heads, int64_t kv_heads, int64_t head_dim, int32_t dtype,
+                                fsdp_stream *s);
+int fsdp_cuda_attention_backward(void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
+                                 const void *v, const void *out, const float *lse, int64_t batch, int64_t seq,
+                                 int64_t heads, int64_t kv_heads, int64_t head_dim, int32_t dtype, fsdp_stream *s);
+int fsdp_cuda_swiglu_forward(void *y, const void *gate, const void *up, int64_t n, int32_t dtype, fsdp_stream *s);
+int fsdp_cuda_swiglu_backward(void *dgate, void *dup, const void *dy, const void *gate, const void *up, int64_t n,
+                              int32_t dtype, fsdp_stream *s);
+int fsdp_cuda_add(void *y, const void *a, const void *b, int64_t n, int32_t dtype, fsdp_stream *s);
+int fsdp_cuda_scale_add(void *y, float alpha, const void *x, int64_t n, int32_t dtype, fsdp_stream *s);
+/* loss_sum (double) and count (int64) are device memory, zeroed first */
+int fsdp_cuda_cross_entropy(double *loss_sum, int64_t *count, void *dlogits, const void *logits, const int32_t *targets,
+                            int64_t n, int64_t vocab, int32_t ignore_index, float grad_scale, int32_t dtype,
+                            fsdp_stream *s);
+/* optimizers on flat fp32 device shards; out (may be NULL) gets the new
+ * values in out_dtype in the same pass */
+int fsdp_cuda_adamw_step(float *param, void *out, int32_t out_dtype, const float *grad, float *m, float *v, int64_t n,
+                         int64_t step, const fsdp_adamw_config *cfg, float grad_scale, fsdp_stream *s);
+int fsdp_cuda_sgd_step(float *param, void *out, int32_t out_dtype, const float *grad, float *momentum, int64_t n,
+                       int64_t step, float lr, float mu, float weight_decay, float grad_scale, fsdp_stream *s);
+/* adds into the device counters sum (double) and nonfinite (int64) */
+int fsdp_cuda_sum_squares(const float *x, int64_t n, double *sum, int64_t *nonfinite, fsdp_stream *s);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FSDP_KERNELS_API_H */
