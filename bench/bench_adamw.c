@@ -37,7 +37,7 @@ typedef struct run {
   void *copy_dst;
 } run;
 
-static fsdp_adamw_config cfg = {1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f};
+static fsdp_adamw_config cfg = {.lr = 1e-4f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
 static int64_t step = 1;
 
 static int cpu_step(void *a) {

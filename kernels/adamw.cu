@@ -46,8 +46,9 @@ __global__ void sum_squares_kernel(const float *x, int64_t n, double *sum, unsig
   }
 }
 
-extern "C" int fsdp_cuda_adamw_step(float *param, void *out, int32_t out_dtype, const float *grad, float *m, float *v,
-                                    int64_t n, int64_t step, const fsdp_adamw_config *cfg, float grad_scale, fsdp_stream *s) {
+extern "C" int fsdp_cuda_adamw_step(float *param, void *out, fsdp_dtype out_dtype, const float *grad, float *m,
+                                    float *v, int64_t n, int64_t step, const fsdp_adamw_config *cfg, float grad_scale,
+                                    fsdp_stream *s) {
   if (!cfg || n < 0 || step < 1)
     return fsdp_fail(FSDP_EINVAL, "cuda adamw: %s", !cfg ? "NULL config" : step < 1 ? "the first real step is 1" : "negative length");
   if (!(cfg->beta1 >= 0 && cfg->beta1 < 1 && cfg->beta2 >= 0 && cfg->beta2 < 1 && cfg->eps > 0 && cfg->lr >= 0 &&
@@ -65,8 +66,9 @@ extern "C" int fsdp_cuda_adamw_step(float *param, void *out, int32_t out_dtype, 
   return launched("cuda adamw");
 }
 
-extern "C" int fsdp_cuda_sgd_step(float *param, void *out, int32_t out_dtype, const float *grad, float *momentum, int64_t n,
-                                  int64_t step, float lr, float mu, float weight_decay, float grad_scale, fsdp_stream *s) {
+extern "C" int fsdp_cuda_sgd_step(float *param, void *out, fsdp_dtype out_dtype, const float *grad, float *momentum,
+                                  int64_t n, int64_t step, float lr, float mu, float weight_decay, float grad_scale,
+                                  fsdp_stream *s) {
   if (n < 0 || step < 1 || (mu != 0 && !momentum && n)) return fsdp_fail(FSDP_EINVAL, "cuda sgd: bad arguments");
   FSDP_CHECK(check_dtype(out_dtype, "cuda sgd"));
   if (n == 0) return FSDP_OK;

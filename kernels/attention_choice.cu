@@ -80,7 +80,7 @@ extern "C" int fsdp_cuda_attention_impl_set(int which) {
   return before;
 }
 
-extern "C" int fsdp_cuda_attention_choice(int32_t dtype, int64_t batch, int64_t seq, int64_t heads, int64_t kv_heads,
+extern "C" int fsdp_cuda_attention_choice(fsdp_dtype dtype, int64_t batch, int64_t seq, int64_t heads, int64_t kv_heads,
                                           int64_t head_dim, int backward, char *desc, size_t desc_len) {
   FSDP_CHECK(fsdp_attention_check_args(batch, seq, heads, kv_heads, head_dim, dtype, "cuda attention choice"));
   char why[384];
@@ -97,7 +97,7 @@ extern "C" int fsdp_cuda_attention_choice(int32_t dtype, int64_t batch, int64_t 
 
 extern "C" int fsdp_cuda_attention_forward(void *out, float *lse, const void *q, const void *k, const void *v,
                                            int64_t batch, int64_t seq, int64_t heads, int64_t kv_heads,
-                                           int64_t head_dim, int32_t dtype, fsdp_stream *s) {
+                                           int64_t head_dim, fsdp_dtype dtype, fsdp_stream *s) {
   const char *what = "cuda attention";
   FSDP_CHECK(fsdp_attention_check_args(batch, seq, heads, kv_heads, head_dim, dtype, what));
   if (batch * seq == 0) return FSDP_OK;
@@ -116,7 +116,7 @@ extern "C" int fsdp_cuda_attention_forward(void *out, float *lse, const void *q,
 extern "C" int fsdp_cuda_attention_backward(void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
                                             const void *v, const void *out, const float *lse, int64_t batch,
                                             int64_t seq, int64_t heads, int64_t kv_heads, int64_t head_dim,
-                                            int32_t dtype, fsdp_stream *s) {
+                                            fsdp_dtype dtype, fsdp_stream *s) {
   const char *what = "cuda attention backward";
   FSDP_CHECK(fsdp_attention_check_args(batch, seq, heads, kv_heads, head_dim, dtype, what));
   if (batch * seq == 0) return FSDP_OK;

@@ -17,7 +17,7 @@ __device__ __forceinline__ unsigned bf16_bits(float v) { return __bfloat16_as_us
 
 extern "C" int fsdp_cuda_cross_entropy(double *loss_sum, int64_t *count, void *dlogits, const void *logits,
                                        const int32_t *targets, int64_t n, int64_t vocab, int32_t ignore_index,
-                                       float grad_scale, int32_t dtype, fsdp_stream *s) {
+                                       float grad_scale, fsdp_dtype dtype, fsdp_stream *s) {
   if (n < 0 || vocab < 1 || n > 2147483647 || !loss_sum || !count)
     return fsdp_fail(FSDP_EINVAL, "cuda cross_entropy: n = %lld, vocab = %lld, device sums %s", (long long)n,
                      (long long)vocab, loss_sum && count ? "given" : "missing");

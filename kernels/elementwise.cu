@@ -41,7 +41,7 @@ static int args_ok(int64_t n, int32_t dtype, const char *what) {
   return check_dtype(dtype, what);
 }
 
-extern "C" int fsdp_cuda_add(void *y, const void *a, const void *b, int64_t n, int32_t dtype, fsdp_stream *s) {
+extern "C" int fsdp_cuda_add(void *y, const void *a, const void *b, int64_t n, fsdp_dtype dtype, fsdp_stream *s) {
   FSDP_CHECK(args_ok(n, dtype, "cuda add"));
   if (n == 0) return FSDP_OK;
   FSDP_NEED_PTRS("cuda add", y, a, b);
@@ -50,7 +50,7 @@ extern "C" int fsdp_cuda_add(void *y, const void *a, const void *b, int64_t n, i
   return launched("cuda add");
 }
 
-extern "C" int fsdp_cuda_scale_add(void *y, float alpha, const void *x, int64_t n, int32_t dtype, fsdp_stream *s) {
+extern "C" int fsdp_cuda_scale_add(void *y, float alpha, const void *x, int64_t n, fsdp_dtype dtype, fsdp_stream *s) {
   FSDP_CHECK(args_ok(n, dtype, "cuda scale_add"));
   if (n == 0) return FSDP_OK;
   FSDP_NEED_PTRS("cuda scale_add", y, x);
@@ -58,7 +58,8 @@ extern "C" int fsdp_cuda_scale_add(void *y, float alpha, const void *x, int64_t 
   return launched("cuda scale_add");
 }
 
-extern "C" int fsdp_cuda_swiglu_forward(void *y, const void *gate, const void *up, int64_t n, int32_t dtype, fsdp_stream *s) {
+extern "C" int fsdp_cuda_swiglu_forward(void *y, const void *gate, const void *up, int64_t n, fsdp_dtype dtype,
+                                        fsdp_stream *s) {
   FSDP_CHECK(args_ok(n, dtype, "cuda swiglu"));
   if (n == 0) return FSDP_OK;
   FSDP_NEED_PTRS("cuda swiglu", y, gate, up);
@@ -67,7 +68,7 @@ extern "C" int fsdp_cuda_swiglu_forward(void *y, const void *gate, const void *u
 }
 
 extern "C" int fsdp_cuda_swiglu_backward(void *dgate, void *dup, const void *dy, const void *gate, const void *up, int64_t n,
-                                         int32_t dtype, fsdp_stream *s) {
+                                         fsdp_dtype dtype, fsdp_stream *s) {
   FSDP_CHECK(args_ok(n, dtype, "cuda swiglu backward"));
   if (n == 0) return FSDP_OK;
   FSDP_NEED_PTRS("cuda swiglu backward", dgate, dup, dy, gate, up);

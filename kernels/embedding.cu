@@ -34,7 +34,7 @@ static int args_ok(int64_t n, int64_t vocab, int64_t dim, int32_t dtype, const c
 }
 
 extern "C" int fsdp_cuda_embedding_forward(void *y, const int32_t *ids, const void *table, int64_t n, int64_t vocab,
-                                           int64_t dim, int32_t dtype, fsdp_stream *s) {
+                                           int64_t dim, fsdp_dtype dtype, fsdp_stream *s) {
   FSDP_CHECK(args_ok(n, vocab, dim, dtype, "cuda embedding"));
   if (n == 0) return FSDP_OK;
   FSDP_NEED_PTRS("cuda embedding", y, ids, table);
@@ -43,7 +43,7 @@ extern "C" int fsdp_cuda_embedding_forward(void *y, const int32_t *ids, const vo
 }
 
 extern "C" int fsdp_cuda_embedding_backward(void *dtable, const void *dy, const int32_t *ids, int64_t n, int64_t vocab,
-                                            int64_t dim, int32_t dtype, fsdp_stream *s) {
+                                            int64_t dim, fsdp_dtype dtype, fsdp_stream *s) {
   FSDP_CHECK(args_ok(n, vocab, dim, dtype, "cuda embedding backward"));
   if (n == 0) return FSDP_OK;
   FSDP_NEED_PTRS("cuda embedding backward", dtable, dy, ids);

@@ -178,7 +178,7 @@ static int args_ok(int64_t n, int64_t in, int64_t out, int32_t dtype, const char
 }
 
 extern "C" int fsdp_cuda_linear_forward(void *y, const void *x, const void *w, const void *b, int64_t n, int64_t in,
-                                        int64_t out, int32_t dtype, fsdp_stream *s) {
+                                        int64_t out, fsdp_dtype dtype, fsdp_stream *s) {
   FSDP_CHECK(args_ok(n, in, out, dtype, "cuda linear forward"));
   if (n == 0) return FSDP_OK;
   FSDP_NEED_PTRS("cuda linear forward", y, x, w); /* b: optional */
@@ -187,7 +187,7 @@ extern "C" int fsdp_cuda_linear_forward(void *y, const void *x, const void *w, c
 }
 
 extern "C" int fsdp_cuda_linear_backward(void *dx, void *dw, void *db, const void *dy, const void *x, const void *w, int64_t n,
-                                         int64_t in, int64_t out, int32_t dtype, fsdp_stream *s) {
+                                         int64_t in, int64_t out, fsdp_dtype dtype, fsdp_stream *s) {
   FSDP_CHECK(args_ok(n, in, out, dtype, "cuda linear backward"));
   if (n == 0) return FSDP_OK;
   FSDP_NEED_PTRS("cuda linear backward", dy); /* dx, dw, db: each optional */

@@ -39,7 +39,7 @@ __global__ void rmsnorm_bwd_dx(T *dx, const T *dy, const T *x, const T *w, const
 static unsigned row_threads(int64_t dim) { return dim >= 1024 ? 1024u : dim >= 256 ? 256u : 64u; }
 
 extern "C" int fsdp_cuda_rmsnorm_forward(void *y, float *rstd, const void *x, const void *w, int64_t n, int64_t dim, float eps,
-                                         int32_t dtype, fsdp_stream *s) {
+                                         fsdp_dtype dtype, fsdp_stream *s) {
   if (n < 0 || dim < 1 || n > 2147483647) return fsdp_fail(FSDP_EINVAL, "cuda rmsnorm: n = %lld, dim = %lld", (long long)n, (long long)dim);
   FSDP_CHECK(check_dtype(dtype, "cuda rmsnorm"));
   if (n == 0) return FSDP_OK;
@@ -50,7 +50,7 @@ extern "C" int fsdp_cuda_rmsnorm_forward(void *y, float *rstd, const void *x, co
 }
 
 extern "C" int fsdp_cuda_rmsnorm_backward(void *dx, void *dw, const void *dy, const void *x, const void *w, const float *rstd,
-                                          int64_t n, int64_t dim, int32_t dtype, fsdp_stream *s) {
+                                          int64_t n, int64_t dim, fsdp_dtype dtype, fsdp_stream *s) {
   if (n < 0 || dim < 1 || n > 2147483647 || !rstd)
     return fsdp_fail(FSDP_EINVAL, "cuda rmsnorm backward: n = %lld, dim = %lld, rstd %s", (long long)n, (long long)dim,
                      rstd ? "given" : "NULL");

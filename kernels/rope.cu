@@ -36,11 +36,11 @@ static int run(void *x, const float *cos_t, const float *sin_t, int64_t batch, i
 }
 
 extern "C" int fsdp_cuda_rope_forward(void *x, const float *cos_t, const float *sin_t, int64_t batch, int64_t seq,
-                                      int64_t heads, int64_t head_dim, int32_t dtype, fsdp_stream *s) {
+                                      int64_t heads, int64_t head_dim, fsdp_dtype dtype, fsdp_stream *s) {
   return run(x, cos_t, sin_t, batch, seq, heads, head_dim, dtype, s, 1.0f, "cuda rope forward");
 }
 
 extern "C" int fsdp_cuda_rope_backward(void *dx, const float *cos_t, const float *sin_t, int64_t batch, int64_t seq,
-                                       int64_t heads, int64_t head_dim, int32_t dtype, fsdp_stream *s) {
+                                       int64_t heads, int64_t head_dim, fsdp_dtype dtype, fsdp_stream *s) {
   return run(dx, cos_t, sin_t, batch, seq, heads, head_dim, dtype, s, -1.0f, "cuda rope backward");
 }

@@ -12,7 +12,14 @@
  * - Every call that can fail returns int: 0 (FSDP_OK) or a negative FSDP_E*
  *   status; fsdp_last_error() then holds a message (thread-local). The library
  *   never exits or aborts on a caller's mistake.
- * - Handles are opaque; *_destroy(NULL) is a no-op.
+ * - A positive result is named (fsdp_result: FSDP_DEFERRED, FSDP_ABSENT)
+ *   and is not an error; no message is set.
+ * - Handles are opaque. Every destructor (*_destroy, *_close, *_free)
+ *   returns int like the rest, and NULL is a no-op.
+ * - dtypes pass as fsdp_dtype. Struct fields that hold one stay int32_t
+ *   (an enum's size is the compiler's choice; the FFI needs a fixed
+ *   layout). Fill config structs by field name (designated initializers;
+ *   from Lua, ffi.new(ct, {name = value})) so a new field shifts nothing.
  * - Asynchronous work is enqueued on a stream and ordered by events, with the
  *   same meaning on CPU and CUDA: an event wait captures the event's most
  *   recent record at the time of the wait; waiting on a never-recorded event

@@ -55,17 +55,17 @@ int fsdp_heartbeat(int64_t step);
 void fsdp_log_set_level(int level);
 int fsdp_log_get_level(void);
 
-size_t fsdp_dtype_size(int dtype);         /* 0 for an unknown dtype */
-const char *fsdp_dtype_name(int dtype);    /* "?" for an unknown dtype */
+size_t fsdp_dtype_size(fsdp_dtype dtype);         /* 0 for an unknown dtype */
+const char *fsdp_dtype_name(fsdp_dtype dtype);    /* "?" for an unknown dtype */
 int fsdp_dtype_from_name(const char *name); /* dtype, or FSDP_EINVAL */
 float fsdp_bf16_to_f32(uint16_t h);
 uint16_t fsdp_f32_to_bf16(float f);        /* round to nearest even; NaN kept */
 float fsdp_fp16_to_f32(uint16_t h);
 uint16_t fsdp_f32_to_fp16(float f);
 /* Element-wise conversion between any two dtypes (CPU memory). */
-int fsdp_convert(void *dst, int dst_dtype, const void *src, int src_dtype, size_t n);
+int fsdp_convert(void *dst, fsdp_dtype dst_dtype, const void *src, fsdp_dtype src_dtype, size_t n);
 /* dst[i] += src[i], any two dtypes, one rounding to dst's dtype (CPU memory). */
-int fsdp_accumulate(void *dst, int dst_dtype, const void *src, int src_dtype, size_t n);
+int fsdp_accumulate(void *dst, fsdp_dtype dst_dtype, const void *src, fsdp_dtype src_dtype, size_t n);
 /* The index of the first NaN or infinity among x[0, n) (CPU memory), or -1:
  * one vectorised pass (src/base/scan.c). */
 int64_t fsdp_find_nonfinite(const float *x, int64_t n);
@@ -77,7 +77,7 @@ void fsdp_philox4x32_10(const uint32_t counter[4], const uint32_t key[2], uint32
 uint32_t fsdp_rng_stream_id(const char *name);
 /* dst[i] = draw(seed, stream, first_index + i) for i < n (CPU memory);
  * uniform on (a, b), or normal with mean a and std b. See philox.c. */
-int fsdp_rng_fill(void *dst, int dtype, int64_t n, uint64_t seed, uint32_t stream, int64_t first_index, int dist,
+int fsdp_rng_fill(void *dst, fsdp_dtype dtype, int64_t n, uint64_t seed, uint32_t stream, int64_t first_index, int dist,
                   double a, double b);
 
 /* ---- positive results: neither FSDP_OK nor an error ------------------- */

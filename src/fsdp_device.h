@@ -57,7 +57,7 @@ typedef struct fsdp_tensor {
   int32_t dtype, device, ndim, owns;
   int64_t shape[4]; /* unused dimensions are 1 */
 } fsdp_tensor;
-int fsdp_tensor_alloc(fsdp_tensor *t, int device, int dtype, int ndim, const int64_t *shape);
+int fsdp_tensor_alloc(fsdp_tensor *t, int device, fsdp_dtype dtype, int ndim, const int64_t *shape);
 /* t = elements [offset, offset + numel(shape)) of base, reshaped; no copy. */
 int fsdp_tensor_view(fsdp_tensor *t, const fsdp_tensor *base, int64_t offset, int ndim, const int64_t *shape);
 int fsdp_tensor_free(fsdp_tensor *t); /* idempotent; a view frees nothing */

@@ -80,15 +80,15 @@ int fsdp_comm_member(const fsdp_comm *c, int i);
 fsdp_stream *fsdp_comm_stream(fsdp_comm *c);
 
 /* out[r*count .. (r+1)*count) = in of member r.  in may alias its own slot. */
-int fsdp_comm_all_gather(fsdp_comm *c, void *out, const void *in, size_t count, int dtype);
+int fsdp_comm_all_gather(fsdp_comm *c, void *out, const void *in, size_t count, fsdp_dtype dtype);
 /* out = op over members of in[my*count .. (my+1)*count).
  * in_dtype == out_dtype, or bf16/fp16 in with fp32 out (fp32 accumulation). */
-int fsdp_comm_reduce_scatter(fsdp_comm *c, void *out, int out_dtype, const void *in,
-                             int in_dtype, size_t count, int op);
+int fsdp_comm_reduce_scatter(fsdp_comm *c, void *out, fsdp_dtype out_dtype, const void *in,
+                             fsdp_dtype in_dtype, size_t count, int op);
 /* out = op over members of in (count elements); out may equal in. */
-int fsdp_comm_all_reduce(fsdp_comm *c, void *out, const void *in, size_t count, int dtype,
+int fsdp_comm_all_reduce(fsdp_comm *c, void *out, const void *in, size_t count, fsdp_dtype dtype,
                          int op);
-int fsdp_comm_broadcast(fsdp_comm *c, void *buf, size_t count, int dtype, int root);
+int fsdp_comm_broadcast(fsdp_comm *c, void *buf, size_t count, fsdp_dtype dtype, int root);
 int fsdp_comm_barrier(fsdp_comm *c);
 /* Wait for all enqueued collectives; returns the first failure, if any. */
 int fsdp_comm_synchronize(fsdp_comm *c);

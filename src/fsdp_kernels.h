@@ -22,21 +22,21 @@ extern "C" {
  * them on the host (a bad id gives zeros, not an error). Built with the
  * CUDA backend only (the symbols are absent otherwise). */
 int fsdp_cuda_linear_forward(void *y, const void *x, const void *w, const void *b, int64_t n, int64_t in, int64_t out,
-                             int32_t dtype, fsdp_stream *s);
+                             fsdp_dtype dtype, fsdp_stream *s);
 int fsdp_cuda_linear_backward(void *dx, void *dw, void *db, const void *dy, const void *x, const void *w, int64_t n,
-                              int64_t in, int64_t out, int32_t dtype, fsdp_stream *s);
+                              int64_t in, int64_t out, fsdp_dtype dtype, fsdp_stream *s);
 int fsdp_cuda_embedding_forward(void *y, const int32_t *ids, const void *table, int64_t n, int64_t vocab, int64_t dim,
-                                int32_t dtype, fsdp_stream *s);
+                                fsdp_dtype dtype, fsdp_stream *s);
 int fsdp_cuda_embedding_backward(void *dtable, const void *dy, const int32_t *ids, int64_t n, int64_t vocab, int64_t dim,
-                                 int32_t dtype, fsdp_stream *s);
+                                 fsdp_dtype dtype, fsdp_stream *s);
 int fsdp_cuda_rmsnorm_forward(void *y, float *rstd, const void *x, const void *w, int64_t n, int64_t dim, float eps,
-                              int32_t dtype, fsdp_stream *s);
+                              fsdp_dtype dtype, fsdp_stream *s);
 int fsdp_cuda_rmsnorm_backward(void *dx, void *dw, const void *dy, const void *x, const void *w, const float *rstd,
-                               int64_t n, int64_t dim, int32_t dtype, fsdp_stream *s);
+                               int64_t n, int64_t dim, fsdp_dtype dtype, fsdp_stream *s);
 int fsdp_cuda_rope_forward(void *x, const float *cos_t, const float *sin_t, int64_t batch, int64_t seq, int64_t heads,
-                           int64_t head_dim, int32_t dtype, fsdp_stream *s);
+                           int64_t head_dim, fsdp_dtype dtype, fsdp_stream *s);
 int fsdp_cuda_rope_backward(void *dx, const float *cos_t, const float *sin_t, int64_t batch, int64_t seq, int64_t heads,
-                            int64_t head_dim, int32_t dtype, fsdp_stream *s);
+                            int64_t head_dim, fsdp_dtype dtype, fsdp_stream *s);
 /* Which CUDA attention kernels run (process-wide; returns the previous
  * choice). AUTO: cuDNN's fused flash attention (kernels/attention_cudnn.cpp)
  * where it takes the call (bf16, head_dim a multiple of 8 up to 256,
@@ -58,29 +58,30 @@ int fsdp_cuda_attention_impl_set(int which);
  * _TENSOR_CORES or _SIMPLE, for aligned buffers on the current GPU), with
  * a line for the user in desc: the cuDNN version, or why not cuDNN.
  * backward: 0 forward, 1 backward. Builds cuDNN's plan if needed. */
-int fsdp_cuda_attention_choice(int32_t dtype, int64_t batch, int64_t seq, int64_t heads, int64_t kv_heads,
+int fsdp_cuda_attention_choice(fsdp_dtype dtype, int64_t batch, int64_t seq, int64_t heads, int64_t kv_heads,
                                int64_t head_dim, int backward, char *desc, size_t desc_len);
 int fsdp_cuda_attention_forward(void *out, float *lse, const void *q, const void *k, const void *v, int64_t batch,
-                                int64_t seq, int64_t heads, int64_t kv_heads, int64_t head_dim, int32_t dtype,
+                                int64_t seq, int64_t heads, int64_t kv_heads, int64_t head_dim, fsdp_dtype dtype,
                                 fsdp_stream *s);
 int fsdp_cuda_attention_backward(void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
                                  const void *v, const void *out, const float *lse, int64_t batch, int64_t seq,
-                                 int64_t heads, int64_t kv_heads, int64_t head_dim, int32_t dtype, fsdp_stream *s);
-int fsdp_cuda_swiglu_forward(void *y, const void *gate, const void *up, int64_t n, int32_t dtype, fsdp_stream *s);
+                                 int64_t heads, int64_t kv_heads, int64_t head_dim, fsdp_dtype dtype, fsdp_stream *s);
+int fsdp_cuda_swiglu_forward(void *y, const void *gate, const void *up, int64_t n, fsdp_dtype dtype, fsdp_stream *s);
 int fsdp_cuda_swiglu_backward(void *dgate, void *dup, const void *dy, const void *gate, const void *up, int64_t n,
-                              int32_t dtype, fsdp_stream *s);
-int fsdp_cuda_add(void *y, const void *a, const void *b, int64_t n, int32_t dtype, fsdp_stream *s);
-int fsdp_cuda_scale_add(void *y, float alpha, const void *x, int64_t n, int32_t dtype, fsdp_stream *s);
+                              fsdp_dtype dtype, fsdp_stream *s);
+int fsdp_cuda_add(void *y, const void *a, const void *b, int64_t n, fsdp_dtype dtype, fsdp_stream *s);
+int fsdp_cuda_scale_add(void *y, float alpha, const void *x, int64_t n, fsdp_dtype dtype, fsdp_stream *s);
 /* loss_sum (double) and count (int64) are device memory, zeroed first */
 int fsdp_cuda_cross_entropy(double *loss_sum, int64_t *count, void *dlogits, const void *logits, const int32_t *targets,
-                            int64_t n, int64_t vocab, int32_t ignore_index, float grad_scale, int32_t dtype,
+                            int64_t n, int64_t vocab, int32_t ignore_index, float grad_scale, fsdp_dtype dtype,
                             fsdp_stream *s);
 /* optimizers on flat fp32 device shards; out (may be NULL) gets the new
  * values in out_dtype in the same pass */
-int fsdp_cuda_adamw_step(float *param, void *out, int32_t out_dtype, const float *grad, float *m, float *v, int64_t n,
-                         int64_t step, const fsdp_adamw_config *cfg, float grad_scale, fsdp_stream *s);
-int fsdp_cuda_sgd_step(float *param, void *out, int32_t out_dtype, const float *grad, float *momentum, int64_t n,
-                       int64_t step, float lr, float mu, float weight_decay, float grad_scale, fsdp_stream *s);
+int fsdp_cuda_adamw_step(float *param, void *out, fsdp_dtype out_dtype, const float *grad, float *m, float *v,
+                         int64_t n, int64_t step, const fsdp_adamw_config *cfg, float grad_scale, fsdp_stream *s);
+int fsdp_cuda_sgd_step(float *param, void *out, fsdp_dtype out_dtype, const float *grad, float *momentum,
+                       int64_t n, int64_t step, float lr, float mu, float weight_decay, float grad_scale,
+                       fsdp_stream *s);
 /* adds into the device counters sum (double) and nonfinite (int64) */
 int fsdp_cuda_sum_squares(const float *x, int64_t n, double *sum, int64_t *nonfinite, fsdp_stream *s);
 

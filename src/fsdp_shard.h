@@ -53,7 +53,7 @@ typedef struct fsdp_init_rule {
   double a, b; /* normal: mean, std; uniform: low, high; constant: value */
 } fsdp_init_rule;
 int fsdp_layout_init_shard(const fsdp_layout *l, int rank, const char *const *param_names,
-                           const fsdp_init_rule *rules, uint64_t seed, void *shard, int dtype);
+                           const fsdp_init_rule *rules, uint64_t seed, void *shard, fsdp_dtype dtype);
 
 /* ---- optimizers on flat fp32 shards (src/shard/adamw.c) --------------- */
 

@@ -90,8 +90,9 @@ function M.rope_tables(seq, hd, theta, scaling, device)
   local cos, sin = tensor.new({ seq, hd }), tensor.new({ seq, hd })
   local sc = nil
   if scaling then
-    sc = ffi.new("fsdp_rope_scaling", { scaling.factor, scaling.low_freq_factor, scaling.high_freq_factor,
-      scaling.original_max_position_embeddings })
+    sc = ffi.new("fsdp_rope_scaling", { factor = scaling.factor, low_freq_factor = scaling.low_freq_factor,
+      high_freq_factor = scaling.high_freq_factor,
+      original_max_position_embeddings = scaling.original_max_position_embeddings })
   end
   check(C.fsdp_rope_table(cos:ptr(), sin:ptr(), seq, hd, theta, sc), "rope table")
   if device == "cuda" then

@@ -764,8 +764,8 @@ function Sharded:train_step(batches, opt)
   end
   local optimizer = opt.optimizer or "adamw"
   if optimizer == "adamw" then
-    local cfg = ffi.new("fsdp_adamw_config", { opt.lr or 1e-3, opt.beta1 or 0.9, opt.beta2 or 0.999, opt.eps or 1e-8,
-      opt.weight_decay or 0 })
+    local cfg = ffi.new("fsdp_adamw_config", { lr = opt.lr or 1e-3, beta1 = opt.beta1 or 0.9,
+      beta2 = opt.beta2 or 0.999, eps = opt.eps or 1e-8, weight_decay = opt.weight_decay or 0 })
     for _, u in ipairs(self.units) do
       check(C.fsdp_unit_step(u.handle, self.step_count, cfg, clip), "unit '" .. u.name .. "' step")
     end

@@ -7,7 +7,7 @@
 #include "error.h"
 #include "../fsdp_base.h"
 
-size_t fsdp_dtype_size(int dtype) {
+size_t fsdp_dtype_size(fsdp_dtype dtype) {
   switch (dtype) {
     case FSDP_FP32: return 4;
     case FSDP_BF16: return 2;
@@ -18,7 +18,7 @@ size_t fsdp_dtype_size(int dtype) {
   }
 }
 
-const char *fsdp_dtype_name(int dtype) {
+const char *fsdp_dtype_name(fsdp_dtype dtype) {
   switch (dtype) {
     case FSDP_FP32: return "fp32";
     case FSDP_BF16: return "bf16";
@@ -105,7 +105,7 @@ static void store(void *p, int dt, size_t i, double v) {
   }
 }
 
-int fsdp_convert(void *dst, int dst_dtype, const void *src, int src_dtype, size_t n) {
+int fsdp_convert(void *dst, fsdp_dtype dst_dtype, const void *src, fsdp_dtype src_dtype, size_t n) {
   if (!fsdp_dtype_size(dst_dtype) || !fsdp_dtype_size(src_dtype))
     return fsdp_fail(FSDP_EINVAL, "convert: unknown dtype (%d -> %d)", src_dtype, dst_dtype);
   if (n && (!dst || !src)) return fsdp_fail(FSDP_EINVAL, "convert: NULL buffer");
@@ -119,7 +119,7 @@ int fsdp_convert(void *dst, int dst_dtype, const void *src, int src_dtype, size_
   return FSDP_OK;
 }
 
-int fsdp_accumulate(void *dst, int dst_dtype, const void *src, int src_dtype, size_t n) {
+int fsdp_accumulate(void *dst, fsdp_dtype dst_dtype, const void *src, fsdp_dtype src_dtype, size_t n) {
   if (!fsdp_dtype_size(dst_dtype) || !fsdp_dtype_size(src_dtype))
     return fsdp_fail(FSDP_EINVAL, "accumulate: unknown dtype (%d += %d)", dst_dtype, src_dtype);
   if (n && (!dst || !src)) return fsdp_fail(FSDP_EINVAL, "accumulate: NULL buffer");

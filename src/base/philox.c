@@ -41,7 +41,7 @@ uint32_t fsdp_rng_stream_id(const char *name) {
 
 static double unit_open(uint32_t w) { return ((double)(w >> 8) + 0.5) * (1.0 / 16777216.0); }
 
-int fsdp_rng_fill(void *dst, int dtype, int64_t n, uint64_t seed, uint32_t stream, int64_t first_index, int dist,
+int fsdp_rng_fill(void *dst, fsdp_dtype dtype, int64_t n, uint64_t seed, uint32_t stream, int64_t first_index, int dist,
                   double a, double b) {
   if (n < 0 || first_index < 0) return fsdp_fail(FSDP_EINVAL, "rng_fill: negative count or index");
   if (!fsdp_dtype_size(dtype)) return fsdp_fail(FSDP_EINVAL, "rng_fill: unknown dtype %d", dtype);

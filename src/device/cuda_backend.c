@@ -5,6 +5,7 @@
 #include "../../kernels/kernels.h"
 #include "../base/error.h"
 #include "../fsdp_device.h"
+#include "../fsdp_kernels.h"
 #include "cuda_backend.h"
 #include "cuda_impl.h"
 
@@ -12,15 +13,15 @@ static int kernel_status(int err, const char *what) {
   return err ? fsdp_fail(FSDP_EDEVICE, "unit: %s kernel failed (CUDA error %d)", what, err) : FSDP_OK;
 }
 
-static int cast_to_f32(float *dst, const void *src, int dtype, size_t n, fsdp_stream *s) {
+static int cast_to_f32(float *dst, const void *src, fsdp_dtype dtype, size_t n, fsdp_stream *s) {
   return kernel_status(fsdp_kernel_cast_to_f32(dst, src, dtype, n, fsdp_cuda_stream_handle(s)), "cast");
 }
 
-static int accumulate_f32(float *dst, const void *src, int dtype, size_t n, fsdp_stream *s) {
+static int accumulate_f32(float *dst, const void *src, fsdp_dtype dtype, size_t n, fsdp_stream *s) {
   return kernel_status(fsdp_kernel_accumulate_f32(dst, src, dtype, n, fsdp_cuda_stream_handle(s)), "accumulate");
 }
 
-static int cast_from_f32(void *dst, int dtype, const float *src, size_t n, fsdp_stream *s) {
+static int cast_from_f32(void *dst, fsdp_dtype dtype, const float *src, size_t n, fsdp_stream *s) {
   return kernel_status(fsdp_kernel_cast_from_f32(dst, dtype, src, n, fsdp_cuda_stream_handle(s)), "cast");
 }
 

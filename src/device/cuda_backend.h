@@ -44,12 +44,12 @@ typedef struct fsdp_cuda_backend {
   /* what the units run on their streams (kernels/): dst (fp32) = or +=
    * src (dtype), dst (dtype) = src (fp32), the optimizer steps, the grad
    * sum of squares; each returns FSDP_OK or a status with the message */
-  int (*cast_to_f32)(float *dst, const void *src, int dtype, size_t n, fsdp_stream *s);
-  int (*accumulate_f32)(float *dst, const void *src, int dtype, size_t n, fsdp_stream *s);
-  int (*cast_from_f32)(void *dst, int dtype, const float *src, size_t n, fsdp_stream *s);
-  int (*adamw_step)(float *param, void *out, int32_t out_dtype, const float *grad, float *m, float *v, int64_t n,
+  int (*cast_to_f32)(float *dst, const void *src, fsdp_dtype dtype, size_t n, fsdp_stream *s);
+  int (*accumulate_f32)(float *dst, const void *src, fsdp_dtype dtype, size_t n, fsdp_stream *s);
+  int (*cast_from_f32)(void *dst, fsdp_dtype dtype, const float *src, size_t n, fsdp_stream *s);
+  int (*adamw_step)(float *param, void *out, fsdp_dtype out_dtype, const float *grad, float *m, float *v, int64_t n,
                     int64_t step, const fsdp_adamw_config *cfg, float grad_scale, fsdp_stream *s);
-  int (*sgd_step)(float *param, void *out, int32_t out_dtype, const float *grad, float *momentum, int64_t n,
+  int (*sgd_step)(float *param, void *out, fsdp_dtype out_dtype, const float *grad, float *momentum, int64_t n,
                   int64_t step, float lr, float mu, float weight_decay, float grad_scale, fsdp_stream *s);
   int (*sum_squares)(const float *x, int64_t n, double *sum, int64_t *nonfinite, fsdp_stream *s);
 } fsdp_cuda_backend;

@@ -36,7 +36,7 @@ size_t fsdp_tensor_nbytes(const fsdp_tensor *t) {
   return t ? (size_t)fsdp_tensor_numel(t) * fsdp_dtype_size(t->dtype) : 0;
 }
 
-int fsdp_tensor_alloc(fsdp_tensor *t, int device, int dtype, int ndim, const int64_t *shape) {
+int fsdp_tensor_alloc(fsdp_tensor *t, int device, fsdp_dtype dtype, int ndim, const int64_t *shape) {
   if (!t) return fsdp_fail(FSDP_EINVAL, "tensor_alloc: NULL tensor");
   memset(t, 0, sizeof *t);
   int64_t n = 0;

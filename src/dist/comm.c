@@ -122,14 +122,14 @@ static int check_op(const fsdp_comm *c, const char *name, int op) {
 #define NEED_COMM(c, op) \
   if (!(c)) return fsdp_fail(FSDP_EINVAL, "%s: NULL comm", op)
 
-int fsdp_comm_all_gather(fsdp_comm *c, void *out, const void *in, size_t count, int dtype) {
+int fsdp_comm_all_gather(fsdp_comm *c, void *out, const void *in, size_t count, fsdp_dtype dtype) {
   NEED_COMM(c, "all_gather");
   FSDP_CHECK(check_buffer(c, "all_gather", "in", in, count, 1, dtype));
   FSDP_CHECK(check_buffer(c, "all_gather", "out", out, count, (size_t)c->size, dtype));
   return c->ops->all_gather(c, out, in, count, dtype);
 }
 
-int fsdp_comm_reduce_scatter(fsdp_comm *c, void *out, int out_dtype, const void *in, int in_dtype,
+int fsdp_comm_reduce_scatter(fsdp_comm *c, void *out, fsdp_dtype out_dtype, const void *in, fsdp_dtype in_dtype,
                              size_t count, int op) {
   NEED_COMM(c, "reduce_scatter");
   FSDP_CHECK(check_buffer(c, "reduce_scatter", "in", in, count, (size_t)c->size, in_dtype));
@@ -142,7 +142,7 @@ int fsdp_comm_reduce_scatter(fsdp_comm *c, void *out, int out_dtype, const void 
   return c->ops->reduce_scatter(c, out, out_dtype, in, in_dtype, count, op);
 }
 
-int fsdp_comm_all_reduce(fsdp_comm *c, void *out, const void *in, size_t count, int dtype, int op) {
+int fsdp_comm_all_reduce(fsdp_comm *c, void *out, const void *in, size_t count, fsdp_dtype dtype, int op) {
   NEED_COMM(c, "all_reduce");
   FSDP_CHECK(check_buffer(c, "all_reduce", "in", in, count, 1, dtype));
   FSDP_CHECK(check_buffer(c, "all_reduce", "out", out, count, 1, dtype));
@@ -150,7 +150,7 @@ int fsdp_comm_all_reduce(fsdp_comm *c, void *out, const void *in, size_t count, 
   return c->ops->all_reduce(c, out, in, count, dtype, op);
 }
 
-int fsdp_comm_broadcast(fsdp_comm *c, void *buf, size_t count, int dtype, int root) {
+int fsdp_comm_broadcast(fsdp_comm *c, void *buf, size_t count, fsdp_dtype dtype, int root) {
   NEED_COMM(c, "broadcast");
   FSDP_CHECK(check_buffer(c, "broadcast", "buf", buf, count, 1, dtype));
   if (root < 0 || root >= c->size)

@@ -92,7 +92,7 @@ int fsdp_layout_rank_pieces(const fsdp_layout *l, int rank, fsdp_layout_piece *o
     if (e <= lo || b >= hi || b == e) continue;
     if (n < cap) {
       int64_t pb = b > lo ? b : lo, pe = e < hi ? e : hi;
-      out[n] = (fsdp_layout_piece){i, rank, pb - b, pe - b, pb - lo};
+      out[n] = (fsdp_layout_piece){.param = i, .rank = rank, .begin = pb - b, .end = pe - b, .shard_offset = pb - lo};
     }
     n++;
   }
@@ -108,6 +108,7 @@ int fsdp_layout_owner(const fsdp_layout *l, int param, int64_t index, fsdp_layou
                      (long long)l->numel[param]);
   int64_t flat = l->offset[param] + index;
   int rank = (int)(flat / l->shard);
-  *out = (fsdp_layout_piece){param, rank, index, index + 1, flat - (int64_t)rank * l->shard};
+  *out = (fsdp_layout_piece){
+      .param = param, .rank = rank, .begin = index, .end = index + 1, .shard_offset = flat - (int64_t)rank * l->shard};
   return FSDP_OK;
 }

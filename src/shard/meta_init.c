@@ -28,7 +28,7 @@ static int fill_piece(void *dst, int dtype, int64_t n, uint64_t seed, const char
 }
 
 int fsdp_layout_init_shard(const fsdp_layout *l, int rank, const char *const *param_names,
-                           const fsdp_init_rule *rules, uint64_t seed, void *shard, int dtype) {
+                           const fsdp_init_rule *rules, uint64_t seed, void *shard, fsdp_dtype dtype) {
   if (!l || !param_names || !rules || !shard) return fsdp_fail(FSDP_EINVAL, "init_shard: NULL argument");
   size_t es = fsdp_dtype_size(dtype);
   if (!es) return fsdp_fail(FSDP_EINVAL, "init_shard: unknown dtype %d", dtype);

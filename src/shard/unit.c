@@ -340,7 +340,8 @@ int fsdp_unit_param_view(fsdp_unit *u, int param, int which, int ndim, const int
 /* append piece (param, begin, end at optimizer offset off) when out != NULL
  * and there is room; count it either way */
 static void put(fsdp_layout_piece *out, int cap, int *k, int param, int rank, int64_t begin, int64_t end, int64_t off) {
-  if (out && *k < cap) out[*k] = (fsdp_layout_piece){param, rank, begin, end, off};
+  if (out && *k < cap)
+    out[*k] = (fsdp_layout_piece){.param = param, .rank = rank, .begin = begin, .end = end, .shard_offset = off};
   (*k)++;
 }
 

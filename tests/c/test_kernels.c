@@ -245,7 +245,8 @@ static void test_grad_sums(void) {
 static void test_rope(void) {
   const int64_t B = 2, T = 9, H = 3, D = 16, n = B * T * H * D;
   float *c = malloc(sizeof(float) * T * D), *s = malloc(sizeof(float) * T * D);
-  fsdp_rope_scaling sc = {8.0f, 1.0f, 4.0f, 8};
+  fsdp_rope_scaling sc = {
+      .factor = 8.0f, .low_freq_factor = 1.0f, .high_freq_factor = 4.0f, .original_max_position_embeddings = 8};
   CHECK_OK(fsdp_rope_table(c, s, T, D, 10000.0, &sc));
   void *Cd = up(c, T * D, FSDP_FP32), *Sd = up(s, T * D, FSDP_FP32);
   DT_LOOP {
@@ -403,7 +404,7 @@ static void test_cross_entropy(void) {
 
 static void test_optimizers(void) {
   const int64_t n = 5003;
-  fsdp_adamw_config cfg = {1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f};
+  fsdp_adamw_config cfg = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
   float *p = rand_host(n, 1, FSDP_FP32), *g = rand_host(n, 1, FSDP_FP32), *m = rand_host(n, 0.1f, FSDP_FP32);
   float *v = rand_host(n, 0.1f, FSDP_FP32);
   for (int64_t i = 0; i < n; i++) v[i] = fabsf(v[i]);

@@ -62,10 +62,10 @@ static void check_unit(fsdp_comm *c, const int *params, int np, int dtype) {
 int main(void) {
   fsdp_proc_info info;
   if (fsdp_init(&info) < 0) return 1;
-  for (int i = 0; i < NP; i++) rules[i] = (fsdp_init_rule){FSDP_INIT_NORMAL, 0, 0.0, 0.02};
-  rules[1] = (fsdp_init_rule){FSDP_INIT_CONSTANT, 0, 1.0, 0};
-  rules[3] = (fsdp_init_rule){FSDP_INIT_CONSTANT, 0, 0.0, 0};
-  rules[4] = (fsdp_init_rule){FSDP_INIT_UNIFORM, 0, -0.1, 0.1};
+  for (int i = 0; i < NP; i++) rules[i] = (fsdp_init_rule){.kind = FSDP_INIT_NORMAL, .a = 0.0, .b = 0.02};
+  rules[1] = (fsdp_init_rule){.kind = FSDP_INIT_CONSTANT, .a = 1.0, .b = 0};
+  rules[3] = (fsdp_init_rule){.kind = FSDP_INIT_CONSTANT, .a = 0.0, .b = 0};
+  rules[4] = (fsdp_init_rule){.kind = FSDP_INIT_UNIFORM, .a = -0.1, .b = 0.1};
   fsdp_mesh *m = NULL;
   fsdp_comm *c = fsdp_test_world(FSDP_CPU, &m);
   static const int all[NP] = {0, 1, 2, 3, 4, 5, 6};
@@ -80,7 +80,7 @@ int main(void) {
   fsdp_layout *l = NULL;
   int64_t one = 5;
   const char *bad_names[] = {"w"};
-  fsdp_init_rule bad_rule = {9, 0, 0, 0};
+  fsdp_init_rule bad_rule = {.kind = 9, .a = 0, .b = 0};
   float buf[128];
   CHECK_OK(fsdp_layout_create(1, &one, 1, 1, 1, &l));
   CHECK_FAILS(fsdp_layout_init_shard(l, 0, bad_names, &bad_rule, 1, buf, FSDP_FP32), FSDP_EINVAL, "unknown rule 9");

@@ -15,7 +15,7 @@ enum { N = 10007, STEPS = 20 };
 static float grad_at(int step, int i) { return (float)sin(0.37 * i + 1.3 * step) * (float)(1 + i % 7); }
 
 static void test_adamw(float wd, float scale) {
-  fsdp_adamw_config cfg = {1e-3f, 0.9f, 0.999f, 1e-8f, wd};
+  fsdp_adamw_config cfg = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = wd};
   float *p = malloc(N * 4), *g = malloc(N * 4), *m = calloc(N, 4), *v = calloc(N, 4);
   uint16_t *pb = malloc(N * 2);
   double *rp = malloc(N * 8), *rm = calloc(N, 8), *rv = calloc(N, 8);
@@ -42,7 +42,7 @@ static void test_adamw(float wd, float scale) {
   CHECK(bad == 0);
   /* the first step moves each parameter by about lr (bias correction at t = 1) */
   float q = 0, gq = 1, mq = 0, vq = 0;
-  fsdp_adamw_config plain = {0.1f, 0.9f, 0.999f, 1e-8f, 0};
+  fsdp_adamw_config plain = {.lr = 0.1f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0};
   CHECK_OK(fsdp_adamw_step(&q, NULL, &gq, &mq, &vq, 1, 1, &plain, 1.0f));
   CHECK(fabsf(q + 0.1f) < 1e-6f);
   free(p); free(g); free(m); free(v); free(pb); free(rp); free(rm); free(rv);
@@ -71,7 +71,7 @@ static void test_sgd(void) {
  * the single-threaded loop (the update is elementwise) */
 static void test_adamw_threads(void) {
   enum { BIG = 1000003 };
-  fsdp_adamw_config cfg = {1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f};
+  fsdp_adamw_config cfg = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
   float *p[2], *m[2], *v[2], *g = malloc(BIG * 4);
   uint16_t *pb[2];
   for (int k = 0; k < 2; k++) {
@@ -98,7 +98,7 @@ int main(void) {
   test_adamw(0.0f, 1.0f);
   test_adamw(0.1f, 0.25f);
   test_sgd();
-  fsdp_adamw_config cfg = {1e-3f, 0.9f, 0.999f, 1e-8f, 0};
+  fsdp_adamw_config cfg = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0};
   float x = 1, y = 1;
   CHECK_FAILS(fsdp_adamw_step(&x, NULL, &y, &x, &y, 1, 0, &cfg, 1), FSDP_EINVAL, "the first real step is 1");
   cfg.beta2 = 1.0f;

@@ -86,7 +86,8 @@ int main(void) {
   table_check(64, 8, 10000.0, NULL);
   table_check(4096, 128, 500000.0, NULL);
   /* Llama 3.1: factor 8, low 1, high 4, original context 8192 */
-  fsdp_rope_scaling l31 = {8.0f, 1.0f, 4.0f, 8192};
+  fsdp_rope_scaling l31 = {
+      .factor = 8.0f, .low_freq_factor = 1.0f, .high_freq_factor = 4.0f, .original_max_position_embeddings = 8192};
   table_check(4096, 128, 500000.0, &l31);
   /* worked by hand: j = 0 is 1 (wavelength 2 pi, far below 8192 / 4:
    * unchanged); j = 63 is 500000^(-126/128) ~ 2.4e-6, wavelength ~2.6e6 >

@@ -165,7 +165,7 @@ static void run(fsdp_comm *shard, fsdp_comm *red, fsdp_comm *outer, int zero, in
   CHECK(red == NULL || fsdp_comm_scratch_bytes(shard) == 0);
   predicted += fsdp_comm_scratch_bytes(sc);
   CHECK(after.allocated - before.allocated == predicted);
-  fsdp_adamw_config opt = {1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f};
+  fsdp_adamw_config opt = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
   int bad_norm = 0, cancel = 0;
   for (int t = 1; t <= STEPS; t++) {
     for (int k = 0; k < K; k++) {
@@ -296,8 +296,9 @@ int main(void) {
   if (fsdp_init(&info) < 0) return 1;
   W = info.size;
   R = info.rank;
-  fsdp_init_rule normal = {FSDP_INIT_NORMAL, 0, 0.0, 0.02}, zeros = {FSDP_INIT_CONSTANT, 0, 0, 0},
-                 ones = {FSDP_INIT_CONSTANT, 0, 1, 0};
+  fsdp_init_rule normal = {.kind = FSDP_INIT_NORMAL, .a = 0.0, .b = 0.02};
+  fsdp_init_rule zeros = {.kind = FSDP_INIT_CONSTANT, .a = 0, .b = 0};
+  fsdp_init_rule ones = {.kind = FSDP_INIT_CONSTANT, .a = 1, .b = 0};
   P[0][0] = (pspec){"embed.weight", 1000, normal, 0};
   P[0][1] = (pspec){"embed.bias", 7, zeros, 1};
   P[1][0] = (pspec){"layers.0.w", 2048, normal, 0};
