@@ -26,6 +26,22 @@ int main(void) {
   SIZE(fsdp_unit_buffer_row);
   SIZE(fsdp_unit_plan);
   SIZE(fsdp_unit_spec);
+  /* the enum types: the size a parameter of that type takes */
+  SIZE(fsdp_dtype);
+  SIZE(fsdp_device);
+  SIZE(fsdp_redop);
+  SIZE(fsdp_log_level);
+  SIZE(fsdp_result);
+  SIZE(fsdp_rng_dist);
+  SIZE(fsdp_comm_reg_mode);
+  SIZE(fsdp_attention_impl);
+  SIZE(fsdp_init_kind);
+  SIZE(fsdp_offload_bits);
+  SIZE(fsdp_unit_buffer);
+  SIZE(fsdp_unit_held);
+  SIZE(fsdp_unit_view_kind);
+  SIZE(fsdp_unit_state_kind);
+  SIZE(fsdp_token_format);
   printf("},\noffsets = {\n");
   OFF(fsdp_proc_info, rank);
   OFF(fsdp_proc_info, size);

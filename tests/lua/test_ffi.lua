@@ -70,6 +70,14 @@ for tag, body, name in text:gmatch("typedef%s+struct%s+([%w_]+)%s*(%b{})%s*([%w_
 end
 check(nstructs >= 8, "found the header's structs (" .. nstructs .. ")")
 
+-- every named enum type too: the FFI passes a parameter of that type as C does
+local nenums = 0
+for name in text:gmatch("typedef%s+enum%s*[%w_]*%s*%b{}%s*([%w_]+)%s*;") do
+  nenums = nenums + 1
+  check(c.sizes["sizeof_" .. name] ~= nil, "sizeof(" .. name .. ") is missing from tests/c/ffi_layout.c")
+end
+check(nenums >= 10, "found the header's enum types (" .. nenums .. ")")
+
 -- every FSDP_* constant declared in the header is known to C's list, and
 -- the FFI gives it the same value
 local names = {}
