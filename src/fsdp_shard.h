@@ -55,8 +55,8 @@ typedef struct fsdp_init_rule {
 int fsdp_layout_init_shard(const fsdp_layout *l, int rank, const char *const *param_names,
                            const fsdp_init_rule *rules, uint64_t seed, void *shard, fsdp_dtype dtype);
 
-/* ---- optimizers on flat fp32 shards (src/shard/adamw.c) --------------- */
-
+/* ---- optimizers on flat fp32 shards (src/shard/adamw.c); their config,
+ * fsdp_adamw_config, is in fsdp_base.h --------------------------------- */
 /* One AdamW step over n elements; step counts from 1. param_bf16 (may be
  * NULL) receives the new values rounded to bf16 in the same pass. The
  * gradient is multiplied by grad_scale first (averaging, clipping). */
