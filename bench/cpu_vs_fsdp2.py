@@ -6,7 +6,8 @@ after the first (ours from the metrics file, FSDP2's from
 bench/fsdp2_llama_cpu.py) and the largest resident set of one rank
 (polled from /proc every 50 ms), each as min-max over the rounds, and
 the ratios of the medians.
-  PYTHON=venv/bin/python3 python3 bench/cpu_vs_fsdp2.py BUILD [RANKS] [ROUNDS] [STEPS]
+  PYTHON=venv/bin/python3 [SHAPES=56M] python3 bench/cpu_vs_fsdp2.py BUILD [RANKS] [ROUNDS] [STEPS]
+(SHAPES: only the shapes whose name holds that text)
 PYTHON must have torch and transformers (pip install torch transformers)."""
 import json, os, statistics, subprocess, sys, tempfile, time
 
@@ -111,6 +112,8 @@ print(f"{ranks} CPU ranks, {os.cpu_count()} cores, {rounds} alternating rounds o
       f"load average at start {os.getloadavg()[0]:.1f}")
 print(f"{'shape':30s} {'ours tok/s':>16s} {'FSDP2 tok/s':>16s} {'speed':>6s} {'ours MiB':>12s} {'FSDP2 MiB':>12s} {'memory':>7s}")
 for name, s in shapes.items():
+    if os.environ.get("SHAPES", "") not in name:
+        continue
     a, b = [], []
     for _ in range(rounds):
         a.append(ours(s))

@@ -1,6 +1,7 @@
 /* fsdprun: starts N local ranks of a job as a PMIx server, forwards their
  * output with a rank prefix, and ends the whole job when one rank fails.
- * This file: options, --help, and the order of start-up and exit.
+ * This file: options and the order of start-up and exit (--help's text:
+ * fsdprun_help.c).
  * `fsdprun --help` is the user's documentation; docs/LAUNCH.md says more. */
 #include <dirent.h>
 #include <errno.h>
@@ -24,123 +25,6 @@
 #endif
 
 #define MAX_RANKS 4096
-
-static const char *synopsis =
-    "usage: fsdprun -n N [options] FILE.lua [args...]\n"
-    "       fsdprun -n N [options] --host PROGRAM [args...]\n";
-
-static const char *help_text =
-    "\n"
-    "Starts N ranks of `fsdp FILE.lua args...` on this machine and serves them as\n"
-    "a PMIx server: each rank learns its rank, the job size, its local rank and\n"
-    "local size, and exchanges keys with the others (fsdp_init in the engine).\n"
-    "\n"
-    "Options (a value may also be given as --option=VALUE):\n"
-    "  -n, --np N         number of ranks to start (required, 1 to 4096; at most\n"
-    "                     the host's slots unless --oversubscribe)\n"
-    "  --slots N          ranks this host takes (default: its GPUs if it has any,\n"
-    "                     else its cores, as the CPU affinity mask allows)\n"
-    "  --oversubscribe    allow more ranks than slots (ranks then share cores or\n"
-    "                     GPUs: slower, and NCCL refuses two ranks on one GPU)\n"
-    "  --host PROGRAM     run PROGRAM (looked up in PATH) as each rank instead of\n"
-    "                     the fsdp rank host: any PMIx client (test binaries,\n"
-    "                     benchmarks). It comes last: everything after it is\n"
-    "                     PROGRAM's arguments, passed as they are (no FILE.lua)\n"
-    "  --no-prefix        do not prefix output lines with \"[rank] \"\n"
-    "  --rank0-only       show only rank 0's standard output; the other ranks'\n"
-    "                     stdout is discarded, but every rank's standard error is\n"
-    "                     still shown (errors are never hidden)\n"
-    "  --grace SECONDS    when stopping the job on a signal or --timeout, time\n"
-    "                     between SIGTERM and SIGKILL, for the ranks to finish\n"
-    "                     their step and save a checkpoint (default 60); after a\n"
-    "                     rank failed, at most 5 (the others cannot finish a step)\n"
-    "  --max-restarts N   when a rank fails, start the job again, up to N times\n"
-    "                     (default 0), with train.resume=auto added to a recipe's\n"
-    "                     arguments, after a back-off of 1 s, doubling for each\n"
-    "                     restart up to 30 s. Not restarted: a job stopped by a\n"
-    "                     signal or --timeout, or a rank that ended by (or exited\n"
-    "                     128 + the number of) SIGINT, SIGTERM, SIGHUP, SIGUSR1\n"
-    "  --heartbeat-timeout SECONDS\n"
-    "                     stop the job when a rank has sent no heartbeat for\n"
-    "                     this long (stopped, or stuck outside the engine), naming\n"
-    "                     it and its last step (default 300; 0: not watched).\n"
-    "                     Ranks beat at each training step and collective, while\n"
-    "                     they wait in one, and as they read or write files: a rank\n"
-    "                     waiting for a stuck peer is not the one named. Not\n"
-    "                     with --repl (a prompt waits for you)\n"
-    "  --timeout SECONDS  stop the job, exit status 124, if it runs longer,\n"
-    "                     counted from fsdprun's start, whatever the ranks are\n"
-    "                     doing (even still starting) (default 0: no limit)\n"
-    "  --repl             a recipe's run stops for a prompt on rank 0 (at the start,\n"
-    "                     or at --break-at), the other ranks following its commands:\n"
-    "                     gather(name), shard(r, name), stats(name), units(), rank(r),\n"
-    "                     mem(r), continue(k); leaving the prompt ends the run. Rank\n"
-    "                     0's output is passed on as it comes, without a prefix\n"
-    "  --break-at STEP    with --repl: train STEP steps first (docs/PLANNING.md)\n"
-    "  -h, --help         this text\n"
-    "  --version          fsdprun's version\n"
-    "  --                 end of options\n"
-    "\n"
-    "Output: a rank's stdout goes to fsdprun's stdout and its stderr to fsdprun's\n"
-    "stderr, one whole line at a time, as \"[3] text\". A last line without a\n"
-    "newline is still shown when the rank ends. Rank 0 reads fsdprun's stdin\n"
-    "unless that is a terminal; the other ranks read /dev/null. A training run\n"
-    "draws its progress line only when fsdprun's stdout is a terminal\n"
-    "(FSDPRUN_TTY=1 tells the ranks); into a file or a pipe it prints plain\n"
-    "lines, one per logged step.\n"
-    "\n"
-    "Failures: when a rank exits non-zero, is killed by a signal, or calls\n"
-    "PMIx_Abort (fsdp.abort, or any Lua error in a job of several ranks),\n"
-    "fsdprun names the first one to end (by time) on stderr, e.g.\n"
-    "  fsdprun: rank 3 exited with status 3; stopping the other 3 ranks\n"
-    "sends SIGTERM to every rank (and to what they started: the ranks share one\n"
-    "process group), SIGKILL after the grace period, and exits with that rank's\n"
-    "status. SIGINT, SIGTERM, SIGHUP or SIGUSR1 to fsdprun stop the job the same\n"
-    "way (a training run's ranks finish their step and save: docs/CHECKPOINTS.md);\n"
-    "a second one skips the grace period. No rank outlives fsdprun, and its\n"
-    "temporary PMIx directory and the job's /dev/shm segments are removed on\n"
-    "every path.\n"
-    "\n"
-    "Restarts (--max-restarts N): each is announced on stderr, e.g.\n"
-    "  fsdprun: restart 1 of 3 in 1 s (rank 2 was killed by signal 9 (Killed))\n"
-    "The ranks see FSDP_RESTART_ATTEMPT (0 the first time, k the k-th restart)\n"
-    "and FSDP_MAX_RESTARTS; a training run shows them in its step lines and\n"
-    "metrics. --timeout counts from the first start. The exit status is the\n"
-    "last attempt's.\n"
-    "\n"
-    "Exit status:\n"
-    "  0         every rank exited 0\n"
-    "  S         the first failed rank exited with status S, or called\n"
-    "            PMIx_Abort with status S (1 if S is 0)\n"
-    "  128+K     the first failed rank was killed by signal K, or fsdprun\n"
-    "            received signal K (130 for SIGINT, 143 for SIGTERM)\n"
-    "  124       --timeout ran out\n"
-    "  2         usage error: bad option, missing file or program\n"
-    "  1         the job could not be started, or a rank sent no heartbeat\n"
-    "            for --heartbeat-timeout seconds\n"
-    "\n"
-    "Environment:\n"
-    "  FSDPRUN_HOST   the rank program, as --host (the command line wins)\n"
-    "  FSDPRUN_OVERSUBSCRIBE=1  as --oversubscribe (test suites on small machines)\n"
-    "  FSDPRUN_RESTART_BACKOFF  the first restart's back-off in seconds (default 1)\n"
-    "  TMPDIR         where the PMIx server's temporary directory is made (/tmp)\n"
-    "  Ranks inherit fsdprun's environment (FSDP_LOG, FSDP_COMM_TIMEOUT, ...)\n"
-    "  without fsdprun's own PMIX_* variables, plus the PMIx variables of their\n"
-    "  job, PMIX_MCA_gds=hash, FSDPRUN=1 and FSDPRUN_HEARTBEAT (the heartbeat\n"
-    "  file).\n"
-    "\n"
-    "More than one machine: ranks use only the PMIx client API, so on a cluster\n"
-    "the same fsdp binary is started by the cluster's own PMIx server instead:\n"
-    "  Slurm:  srun --mpi=pmix --kill-on-bad-exit=1 -N 4 --ntasks-per-node=8 \\\n"
-    "               fsdp FILE.lua [args...]\n"
-    "          (`srun --mpi=list` shows whether your Slurm was built with PMIx;\n"
-    "          --kill-on-bad-exit=1: a rank that fails ends the step)\n"
-    "  Open MPI: mpirun -np 32 --map-by ppr:8:node fsdp FILE.lua [args...]\n"
-    "  PRRTE:  prterun -n 32 --map-by ppr:8:node fsdp FILE.lua [args...]\n"
-    "          (PRRTE refuses to run as root unless given --allow-run-as-root)\n"
-    "A rank started with no launcher at all (`fsdp FILE.lua`) runs alone as a\n"
-    "singleton: rank 0 of 1. Launchers without PMIx (srun --mpi=pmi2 or none)\n"
-    "are refused: each rank would run the whole job alone (docs/LAUNCH.md).\n";
 
 static job J;
 
@@ -167,7 +51,7 @@ void describe_end(const rank_proc *r, char *buf, size_t cap) {
 
 /* ---- options ---- */
 
-/* Prints "fsdprun: <message>" and the synopsis; returns the usage exit code. */
+/* Prints "fsdprun: <message>" and the usage line; returns the usage exit code. */
 static int usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static int usage_error(const char *fmt, ...) {
   va_list ap;
@@ -175,7 +59,7 @@ static int usage_error(const char *fmt, ...) {
   fprintf(stderr, "fsdprun: ");
   vfprintf(stderr, fmt, ap);
   va_end(ap);
-  fprintf(stderr, "\n%s(fsdprun --help for more)\n", synopsis);
+  fprintf(stderr, "\n%s(fsdprun --help for more)\n", fsdprun_synopsis);
   return 2;
 }
 
@@ -280,7 +164,7 @@ static int parse_args(int argc, char **argv) {
       i++;
       break;
     } else if (!strcmp(name, "-h") || !strcmp(name, "--help")) {
-      printf("%s%s", synopsis, help_text);
+      printf("%s%s", fsdprun_synopsis, fsdprun_help_text);
       exit(0);
     } else if (!strcmp(name, "--version")) {
       puts("fsdprun 0.1.0");

@@ -131,4 +131,8 @@ int fsdprun_past_timeout(const job *j);
 void fsdprun_wake(job *j); /* safe from any thread */
 void describe_end(const rank_proc *r, char *buf, size_t cap);
 
+/* fsdprun_help.c: the usage line and the --help text */
+extern const char *const fsdprun_synopsis;
+extern const char *const fsdprun_help_text;
+
 #endif

@@ -8,7 +8,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../fsdp.h"
+#include "../fsdp_base.h"
 
 static fsdp_heartbeat_slot *_Atomic mine; /* NULL: no fsdprun watching */
 

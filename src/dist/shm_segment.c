@@ -10,7 +10,7 @@
 #include <unistd.h>
 
 #include "../base/error.h"
-#include "../fsdp.h"
+#include "../fsdp_dist.h"
 
 void shm_segment_name(char *buf, size_t cap, const char *tag) {
   fsdp_proc_info me;
