@@ -179,6 +179,29 @@ local function hold(m)
   m.held = held
 end
 
+-- What m's backward, still running, no longer needs of m.saved (keys): let
+-- go now rather than when it returns. Only a hint for a lower peak (the
+-- MLP drops gate and up before its projections' backward); reading them
+-- afterwards is an error, and without it nothing leaks.
+function M.done(m, ...)
+  local s, held = m.saved, m.held
+  if type(s) ~= "table" or not held then return end
+  for i = 1, select("#", ...) do
+    local k = select(i, ...)
+    local t = s[k]
+    if is_tensor(t) then
+      s[k] = nil
+      for j = 1, #held do
+        if held[j] == t then
+          table.remove(held, j)
+          M.release(t)
+          break
+        end
+      end
+    end
+  end
+end
+
 -- m:forward(ctx, x, phase) under rules 1-3
 function M.forward(ctx, m, x, phase)
   release_all(m.held) -- a forward again without a backward in between

@@ -88,9 +88,10 @@ end
 -- forward_loss) the logits of one chunk of rows at a time next to the head
 -- input's gradient; else the whole logits, then that gradient. Backward
 -- then peaks inside a layer: in the MLP (its input gradient, gate and up
--- gradients and the first projection's output over the layer's saved set,
--- less the SwiGLU output), or in attention (after the MLP's part is gone:
--- dout, dq, dk, dv and the projections' outputs, whichever point is largest).
+-- gradients over the layer's saved set, less the SwiGLU output; gate and up
+-- go before the projections' backward: autograd.done), or in attention
+-- (after the MLP's part is gone: dout, dq, dk, dv and the projections'
+-- outputs, whichever point is largest).
 local function activations(cfg, B, T, ck, es, chunk_bytes)
   local h, I, L, V = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, cfg.vocab_size
   local q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
@@ -103,7 +104,7 @@ local function activations(cfg, B, T, ck, es, chunk_bytes)
   local peak = N * (live + h * es) + rows * V * es -- the head: its input's gradient and (a chunk of) the logits
   live = live - h * es - 4 -- final norm and the last layer's output freed
   local attn = math.max(2 * q + 2 * kv + h, q + 2 * kv + 2 * h, q + kv + 3 * h)
-  local inside = math.max((2 * I + h) * es, (attn - 3 * I - 2 * h) * es - 4)
+  local inside = math.max(2 * I * es, (attn - 3 * I - 2 * h) * es - 4)
   for i = L, 1, -1 do
     local again = ckpt(i) and layer or 0 -- recomputed
     peak = math.max(peak, N * (live + again + math.max(inside, again > 0 and h * es or 0)))

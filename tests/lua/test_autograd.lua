@@ -9,6 +9,7 @@
 --     and gives the same gradients bit for bit;
 --   * using a tensor after the rules released it is an error, and an error
 --     inside a forward closes every scope and frees what they held;
+--   * autograd.done lets a running backward drop what it no longer needs;
 --   * the model files contain no :free().
 local fsdp = require "fsdp"
 local nn, ops, tensor = fsdp.nn, require "fsdp.ops", require "fsdp.tensor"
@@ -195,9 +196,40 @@ do
   check(allocated() - base <= B, string.format("after the error: %d bytes left (at most block 1's saved %d)", allocated() - base, B))
 end
 
+-- 6. autograd.done: what a running backward no longer needs goes at once
+do
+  local Two = { kind = "Two" }
+  Two.__index = Two
+  local seen = {}
+  function Two:forward(ctx, x)
+    local a, y = ops.like(x), ops.like(x)
+    ops.add(a, x, x)
+    ops.add(y, a, x)
+    self.saved = { a = a }
+    return y
+  end
+  function Two:backward(ctx, dy)
+    local a = self.saved.a
+    local before = allocated()
+    autograd.done(self, "a")
+    seen.dropped = before - allocated()
+    seen.gone = tensor.dead(a) and self.saved.a == nil
+    return ops.like(dy)
+  end
+  local x = input()
+  local base = allocated()
+  autograd.scope(function()
+    local m = setmetatable({ params = {} }, Two)
+    local y = nn.call(nn.plain, m, "forward", x)
+    nn.call(nn.plain, m, "backward", y)
+  end)
+  check(seen.dropped == B and seen.gone, string.format("done() frees a saved tensor at once (%s bytes)", tostring(seen.dropped)))
+  check(allocated() == base, "nothing left after done() and the scope")
+end
+
 collectgarbage("restart")
 
--- 6. no model file frees by hand
+-- 7. no model file frees by hand
 for _, f in ipairs({ "lua/fsdp/models/llama.lua", "lua/fsdp/nn.lua" }) do
   local h = assert(io.open(root .. "/" .. f))
   local src = h:read("*a")
