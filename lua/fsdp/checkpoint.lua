@@ -464,6 +464,15 @@ function M.history(dir)
   return out
 end
 
+-- checkpoint.overwrite: a run starting over in dir removes its checkpoints
+-- (step-* and latest) first; returns the names removed
+function M.clear(dir)
+  local steps = step_dirs(dir)
+  for _, name in ipairs(steps) do check(C.fsdp_fs_remove_tree(dir .. "/" .. name), "checkpoint.overwrite: remove") end
+  check(C.fsdp_fs_remove_tree(dir .. "/latest"), "checkpoint.overwrite: remove")
+  return steps
+end
+
 function M.another_run(dir, c, run_id)
   return string.format("%s/%s belongs to another run (run %s; this run is %s): one checkpoint directory holds one history. " ..
     "Give this run its own checkpoint.dir", dir, c.name, c.run_id, run_id)
@@ -479,8 +488,9 @@ function M.check_history(dir, run_id, from, damaged)
       -- skipped: this run replaces it
     elseif c.step > from then
       error(string.format("%s/%s (run %s) is newer than step %d, where this run starts: saving in %s would replace it or " ..
-        "pass it with another history. Give this run its own checkpoint.dir (a branch from an older checkpoint needs one), " ..
-        "or go on from the newest with train.resume=auto", dir, c.name, c.run_id or "not recorded", from, dir), 0)
+        "pass it with another history. Go on from the newest with train.resume=auto, or start over: give this run its " ..
+        "own checkpoint.dir (a branch from an older checkpoint needs one), or checkpoint.overwrite=true to remove %s's " ..
+        "checkpoints first", dir, c.name, c.run_id or "not recorded", from, dir, dir), 0)
     elseif c.run_id and c.run_id ~= run_id then
       error(M.another_run(dir, c, run_id), 0)
     end

@@ -40,7 +40,7 @@ M.schema = {
   checkpoint = {
     dir = { "string", nil }, every = { "int", 0 }, keep_last = { "int", 3 }, async = { "boolean", true },
     export_hf = { "string", nil }, export_dtype = { { "bf16", "fp32" }, "bf16" }, export_shard_mb = { "number", 5000 },
-    init_hf = { "any", nil },
+    init_hf = { "any", nil }, overwrite = { "boolean", false },
   },
 }
 

@@ -268,7 +268,14 @@ local function run(r, where, args, break_at, owned)
   end
   if not saved then -- a new history
     run_id = checkpoint.new_run_id(sharded)
-    if ck.dir then
+    if ck.dir and ck.overwrite then -- starting over: rank 0 removes the directory's checkpoints, the others wait
+      if R == 0 then
+        local ok, gone = pcall(checkpoint.clear, ck.dir)
+        if not ok then error(where .. ": checkpoint.overwrite: " .. tostring(gone), 0) end
+        if #gone > 0 then say("checkpoint.overwrite=true: removed %d checkpoint(s) from %s (%s to %s)", #gone, ck.dir, gone[1], gone[#gone]) end
+      end
+      mesh:group("world"):barrier()
+    elseif ck.dir then
       local ok, e = pcall(checkpoint.check_history, ck.dir, run_id, 0)
       if not ok then error(where .. ": checkpoint.dir: " .. tostring(e), 0) end
     end

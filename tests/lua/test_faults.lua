@@ -220,7 +220,8 @@ do
   refused("a branch from step 5 saving into the original's directory", ok, out,
     { "checkpoint.dir: " .. ck .. "/step-00000010 (run " .. run_id .. ") is newer than step 5", "its own checkpoint.dir" })
   ok, out = run(2, base)
-  refused("a new run saving into an old run's directory", ok, out, { "checkpoint.dir: " .. ck .. "/step-00000005", "is newer than step 0" })
+  refused("a new run saving into an old run's directory", ok, out, { "checkpoint.dir: " .. ck .. "/step-00000005", "is newer than step 0",
+    "train.resume=auto", "checkpoint.overwrite=true" })
   check(ckpt.read_text(ck .. "/step-00000010/index.json") == index10 and ckpt.read_text(ck .. "/latest") == "step-00000010\n",
     "the original's checkpoints and latest are as they were")
   -- the branch in its own directory: it keeps the history's run id
@@ -235,6 +236,19 @@ do
   ok, out = run(2, { "train.steps=10", "checkpoint.dir=" .. other, "train.resume=" .. br .. "/step-00000008" })
   refused("resuming into a directory holding another run's checkpoint", ok, out,
     { "checkpoint.dir: " .. other .. "/step-00000004 belongs to another run", "this run is " .. run_id })
+  -- checkpoint.overwrite=true: a new run starts over in a directory that
+  -- holds another run's checkpoints, removing them first
+  local ow = work .. "/ckB-overwrite"
+  ok, out = run(2, { "train.steps=4", "checkpoint.dir=" .. ow, "checkpoint.every=2" })
+  check(ok, "a run to overwrite:\n" .. out)
+  local old_id = ckpt.meta(ow .. "/step-00000004").run_id
+  ok, out = run(2, { "train.steps=3", "checkpoint.dir=" .. ow, "checkpoint.every=1", "checkpoint.overwrite=true" })
+  local names = ckpt.list(ow)
+  local new_id = ok and ckpt.meta(ow .. "/step-00000003").run_id
+  check(ok and out:find("removed 2 checkpoint(s) from " .. ow, 1, true) and new_id and new_id ~= old_id
+    and table.concat(names, ",") == "latest,step-00000001,step-00000002,step-00000003"
+    and ckpt.read_text(ow .. "/latest") == "step-00000003\n",
+    "checkpoint.overwrite=true removes the old run's checkpoints and starts over: " .. table.concat(names, ",") .. "\n" .. out)
   -- a save that stopped between its rename and latest: resume=auto takes
   -- the newest checkpoint, not the one latest names, and goes on
   C.fsdp_fs_write_atomic(ck .. "/latest", "step-00000005\n", 14)
