@@ -10,9 +10,13 @@
 export FSDPRUN_RESTART_BACKOFF=0.3
 
 # a rank program: prints what it sees; rank 1 fails with status 3 while the
-# attempt is below $1 (then every rank succeeds)
+# attempt is below $1 (then every rank succeeds), once rank 0 has printed
+# (else, on a loaded machine, rank 0 could be stopped before its line)
+export RANK_SEEN="$work/seen"
 rank_sh='echo "attempt=${FSDP_RESTART_ATTEMPT-unset} max=${FSDP_MAX_RESTARTS-unset} state=${FSDPRUN_RESTART_STATE-unset} args=$*"
-  if [ "$PMIX_RANK" = 1 ] && [ "${FSDP_RESTART_ATTEMPT:-0}" -lt "$1" ]; then exit 3; fi; sleep 0.1'
+  a=${FSDP_RESTART_ATTEMPT:-x}; [ "$PMIX_RANK" = 0 ] && touch "$RANK_SEEN.$a"
+  if [ "$PMIX_RANK" = 1 ] && [ "${FSDP_RESTART_ATTEMPT:-0}" -lt "$1" ]; then
+    for i in $(seq 100); do [ -e "$RANK_SEEN.$a" ] && break; sleep 0.05; done; exit 3; fi; sleep 0.1'
 
 t0=$(ms)
 "$LAUNCHER" -n 2 --max-restarts 3 --host sh -c "$rank_sh" sh 2 --marker $MARK >"$work/out" 2>"$work/err"
