@@ -154,7 +154,7 @@ end
 -- persistent scratch, the schedule's own buffers)
 function M.untracked(fn, ...)
   suspended = suspended + 1
-  local ok, a, b = pcall(fn, ...)
+  local ok, a, b = xpcall(fn, where, ...)
   suspended = suspended - 1
   if not ok then error(a, 0) end
   return a, b

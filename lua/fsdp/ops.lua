@@ -4,6 +4,7 @@
 -- are raw pointers bound by fully_shard; everything else is a tensor.
 local base = require "fsdp.ffi"
 local tensor = require "fsdp.tensor"
+local autograd = require "fsdp.autograd"
 local streams = require "fsdp.stream"
 local ffi, C, check, CU = base.ffi, base.C, base.check, base.cuda
 
@@ -221,7 +222,7 @@ function M.cross_entropy(logits, targets, tdev, n, V, ignore_index, grad_scale)
   local lp, tp = ptrs("cross entropy", logits, on_cuda(logits) and tdev or targets)
   if on_cuda(logits) then
     -- from the caching allocator; read after the step: nobody's activation
-    local sums = require("fsdp.autograd").untracked(tensor.new, 2, "fp64", "cuda")
+    local sums = autograd.untracked(tensor.new, 2, "fp64", "cuda")
     local sp = sums:ptr()
     check(CU().fsdp_cuda_cross_entropy(sp, ffi.cast("int64_t *", sp) + 1, lp, lp, tp, n, V, ignore_index, grad_scale,
       logits.dtype_id, S()), "cross entropy")
