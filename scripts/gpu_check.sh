@@ -67,7 +67,7 @@ if [ "${GPU_CHECK_BENCH:-0}" = 1 ]; then
   echo "== this engine vs PyTorch FSDP2: the 1B model, then the 4.4B one with the optimizer offloaded"
   OUT="$out" bash bench/llama_vs_fsdp2.sh "$build" 8 2>&1 | tail -6 | tee "$out/vs_fsdp2.txt" || status=1
   OUT="$out" bash bench/llama_vs_fsdp2.sh "$build" 6 --offload 2>&1 | tail -6 | tee "$out/vs_fsdp2_offload.txt" || status=1
-  echo "== the 4.4B model with the param shards offloaded: where it stalls, if it does (bench/offload_stall_probe.sh)"
+  echo "== the 4.4B model with the param shards offloaded: start-up and 3 steps, stacks if no step comes (bench/offload_stall_probe.sh)"
   bash bench/offload_stall_probe.sh "$build" "$out" params 2>&1 | tail -4 | tee "$out/offload_params_probe.txt" || status=1
   echo "== our attention kernels vs PyTorch SDPA's cuDNN and flash backends (bench/attention_vs_torch.py)"
   python3 bench/attention_vs_torch.py "$build" 2>&1 | tee "$out/attention_vs_torch.txt" || status=1

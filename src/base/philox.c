@@ -11,6 +11,7 @@
 #include <math.h>
 
 #include "error.h"
+#include "parallel.h"
 #include "../fsdp_base.h"
 
 void fsdp_philox4x32_10(const uint32_t counter[4], const uint32_t key[2], uint32_t out[4]) {
@@ -41,6 +42,41 @@ uint32_t fsdp_rng_stream_id(const char *name) {
 
 static double unit_open(uint32_t w) { return ((double)(w >> 8) + 0.5) * (1.0 / 16777216.0); }
 
+/* one chunk of a fill: elements [lo, hi) of the call, drawn into a small
+ * float64 batch and converted once per batch (a conversion per element was
+ * a third of the time) */
+typedef struct fill_job {
+  void *dst;
+  fsdp_dtype dtype;
+  uint32_t key[2];
+  int64_t first_index;
+  int dist;
+  double a, b;
+} fill_job;
+
+static void fill_range(void *arg, int64_t lo, int64_t hi) {
+  const fill_job *j = arg;
+  enum { BATCH = 256 };
+  double v[BATCH];
+  size_t es = fsdp_dtype_size(j->dtype);
+  for (int64_t at = lo; at < hi; at += BATCH) {
+    int m = hi - at < BATCH ? (int)(hi - at) : BATCH;
+    for (int i = 0; i < m; i++) {
+      uint64_t idx = (uint64_t)(j->first_index + at + i);
+      const uint32_t ctr[4] = {(uint32_t)idx, (uint32_t)(idx >> 32), 0, 0};
+      uint32_t w[4];
+      fsdp_philox4x32_10(ctr, j->key, w);
+      double u0 = unit_open(w[0]);
+      if (j->dist == FSDP_RNG_UNIFORM)
+        v[i] = j->a + (j->b - j->a) * u0;
+      else
+        v[i] = j->a + j->b * sqrt(-2.0 * log(u0)) * cos(6.283185307179586 * unit_open(w[1]));
+    }
+    /* cannot fail: the dtype was checked before the threads started */
+    (void)fsdp_convert((char *)j->dst + (size_t)at * es, j->dtype, v, FSDP_FP64, (size_t)m);
+  }
+}
+
 int fsdp_rng_fill(void *dst, fsdp_dtype dtype, int64_t n, uint64_t seed, uint32_t stream, int64_t first_index, int dist,
                   double a, double b) {
   if (n < 0 || first_index < 0) return fsdp_fail(FSDP_EINVAL, "rng_fill: negative count or index");
@@ -48,18 +84,11 @@ int fsdp_rng_fill(void *dst, fsdp_dtype dtype, int64_t n, uint64_t seed, uint32_
   if (dist != FSDP_RNG_UNIFORM && dist != FSDP_RNG_NORMAL)
     return fsdp_fail(FSDP_EINVAL, "rng_fill: unknown distribution %d (expected uniform or normal)", dist);
   if (n && !dst) return fsdp_fail(FSDP_EINVAL, "rng_fill: NULL destination");
-  const uint32_t key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32) ^ stream};
-  for (int64_t i = 0; i < n; i++) {
-    uint64_t idx = (uint64_t)(first_index + i);
-    const uint32_t ctr[4] = {(uint32_t)idx, (uint32_t)(idx >> 32), 0, 0};
-    uint32_t w[4];
-    fsdp_philox4x32_10(ctr, key, w);
-    double u0 = unit_open(w[0]), v;
-    if (dist == FSDP_RNG_UNIFORM)
-      v = a + (b - a) * u0;
-    else
-      v = a + b * sqrt(-2.0 * log(u0)) * cos(6.283185307179586 * unit_open(w[1]));
-    FSDP_CHECK(fsdp_convert((char *)dst + (size_t)i * fsdp_dtype_size(dtype), dtype, &v, FSDP_FP64, 1));
-  }
+  fill_job j = {.dst = dst, .dtype = dtype, .key = {(uint32_t)seed, (uint32_t)(seed >> 32) ^ stream},
+                .first_index = first_index, .dist = dist, .a = a, .b = b};
+  /* every value depends on its index alone, so the threads' split changes
+   * no bit; meta init of a large model on one rank was minutes on one core
+   * (4.4B values at ~20M/s) */
+  fsdp_parallel_for(n, 1 << 16, fill_range, &j);
   return FSDP_OK;
 }

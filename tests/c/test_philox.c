@@ -36,6 +36,21 @@ int main(void) {
   CHECK_OK(fsdp_rng_fill(part + 333, FSDP_FP32, 500000, 1234, sid, 333, FSDP_RNG_NORMAL, 0.0, 0.02));
   CHECK_OK(fsdp_rng_fill(part + 500333, FSDP_FP32, N - 500333, 1234, sid, 500333, FSDP_RNG_NORMAL, 0.0, 0.02));
   CHECK(memcmp(all, part, N * 4) == 0);
+  /* drawn on 1 thread and on 7 (fills split over CPU threads): the same bits */
+  CHECK_OK(fsdp_cpu_threads_set(1));
+  CHECK_OK(fsdp_rng_fill(part, FSDP_FP32, N, 1234, sid, 0, FSDP_RNG_NORMAL, 0.0, 0.02));
+  CHECK(memcmp(all, part, N * 4) == 0);
+  CHECK_OK(fsdp_cpu_threads_set(7));
+  CHECK_OK(fsdp_rng_fill(part, FSDP_FP32, N, 1234, sid, 0, FSDP_RNG_NORMAL, 0.0, 0.02));
+  CHECK(memcmp(all, part, N * 4) == 0);
+  /* a value computed here by the formula in philox.c, in float64 */
+  {
+    const uint32_t key[2] = {1234u, sid}, ctr[4] = {777, 0, 0, 0};
+    uint32_t w[4];
+    fsdp_philox4x32_10(ctr, key, w);
+    double u0 = ((double)(w[0] >> 8) + 0.5) / 16777216.0, u1 = ((double)(w[1] >> 8) + 0.5) / 16777216.0;
+    CHECK(all[777] == (float)(0.02 * sqrt(-2.0 * log(u0)) * cos(6.283185307179586 * u1)));
+  }
   double s = 0, s2 = 0;
   for (int i = 0; i < N; i++) {
     s += all[i];
