@@ -5,19 +5,17 @@
  * several ranks on one machine that oversubscribes the cores many times
  * over, so each local rank gets its share of the cores.
  *
- * Per call: one thread per MIN_FLOPS_PER_THREAD of the GEMM's 2 m n k
- * FLOPs, at most the share: each thread gets over a millisecond of work
- * (~100 GFLOP/s per core), so a worker that wakes late or is descheduled
- * costs little of it. Measured on the development machine (2 cores,
- * bench/RESULTS.md): the demo's GEMMs (17-92 MFLOP) on two threads made a
- * one-rank step up to 2-3x slower when other processes took the second
- * core (OpenBLAS's waiting workers spin and yield: 3-9x the context
- * switches) and up to 1.3x faster when it was idle; so they run on one
- * thread. The larger shape's (0.27-17 GFLOP) ran 1.6x faster on two
- * threads with an idle core and no slower without one.
+ * Per call: one thread per MIN_FLOPS_PER_THREAD (4 MFLOP, ~40 us of one
+ * core) of the GEMM's 2 m n k FLOPs, at most the share. Measured with the
+ * demo recipe on one rank (bench/RESULTS.md, 2026-11-26): on a 16-core GPU
+ * host 7.9k tok/s against 4.7k with one thread and 8.4k with all 16 (the
+ * old 128 MFLOP rule kept these 17-92 MFLOP GEMMs on one thread: 4.5k); on
+ * the 2-core development machine the same as one thread (9.2-9.7k against
+ * 8.9-9.9k), idle or with the other core busy.
  *
  * FSDP_BLAS_THREADS=N (or OPENBLAS_NUM_THREADS) fixes the count for every
- * GEMM instead. */
+ * GEMM instead; FSDP_BLAS_MFLOP_PER_THREAD=M changes the size rule's
+ * MIN_FLOPS_PER_THREAD (to measure it on another machine). */
 #include <cblas.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -27,12 +25,13 @@
 #include "../fsdp_ops.h"
 #include "ops.h"
 
-enum { MIN_FLOPS_PER_THREAD = 128 << 20 };
+enum { MIN_FLOPS_PER_THREAD = 4 << 20 };
 
 static _Atomic int share;   /* the most threads a GEMM may use; 0 until known */
 static _Atomic int fixed;   /* 1: the environment fixed the count */
 static _Atomic int current; /* what OpenBLAS was last told */
 static _Atomic int sized_for = -1; /* the host's rank count share was worked out for */
+static _Atomic double flops_per_thread = MIN_FLOPS_PER_THREAD;
 
 static void set_threads(int n) {
   if (atomic_exchange(&current, n) != n) openblas_set_num_threads(n);
@@ -49,6 +48,8 @@ static int share_now(void) {
     atomic_store(&fixed, 1);
     if (v) openblas_set_num_threads(atoi(v) > 0 ? atoi(v) : 1);
   }
+  const char *m = getenv("FSDP_BLAS_MFLOP_PER_THREAD");
+  if (m && atof(m) > 0) atomic_store(&flops_per_thread, atof(m) * (1 << 20));
   long cpus = sysconf(_SC_NPROCESSORS_ONLN);
   int n = ranks > 0 ? (int)(cpus / ranks) : openblas_get_num_threads();
   atomic_store(&share, n > 0 ? n : 1);
@@ -58,7 +59,7 @@ static int share_now(void) {
 
 int fsdp_blas_threads_for(int64_t m, int64_t n, int64_t k) {
   int most = share_now();
-  double per = 2.0 * (double)m * (double)n * (double)k / MIN_FLOPS_PER_THREAD;
+  double per = 2.0 * (double)m * (double)n * (double)k / atomic_load(&flops_per_thread);
   return per >= most ? most : per >= 2 ? (int)per : 1;
 }
 
