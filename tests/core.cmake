@@ -23,7 +23,7 @@ add_test(NAME device_no_cuda_backend COMMAND test_device)
 set_tests_properties(device_no_cuda_backend PROPERTIES ENVIRONMENT "FSDP_CUDA_LIB=/nonexistent/does-not-exist.so")
 set_tests_properties(base device device_no_cuda_backend philox layout pool optim ops PROPERTIES LABELS unit TIMEOUT 60)
 
-foreach(n 1 2 3 4)
+foreach(n ${FSDP_LONG_TEST_RANKS})
   add_test(NAME collectives_np${n}
            COMMAND $<TARGET_FILE:fsdprun> -n ${n} --timeout 400 --host $<TARGET_FILE:test_collectives>)
   set_tests_properties(collectives_np${n} PROPERTIES LABELS multirank TIMEOUT 450 RUN_SERIAL ON)

@@ -58,6 +58,9 @@ set_tests_properties(plot_metrics PROPERTIES LABELS unit TIMEOUT 60 SKIP_RETURN_
 add_test(NAME lua_checkpoint
          COMMAND fsdp-host ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_checkpoint.lua $<TARGET_FILE:fsdprun> ${CMAKE_SOURCE_DIR})
 set_tests_properties(lua_checkpoint PROPERTIES LABELS multirank TIMEOUT 600 RUN_SERIAL ON)
+if(FSDP_SANITIZE) # the resumes that only check numerics stay in the normal pass
+  set_tests_properties(lua_checkpoint PROPERTIES ENVIRONMENT FSDP_TEST_QUICK=1)
+endif()
 # the offloaded optimizer: bit for bit against the optimizer in place, and
 # its overlap with the next forward (tests/lua/test_offload.lua)
 foreach(n 1 2 4)
@@ -67,7 +70,7 @@ foreach(n 1 2 4)
 endforeach()
 # the planner against the engine's allocations and pool peaks, the policies
 # in recipes/policies (tests/lua/test_planner.lua)
-foreach(n 1 2 3 4)
+foreach(n ${FSDP_LONG_TEST_RANKS})
   add_test(NAME lua_planner_np${n}
            COMMAND $<TARGET_FILE:fsdprun> -n ${n} --timeout 200 ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_planner.lua ${CMAKE_SOURCE_DIR})
   set_tests_properties(lua_planner_np${n} PROPERTIES LABELS multirank TIMEOUT 240 RUN_SERIAL ON)
