@@ -82,6 +82,13 @@ int fsdp_event_destroy(fsdp_event *e);
 int fsdp_event_record(fsdp_event *e, fsdp_stream *s);
 int fsdp_event_query(fsdp_event *e);       /* 1 done, 0 pending, <0 error */
 int fsdp_event_synchronize(fsdp_event *e);
+/* An event whose completion time can be read, for timelines (lua/fsdp/
+ * profile.lua): on GPUs the stream's clock when it reached the record, on
+ * CPUs the host's when the record completed. */
+int fsdp_event_create_timed(int device, fsdp_event **out);
+/* Seconds from a's last completed record to b's (negative when b came
+ * first): both timed, completed, on one device. */
+int fsdp_event_elapsed(fsdp_event *a, fsdp_event *b, double *seconds);
 
 /* Copies and fills; s == NULL: synchronous. */
 int fsdp_memcpy(void *dst, const void *src, size_t bytes, fsdp_stream *s);

@@ -44,6 +44,8 @@ typedef struct cpu_event {
   pthread_cond_t done;
   uint64_t recorded, completed;
   int status;
+  int timed;      /* fsdp_event_create_timed: done_at is kept */
+  double done_at; /* host clock at the last completion */
   char error[1024];
 } cpu_event;
 
@@ -165,6 +167,29 @@ int fsdp_cpu_event_create(fsdp_event **out) {
   return FSDP_OK;
 }
 
+int fsdp_cpu_event_create_timed(fsdp_event **out) {
+  FSDP_CHECK(fsdp_cpu_event_create(out));
+  ((cpu_event *)*out)->timed = 1;
+  return FSDP_OK;
+}
+
+/* when e completed; an error if it has not (or has no time kept) */
+static int done_at(cpu_event *e, double *t) {
+  pthread_mutex_lock(&e->mu);
+  int ok = e->timed && e->recorded > 0 && e->completed >= e->recorded;
+  *t = e->done_at;
+  pthread_mutex_unlock(&e->mu);
+  return ok ? FSDP_OK : fsdp_fail(FSDP_EINVAL, "event_elapsed: an event %s", e->timed ? "has not completed" : "not created timed");
+}
+
+int fsdp_cpu_event_elapsed(fsdp_event *a, fsdp_event *b, double *seconds) {
+  double ta, tb;
+  FSDP_CHECK(done_at((cpu_event *)a, &ta));
+  FSDP_CHECK(done_at((cpu_event *)b, &tb));
+  *seconds = tb - ta;
+  return FSDP_OK;
+}
+
 int fsdp_cpu_event_destroy(fsdp_event *base) {
   cpu_event *e = (cpu_event *)base;
   (void)fsdp_cpu_event_synchronize(base); /* a pending record still points here */
@@ -183,6 +208,7 @@ struct record_args {
 static void complete(cpu_event *e, uint64_t target, int status, const char *error) {
   pthread_mutex_lock(&e->mu);
   if (target > e->completed) e->completed = target;
+  if (e->timed) e->done_at = fsdp_time_now();
   if (status < 0 && e->status == 0) {
     e->status = status;
     strncpy(e->error, error, sizeof e->error - 1);

@@ -38,6 +38,7 @@ typedef struct cuda_stream {
 typedef struct cuda_event {
   struct fsdp_event base;
   cudaEvent_t e;
+  int timed; /* created for fsdp_event_elapsed */
 } cuda_event;
 
 static pthread_once_t probe_once = PTHREAD_ONCE_INIT;
@@ -170,16 +171,35 @@ int fsdp_cuda_stream_delay(fsdp_stream *s, int64_t microseconds) {
   return CU((cudaError_t)fsdp_kernel_delay(microseconds, handle(s)));
 }
 
-int fsdp_cuda_event_create(fsdp_event **out) {
+static int create_event(fsdp_event **out, int timed) {
   cuda_event *e = calloc(1, sizeof *e);
   if (!e) return fsdp_fail(FSDP_ENOMEM, "event_create: out of memory");
   e->base.device = FSDP_CUDA;
-  int rc = CU(cudaEventCreateWithFlags(&e->e, cudaEventDisableTiming));
+  e->timed = timed;
+  /* events only for ordering skip the timestamp (cheaper to record) */
+  int rc = CU(cudaEventCreateWithFlags(&e->e, timed ? cudaEventDefault : cudaEventDisableTiming));
   if (rc < 0) {
     free(e);
     return rc;
   }
   *out = &e->base;
+  return FSDP_OK;
+}
+
+int fsdp_cuda_event_create(fsdp_event **out) { return create_event(out, 0); }
+int fsdp_cuda_event_create_timed(fsdp_event **out) { return create_event(out, 1); }
+
+int fsdp_cuda_event_elapsed(fsdp_event *a, fsdp_event *b, double *seconds) {
+  cuda_event *x = (cuda_event *)a, *y = (cuda_event *)b;
+  if (!x->timed || !y->timed) return fsdp_fail(FSDP_EINVAL, "event_elapsed: an event not created timed");
+  float ms = 0;
+  cudaError_t e = cudaEventElapsedTime(&ms, x->e, y->e);
+  if (e == cudaErrorNotReady) {
+    cudaGetLastError();
+    return fsdp_fail(FSDP_EINVAL, "event_elapsed: an event has not completed (synchronize first)");
+  }
+  FSDP_CHECK(CU(e));
+  *seconds = ms * 1e-3;
   return FSDP_OK;
 }
 

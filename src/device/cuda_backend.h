@@ -39,6 +39,8 @@ typedef struct fsdp_cuda_backend {
   int (*event_record)(fsdp_event *e, fsdp_stream *s);
   int (*event_query)(fsdp_event *e);
   int (*event_synchronize)(fsdp_event *e);
+  int (*event_create_timed)(fsdp_event **out);
+  int (*event_elapsed)(fsdp_event *a, fsdp_event *b, double *seconds);
   int (*memcpy)(void *dst, const void *src, size_t bytes, fsdp_stream *s); /* s NULL: synchronous */
   int (*memset)(void *dst, int value, size_t bytes, fsdp_stream *s);
   /* what the units run on their streams (kernels/): dst (fp32) = or +=

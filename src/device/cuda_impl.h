@@ -27,6 +27,8 @@ int fsdp_cuda_event_destroy(fsdp_event *e);
 int fsdp_cuda_event_record(fsdp_event *e, fsdp_stream *s);
 int fsdp_cuda_event_query(fsdp_event *e);
 int fsdp_cuda_event_synchronize(fsdp_event *e);
+int fsdp_cuda_event_create_timed(fsdp_event **out);
+int fsdp_cuda_event_elapsed(fsdp_event *a, fsdp_event *b, double *seconds);
 /* s may be NULL (synchronous). Any direction; CUDA works out which from UVA. */
 int fsdp_cuda_memcpy(void *dst, const void *src, size_t bytes, fsdp_stream *s);
 int fsdp_cuda_memset(void *dst, int value, size_t bytes, fsdp_stream *s);

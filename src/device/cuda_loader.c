@@ -46,6 +46,7 @@ static void *none_handle(fsdp_stream *s) { return NULL; }
 static int none_event_out(fsdp_event **out) { return NO_CUDA(); }
 static int none_event(fsdp_event *e) { return NO_CUDA(); }
 static int none_record(fsdp_event *e, fsdp_stream *s) { return NO_CUDA(); }
+static int none_elapsed(fsdp_event *a, fsdp_event *b, double *seconds) { return NO_CUDA(); }
 static int none_copy(void *d, const void *s, size_t n, fsdp_stream *st) { return NO_CUDA(); }
 static int none_set(void *d, int v, size_t n, fsdp_stream *st) { return NO_CUDA(); }
 static int none_to_f32(float *d, const void *s, fsdp_dtype dt, size_t n, fsdp_stream *st) { return NO_CUDA(); }
@@ -83,6 +84,8 @@ static const fsdp_cuda_backend none = {
     .event_record = none_record,
     .event_query = none_event,
     .event_synchronize = none_event,
+    .event_create_timed = none_event_out,
+    .event_elapsed = none_elapsed,
     .memcpy = none_copy,
     .memset = none_set,
     .cast_to_f32 = none_to_f32,

@@ -150,6 +150,19 @@ int fsdp_event_create(int device, fsdp_event **out) {
   return device == FSDP_CUDA ? fsdp_cuda()->event_create(out) : fsdp_cpu_event_create(out);
 }
 
+int fsdp_event_create_timed(int device, fsdp_event **out) {
+  if (!out) return fsdp_fail(FSDP_EINVAL, "event_create_timed: NULL out");
+  *out = NULL;
+  FSDP_CHECK(check_device(device, "event_create_timed"));
+  return device == FSDP_CUDA ? fsdp_cuda()->event_create_timed(out) : fsdp_cpu_event_create_timed(out);
+}
+
+int fsdp_event_elapsed(fsdp_event *a, fsdp_event *b, double *seconds) {
+  if (!a || !b || !seconds) return fsdp_fail(FSDP_EINVAL, "event_elapsed: NULL argument");
+  if (a->device != b->device) return fsdp_fail(FSDP_EINVAL, "event_elapsed: events on different devices");
+  return a->device == FSDP_CUDA ? fsdp_cuda()->event_elapsed(a, b, seconds) : fsdp_cpu_event_elapsed(a, b, seconds);
+}
+
 int fsdp_event_destroy(fsdp_event *e) {
   if (!e) return FSDP_OK;
   return e->device == FSDP_CUDA ? fsdp_cuda()->event_destroy(e) : fsdp_cpu_event_destroy(e);

@@ -36,6 +36,8 @@ int fsdp_cpu_event_destroy(fsdp_event *e);
 int fsdp_cpu_event_record(fsdp_event *e, fsdp_stream *s);
 int fsdp_cpu_event_query(fsdp_event *e);
 int fsdp_cpu_event_synchronize(fsdp_event *e);
+int fsdp_cpu_event_create_timed(fsdp_event **out);
+int fsdp_cpu_event_elapsed(fsdp_event *a, fsdp_event *b, double *seconds);
 
 /* ---- CUDA backend: libfsdp_cuda.so, reached through cuda_backend.h ---- */
 

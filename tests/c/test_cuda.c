@@ -241,6 +241,30 @@ static void test_registration(fsdp_comm *c) {
 
 /* The CUDA caching pool: statistics follow allocations, a freed block is
  * reused for its size class, empty_cache gives it back to the device. */
+/* timed events on a GPU stream: a 20 ms delay kernel between two records
+ * reads 15-500 ms; an untimed event is refused */
+static void test_timed_events(void) {
+  fsdp_stream *s = NULL;
+  fsdp_event *a = NULL, *b = NULL, *plain = NULL;
+  double sec = -1;
+  CHECK_OK(fsdp_stream_create(FSDP_CUDA, &s));
+  CHECK_OK(fsdp_event_create_timed(FSDP_CUDA, &a));
+  CHECK_OK(fsdp_event_create_timed(FSDP_CUDA, &b));
+  CHECK_OK(fsdp_event_create(FSDP_CUDA, &plain));
+  CHECK_OK(fsdp_event_record(a, s));
+  CHECK_OK(fsdp_stream_delay(s, 20000));
+  CHECK_OK(fsdp_event_record(b, s));
+  CHECK_OK(fsdp_event_record(plain, s));
+  CHECK_OK(fsdp_stream_synchronize(s));
+  CHECK_OK(fsdp_event_elapsed(a, b, &sec));
+  CHECK(sec >= 0.015 && sec < 0.5);
+  CHECK_FAILS(fsdp_event_elapsed(a, plain, &sec), FSDP_EINVAL, "not created timed");
+  fsdp_event_destroy(a);
+  fsdp_event_destroy(b);
+  fsdp_event_destroy(plain);
+  fsdp_stream_destroy(s);
+}
+
 static void test_cuda_pool(void) {
   fsdp_memory_stats a, b;
   void *p = NULL, *q = NULL;
@@ -272,6 +296,7 @@ int main(void) {
   CHECK(strlen(name) > 0); /* the MFU's table is keyed by it (lua/fsdp/peak.lua) */
   printf("test_cuda: %d GPU(s) (%s), rank %d of %d\n", info.device_count, name, info.rank, info.size);
   test_memory_streams();
+  test_timed_events();
   test_cuda_pool();
   fsdp_mesh *m = NULL;
   fsdp_comm *c = fsdp_test_world(FSDP_CUDA, &m);

@@ -118,6 +118,39 @@ static void test_stream_order(void) {
   free(z);
 }
 
+/* timed events (lua/fsdp/profile.lua's timeline): the time between two
+ * records on a stream is the work between them (a 50 ms pause, within
+ * 40-500 ms); an untimed or pending event is refused, never a number */
+static void test_timed_events(void) {
+  fsdp_stream *s = NULL;
+  fsdp_event *a = NULL, *b = NULL, *plain = NULL;
+  double sec = -1;
+  CHECK_OK(fsdp_stream_create(FSDP_CPU, &s));
+  CHECK_OK(fsdp_event_create_timed(FSDP_CPU, &a));
+  CHECK_OK(fsdp_event_create_timed(FSDP_CPU, &b));
+  CHECK_OK(fsdp_event_create(FSDP_CPU, &plain));
+  CHECK_FAILS(fsdp_event_elapsed(a, b, &sec), FSDP_EINVAL, "has not completed"); /* never recorded */
+  CHECK_OK(fsdp_event_record(a, s));
+  CHECK_OK(fsdp_stream_delay(s, 50000));
+  CHECK_OK(fsdp_event_record(b, s));
+  CHECK_OK(fsdp_stream_delay(s, 300000)); /* b pending until the 50 ms pass; the stream goes on */
+  if (fsdp_event_query(b) == 0) CHECK_FAILS(fsdp_event_elapsed(a, b, &sec), FSDP_EINVAL, "has not completed");
+  CHECK_OK(fsdp_event_synchronize(b));
+  CHECK_OK(fsdp_event_elapsed(a, b, &sec));
+  CHECK(sec >= 0.04 && sec < 0.5);
+  double back = 0;
+  CHECK_OK(fsdp_event_elapsed(b, a, &back));
+  CHECK(back == -sec);
+  CHECK_OK(fsdp_event_record(plain, NULL));
+  CHECK_FAILS(fsdp_event_elapsed(a, plain, &sec), FSDP_EINVAL, "not created timed");
+  CHECK_FAILS(fsdp_event_elapsed(a, NULL, &sec), FSDP_EINVAL, "NULL");
+  CHECK_OK(fsdp_stream_synchronize(s));
+  fsdp_event_destroy(a);
+  fsdp_event_destroy(b);
+  fsdp_event_destroy(plain);
+  fsdp_stream_destroy(s);
+}
+
 static int failing_task(void *arg) { return fsdp_fail(FSDP_ECOMM, "task %d broke", *(int *)arg); }
 static int flag_task(void *arg) {
   *(int *)arg = 1;
@@ -250,6 +283,7 @@ int main(void) {
   test_tensor();
   test_memory();
   test_stream_order();
+  test_timed_events();
   test_stream_failure();
   return fsdp_test_summary("test_device");
 }
