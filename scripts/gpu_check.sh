@@ -7,7 +7,8 @@
 # CPU ranks (TINY_STEPS, default 400), the optimizer-step and per-kernel
 # benchmarks (copy build/bench/bench_{adamw,kernels} along), the demo with
 # the optimizer offloaded; GPU_CHECK_BENCH=1 adds the comparisons with
-# PyTorch FSDP2 (bench/llama_vs_fsdp2.sh, plain and --offload) and our
+# PyTorch FSDP2 (bench/llama_vs_fsdp2.sh, plain and --offload), a timeline
+# of one 1B step (train.profile), and our
 # attention kernels vs SDPA's cuDNN and flash backends
 # (bench/attention_vs_torch.py: speed and agreement at the 1B and 8B shapes);
 # GPU_CHECK_COLLECTIVES=1 adds the collective benchmarks and the multi-rank
@@ -67,6 +68,9 @@ if [ "${GPU_CHECK_BENCH:-0}" = 1 ]; then
   echo "== this engine vs PyTorch FSDP2: the 1B model, then the 4.4B one with the optimizer offloaded"
   OUT="$out" bash bench/llama_vs_fsdp2.sh "$build" 8 2>&1 | tail -6 | tee "$out/vs_fsdp2.txt" || status=1
   OUT="$out" bash bench/llama_vs_fsdp2.sh "$build" 6 --offload 2>&1 | tail -6 | tee "$out/vs_fsdp2_offload.txt" || status=1
+  echo "== one step of the 1B model as a timeline (train.profile: where the device waits for the host)"
+  "$build/fsdprun" -n 1 --rank0-only --host "$build/fsdp" bench/llama1b.lua train.steps=3 train.profile="$out/profile_llama1b.json" \
+    2>&1 | grep "profile:" | tee "$out/profile_llama1b.txt" || status=1
   echo "== the 4.4B model with the param shards offloaded: start-up and 3 steps, stacks if no step comes (bench/offload_stall_probe.sh)"
   bash bench/offload_stall_probe.sh "$build" "$out" params 2>&1 | tail -4 | tee "$out/offload_params_probe.txt" || status=1
   echo "== our attention kernels vs PyTorch SDPA's cuDNN and flash backends (bench/attention_vs_torch.py)"

@@ -9,7 +9,9 @@ add_test(NAME lua_frontend COMMAND fsdp-host ${CMAKE_CURRENT_SOURCE_DIR}/lua/tes
 add_test(NAME lua_peak COMMAND fsdp-host ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_peak.lua)
 # fsdp.autograd's ownership rules: gradients, byte counts, errors (lua/fsdp/autograd.lua)
 add_test(NAME lua_autograd COMMAND fsdp-host ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_autograd.lua ${CMAKE_SOURCE_DIR})
-set_tests_properties(lua_ffi lua_frontend lua_peak lua_autograd PROPERTIES LABELS unit TIMEOUT 60)
+# fsdp.profile (train.profile): spans on two clocks, the summary, the trace file
+add_test(NAME lua_profile COMMAND fsdp-host ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_profile.lua ${CMAKE_SOURCE_DIR})
+set_tests_properties(lua_ffi lua_frontend lua_peak lua_autograd lua_profile PROPERTIES LABELS unit TIMEOUT 60)
 foreach(n 1 2 3 4)
   add_test(NAME lua_collectives_np${n}
            COMMAND $<TARGET_FILE:fsdprun> -n ${n} --timeout 120 ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_collectives.lua)

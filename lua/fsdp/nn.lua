@@ -11,6 +11,7 @@ local base = require "fsdp.ffi"
 local tensor = require "fsdp.tensor"
 local ops = require "fsdp.ops"
 local autograd = require "fsdp.autograd"
+local profile = require "fsdp.profile"
 local C, check = base.C, base.check
 
 local nn = {}
@@ -118,10 +119,13 @@ end
 -- hooks' own allocations (bf16 scratch) are nobody's activations.
 function nn.call(ctx, c, phase, x)
   phase = phase or "forward"
+  local p = profile.active -- (train.profile: this call is a span of the step's timeline)
+  if p then p:enter(p:name_of(c), phase) end
   autograd.untracked(ctx.enter, ctx, c, phase)
   local y
   if phase == "backward" then y = autograd.backward(ctx, c, x) else y = autograd.forward(ctx, c, x, phase) end
   autograd.untracked(ctx.leave, ctx, c, phase)
+  if p then p:leave() end
   return y
 end
 nn.plain = plain

@@ -34,7 +34,7 @@ M.schema = {
     eval_every = { "int", 0 }, eval_batches = { "int", 4 }, log_every = { "int", 1 }, metrics = { "string", nil },
     device = { { "cpu", "cuda" }, "cpu" }, min_free_fraction = { "number", 0.9 }, resume = { "string", nil },
     stop_after = { "int", nil }, loss_chunk_mb = { "number", 256 }, peak_tflops = { "number", nil },
-    max_bad_steps = { "int", 5 },
+    max_bad_steps = { "int", 5 }, profile = { "string", nil }, profile_step = { "int", nil },
   },
   -- docs/CHECKPOINTS.md
   checkpoint = {
@@ -165,6 +165,12 @@ function M.check(r, where)
       "evaluation off)", t.eval_batches)
   end
   if t.eval_every < 0 then fail(where, "train.eval_every = %d; expected >= 0 (0: no evaluation)", t.eval_every) end
+  if t.profile_step and t.profile_step < 1 then
+    fail(where, "train.profile_step = %d; expected >= 1 (the step whose timeline train.profile writes)", t.profile_step)
+  end
+  if t.profile_step and not t.profile then
+    fail(where, "train.profile_step = %d without train.profile (the file the step's timeline is written to)", t.profile_step)
+  end
   if t.max_bad_steps < 1 then
     fail(where, "train.max_bad_steps = %d; expected >= 1 (skipped steps in a row that stop the run)", t.max_bad_steps)
   end

@@ -15,6 +15,7 @@ local autograd = require "fsdp.autograd"
 local bit = require "bit"
 local tensor = require "fsdp.tensor"
 local ops = require "fsdp.ops"
+local profile = require "fsdp.profile"
 local ffi, C, check = base.ffi, base.C, base.check
 
 local M = {}
@@ -675,6 +676,20 @@ local function all_reduce_host(comm, t, op)
 end
 M.all_reduce_host = all_reduce_host
 
+-- fn(...) as a span of the step's timeline when one is recorded (fsdp.profile)
+local function span(name, fn, ...)
+  local p = profile.active
+  if p then return p:span(name, "step", fn, ...) end
+  return fn(...)
+end
+
+-- Waits for all the work of every unit and of the compute stream.
+function Sharded:synchronize()
+  live(self, "synchronize")
+  for _, u in ipairs(self.units) do check(C.fsdp_unit_synchronize(u.handle), "unit '" .. u.name .. "' synchronize") end
+  if self.cs then check(C.fsdp_stream_synchronize(self.cs), "synchronize") end
+end
+
 function Sharded:train_step(batches, opt)
   live(self, "train_step")
   opt = opt or {}
@@ -686,13 +701,13 @@ function Sharded:train_step(batches, opt)
     local ctx = setmetatable({ s = self, sync = k == K }, Ctx)
     parts[k] = autograd.scope(function()
       if opt.forward_loss then -- the model's own forward and loss (Llama's fused head), then backward from there
-        local loss = opt.forward_loss(self.model, ctx, b, 1 / K)
-        self.model:backward(ctx)
+        local loss = span("forward + loss", opt.forward_loss, self.model, ctx, b, 1 / K)
+        span("backward", self.model.backward, self.model, ctx)
         return loss
       end
-      local y = self.model:forward(ctx, b.x)
-      local loss, dy = lossfn(y, b, 1 / K)
-      self.model:backward(ctx, dy) -- (consumes dy)
+      local y = span("forward", self.model.forward, self.model, ctx, b.x)
+      local loss, dy = span("loss", lossfn, y, b, 1 / K)
+      span("backward", self.model.backward, self.model, ctx, dy) -- (consumes dy)
       return loss -- on a GPU still on the device (ops.deferred): read below, once
     end)
   end
@@ -701,6 +716,8 @@ function Sharded:train_step(batches, opt)
   local nu = #self.units
   -- ... and whether a stop signal reached any rank (fsdp_stop_signal), so
   -- that every rank stops after the same step, with no collective more
+  local p = profile.active
+  if p then p:enter("grads: wait, norm, loss", "step") end
   local sums = tensor.new(2 * nu + 2)
   local first, last = math.huge, 0
   for i, u in ipairs(self.units) do
@@ -740,6 +757,7 @@ function Sharded:train_step(batches, opt)
   -- the signal this rank got, else -1: another rank's
   self.stop_signal = sums:get(2 * nu + 1) > 0 and (C.fsdp_stop_signal() > 0 and C.fsdp_stop_signal() or -1) or nil
   local norm = math.sqrt(norm2)
+  if p then p:leave() end
   -- non-finite grads anywhere: every rank skips the step, and says where
   local bad_units = {}
   for i, u in ipairs(self.units) do
@@ -763,6 +781,7 @@ function Sharded:train_step(batches, opt)
     if u.offload then u.step_trace = trace(self, "step", u) end
   end
   local optimizer = opt.optimizer or "adamw"
+  if p then p:enter("optimizer", "step") end
   if optimizer == "adamw" then
     local cfg = ffi.new("fsdp_adamw_config", { lr = opt.lr or 1e-3, beta1 = opt.beta1 or 0.9,
       beta2 = opt.beta2 or 0.999, eps = opt.eps or 1e-8, weight_decay = opt.weight_decay or 0 })
@@ -776,6 +795,10 @@ function Sharded:train_step(batches, opt)
     end
   else
     error("train_step: optimizer '" .. tostring(optimizer) .. "' (expected 'adamw' or 'sgd')", 2)
+  end
+  if p then -- the steps run on the units' streams: waited for here, so that the span holds them
+    self:synchronize()
+    p:leave()
   end
   return loss, norm
 end

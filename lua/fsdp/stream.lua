@@ -49,10 +49,12 @@ function Stream:delay(us)
 end
 function Stream:__tostring() return string.format("stream(%s%s)", self.device, self.borrowed and ", comm" or "") end
 
-function M.event(device)
+-- fsdp.event(device, true): a timed event, whose completions can be
+-- compared (e:seconds_to(f)); for timelines (fsdp.profile)
+function M.event(device, timed)
   device = device or "cpu"
   local p = ffi.new("fsdp_event *[1]")
-  check(C.fsdp_event_create(tensor.device(device), p), "fsdp.event")
+  check((timed and C.fsdp_event_create_timed or C.fsdp_event_create)(tensor.device(device), p), "fsdp.event")
   return setmetatable({ handle = ffi.gc(p[0], C.fsdp_event_destroy), device = device }, Event)
 end
 
@@ -68,6 +70,15 @@ function Event:record(s)
 end
 function Event:query() return check(C.fsdp_event_query(live(self, "event:query")), "event:query") == 1 end
 function Event:synchronize() check(C.fsdp_event_synchronize(live(self, "event:synchronize")), "event:synchronize") end
+
+-- seconds from this event's last completed record to e's (both timed,
+-- both completed: synchronize first)
+local seconds = ffi.new("double[1]")
+function Event:seconds_to(e)
+  if getmetatable(e) ~= Event then error("event:seconds_to: expected an fsdp.event, got " .. type(e), 2) end
+  check(C.fsdp_event_elapsed(live(self, "event:seconds_to"), live(e, "event:seconds_to"), seconds), "event:seconds_to")
+  return base.f64(seconds)
+end
 
 function M.memcpy(dst, src, s) return dst:copy_from(src, s) end
 

@@ -18,6 +18,8 @@ local peak = require "fsdp.peak"
 local metrics_file = require "fsdp.metrics"
 local autograd = require "fsdp.autograd"
 local restarts = require "fsdp.restarts"
+local profile = require "fsdp.profile"
+local nn = require "fsdp.nn"
 local ffi, C, check = fsdp.ffi, fsdp.C, fsdp.check
 
 local M = {}
@@ -396,12 +398,44 @@ local function run(r, where, args, break_at, owned)
   end
   local stopped = next_break and next_break < start and not prompt(start - 1)
   local signalled -- {signal, step, saved}: stopped by a signal after that step
+  -- train.profile: one step's timeline (fsdp.profile), rank 0's; by
+  -- default the second step of this run (the first runs the one-time set-up)
+  local profile_step = R == 0 and r.train.profile and (r.train.profile_step or math.min(start + 1, last)) or nil
+  if profile_step and (profile_step < start or profile_step > last) then
+    io.stderr:write(string.format("[0] fsdp: warning: train.profile_step = %d is outside this run's steps %d-%d: no " ..
+      "profile is written\n", profile_step, start, last))
+  end
+  local function profile_begin(step)
+    if step ~= profile_step then return nil end
+    local names = {}
+    nn.walk(model, function(m, path) names[m] = path end)
+    local settle = function() sharded:synchronize() end
+    return profile.start({ device = device, stream = device == "cuda" and ops.compute_stream() or nil, names = names,
+      settle = settle }), settle
+  end
+  local function profile_end(prof, settle, step)
+    prof:finish(settle)
+    say("%s", prof:report(15))
+    local path = r.train.profile
+    local dir = path:match("^(.*)/[^/]*$")
+    if dir then mkdir_p(dir) end
+    local f, err = io.open(path .. ".tmp", "w")
+    local ok = f and f:write(prof:trace({ step = step, recipe = where, device = device })) and f:close()
+    if ok and os.rename(path .. ".tmp", path) then
+      say("profile: step %d's timeline written to %s (open it in ui.perfetto.dev or chrome://tracing)", step, path)
+    else
+      if f then os.remove(path .. ".tmp") end
+      io.stderr:write(string.format("[0] fsdp: warning: train.profile: writing %s failed (%s); training goes on\n", path,
+        tostring(err or "write error")))
+    end
+  end
   C.fsdp_stop_signals_watch(1)
   for step = start, stopped and -1 or last do
     C.fsdp_heartbeat(step) -- fsdprun --heartbeat-timeout: alive, at this step
     stall_hook(R, step)
     restarts.test_kill(restart, R, step)
     fsdp.memory_reset_peak(device)
+    local prof, settle = profile_begin(step)
     local t0 = C.fsdp_time_now()
     local lr = schedule.lr(step, steps, { lr = o.lr, warmup = r.schedule.warmup, decay = r.schedule.decay,
       min_lr_ratio = r.schedule.min_lr_ratio })
@@ -414,6 +448,7 @@ local function run(r, where, args, break_at, owned)
         eps = o.eps, weight_decay = o.weight_decay, clip = o.clip > 0 and o.clip or nil, momentum = o.momentum, loss = loss_fn,
         forward_loss = forward_loss })
     end)
+    if prof then profile_end(prof, settle, step) end
     local dt = C.fsdp_time_now() - t0
     tokens_done = tokens_done + tokens_step
     if step == steady_from then t_steady = t0 end
@@ -515,6 +550,7 @@ function M.run(r, where, args, break_at)
   local ok, out = pcall(run, r, where, args, break_at, owned)
   if not ok then
     C.fsdp_stop_signals_watch(0)
+    profile.abandon()
     if fsdp.init().size == 1 then
       if owned.sharded and not owned.sharded.freed then pcall(owned.sharded.free, owned.sharded) end
       if owned.mesh then pcall(owned.mesh.free, owned.mesh) end

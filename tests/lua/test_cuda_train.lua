@@ -6,9 +6,12 @@
 --   bf16 params and activations: within 3e-2 relative (bf16 has 8 bits);
 --   the same with the optimizer offloaded to the host (fsdp.offload), and
 --   with the param shards too (offload = {params = true});
---   the weights gathered back to the host after training agree likewise.
+--   the weights gathered back to the host after training agree likewise;
+--   a step recorded by fsdp.profile: the same losses, device spans nested.
 local fsdp = require "fsdp"
 local llama = require "fsdp.models.llama"
+local profile = require "fsdp.profile"
+local ops = require "fsdp.ops"
 local C = fsdp.C
 
 if C.fsdp_device_available(C.FSDP_CUDA) ~= 1 then
@@ -43,11 +46,21 @@ local gpu_mesh = fsdp.mesh({ { "dp", 1 } }, { device = "cuda" })
 local opt = { lr = 3e-3, weight_decay = 0.1, clip = 1.0,
   loss = function(logits, b, scale) return llama.loss(logits, b.y, scale, nil, b.y_dev) end }
 
-local function run(mesh, device, zero, dtype, ck, offload)
-  local m = fsdp.fully_shard(llama.model(cfg, { checkpoint = ck }), { shard = mesh:group("dp"), units = llama.units,
+local function run(mesh, device, zero, dtype, ck, offload, profile_at)
+  local model = llama.model(cfg, { checkpoint = ck })
+  local m = fsdp.fully_shard(model, { shard = mesh:group("dp"), units = llama.units,
     zero = zero, seed = 7, mixed = { param_dtype = dtype }, offload = offload })
-  local losses = {}
-  for t = 1, 6 do losses[t] = m:train_step({ batch(t, device), batch(t + 100, device) }, opt) end
+  local losses, prof = {}, nil
+  for t = 1, 6 do
+    if t == profile_at then
+      local names = {}
+      fsdp.nn.walk(model, function(mod, path) names[mod] = path end)
+      prof = profile.start({ device = device, stream = ops.compute_stream(), names = names, settle = function() m:synchronize() end })
+    end
+    losses[t] = m:train_step({ batch(t, device), batch(t + 100, device) }, opt)
+    if t == profile_at then prof:finish(function() m:synchronize() end) end
+  end
+  if profile_at then losses.profile = prof end
   local w = m:gather("model.layers.1.mlp.down_proj.weight")
   m:free()
   return losses, w
@@ -69,6 +82,21 @@ for _, z in ipairs({ 0, 1, 2, 3 }) do
 end
 local l, w = run(gpu_mesh, "cuda", 3, "bf16", "none")
 compare("cuda bf16 zero 3", l, w, 3e-2)
+-- a step's timeline (train.profile) on the GPU: the same losses bit for
+-- bit, and every span's device times ordered and inside its parent's
+local lp = run(gpu_mesh, "cuda", 3, "bf16", "none", nil, 3)
+local same = true
+for t = 1, 6 do same = same and lp[t] == l[t] end
+check(same, "profiling step 3 changes no loss")
+local ordered, inside, down = true, true, 0
+for _, sp in ipairs(lp.profile.spans) do
+  ordered = ordered and sp.dev_begin >= -1e-6 and sp.dev_end >= sp.dev_begin
+  local up = sp.parent
+  if up then inside = inside and sp.dev_begin >= up.dev_begin - 1e-6 and sp.dev_end <= up.dev_end + 1e-6 end
+  if sp.name == "model.layers.1.mlp.down_proj" and sp.cat == "backward" then down = sp.dev_end - sp.dev_begin end
+end
+check(#lp.profile.spans > 20 and ordered and inside, "device spans ordered and nested: " .. #lp.profile.spans .. " spans")
+check(down > 0, string.format("the down projection's backward took device time (%.1f us)", down * 1e6))
 -- the optimizer offloaded: state in pinned host memory, grads copied down,
 -- the step on CPU threads, the compute shard copied up
 for _, z in ipairs({ 1, 3 }) do
