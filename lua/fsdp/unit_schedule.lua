@@ -1,0 +1,162 @@
+-- fsdp.unit_schedule: when each unit is gathered, prefetched and
+-- resharded (M.switch_unit, one piece of code for the run and its replay),
+-- the replay of a step's schedule against the pools (M.simulate), and the
+-- pools' slot sizes and bound. fsdp.shard runs it; the planner replays it.
+local base = require "fsdp.ffi"
+local ffi, C = base.ffi, base.C
+
+local M = {}
+
+-- The schedule when compute moves from unit cur to unit u; one piece of
+-- code for the run (Ctx:enter) and its replay (M.simulate): the previous
+-- unit is resharded unless it stays gathered until its backward, u is
+-- gathered, and the units that run next (following ones in forward,
+-- preceding ones in backward) are prefetched up to u.prefetch (or the
+-- model's), stopping at the first that cannot be (the pool's bound). Not
+-- from a module that borrows another unit's params (shares): that unit
+-- runs out of order, and its neighbours are not next.
+-- eng.unshard(unit, is_prefetch) -> true when gathered; eng.reshard(unit).
+function M.switch_unit(cur, u, forward, shares, prefetch, units, eng)
+  if cur and cur.zero == 3 and (not forward or cur.reshard_after_forward) then eng.reshard(cur) end
+  local ok = eng.unshard(u, false)
+  local dir = forward and 1 or -1
+  for d = 1, shares and 0 or (u.prefetch or prefetch) do
+    local nxt = units[u.index + d * dir]
+    if not nxt or not eng.unshard(nxt, true) then break end
+  end
+  return ok
+end
+
+-- A pool as the replay sees it: its slots' sizes and which are taken, each
+-- request given the slot src/shard/pool.c would give (fsdp_pool_pick).
+local function sim_pool(slots)
+  local n = #slots
+  local bytes, taken = ffi.new("int64_t[?]", math.max(n, 1)), ffi.new("uint8_t[?]", math.max(n, 1))
+  for i, b in ipairs(slots) do bytes[i - 1] = b end
+  local p = { live = 0, peak = 0 }
+  function p.take(b)
+    local i = C.fsdp_pool_pick(n, bytes, taken, b)
+    if i < 0 then return nil end
+    taken[i] = 1
+    p.live = p.live + 1
+    p.peak = math.max(p.peak, p.live)
+    return i
+  end
+  function p.give(i)
+    taken[i] = 0
+    p.live = p.live - 1
+  end
+  return p
+end
+
+-- Full-unit buffers live at once when each micro-batch runs its forward
+-- and backward, by replaying the schedule (M.switch_unit, as Ctx runs it)
+-- on unit state alone, with pools of these slots ({params = {bytes...},
+-- grads = {...}}): {params = peak param buffers, grads = peak grad buffers,
+-- gathers = {[unit] = all-gathers per micro-batch}}, or nil and the
+-- reason when a unit finds no slot it fits when it must have one.
+function M.simulate(a, prefetch, slots)
+  local P, G = sim_pool(slots.params), sim_pool(slots.grads)
+  local held, gheld, gathers, cur = {}, {}, {}, nil
+  local eng = {}
+  function eng.unshard(u)
+    if u.zero ~= 3 or held[u] then return true end
+    if u.plan.pool_params == 0 then held[u] = -1; return true end -- one rank: the shard is the full unit
+    local i = P.take(tonumber(u.plan.pool_params))
+    if not i then return false end
+    held[u] = i
+    gathers[u] = (gathers[u] or 0) + 1
+    return true
+  end
+  function eng.reshard(u)
+    if held[u] and held[u] >= 0 then P.give(held[u]) end
+    held[u] = nil
+  end
+  local function enter(v, forward)
+    local u = v.unit
+    if cur ~= u then
+      if not M.switch_unit(cur, u, forward, v.shares, prefetch, a.units, eng) then
+        return string.format("unit '%s' cannot be gathered: no free param buffer fits it (%d of %d in use)", u.name,
+          P.live, #slots.params)
+      end
+      cur = u
+    end
+    if not forward and u.plan.pool_grads > 0 and not gheld[u] then
+      gheld[u] = G.take(tonumber(u.plan.pool_grads))
+      if not gheld[u] then
+        return string.format("unit '%s' cannot take a grad buffer: no free one fits it (%d of %d in use)", u.name,
+          G.live, #slots.grads)
+      end
+    end
+  end
+  for _, v in ipairs(a.visits) do
+    local e = enter(v, true)
+    if e then return nil, e end
+  end
+  for i = #a.visits, 1, -1 do
+    local v = a.visits[i]
+    local e = enter(v, false)
+    if e then return nil, e end
+    if v.module == v.unit.first then -- its backward is done: reshard, reduce (the grad buffer goes back)
+      if v.unit.zero == 3 then eng.reshard(v.unit) end
+      cur = nil
+      if gheld[v.unit] then G.give(gheld[v.unit]); gheld[v.unit] = nil end
+    end
+  end
+  return { params = P.peak, grads = G.peak, gathers = gathers }
+end
+
+-- The pools' slots for assignment a (units planned: M.plan_units) and
+-- bound `live`: the sizes of the `live` largest units that borrow from
+-- each pool (a 501 MiB tied embedding and 116 MiB layers need one big slot
+-- and small ones, not all big), when the replayed schedule fits them;
+-- else `live` slots of the largest size (a bound that fits any order).
+-- Returns slots ({params = {...}, grads = {...}}), the replay's peak, and
+-- the reason when even those do not fit (peak nil).
+function M.pool_slots(a, prefetch, live)
+  local function sizes(field)
+    local v = {}
+    for _, u in ipairs(a.units) do
+      local b = tonumber(u.plan[field])
+      if b > 0 then v[#v + 1] = b end
+    end
+    table.sort(v, function(x, y) return x > y end)
+    return v
+  end
+  local p, g = sizes("pool_params"), sizes("pool_grads")
+  local function top(v)
+    local out = {}
+    for i = 1, math.min(live, #v) do out[i] = v[i] end
+    return out
+  end
+  local function even(v)
+    local out = {}
+    for i = 1, #v > 0 and live or 0 do out[i] = v[1] end
+    return out
+  end
+  local fitted = { params = top(p), grads = top(g) }
+  local peak = M.simulate(a, prefetch, fitted)
+  if peak then return fitted, peak end
+  local uniform = { params = even(p), grads = even(g) }
+  local why
+  peak, why = M.simulate(a, prefetch, uniform)
+  return uniform, peak, why
+end
+
+local function sum(v)
+  local t = 0
+  for _, b in ipairs(v) do t = t + b end
+  return t
+end
+M.sum = sum
+
+-- The pools' bound: max_live_units, raised so that units kept gathered
+-- between forward and backward (reshard_after_forward = false) fit with
+-- the current unit and one prefetched
+function M.pool_bound(a, max_live)
+  local kept = 0
+  for _, u in ipairs(a.units) do if u.zero == 3 and not u.reshard_after_forward then kept = kept + 1 end end
+  return math.max(max_live or 2, kept > 0 and kept + 2 or 0)
+end
+
+return M
