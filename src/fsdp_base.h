@@ -93,9 +93,16 @@ typedef enum {
 
 /* ---- CPU threads for elementwise host loops (src/base/parallel.c) ----- */
 /* CPU threads the optimizer steps (and other elementwise host loops) use:
- * FSDP_CPU_THREADS, else the machine's cores divided among its ranks. */
+ * FSDP_CPU_THREADS, else the rank's cores (fsdp_rank_cores). */
 int fsdp_cpu_threads(void);
 int fsdp_cpu_threads_set(int n);
+/* The CPU cores this rank may use, and whether they are its own: where the
+ * launcher bound the rank to part of what the launcher itself was given
+ * (mpirun binds each rank to a core by default, srun --cpu-bind), every
+ * core of its affinity, *bound = 1; else (fsdprun, a container's cpuset
+ * shared by all ranks) its affinity's cores divided among the machine's
+ * ranks (fsdp_init says how many), *bound = 0. At least 1. */
+int fsdp_rank_cores(int *bound);
 
 /* ---- the optimizer's hyperparameters ----------------------------------
  * Here because every layer that runs a step reads them: the CPU step

@@ -132,7 +132,9 @@ end
 -- The peak one rank divides by. o.device ("cpu", "cuda"), o.dtype (the
 -- GPU's compute dtype; CPU ops compute in fp32), o.ranks (ranks sharing the device: a machine's CPU
 -- ranks, or a GPU's), o.override (train.peak_tflops: one device's peak),
--- o.gpu_name, o.cpu (M.this_cpu()'s result, or nil and why in o.cpu_why).
+-- o.gpu_name, o.cpu (M.this_cpu()'s result, or nil and why in o.cpu_why),
+-- o.bound (a launcher bound this rank to its own cores, fsdp_rank_cores: the
+-- CPUs o.cpu counted are this rank's alone, not shared by o.ranks).
 -- Returns { flops = per-rank FLOP/s or nil, what = one line to print }.
 function M.for_rank(o)
   local dev, why
@@ -147,6 +149,9 @@ function M.for_rank(o)
   end
   if not dev then return { what = why .. "; no MFU is reported: set train.peak_tflops" } end
   local unit = dev >= 1e12 and string.format("%.1f TFLOP/s", dev / 1e12) or string.format("%.1f GFLOP/s", dev / 1e9)
+  if o.bound and o.device ~= "cuda" and not o.override then
+    return { flops = dev, what = string.format("%s per rank, the cores its launcher bound it to (%s)", unit, why) }
+  end
   local share = o.ranks > 1 and string.format(", shared by %d ranks", o.ranks) or ""
   return { flops = dev / o.ranks, what = string.format("%s per %s%s (%s)", unit, o.device == "cuda" and "GPU" or "machine",
     share, why) }

@@ -300,7 +300,9 @@ local function run(r, where, args, break_at, owned)
   local flops_tok = llama.flops_per_token(cfg, T)
   -- MFU: model FLOPs over the hardware's peak (fsdp.peak, docs/TRAINING.md);
   -- gemm_frac: over a GEMM rate measured now
-  local the_peak = peak.for_rank({ device = device, dtype = r.fsdp.param_dtype, ranks = ranks_per_device,
+  local bound = ffi.new("int[1]")
+  C.fsdp_rank_cores(bound)
+  local the_peak = peak.for_rank({ device = device, dtype = r.fsdp.param_dtype, ranks = ranks_per_device, bound = bound[0] == 1,
     override = r.train.peak_tflops, gpu_name = device == "cuda" and fsdp.device_name(device) or nil,
     cpu = device ~= "cuda" and not r.train.peak_tflops and peak.this_cpu() or nil })
   local gemm_rate = peak.gemm_rate(fsdp, device, r.fsdp.param_dtype)

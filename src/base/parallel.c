@@ -6,9 +6,11 @@
  * second thread) runs its loop alone, which gives the same results (the
  * loops are elementwise) and never deadlocks.
  *
- * Threads: FSDP_CPU_THREADS, else the cores divided among the machine's
- * ranks (fsdp_init sets that share, as it does for OpenBLAS). */
+ * Threads: FSDP_CPU_THREADS, else the rank's cores (fsdp_rank_cores: its
+ * own where a launcher bound it, else its share of the machine's), set by
+ * fsdp_init, as OpenBLAS's are. */
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -96,12 +98,32 @@ static _Atomic int host_ranks;
 
 int fsdp_host_ranks(void) { return atomic_load(&host_ranks); }
 
+/* Bound: the rank's affinity is a strict subset of its parent's (the
+ * launcher's daemon or fsdprun: what the job was given). A container's
+ * cpuset restricts parent and ranks alike, so it reads as shared. */
+int fsdp_rank_cores(int *bound) {
+  cpu_set_t self, parent, both;
+  int is_bound = 0, n;
+  if (sched_getaffinity(0, sizeof self, &self) == 0) {
+    n = CPU_COUNT(&self);
+    if (sched_getaffinity(getppid(), sizeof parent, &parent) == 0) {
+      CPU_AND(&both, &self, &parent);
+      is_bound = CPU_EQUAL(&both, &self) && n < CPU_COUNT(&parent);
+    }
+  } else {
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    n = cpus > 0 ? (int)cpus : 1;
+  }
+  int ranks = atomic_load(&host_ranks);
+  if (!is_bound && ranks > 1) n /= ranks;
+  if (bound) *bound = is_bound;
+  return n > 0 ? n : 1;
+}
+
 void fsdp_cpu_threads_share(int local_ranks) {
   atomic_store(&host_ranks, local_ranks);
   if (getenv("FSDP_CPU_THREADS")) return;
-  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-  int share = local_ranks > 0 && cpus > 0 ? (int)(cpus / local_ranks) : 1;
-  fsdp_cpu_threads_set(share > 0 ? share : 1);
+  fsdp_cpu_threads_set(fsdp_rank_cores(NULL));
 }
 
 void fsdp_parallel_for(int64_t n, int64_t grain, fsdp_range_fn fn, void *arg) {

@@ -3,7 +3,8 @@
  *
  * Per process: OpenBLAS starts a thread per core in every process; with
  * several ranks on one machine that oversubscribes the cores many times
- * over, so each local rank gets its share of the cores.
+ * over, so each local rank gets its cores (fsdp_rank_cores: its share, or
+ * the ones a launcher such as mpirun bound it to).
  *
  * Per call: one thread per MIN_FLOPS_PER_THREAD (4 MFLOP, ~40 us of one
  * core) of the GEMM's 2 m n k FLOPs, at most the share. Measured with the
@@ -50,8 +51,7 @@ static int share_now(void) {
   }
   const char *m = getenv("FSDP_BLAS_MFLOP_PER_THREAD");
   if (m && atof(m) > 0) atomic_store(&flops_per_thread, atof(m) * (1 << 20));
-  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-  int n = ranks > 0 ? (int)(cpus / ranks) : openblas_get_num_threads();
+  int n = ranks > 0 ? fsdp_rank_cores(NULL) : openblas_get_num_threads();
   atomic_store(&share, n > 0 ? n : 1);
   atomic_store(&sized_for, ranks);
   return atomic_load(&share);

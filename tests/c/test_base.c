@@ -2,6 +2,9 @@
  * naive references (float64 arithmetic and exhaustive enumeration). */
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -195,7 +198,33 @@ static void test_errors(void) {
   CHECK_FAILS(fsdp_kv_put("k", "v", 1), FSDP_ESTATE, "fsdp_init");
 }
 
+/* fsdp_rank_cores: every core of this process's affinity (no rank count
+ * to divide by without fsdp_init); a child bound to one core of several
+ * (as mpirun binds a rank) reads 1 core, bound. */
+static void test_rank_cores(void) {
+  cpu_set_t self;
+  CHECK(sched_getaffinity(0, sizeof self, &self) == 0);
+  int bound = -1, n = fsdp_rank_cores(&bound);
+  CHECK((bound == 0 || bound == 1) && n == CPU_COUNT(&self)); /* (bound when this test runs under taskset) */
+  if (CPU_COUNT(&self) < 2) return; /* nothing to bind to a part of */
+  int first = 0;
+  while (!CPU_ISSET(first, &self)) first++;
+  pid_t pid = fork();
+  if (pid == 0) {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(first, &one);
+    if (sched_setaffinity(0, sizeof one, &one) != 0) _exit(3);
+    int b = -1, cores = fsdp_rank_cores(&b);
+    _exit(b == 1 && cores == 1 ? 0 : 1);
+  }
+  int status = -1;
+  CHECK(pid > 0 && waitpid(pid, &status, 0) == pid);
+  CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
 int main(void) {
+  test_rank_cores();
   test_bf16();
   test_fp16();
   test_dtypes();

@@ -101,6 +101,10 @@ do
   local cpu = peak.cpu(xeon4)
   local p = peak.for_rank({ device = "cpu", dtype = "fp32", ranks = 2, cpu = cpu })
   check(near(p.flops, cpu.flops / 2) and p.what:find("shared by 2 ranks", 1, true), "a CPU rank: the machine's peak / its ranks: " .. p.what)
+  -- bound by its launcher (mpirun's default): the CPUs counted are its own, not divided
+  p = peak.for_rank({ device = "cpu", dtype = "fp32", ranks = 2, bound = true, cpu = cpu })
+  check(near(p.flops, cpu.flops) and p.what:find("per rank, the cores its launcher bound it to", 1, true),
+    "a CPU rank bound to its own cores: their peak, whole: " .. p.what)
   p = peak.for_rank({ device = "cpu", dtype = "bf16", ranks = 1, override = 0.5, cpu = cpu })
   check(near(p.flops, 0.5e12) and p.what:find("train.peak_tflops = 0.5", 1, true), "train.peak_tflops replaces the CPU's")
   p = peak.for_rank({ device = "cuda", dtype = "bf16", ranks = 1, override = 400, gpu_name = "NVIDIA H100 80GB HBM3" })
