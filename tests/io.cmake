@@ -8,3 +8,10 @@ set_tests_properties(token_file PROPERTIES LABELS unit TIMEOUT 60)
 fsdp_c_test(test_checkpoint_io)
 add_test(NAME checkpoint_io COMMAND test_checkpoint_io)
 set_tests_properties(checkpoint_io PROPERTIES LABELS unit TIMEOUT 60)
+# the Hugging Face export loaded by transformers itself: the same logits as
+# ours (needs torch and transformers in FSDP_TEST_PYTHON or python3; skipped
+# without them, as in CI: bench/RESULTS.md has the runs)
+add_test(NAME hf_transformers
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_hf_transformers.sh $<TARGET_FILE:fsdprun> $<TARGET_FILE:fsdp-host>
+                 ${CMAKE_SOURCE_DIR})
+set_tests_properties(hf_transformers PROPERTIES LABELS multirank TIMEOUT 180 RUN_SERIAL ON SKIP_RETURN_CODE 77)

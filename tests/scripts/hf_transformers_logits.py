@@ -1,0 +1,32 @@
+"""hf_transformers_logits.py DIR OURS: loads the Hugging Face folder DIR with
+transformers' LlamaForCausalLM (float64), runs it on the ids in OURS (written
+by tests/lua/hf_logits.lua: B*T ids, then the logits) and compares the
+logits. Passes when the largest difference is under 1e-4 of the largest
+logit (fp32 arithmetic against float64). Exit 77: torch or transformers
+missing."""
+import sys
+
+try:
+    import torch
+    from transformers import LlamaForCausalLM
+except ImportError as e:
+    print(f"skipped: {e}")
+    sys.exit(77)
+
+B, T = 2, 48
+d, ours_path = sys.argv[1], sys.argv[2]
+vals = [float(l) for l in open(ours_path)]
+ids = torch.tensor([int(v) for v in vals[: B * T]]).view(B, T)
+ours = torch.tensor(vals[B * T :], dtype=torch.float64)
+model = LlamaForCausalLM.from_pretrained(d, torch_dtype=torch.float64)
+model.eval()
+with torch.no_grad():
+    ref = model(ids).logits.reshape(-1)
+if ref.numel() != ours.numel():
+    print(f"FAILED: {ours.numel()} logits from fsdp, {ref.numel()} from transformers")
+    sys.exit(1)
+scale = ref.abs().max().item()
+err = (ref - ours).abs().max().item()
+print(f"transformers {__import__('transformers').__version__}: {ref.numel()} logits, largest |difference| {err:.3e} "
+      f"of largest |logit| {scale:.3e} ({err / scale:.2e} relative; bound 1e-4)")
+sys.exit(0 if err <= 1e-4 * scale else 1)
