@@ -3,7 +3,10 @@ transformers' LlamaForCausalLM (float64), runs it on the ids in OURS (written
 by tests/lua/hf_logits.lua: B*T ids, then the logits) and compares the
 logits. Passes when the largest difference is under 1e-4 of the largest
 logit (fp32 arithmetic against float64). Exit 77: torch or transformers
-missing."""
+missing.
+hf_transformers_logits.py --make DIR FROM: writes DIR with transformers'
+save_pretrained: a LlamaForCausalLM of FROM's config.json with random
+weights (seed 0), as a model from the Hub would come."""
 import sys
 
 try:
@@ -12,6 +15,19 @@ try:
 except ImportError as e:
     print(f"skipped: {e}")
     sys.exit(77)
+
+if sys.argv[1] == "--make":
+    from transformers import LlamaConfig
+    torch.manual_seed(0)
+    cfg = LlamaConfig.from_pretrained(sys.argv[3])
+    m = LlamaForCausalLM(cfg)
+    with torch.no_grad():  # the default init's norms are all ones: perturb them too
+        for name, p in m.named_parameters():
+            if "norm" in name:
+                p.add_(0.1 * torch.randn_like(p))
+    m.save_pretrained(sys.argv[2])
+    print(f"written {sys.argv[2]} ({sum(p.numel() for p in m.parameters())} parameters)")
+    sys.exit(0)
 
 B, T = 2, 48
 d, ours_path = sys.argv[1], sys.argv[2]

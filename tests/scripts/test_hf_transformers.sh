@@ -5,7 +5,9 @@
 # tied to the embedding), loaded by transformers'
 # LlamaForCausalLM.from_pretrained in float64, gives the logits our model
 # gives on the same ids (tests/lua/hf_logits.lua) within 1e-4 of the largest
-# (tests/scripts/hf_transformers_logits.py). Needs torch and transformers
+# (tests/scripts/hf_transformers_logits.py); and a model transformers writes
+# (save_pretrained, random weights) imported gives its logits too. Needs
+# torch and transformers
 # in FSDP_TEST_PYTHON (default python3); skipped (77) without them.
 set -u
 fsdprun=$1 fsdp=$2 root=$3
@@ -33,4 +35,14 @@ for v in "fp32 untied false" "bf16 tied true"; do
   check "$1 $2: transformers' logits on the export equal ours" "[ $rc = 0 ]"
   rm -f "$work/ours.txt"
 done
+# the other way: a folder written by transformers (save_pretrained, random
+# weights) imported by our model
+"$py" "$root/tests/scripts/hf_transformers_logits.py" --make "$work/from-hf" "$work/fp32-untied" >"$work/make.out" 2>&1
+check "transformers writes a model" "[ -f '$work/from-hf/config.json' ]" || cat "$work/make.out"
+"$fsdp" "$root/tests/lua/hf_logits.lua" "$work/from-hf" "$root" "$work/ours.txt" >"$work/ours.out" 2>&1
+check "our model imports transformers' folder" "[ -s '$work/ours.txt' ]" || cat "$work/ours.out"
+"$py" "$root/tests/scripts/hf_transformers_logits.py" "$work/from-hf" "$work/ours.txt" >"$work/cmp.out" 2>&1
+rc=$?
+grep -v "Loading weights" "$work/cmp.out"
+check "transformers' model imported: its logits equal ours" "[ $rc = 0 ]"
 finish test_hf_transformers
