@@ -77,9 +77,16 @@ static int has_position(const char *msg) {
   return d > c + 1 && *d == ':';
 }
 
+/* the file being run, for errors that carry no message of their own */
+static const char *current_file = "the program";
+
 static int traceback(lua_State *L) {
   const char *msg = lua_tostring(L, 1);
-  if (!msg) msg = "(error object is not a string)";
+  if (!msg) {
+    lua_pushfstring(L, "%s raised a %s as its error, not a message (error(\"text\") says what went wrong)", current_file,
+                    luaL_typename(L, 1));
+    msg = lua_tostring(L, -1);
+  }
   const char *always = getenv("FSDP_TRACEBACK");
   if (has_position(msg) || (always && !strcmp(always, "1")))
     luaL_traceback(L, L, msg, 1);
@@ -130,6 +137,7 @@ static void set_arg_table(lua_State *L, char **argv, int argc, int script_index)
 
 static int run_file(lua_State *L, const char *file, int argc, char **argv, int script_index) {
   set_arg_table(L, argv, argc, script_index);
+  current_file = file;
   if (luaL_loadfile(L, file)) {
     fprintf(stderr, "fsdp: %s\n", lua_tostring(L, -1));
     return 1;
@@ -137,7 +145,13 @@ static int run_file(lua_State *L, const char *file, int argc, char **argv, int s
   int nargs = argc - script_index - 1;
   for (int i = script_index + 1; i < argc; i++) lua_pushstring(L, argv[i]);
   if (call(L, nargs, 1)) return 1;
-  if (!lua_istable(L, -1)) return 0;
+  if (!lua_istable(L, -1)) {
+    /* a script returns nothing; anything else but a table is likely a recipe gone wrong */
+    if (!lua_isnil(L, -1))
+      fprintf(stderr, "fsdp: warning: %s returned a %s, not a table: it ran as a script and trained nothing (a recipe "
+              "returns a table of sections: model, data, train, ...)\n", file, luaL_typename(L, -1));
+    return 0;
+  }
   /* a file that returns a table is a recipe: train it,
    * require("fsdp.train").main(recipe, file, args...) */
   lua_getglobal(L, "require");

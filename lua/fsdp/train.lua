@@ -123,7 +123,11 @@ local function run(r, where, args, break_at, owned)
     ranks_per_device = math.ceil(info.local_size / ndev)
   end
 
-  local mesh = fsdp.mesh(r.mesh, { device = device })
+  -- a mesh the world cannot hold is the recipe's mistake: named by its file, no trace
+  local made, mesh = pcall(fsdp.mesh, r.mesh, { device = device })
+  if not made then
+    error(string.format("%s: %s", where, (tostring(mesh):gsub("^[^:\n]+:%d+: ", ""):gsub("^fsdp%.mesh: ", ""):gsub(" %(FSDP_%u+%)$", ""))), 0)
+  end
   owned.mesh = mesh
   local names = {}
   for _, d in ipairs(mesh:dims()) do names[d.name or d[1]] = true end

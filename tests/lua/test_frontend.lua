@@ -227,6 +227,12 @@ if arg[1] then
   check(rc == "1" and o:find("deep", 1, true) and o:find("stack traceback", 1, true), "a failing job: message, traceback, status 1: " .. o)
   o, rc = host(job .. " exit 7")
   check(rc == "7", "os.exit(7) in a job gives status 7")
+  -- a table raised as the error names the file; a file returning neither nothing nor a table is warned about
+  h = io.open(job, "w"); h:write("if arg[1] == 'table' then error({1}) end\nreturn 42\n"); h:close()
+  o, rc = host(job .. " table")
+  check(rc == "1" and o:find(job .. " raised a table as its error, not a message", 1, true), "a table as the error: " .. o)
+  o, rc = host(job)
+  check(rc == "0" and o:find("warning: " .. job .. " returned a number, not a table", 1, true), "a file returning 42: " .. o)
   o, rc = host(dir .. ".missing.lua")
   check(rc == "1" and o:find("cannot open", 1, true), "a missing job file: " .. o)
   os.remove(job); os.remove(dir)

@@ -189,6 +189,10 @@ do
   -- beyond it by the plan (the activations of 65536 x 128 tokens per micro-batch)
   fails(function() train.run(tiny(), "act.lua", { "data.micro_batch=65536" }) end, "act.lua: this recipe needs",
     "a plan beyond the machine is refused, with its parts")
+  -- a mesh the world cannot hold: the recipe's mistake, named by its file, no position inside fsdp
+  local okm, errm = pcall(train.run, tiny(), "m.lua", { "mesh=dp_shard=3" })
+  check(not okm and tostring(errm):find("^m.lua: mesh: dp_shard=3 has 3 ranks but the world has %d") ~= nil
+    and not tostring(errm):find("train.lua", 1, true), "a mesh larger than the world: " .. tostring(errm))
   check(math.abs(llama.num_params(llama.config("llama3_70b")) / 70.55e9 - 1) < 1e-3, "70B has 70.55B parameters")
   check(math.abs(llama.num_params(llama.config("llama3_8b")) / 8.03e9 - 1) < 1e-3, "8B has 8.03B parameters")
 end
