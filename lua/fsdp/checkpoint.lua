@@ -297,6 +297,20 @@ end
 -- step, data position, seed...), async (default false), keep_last (0: all).
 -- With meta.run_id, a checkpoint of another run is never replaced (nor
 -- `latest` moved away from one): the save fails, changing nothing.
+-- Before training: dir can be made and written by this rank (a file made
+-- and removed), so that a wrong checkpoint.dir stops the run at its start,
+-- not at its first save. Errors name the directory and the reason.
+function M.check_writable(dir, rank)
+  if C.fsdp_fs_mkdirs(dir) < 0 then
+    error(string.format("cannot create '%s' (%s)", dir, ffi.string(C.fsdp_last_error())), 0)
+  end
+  local probe = string.format("%s/.write-test-rank-%d", dir, rank or 0)
+  local f, e = io.open(probe, "w")
+  local ok = f and f:write("fsdp\n") and f:close()
+  os.remove(probe)
+  if not ok then error(string.format("cannot write in '%s' (%s)", dir, tostring(e or "write error")), 0) end
+end
+
 function M.save(s, dir, o)
   o = o or {}
   M.wait(s)

@@ -74,6 +74,15 @@ local function as_ids(v, B, T)
   return t
 end
 
+-- An error of fsdp.mesh or fsdp.data (messages that start so) is the
+-- recipe's doing: raised again naming the recipe, without fsdp's source
+-- position or status. Anything else (a program error) goes on as it was.
+local function recipe_error(where, err)
+  local msg = tostring(err):gsub("^[^:\n]+:%d+: ", "")
+  if not (msg:find("^fsdp%.mesh: ") or msg:find("^data[.:]")) then error(err, 0) end
+  error(string.format("%s: %s", where, (msg:gsub("^fsdp%.mesh: ", ""):gsub(" %(FSDP_%u+%)$", ""))), 0)
+end
+
 local function dataset_of(r, vocab_size)
   local d = r.data
   if d.corpus then
@@ -125,9 +134,7 @@ local function run(r, where, args, break_at, owned)
 
   -- a mesh the world cannot hold is the recipe's mistake: named by its file, no trace
   local made, mesh = pcall(fsdp.mesh, r.mesh, { device = device })
-  if not made then
-    error(string.format("%s: %s", where, (tostring(mesh):gsub("^[^:\n]+:%d+: ", ""):gsub("^fsdp%.mesh: ", ""):gsub(" %(FSDP_%u+%)$", ""))), 0)
-  end
+  if not made then recipe_error(where, mesh) end
   owned.mesh = mesh
   local names = {}
   for _, d in ipairs(mesh:dims()) do names[d.name or d[1]] = true end
@@ -186,7 +193,8 @@ local function run(r, where, args, break_at, owned)
     end
   end
 
-  local ds = dataset_of(r, cfg.vocab_size)
+  local read, ds = pcall(dataset_of, r, cfg.vocab_size)
+  if not read then recipe_error(where, ds) end
   if ds.vocab_size and ds.vocab_size > cfg.vocab_size then
     error(string.format("%s: the data has token ids up to %d but model.vocab_size = %d", where, ds.vocab_size - 1, cfg.vocab_size), 0)
   end
@@ -271,6 +279,10 @@ local function run(r, where, args, break_at, owned)
   if auto and next(damaged) and not resumed then
     error(string.format("%s: train.resume=auto: every checkpoint in %s is damaged (see above). Restore one, or start over " ..
       "in another checkpoint.dir", where, ck.dir), 0)
+  end
+  if ck.dir then
+    local okw, ew = pcall(checkpoint.check_writable, ck.dir, R)
+    if not okw then error(string.format("%s: checkpoint.dir: %s; nothing was trained", where, tostring(ew)), 0) end
   end
   if not saved then -- a new history
     run_id = checkpoint.new_run_id(sharded)

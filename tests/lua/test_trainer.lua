@@ -193,6 +193,13 @@ do
   local okm, errm = pcall(train.run, tiny(), "m.lua", { "mesh=dp_shard=3" })
   check(not okm and tostring(errm):find("^m.lua: mesh: dp_shard=3 has 3 ranks but the world has %d") ~= nil
     and not tostring(errm):find("train.lua", 1, true), "a mesh larger than the world: " .. tostring(errm))
+  -- a checkpoint.dir that cannot be made: refused before the first step, not at the first save
+  fails(function() train.run(tiny(), "ck.lua", { "checkpoint.dir=/proc/fsdp-no-such/ck", "train.steps=2" }) end,
+    "ck.lua: checkpoint.dir: cannot create '/proc/fsdp-no-such/ck'", "an unusable checkpoint.dir stops the run at its start")
+  -- a token file that is not one: named by the recipe, no position inside fsdp
+  local okd, errd = pcall(train.run, tiny(), "d.lua", { "data.token_file=/etc/passwd" })
+  check(not okd and tostring(errd):find("^d.lua: data.token_file: token file '/etc/passwd': bad magic") ~= nil,
+    "a file that is not a token file: " .. tostring(errd))
   check(math.abs(llama.num_params(llama.config("llama3_70b")) / 70.55e9 - 1) < 1e-3, "70B has 70.55B parameters")
   check(math.abs(llama.num_params(llama.config("llama3_8b")) / 8.03e9 - 1) < 1e-3, "8B has 8.03B parameters")
 end
