@@ -53,12 +53,13 @@ end
 -- a run that failed while recording: nothing more is recorded
 function M.abandon() M.active = nil end
 
--- fn(...) as one span
+-- fn(...) as one span (all its results, nils included)
+local function pack(...) return { n = select("#", ...), ... } end
 function P:span(name, cat, fn, ...)
   self:enter(name, cat)
-  local r = { fn(...) }
+  local r = pack(fn(...))
   self:leave()
-  return unpack(r)
+  return unpack(r, 1, r.n)
 end
 
 -- Waits for the device (o.settle again, then the stream), reads every

@@ -40,11 +40,14 @@ do
   spin(0.002)
   p:leave()
   p:enter(p:name_of({ kind = "Linear" }), "backward")
+  local a, b, n = p:span("inner", "backward", function() return nil, 2 end)
+  check(a == nil and b == 2 and n == nil, "a span returns all its function's results, nils included")
   p:leave()
   p:finish()
   check(profile.active == nil, "finish() ends the recording")
   local s = p.spans
-  check(#s == 3 and s[2].parent == s[1] and s[1].parent == nil and s[3].parent == nil, "spans nest as entered")
+  check(#s == 4 and s[2].parent == s[1] and s[1].parent == nil and s[3].parent == nil and s[4].parent == s[3],
+    "spans nest as entered")
   local rows = p:summary()
   local want = (s[1].host_end - s[1].host_begin) - (s[2].host_end - s[2].host_begin)
   local by = {}
