@@ -347,8 +347,8 @@ local function run(r, where, args, break_at, owned)
   local function record(t)
     if metrics and not metrics:record(t) and not metrics.warned then
       metrics.warned = true
-      io.stderr:write(string.format("[%d] fsdp: warning: train.metrics: writing %s failed (%s); no more metrics are written " ..
-        "in this run\n", R, r.train.metrics, metrics.failed))
+      io.stderr:write(string.format("fsdp: warning: train.metrics: writing %s failed (%s); no more metrics are written " ..
+        "in this run\n", r.train.metrics, metrics.failed))
     end
   end
   local function loss_fn(logits, b, scale) return llama.loss(logits, b.y, scale, nil, b.y_dev) end
@@ -420,7 +420,7 @@ local function run(r, where, args, break_at, owned)
   -- default the second step of this run (the first runs the one-time set-up)
   local profile_step = R == 0 and r.train.profile and (r.train.profile_step or math.min(start + 1, last)) or nil
   if profile_step and (profile_step < start or profile_step > last) then
-    io.stderr:write(string.format("[0] fsdp: warning: train.profile_step = %d is outside this run's steps %d-%d: no " ..
+    io.stderr:write(string.format("fsdp: warning: train.profile_step = %d is outside this run's steps %d-%d: no " ..
       "profile is written\n", profile_step, start, last))
   end
   local function profile_begin(step)
@@ -443,7 +443,7 @@ local function run(r, where, args, break_at, owned)
       say("profile: step %d's timeline written to %s (open it in ui.perfetto.dev or chrome://tracing)", step, path)
     else
       if f then os.remove(path .. ".tmp") end
-      io.stderr:write(string.format("[0] fsdp: warning: train.profile: writing %s failed (%s); training goes on\n", path,
+      io.stderr:write(string.format("fsdp: warning: train.profile: writing %s failed (%s); training goes on\n", path,
         tostring(err or "write error")))
     end
   end
