@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the GPU checks on a machine with a GPU, from a build made elsewhere
-# (scripts/build.sh) and carried along (libfsdp.so and the CUDA backend
-# libfsdp_cuda.so side by side):
+# and carried along (scripts/gpu_bundle.sh makes build-gpu/ and .devlibs/:
+# libfsdp.so and the CUDA backend libfsdp_cuda.so side by side):
 #   scripts/gpu_check.sh [BUILD_DIR] [OUT_DIR]
 # test_cuda, test_kernels, test_cuda_train, the demo recipe on the GPU and on
 # CPU ranks (TINY_STEPS, default 400), the optimizer-step and per-kernel

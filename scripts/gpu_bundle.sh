@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Prepares what a lent GPU machine runs (scripts/gpu_check.sh build-gpu OUT),
+# on a machine without a GPU but with the CUDA toolkit:
+#   scripts/gpu_bundle.sh [ARCHS]      (default 90: H100 and H200)
+# builds .devbuild/ (RelWithDebInfo, the CUDA backend, warnings as errors),
+# copies the engine, the launcher, the GPU tests and benchmarks into
+# build-gpu/ (debug info stripped, symbols kept for stacks), and the shared
+# libraries the GPU image lacks (PMIx, LuaJIT, OpenBLAS, ...) into .devlibs/
+# (scripts/gpu_env.sh puts them on the loader's path there). Both folders are
+# git-ignored; carry them: carry = ["build-gpu", ".devlibs"]. Prints their
+# size: the device tool takes at most 64 MiB with the working tree.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+archs=${1:-90}
+scripts/setup.sh
+if [ ! -f .devbuild/build.ninja ]; then
+  cmake -S . -B .devbuild -G Ninja -DFSDP_CUDA=ON -DFSDP_CUDA_ARCHS="$archs" -DFSDP_WERROR=ON >/dev/null
+else
+  cmake .devbuild -DFSDP_CUDA_ARCHS="$archs" >/dev/null
+fi
+cmake --build .devbuild -- -j"$(nproc)"
+rm -rf build-gpu .devlibs
+mkdir -p build-gpu/tests build-gpu/bench .devlibs
+cp .devbuild/libfsdp.so .devbuild/libfsdp_cuda.so .devbuild/fsdp .devbuild/fsdprun build-gpu/
+for t in test_cuda test_kernels test_attention test_attention_choice; do
+  [ -f ".devbuild/tests/$t" ] && cp ".devbuild/tests/$t" build-gpu/tests/
+done
+cp .devbuild/bench/bench_* build-gpu/bench/
+strip --strip-debug build-gpu/*.so build-gpu/fsdp build-gpu/fsdprun build-gpu/tests/* build-gpu/bench/*
+# every library these load, less what any Linux or CUDA machine has (libc,
+# the compiler's runtime, the driver, CUDA's and NCCL's own): a newer
+# libstdc++ from here would also shadow the one PyTorch needs there
+for f in build-gpu/fsdp build-gpu/fsdprun build-gpu/*.so build-gpu/tests/* build-gpu/bench/*; do
+  LD_LIBRARY_PATH=build-gpu ldd "$f"
+done | awk '/=>/ && $3 ~ /^\// {print $1, $3}' | sort -u |
+  grep -v -E '^(libc\.|libm\.|libdl|libpthread|librt|ld-linux|libstdc\+\+|libgcc_s|libcuda\.|libnccl|libcublas|libcudnn|libcudart|libfsdp)' |
+  while read -r name path; do cp -L "$path" ".devlibs/$name"; done
+du -sh build-gpu .devlibs
+echo "gpu_bundle: carry [\"build-gpu\", \".devlibs\"]; on the GPU machine: TINY_STEPS=100 GPU_CHECK_BENCH=1 bash scripts/gpu_check.sh build-gpu \$OUT"
