@@ -11,6 +11,7 @@
 #include <math.h>
 
 #include "error.h"
+#include "heartbeat.h"
 #include "parallel.h"
 #include "../fsdp_base.h"
 
@@ -61,6 +62,9 @@ static void fill_range(void *arg, int64_t lo, int64_t hi) {
   size_t es = fsdp_dtype_size(j->dtype);
   for (int64_t at = lo; at < hi; at += BATCH) {
     int m = hi - at < BATCH ? (int)(hi - at) : BATCH;
+    /* every 64Ki values (a few ms): meta init of a large shard takes
+     * minutes, and fsdprun --heartbeat-timeout must not take it for a stall */
+    if (((at - lo) & 0xffff) == 0) fsdp_heartbeat_pulse();
     for (int i = 0; i < m; i++) {
       uint64_t idx = (uint64_t)(j->first_index + at + i);
       const uint32_t ctr[4] = {(uint32_t)idx, (uint32_t)(idx >> 32), 0, 0};
