@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "../fsdp_base.h"
+#include "heartbeat.h"
 
 enum { BLOCK = 4096 };
 
@@ -74,6 +75,9 @@ int64_t fsdp_scan_tokens_at_least(const unsigned char *tokens, int width, int64_
   for (int64_t b = 0; b < n; b += BLOCK) {
     int64_t m = n - b < BLOCK ? n - b : BLOCK;
     const unsigned char *p = tokens + (size_t)b * (size_t)width;
+    /* every 1Mi tokens: a corpus of hundreds of GB read from disk is
+     * minutes of progress, not a stall (fsdprun --heartbeat-timeout) */
+    if ((b & ((1 << 20) - 1)) == 0) fsdp_heartbeat_pulse();
     if (block_max(p, width, m) < bound) continue;
     for (int64_t i = 0; i < m; i++) {
       uint32_t v = token_at(p + (size_t)i * (size_t)width, width);
