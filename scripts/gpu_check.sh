@@ -6,7 +6,8 @@
 # test_cuda, test_kernels, test_cuda_train, the demo recipe on the GPU and on
 # CPU ranks (TINY_STEPS, default 400), the optimizer-step and per-kernel
 # benchmarks (copy build/bench/bench_{adamw,kernels} along), the demo with
-# the optimizer offloaded; GPU_CHECK_BENCH=1 adds the comparisons with
+# the optimizer offloaded; GPU_CHECK_BENCH=1 adds OpenBLAS's threads on the
+# host's CPU ranks (the size rule against one thread), the comparisons with
 # PyTorch FSDP2 (bench/llama_vs_fsdp2.sh, plain and --offload), a timeline
 # of one 1B step (train.profile), and our
 # attention kernels vs SDPA's cuDNN and flash backends
@@ -65,6 +66,16 @@ for o in true params all; do
 done
 
 if [ "${GPU_CHECK_BENCH:-0}" = 1 ]; then
+  echo "== OpenBLAS threads on this host's CPU ranks: the size rule against one thread, 1 and 2 ranks (src/ops/blas_threads.c)" |
+    tee "$out/blas_threads.txt"
+  for n in 1 2; do
+    for t in rule 1; do
+      line=$( [ $t = rule ] && unset FSDP_BLAS_THREADS || export FSDP_BLAS_THREADS=1
+        "$build/fsdprun" -n $n --rank0-only --host "$build/fsdp" recipes/tiny.lua train.device=cpu train.steps=40 \
+          train.log_every=40 train.eval_every=0 2>&1 | grep "done:")
+      echo "$n rank(s), BLAS threads: $t: $line" | tee -a "$out/blas_threads.txt"
+    done
+  done
   echo "== this engine vs PyTorch FSDP2: the 1B model, then the 4.4B one with the optimizer offloaded"
   OUT="$out" bash bench/llama_vs_fsdp2.sh "$build" 8 2>&1 | tail -6 | tee "$out/vs_fsdp2.txt" || status=1
   OUT="$out" bash bench/llama_vs_fsdp2.sh "$build" 6 --offload 2>&1 | tail -6 | tee "$out/vs_fsdp2_offload.txt" || status=1
