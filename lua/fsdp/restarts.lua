@@ -23,6 +23,19 @@ function M.suffix(cur)
   return cur and string.format(" | restart %d/%d", cur.attempt, cur.max) or ""
 end
 
+-- The checkpoint the first attempt began from, where it named one: fsdprun
+-- appends train.resume=auto to a restart's arguments (their last), which
+-- finds nothing until the run has saved in checkpoint.dir; until then a
+-- restart begins from that checkpoint again (the trainer), not from step 1.
+-- recipe: the recipe's table before the arguments apply; args: its arguments.
+function M.first_resume(recipe, args)
+  local cur = M.current()
+  if not cur or cur.attempt < 1 or args[#args] ~= "train.resume=auto" then return nil end
+  local v = type(recipe.train) == "table" and recipe.train.resume or nil
+  for i = 1, #args - 1 do v = args[i]:match("^train%.resume=(.*)$") or v end
+  return v ~= "auto" and v or nil
+end
+
 local kills
 function M.test_kill(cur, rank, step)
   if kills == nil then

@@ -99,6 +99,7 @@ end
 local function run(r, where, args, break_at, owned)
   local info = fsdp.init()
   local R = info.rank
+  local first_resume = restarts.first_resume(r, args)
   r = recipe.check(recipe.apply_overrides(r, args, where), where)
   local say = function(...) if R == 0 then print(string.format(...)) io.stdout:flush() end end
 
@@ -235,7 +236,12 @@ local function run(r, where, args, break_at, owned)
         "another checkpoint.dir (or remove %s/latest)", where, ck.dir, named, checkpoint.exists(ck.dir .. "/" .. named) and
         "does not open" or "does not exist", ck.dir, ck.dir, named, ck.dir), 0)
     end
-    if #cands == 0 then say("resume: no checkpoint in %s yet: starting at step 1", ck.dir) end
+    if #cands == 0 and first_resume then -- a restart before this run saved: where the first attempt began
+      say("resume: no checkpoint in %s yet: this restart begins from %s, as the first attempt did", ck.dir, first_resume)
+      auto, cands = false, { first_resume }
+    elseif #cands == 0 then
+      say("resume: no checkpoint in %s yet: starting at step 1", ck.dir)
+    end
   end
   -- resume=auto: the newest checkpoint whose data checks out; one whose data
   -- fails its CRC is skipped (this run's saves replace it), the next older tried

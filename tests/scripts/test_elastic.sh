@@ -7,7 +7,9 @@
 # metrics file (one record per step, the last one kept) must equal an
 # uninterrupted run's bit for bit. Then a run on 2 ranks killed once, with
 # no restarts, continued by a new fsdprun on 1 rank (resume=auto): its
-# losses within RESHARD_TOL of the uninterrupted 2-rank run's.
+# losses within RESHARD_TOL of the uninterrupted 2-rank run's. And a run
+# begun from a checkpoint (train.resume=PATH), killed before it saved, is
+# restarted from that checkpoint, not from step 1.
 # FSDP_ELASTIC_SEED=N repeats a run's random choices (it prints its seed).
 set -u
 fsdprun=$1
@@ -108,5 +110,20 @@ echo "test_elastic: 2 ranks -> 1 rank after step $saved: worst |loss diff| ${wor
 check "steps 1-$saved (2 ranks) bit for bit, all $steps steps there" "[ '${worst#* }' = 'yes $steps' ]"
 check "steps $((saved + 1))-$steps (1 rank) within $RESHARD_TOL (worst ${worst%% *})" \
   "awk 'BEGIN { exit !(${worst%% *} <= $RESHARD_TOL) }'"
+
+# ---- a restart before the run saved anything begins where the first
+# attempt began (its train.resume=PATH), not at step 1. The checkpoint comes
+# from another seed, so a fresh start would train differently.
+run 2 "$work/src" "$work/fixed.lua" $common train.seed=99 checkpoint.dir="$work/ck-src" checkpoint.every=4 \
+  train.stop_after=4 train.metrics="$work/src.jsonl"
+from="$work/ck-src/step-00000004"
+run 2 "$work/ref2" "$work/fixed.lua" $common train.resume="$from" train.metrics="$work/ref2.jsonl"
+check "a run from another seed's step 4, uninterrupted (status $rc)" "[ $rc = 0 ]"
+FSDP_TEST_KILL_AT=0:1:7 run 2 "$work/rp" --max-restarts 1 "$work/fixed.lua" $common train.resume="$from" \
+  checkpoint.dir="$work/ck-rp" checkpoint.every=100 train.metrics="$work/rp.jsonl"
+check "killed at step 7 before any save, restarted: status 0 (got $rc)" "[ $rc = 0 ]"
+check "the restart says it begins from $from" "grep -q 'this restart begins from $from, as the first attempt did' '$work/rp.out'"
+check "no step 1-4 trained again, steps 5-$steps as the uninterrupted run from $from, bit for bit" \
+  "[ \"\$(losses '$work/rp.jsonl')\" = \"\$(losses '$work/ref2.jsonl')\" ] && ! losses '$work/rp.jsonl' | grep -q '^[1-4] '"
 
 finish test_elastic
