@@ -114,6 +114,13 @@ function nn.walk(m, fn, path)
   end
 end
 
+-- {module = its path} for every module of m (nn.walk's names)
+function nn.paths(m)
+  local out = {}
+  nn.walk(m, function(mod, path) out[mod] = path end)
+  return out
+end
+
 -- Runs child c of m under the schedule's hooks (unshard, bind, reduce) and
 -- fsdp.autograd's rules (phase "backward" consumes x, the gradient). The
 -- hooks' own allocations (bf16 scratch) are nobody's activations.

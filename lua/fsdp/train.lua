@@ -431,11 +431,9 @@ local function run(r, where, args, break_at, owned)
   end
   local function profile_begin(step)
     if step ~= profile_step then return nil end
-    local names = {}
-    nn.walk(model, function(m, path) names[m] = path end)
     local settle = function() sharded:synchronize() end
-    return profile.start({ device = device, stream = device == "cuda" and ops.compute_stream() or nil, names = names,
-      settle = settle }), settle
+    return profile.start({ device = device, stream = device == "cuda" and ops.compute_stream() or nil,
+      names = nn.paths(model), settle = settle }), settle
   end
   local function profile_end(prof, settle, step)
     prof:finish(settle)

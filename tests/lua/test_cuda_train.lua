@@ -53,9 +53,8 @@ local function run(mesh, device, zero, dtype, ck, offload, profile_at)
   local losses, prof = {}, nil
   for t = 1, 6 do
     if t == profile_at then
-      local names = {}
-      fsdp.nn.walk(model, function(mod, path) names[mod] = path end)
-      prof = profile.start({ device = device, stream = ops.compute_stream(), names = names, settle = function() m:synchronize() end })
+      prof = profile.start({ device = device, stream = ops.compute_stream(), names = fsdp.nn.paths(model),
+        settle = function() m:synchronize() end })
     end
     losses[t] = m:train_step({ batch(t, device), batch(t + 100, device) }, opt)
     if t == profile_at then prof:finish(function() m:synchronize() end) end
