@@ -15,6 +15,7 @@
 
 #include "../base/bf16.h"
 #include "../base/error.h"
+#include "../base/heartbeat.h"
 #include "../device/cuda_backend.h"
 #include "../fsdp_shard.h"
 #include "unit_impl.h"
@@ -80,6 +81,7 @@ static int enqueue_stamp(fsdp_stream *s, double *where) {
 /* ---- forward: params ---- */
 
 int fsdp_unit_unshard(fsdp_unit *u) {
+  fsdp_heartbeat_pulse(); /* a unit reached is progress, even where no collective runs (one rank) */
   FSDP_CHECK(fsdp_offload_settle(u));
   if (u->cfg.zero != 3 || u->gathered_params) return FSDP_OK;
   fsdp_stream *cs = u->shard_comm->stream;
@@ -182,6 +184,7 @@ static int reduce_outer(fsdp_unit *u) {
 int fsdp_unit_reduce(fsdp_unit *u, fsdp_stream *compute, int sync) {
   fsdp_comm *c = u->reduce_comm;
   int z = u->cfg.zero, cd = u->cfg.compute_dtype;
+  fsdp_heartbeat_pulse(); /* progress within a long backward */
   if (z <= 1 && !sync) return FSDP_OK; /* accumulate in the full grads */
   if (z >= 2 && u->grad_slot < 0) return fsdp_fail(FSDP_ESTATE, "unit '%s': reduce() without grads()", u->name);
   FSDP_CHECK(fsdp_offload_settle(u));

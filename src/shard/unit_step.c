@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "../base/error.h"
+#include "../base/heartbeat.h"
 #include "../fsdp_shard.h"
 #include "unit_impl.h"
 
@@ -146,6 +147,7 @@ static void *inplace_stage(const fsdp_unit *u) {
 /* Update what this rank owns (zero 0: everything), write the new values
  * back to the compute params, and zero the grads. */
 static int step_owned(fsdp_unit *u, const fsdp_step_args *a) {
+  fsdp_heartbeat_pulse(); /* each unit's update is progress: a large model's optimizer step takes long */
   FSDP_CHECK(fsdp_unit_synchronize(u));
   fsdp_layout_piece *ps = NULL;
   int k = fsdp_unit_owned_pieces(u, &ps);

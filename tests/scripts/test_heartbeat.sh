@@ -5,7 +5,8 @@
 # the peer waiting for it in a collective. The rank stops itself (SIGSTOP)
 # or spins in Lua outside any collective at the start of step 3
 # (FSDP_TEST_STALL). A run that is not stuck, with evaluation and
-# checkpoints, or with a meta init longer than the timeout, is never stopped.
+# checkpoints, or with a meta init or step longer than the timeout, is never
+# stopped.
 set -u
 fsdprun=$1
 root=$2
@@ -44,7 +45,8 @@ check "a healthy run with evaluation and checkpoints: exit 0 (got $rc)" "[ $rc =
 check "a healthy run: no heartbeat complaint" "! grep -q 'sent no heartbeat' '$work/out'"
 
 # not stuck: a meta init of several seconds on one thread (64M values at
-# ~10M/s) under a 2 s timeout; it beats as it draws
+# ~10M/s) under a 2 s timeout; it beats as it draws. Its step takes 2-6 s
+# under ASan too: each unit's gather, reduce and update beat
 FSDP_CPU_THREADS=1 "$fsdprun" -n 1 --heartbeat-timeout 2 --timeout 90 "$root/recipes/tiny.lua" $quick train.steps=1 \
   model.hidden_size=1024 model.intermediate_size=4096 model.num_attention_heads=8 model.num_key_value_heads=8 \
   data.micro_batch=1 >"$work/out" 2>&1
