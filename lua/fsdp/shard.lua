@@ -270,6 +270,10 @@ function Ctx:enter(m, phase)
     self.cur = u
   end
   bind(s, m, phase == "backward")
+  -- a unit's backward is over when every forward call it made has had
+  -- its backward (not when its first module's has: a module may run its
+  -- children's backward in any order, e.g. the MLP's gate before up)
+  if phase == "forward" and not self.no_grad then self.pending[u] = (self.pending[u] or 0) + 1 end
   local e = trace(s, "compute", u, phase)
   if e then e.t0 = C.fsdp_time_now(); self.computing = e end
 end
@@ -278,7 +282,10 @@ function Ctx:leave(m, phase)
   if self.computing then self.computing.t1 = C.fsdp_time_now(); self.computing = nil end
   local u = self.s.unit_of[m]
   if phase == "backward" and u then flush_grads(m) end
-  if phase == "backward" and u and u.first == m then
+  if phase ~= "backward" or not u then return end
+  local left = (self.pending[u] or 1) - 1
+  self.pending[u] = left
+  if left == 0 then
     if u.zero == 3 then reshard(u, self.s) end
     self.cur = nil
     check(C.fsdp_unit_reduce(u.handle, self.s.cs, self.sync and 1 or 0), "unit '" .. u.name .. "' reduce")
@@ -346,7 +353,7 @@ function Sharded:train_step(batches, opt)
   -- each micro-batch is one autograd scope: whatever is left of it when
   -- the backward has run is freed then (fsdp.autograd), not by the collector
   for k, b in ipairs(batches) do
-    local ctx = setmetatable({ s = self, sync = k == K }, Ctx)
+    local ctx = setmetatable({ s = self, sync = k == K, pending = {} }, Ctx)
     parts[k] = autograd.scope(function()
       if opt.forward_loss then -- the model's own forward and loss (Llama's fused head), then backward from there
         local loss = span("forward + loss", opt.forward_loss, self.model, ctx, b, 1 / K)

@@ -53,7 +53,7 @@ local function build(r)
   local mesh = fsdp.mesh(r.mesh)
   local names = {}
   for _, d in ipairs(mesh:dims()) do names[d.name or d[1]] = true end
-  local s = fsdp.fully_shard(llama.model(cfg, { checkpoint = r.fsdp.checkpoint }), { shard = mesh:group("dp_shard"),
+  local s = fsdp.fully_shard(llama.model(cfg, { checkpoint = r.fsdp.checkpoint, recompute = r.fsdp.recompute }), { shard = mesh:group("dp_shard"),
     outer = names.dp_outer and mesh:group("dp_outer") or nil, units = planner.policy(r.fsdp.units, "tiny.lua"),
     zero = r.fsdp.zero, prefetch = r.fsdp.prefetch, max_live_units = r.fsdp.max_live_units, hfsdp = r.fsdp.hfsdp,
     offload = r.fsdp.offload, mixed = { param_dtype = r.fsdp.param_dtype, reduce_dtype = r.fsdp.reduce_dtype } })
@@ -157,6 +157,15 @@ do -- and chunking is what makes the difference
 end
 compare("checkpoint every 3rd layer, bf16", { ["fsdp.zero"] = 2, ["fsdp.checkpoint"] = 3, ["fsdp.param_dtype"] = "bf16" })
 compare("checkpoint every 2nd layer, 2 micro-batches", { ["fsdp.checkpoint"] = 2, ["train.grad_accum"] = 2 })
+-- everything kept (fsdp.recompute = "none"), and the light recompute at
+-- shapes where attention or the forward holds the peak instead of the MLP
+compare("recompute none", { ["fsdp.recompute"] = "none" })
+compare("recompute none, checkpoint every 2nd layer, bf16", { ["fsdp.recompute"] = "none", ["fsdp.checkpoint"] = 2,
+  ["fsdp.param_dtype"] = "bf16" })
+compare("a narrow MLP (intermediate 32)", { ["model.intermediate_size"] = 32 })
+compare("a narrow MLP, checkpoint full", { ["model.intermediate_size"] = 32, ["fsdp.checkpoint"] = "full" })
+compare("a wide MLP, 8 heads of 16, checkpoint every 3rd", { ["model.intermediate_size"] = 1024,
+  ["model.num_attention_heads"] = 8, ["model.num_key_value_heads"] = 8, ["fsdp.checkpoint"] = 3 })
 -- evaluation frees each layer's activations once the next has run
 do
   local r = tiny({ ["fsdp.zero"] = 3 })
@@ -187,7 +196,7 @@ local mixed = function(m, path)
   if path == "lm_head" or path == "model.norm" then return "head" end
 end
 compare("a policy mixing zero 1-3, one unit kept gathered", { ["fsdp.units"] = mixed })
-for _, pol in ipairs({ "two_layers_per_unit", "replicate_embeddings", "zero_by_size", "param_budget" }) do
+for _, pol in ipairs({ "two_layers_per_unit", "replicate_embeddings", "zero_by_size", "param_budget", "attention_mlp_units" }) do
   compare("policy " .. pol, { ["fsdp.units"] = "recipes/policies/" .. pol .. ".lua" })
 end
 if W == 4 then
@@ -285,7 +294,7 @@ do
     for s = 1, 4 do same = same and a[s] == b[s] end
     check(same, string.format("zero %d: offload trains bit for bit like the optimizer in place", z))
   end
-  for _, pol in ipairs({ "two_layers_per_unit", "replicate_embeddings", "zero_by_size", "param_budget" }) do
+  for _, pol in ipairs({ "two_layers_per_unit", "replicate_embeddings", "zero_by_size", "param_budget", "attention_mlp_units" }) do
     local l = losses("recipes/policies/" .. pol .. ".lua")
     local worst = 0
     for s = 1, 4 do worst = math.max(worst, math.abs(l[s] - ref[s])) end
