@@ -124,18 +124,40 @@ end
 -- Runs child c of m under the schedule's hooks (unshard, bind, reduce) and
 -- fsdp.autograd's rules (phase "backward" consumes x, the gradient). The
 -- hooks' own allocations (bf16 scratch) are nobody's activations.
-function nn.call(ctx, c, phase, x)
-  phase = phase or "forward"
+local function hooked(ctx, c, phase, fn, ...)
   local p = profile.active -- (train.profile: this call is a span of the step's timeline)
   if p then p:enter(p:name_of(c), phase) end
   autograd.untracked(ctx.enter, ctx, c, phase)
-  local y
-  if phase == "backward" then y = autograd.backward(ctx, c, x) else y = autograd.forward(ctx, c, x, phase) end
+  local y = fn(...)
   autograd.untracked(ctx.leave, ctx, c, phase)
   if p then p:leave() end
   return y
 end
+
+function nn.call(ctx, c, phase, x)
+  phase = phase or "forward"
+  if phase == "backward" then return hooked(ctx, c, phase, autograd.backward, ctx, c, x) end
+  return hooked(ctx, c, phase, autograd.forward, ctx, c, x, phase)
+end
 nn.plain = plain
+
+-- Light recompute (fsdp.recompute = "light"): Linears that read the output
+-- of a cheap module (an RMSNorm) let go of it once their forward has run,
+-- and src:output_again() makes it again, bit for bit, right before their
+-- backward. Call let_go(readers) after the readers' forward; bring_back
+-- before their backward returns the tensor made again (consume it after
+-- their backward), or nil when they kept it (light recompute off, or a
+-- forward without grads).
+function nn.let_go(readers)
+  for _, m in ipairs(readers) do autograd.done(m, "x") end
+end
+
+function nn.bring_back(ctx, src, readers)
+  if readers[1].saved.x ~= nil then return nil end
+  local x = hooked(ctx, src, "recompute", src.output_again, src)
+  for _, m in ipairs(readers) do m.saved.x = x end
+  return x
+end
 
 -- x through mods in order; each intermediate output is released once the
 -- next module has run (kept only if that module saved it)
@@ -216,6 +238,16 @@ function RMSNorm:forward(ctx, x)
   local y, rstd = ops.like(x), tensor.new(n, "fp32", x.device)
   ops.rmsnorm_forward(y, rstd, x, self.bound.weight, n, self.dim, self.eps)
   self.saved = { x = x, rstd = rstd }
+  return y
+end
+
+-- the forward's output again, from the input it saved (nn.bring_back);
+-- the saved rstd is written over with the same bits
+function RMSNorm:output_again()
+  local s = self.saved
+  local n = s.x:numel() / self.dim
+  local y = ops.like(s.x)
+  ops.rmsnorm_forward(y, s.rstd, s.x, self.bound.weight, n, self.dim, self.eps)
   return y
 end
 

@@ -81,21 +81,26 @@ end
 -- the compute dtype on GPUs, fp32 on CPU ranks; norms' rstd and
 -- attention's lse are fp32). Per token: a layer saves n1, h, n2 (hidden
 -- each), q, out (heads x head_dim), k, v, gate, up and the SwiGLU output, lse
--- and two rstd; a checkpointed layer keeps only its input (held by every
--- layer anyway) and its recompute adds the layer's saved set plus its
--- output (residuals add in place). The model adds the layers' inputs and the final
--- norm's output. The head: with chunk_bytes > 0 (train.loss_chunk_mb,
--- forward_loss) the logits of one chunk of rows at a time next to the head
--- input's gradient; else the whole logits, then that gradient. Backward
--- then peaks inside a layer: in the MLP (its input gradient, gate and up
--- gradients over the layer's saved set, less the SwiGLU output; gate and up
--- go before the projections' backward: autograd.done), or in attention
--- (after the MLP's part is gone: dout, dq, dk, dv and the projections'
--- outputs, whichever point is largest).
-local function activations(cfg, B, T, ck, es, chunk_bytes)
+-- and two rstd; with the light recompute (fsdp.recompute, the default) not
+-- n1, n2 nor the SwiGLU output. A checkpointed layer keeps only its input
+-- (held by every layer anyway) and its recompute adds the layer's saved set
+-- plus its output (residuals add in place). The model adds the layers'
+-- inputs and the final norm's output. The head: with chunk_bytes > 0
+-- (train.loss_chunk_mb, forward_loss) the logits of one chunk of rows at a
+-- time next to the head input's gradient; else the whole logits, then that
+-- gradient. Backward then peaks inside a layer: in the MLP (its input
+-- gradient, gate and up gradients over the layer's saved set, less the
+-- SwiGLU output; light: the SwiGLU output made again is gone by then, but
+-- was never in the saved set: 3 x intermediate above it; gate and up go
+-- before the projections' backward: autograd.done), or in attention (after
+-- the MLP's part is gone: dout, dq, dk, dv and the projections' outputs,
+-- whichever point is largest; light: n1 is made again only after the
+-- attention kernel's gradients, one hidden less at that point).
+local function activations(cfg, B, T, ck, es, chunk_bytes, light)
   local h, I, L, V = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, cfg.vocab_size
   local q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
   local layer = (3 * h + 2 * q + 2 * kv + 3 * I) * es + (cfg.num_attention_heads + 2) * 4
+  if light then layer = layer - (2 * h + I) * es end -- n1, n2 and the SwiGLU output made again in backward
   local function ckpt(i) return ck == "full" or (type(ck) == "number" and (i - 1) % ck == 0) end
   local N = B * T
   local live = (L + 2) * h * es + 4 -- per token: layer inputs and the last output, final norm (+ rstd)
@@ -105,6 +110,10 @@ local function activations(cfg, B, T, ck, es, chunk_bytes)
   live = live - h * es - 4 -- final norm and the last layer's output freed
   local attn = math.max(2 * q + 2 * kv + h, q + 2 * kv + 2 * h, q + kv + 3 * h)
   local inside = math.max(2 * I * es, (attn - 3 * I - 2 * h) * es - 4)
+  if light then
+    attn = math.max(2 * q + 2 * kv, q + 2 * kv + 2 * h, q + kv + 3 * h)
+    inside = math.max(3 * I * es, (attn - 2 * I) * es - 4)
+  end
   for i = L, 1, -1 do
     local again = ckpt(i) and layer or 0 -- recomputed
     peak = math.max(peak, N * (live + again + math.max(inside, again > 0 and h * es or 0)))
@@ -143,7 +152,7 @@ function M.plan(r, o)
     error(string.format("%s: model.num_hidden_layers = %d; at most %d are planned (the largest published models have a " ..
       "few hundred layers)", where, cfg.num_hidden_layers, M.max_layers), 0)
   end
-  local model = llama.model(cfg, { checkpoint = f.checkpoint })
+  local model = llama.model(cfg, { checkpoint = f.checkpoint, recompute = f.recompute })
   local ok, a = pcall(shard.assign, model, { units = M.policy(f.units, where), zero = f.zero, offload = f.offload, hfsdp = f.hfsdp })
   if not ok then error(where .. ": fsdp.units: " .. tostring(a):gsub("^fully_shard: ", ""), 0) end
   local hf = f.hfsdp
@@ -162,7 +171,7 @@ function M.plan(r, o)
   end
   local p = { where = where, world = W, shard = S, outer = R, hfsdp = hf, zero = f.zero, param_dtype = f.param_dtype,
     cfg = cfg, n_params = llama.num_params(cfg), units = {}, micro_batch = B, seq = T, grad_accum = K,
-    checkpoint = f.checkpoint, prefetch = f.prefetch, max_live_units = f.max_live_units, assignment = a,
+    checkpoint = f.checkpoint, recompute = f.recompute, prefetch = f.prefetch, max_live_units = f.max_live_units, assignment = a,
     mesh = type(o.mesh or r.mesh) == "string" and (o.mesh or r.mesh) or "custom", warnings = warnings }
   local max_scratch, max_stage = 0, 0
   local resident = { params_full = 0, params_shard = 0, main_params = 0, optimizer = 0, grads_full = 0, grads_main = 0, scratch = 0,
@@ -222,7 +231,8 @@ function M.plan(r, o)
   if not peak then error(where .. ": the schedule does not fit its buffer pools: " .. why .. " (raise fsdp.max_live_units)", 0) end
   p.pools = { bound = bound, slots = slots, params = shard.sum(slots.params), grads = shard.sum(slots.grads),
     peak_params = peak.params, peak_grads = peak.grads }
-  p.activations, p.loss_rows = activations(cfg, B, T, f.checkpoint, gpu and ces or 4, r.train.loss_chunk_mb * 2 ^ 20)
+  p.activations, p.loss_rows = activations(cfg, B, T, f.checkpoint, gpu and ces or 4, r.train.loss_chunk_mb * 2 ^ 20,
+    f.recompute == "light")
   local sum = 0
   for k, v in pairs(resident) do if k ~= "offloaded" then sum = sum + v end end
   p.resident_total = sum
@@ -335,8 +345,8 @@ function M.memory_rows(p)
     { "host staging (offload)", bytes(m.host_stage), "resident, host" },
     { "unit buffer pools", bytes(p.pools.params + p.pools.grads), string.format("params %s, grads %s; live at once: %d params, %d grads",
       slot_list(p.pools.slots.params), slot_list(p.pools.slots.grads), p.pools.peak_params, p.pools.peak_grads) },
-    { "activations", bytes(p.activations), string.format("micro-batch %d x %d, checkpoint %s, logits %s", p.micro_batch, p.seq,
-      tostring(p.checkpoint), p.loss_rows < p.micro_batch * p.seq and string.format("in chunks of %d rows", p.loss_rows) or "whole") },
+    { "activations", bytes(p.activations), string.format("micro-batch %d x %d, checkpoint %s, recompute %s, logits %s",
+      p.micro_batch, p.seq, tostring(p.checkpoint), p.recompute, p.loss_rows < p.micro_batch * p.seq and string.format("in chunks of %d rows", p.loss_rows) or "whole") },
     { "peak", bytes(p.peak), p.host > 0 and string.format("%s on the device, %s in host memory (offload)", bytes(p.device_peak),
       bytes(p.host)) or "" },
   }

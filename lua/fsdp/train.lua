@@ -201,7 +201,7 @@ local function run(r, where, args, break_at, owned)
   end
   local seed = r.train.seed
 
-  local model = llama.model(cfg, { checkpoint = r.fsdp.checkpoint })
+  local model = llama.model(cfg, { checkpoint = r.fsdp.checkpoint, recompute = r.fsdp.recompute })
   local units = planner.policy(r.fsdp.units, where)
   local sharded = fsdp.fully_shard(model, { shard = shard, outer = outer, units = units, zero = r.fsdp.zero,
     prefetch = r.fsdp.prefetch, max_live_units = r.fsdp.max_live_units, seed = seed, hfsdp = r.fsdp.hfsdp,

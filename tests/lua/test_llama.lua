@@ -7,7 +7,9 @@
 --    default units) against the unsharded model on one rank trained on the
 --    global batch: the loss every step and the final weights within 1e-5
 --    relative (+1e-6 absolute), fp32.
--- 3. Activation checkpointing changes nothing: the same losses bit for bit.
+-- 3. Activation checkpointing changes nothing: the same losses bit for bit;
+--    nor does the light recompute (norm outputs and the SwiGLU product made
+--    again in backward) against keeping everything.
 -- 5. The head and the loss fused over chunks of rows (forward_loss; chunks
 --    of 5 and 3 of the 12 rows, untied and tied, with checkpointing and 2
 --    micro-batches) trains like the unfused unsharded run within the same
@@ -183,9 +185,10 @@ local opt = { lr = 1e-2, weight_decay = 0.1, clip = 1.0, eps = 1e-4, loss = loss
 -- over chunks of that many rows
 local function fused(rows, c) return llama.forward_loss(rows * c.vocab_size * 4) end
 
-local function train(label, zero, checkpoint, K, c, fused_rows)
+local function train(label, zero, checkpoint, K, c, fused_rows, recompute)
   c = c or cfg
-  local model = fsdp.fully_shard(llama.model(c, { checkpoint = checkpoint }), { shard = dp, units = llama.units, zero = zero, seed = 5 })
+  local model = fsdp.fully_shard(llama.model(c, { checkpoint = checkpoint, recompute = recompute }),
+    { shard = dp, units = llama.units, zero = zero, seed = 5 })
   -- The fused head changes only the fp32 summation order of the head's
   -- GEMMs (per chunk of rows); AdamW's division by a near-zero grad's own
   -- size turns such rounding into lr-sized updates (tests/c/test_units.c
@@ -226,6 +229,10 @@ local ck = train("zero 3, checkpoint full", 3, "full", 1)
 local same = true
 for t = 1, #plain do same = same and plain[t] == ck[t] end
 check(same, "activation checkpointing gives the same losses bit for bit")
+local kept = train("zero 3, recompute none", 3, "none", 1, nil, nil, "none")
+same = true
+for t = 1, #plain do same = same and plain[t] == kept[t] end
+check(same, "the light recompute (the default) gives the losses of keeping everything, bit for bit")
 train("zero 2, checkpoint every 2nd layer, 2 micro-batches", 2, 2, 2)
 train("zero 1", 1, "none", 1)
 train("zero 3, head and loss over 5-row chunks", 3, "none", 1, nil, 5)

@@ -8,7 +8,7 @@
 --
 --   local llama = require "fsdp.models.llama"
 --   local cfg = llama.config("llama3_8b", {num_hidden_layers = 2})  -- or a table of HF fields
---   local model = llama.model(cfg, {checkpoint = "none" | "full" | k})
+--   local model = llama.model(cfg, {checkpoint = "none" | "full" | k, recompute = "light" | "none"})
 --   logits = model:forward(ctx, ids)      -- ids: int32 {B, T}; logits {B, T, vocab}
 --   model:backward(ctx, dlogits)          -- consumes dlogits
 -- No code here frees a tensor: fsdp.autograd's rules free every activation
@@ -172,6 +172,7 @@ function Attention:forward(ctx, x, phase)
   local q = nn.call(ctx, ch[1], phase, x)
   local k = nn.call(ctx, ch[2], phase, x)
   local v = nn.call(ctx, ch[3], phase, x)
+  if self.input_norm then nn.let_go({ ch[1], ch[2], ch[3] }) end
   local t = self:tables(T, x.device)
   ops.rope(q, t, B, T, nh, hd)
   ops.rope(k, t, B, T, nkv, hd)
@@ -191,9 +192,11 @@ function Attention:backward(ctx, dy)
   local t = self:tables(T, dq.device)
   ops.rope(dq, t, B, T, nh, hd, true)
   ops.rope(dk, t, B, T, nkv, hd, true)
+  local n = self.input_norm and nn.bring_back(ctx, self.input_norm, { ch[1], ch[2], ch[3] })
   local dx = nn.call(ctx, ch[1], "backward", dq)
   ops.add(dx, dx, nn.call(ctx, ch[2], "backward", dk))
   ops.add(dx, dx, nn.call(ctx, ch[3], "backward", dv))
+  if n then autograd.consume(n) end
   return dx
 end
 
@@ -212,30 +215,46 @@ function MLP:forward(ctx, x, phase)
   local ch = self.children
   local g = nn.call(ctx, ch[1], phase, x)
   local u = nn.call(ctx, ch[2], phase, x)
+  local light = self.input_norm ~= nil
+  if light then nn.let_go({ ch[1], ch[2] }) end
   local a = ops.like(g)
   ops.swiglu_forward(a, g, u)
   self.saved = { g = g, u = u }
-  return nn.call(ctx, ch[3], phase, a)
+  local y = nn.call(ctx, ch[3], phase, a)
+  if light then nn.let_go({ ch[3] }) end -- the SwiGLU product: made again from gate and up
+  return y
 end
 
 function MLP:backward(ctx, dy)
   local ch, s = self.children, self.saved
+  local a
+  if ch[3].saved.x == nil then -- let go of in forward: the same bits again
+    a = ops.like(s.g)
+    ops.swiglu_forward(a, s.g, s.u)
+    ch[3].saved.x = a
+  end
   local da = nn.call(ctx, ch[3], "backward", dy)
+  if a then autograd.consume(a) end
   local dg, du = ops.like(s.g), ops.like(s.u)
   ops.swiglu_backward(dg, du, da, s.g, s.u)
   autograd.done(self, "g", "u") -- not needed by the projections' backward: a lower peak
+  local n = self.input_norm and nn.bring_back(ctx, self.input_norm, { ch[1], ch[2] })
   local dx = nn.call(ctx, ch[1], "backward", dg)
   ops.add(dx, dx, nn.call(ctx, ch[2], "backward", du))
+  if n then autograd.consume(n) end
   return dx
 end
 
 ---------------------------------------------------------------- decoder layer
 local Layer = class("LlamaDecoderLayer")
 
-local function new_layer(cfg, rope, checkpoint)
-  return setmetatable({ params = {}, checkpoint = checkpoint,
-    children = { nn.RMSNorm(cfg.hidden_size, cfg.rms_norm_eps), new_attention(cfg, rope),
-      nn.RMSNorm(cfg.hidden_size, cfg.rms_norm_eps), new_mlp(cfg) },
+-- light: the norms' outputs and the SwiGLU product are not kept for
+-- backward but made again there (attention and MLP know their input's norm)
+local function new_layer(cfg, rope, checkpoint, light)
+  local norm1, attn = nn.RMSNorm(cfg.hidden_size, cfg.rms_norm_eps), new_attention(cfg, rope)
+  local norm2, mlp = nn.RMSNorm(cfg.hidden_size, cfg.rms_norm_eps), new_mlp(cfg)
+  if light then attn.input_norm, mlp.input_norm = norm1, norm2 end
+  return setmetatable({ params = {}, checkpoint = checkpoint, children = { norm1, attn, norm2, mlp },
     child_names = { "input_layernorm", "self_attn", "post_attention_layernorm", "mlp" } }, Layer)
 end
 
@@ -261,18 +280,27 @@ function ModuleList:backward(ctx, dy) return nn.backward_chain(ctx, self.childre
 local Model = class("LlamaModel")
 local CausalLM = class("LlamaForCausalLM")
 
--- checkpoint: "none" (default), "full" (every layer) or k (every k-th layer)
+-- checkpoint: "none" (default), "full" (every layer) or k (every k-th
+-- layer): a checkpointed layer keeps only its input and runs its forward
+-- again in backward. recompute: "light" (default) or "none": with "light"
+-- every layer lets go of its norms' outputs and its SwiGLU product after
+-- forward and makes them again in backward (elementwise work, the same
+-- bits): a third less activation memory per layer at Llama's shapes.
 function M.model(cfg, opts)
   opts = opts or {}
   local ck = opts.checkpoint or "none"
   if ck ~= "none" and ck ~= "full" and not (type(ck) == "number" and ck >= 1 and ck % 1 == 0) then
     error(string.format("llama.model: checkpoint = %s; expected 'none', 'full' or an integer k >= 1 (every k-th layer)", tostring(ck)), 2)
   end
+  local rc = opts.recompute or "light"
+  if rc ~= "light" and rc ~= "none" then
+    error(string.format("llama.model: recompute = %s; expected 'light' or 'none'", tostring(rc)), 2)
+  end
   local rope = {}
   local layers = {}
   for i = 1, cfg.num_hidden_layers do
     local on = ck == "full" or (type(ck) == "number" and (i - 1) % ck == 0)
-    layers[i] = new_layer(cfg, rope, on)
+    layers[i] = new_layer(cfg, rope, on, rc == "light")
   end
   local model = setmetatable({ params = {}, children = {
     nn.Embedding(cfg.vocab_size, cfg.hidden_size, { std = cfg.initializer_range }),
