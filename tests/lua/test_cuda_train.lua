@@ -7,7 +7,8 @@
 --   the same with the optimizer offloaded to the host (fsdp.offload), and
 --   with the param shards too (offload = {params = true});
 --   the weights gathered back to the host after training agree likewise;
---   a step recorded by fsdp.profile: the same losses, device spans nested.
+--   a step recorded by fsdp.profile: the same losses, device spans nested;
+--   the light recompute against keeping everything: the same losses.
 local fsdp = require "fsdp"
 local llama = require "fsdp.models.llama"
 local profile = require "fsdp.profile"
@@ -46,8 +47,8 @@ local gpu_mesh = fsdp.mesh({ { "dp", 1 } }, { device = "cuda" })
 local opt = { lr = 3e-3, weight_decay = 0.1, clip = 1.0,
   loss = function(logits, b, scale) return llama.loss(logits, b.y, scale, nil, b.y_dev) end }
 
-local function run(mesh, device, zero, dtype, ck, offload, profile_at)
-  local model = llama.model(cfg, { checkpoint = ck })
+local function run(mesh, device, zero, dtype, ck, offload, profile_at, recompute)
+  local model = llama.model(cfg, { checkpoint = ck, recompute = recompute })
   local m = fsdp.fully_shard(model, { shard = mesh:group("dp"), units = llama.units,
     zero = zero, seed = 7, mixed = { param_dtype = dtype }, offload = offload })
   local losses, prof = {}, nil
@@ -87,6 +88,12 @@ local lp = run(gpu_mesh, "cuda", 3, "bf16", "none", nil, 3)
 local same = true
 for t = 1, 6 do same = same and lp[t] == l[t] end
 check(same, "profiling step 3 changes no loss")
+-- the light recompute (the default) remakes norms and SwiGLU in backward
+-- with the same kernels: the losses of keeping everything, bit for bit
+local lk = run(gpu_mesh, "cuda", 3, "bf16", "none", nil, nil, "none")
+same = true
+for t = 1, 6 do same = same and lk[t] == l[t] end
+check(same, "bf16: the light recompute gives the losses of recompute = 'none' bit for bit")
 local ordered, inside, down = true, true, 0
 for _, sp in ipairs(lp.profile.spans) do
   ordered = ordered and sp.dev_begin >= -1e-6 and sp.dev_end >= sp.dev_begin
