@@ -196,6 +196,14 @@ local mixed = function(m, path)
   if path == "lm_head" or path == "model.norm" then return "head" end
 end
 compare("a policy mixing zero 1-3, one unit kept gathered", { ["fsdp.units"] = mixed })
+-- the MLP a unit of its own: its first module (gate_proj) is not the last
+-- to run backward (the MLP runs gate's backward before up's), so the unit
+-- is reduced after its last backward, not its first module's
+compare("each MLP its own unit", { ["fsdp.units"] = function(m, path)
+  if m.kind == "LlamaDecoderLayer" or m.kind == "LlamaMLP" then return path end
+  if path == "model.embed_tokens" then return "embed" end
+  if path == "lm_head" or path == "model.norm" then return "head" end
+end })
 for _, pol in ipairs({ "two_layers_per_unit", "replicate_embeddings", "zero_by_size", "param_budget", "attention_mlp_units" }) do
   compare("policy " .. pol, { ["fsdp.units"] = "recipes/policies/" .. pol .. ".lua" })
 end
