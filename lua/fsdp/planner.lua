@@ -228,7 +228,7 @@ function M.plan(r, o)
   p.resident = resident
   local bound = shard.pool_bound(a, f.max_live_units)
   local slots, peak, why = shard.pool_slots(a, f.prefetch, bound)
-  if not peak then error(where .. ": the schedule does not fit its buffer pools: " .. why .. " (raise fsdp.max_live_units)", 0) end
+  if not peak then error(where .. ": the schedule does not fit its buffer pools: " .. why, 0) end
   p.pools = { bound = bound, slots = slots, params = shard.sum(slots.params), grads = shard.sum(slots.grads),
     peak_params = peak.params, peak_grads = peak.grads }
   p.activations, p.loss_rows = activations(cfg, B, T, f.checkpoint, gpu and ces or 4, r.train.loss_chunk_mb * 2 ^ 20,

@@ -77,7 +77,8 @@ function M.fully_shard(model, opts)
   M.plan_units(a, { shard_ranks = opts.shard:size(), outer_ranks = opts.outer and opts.outer:size() or 1,
     hfsdp = s.hfsdp, device = s.device, param_dtype = pdt, reduce_dtype = rdt, comm_register = reg })
   local live = M.pool_bound(a, opts.max_live_units)
-  local slots = M.pool_slots(a, s.prefetch, live)
+  local slots, fits, why = M.pool_slots(a, s.prefetch, live)
+  if not fits then error("fully_shard: the schedule does not fit its buffer pools: " .. why, 2) end
   local pp, gp = ffi.new("fsdp_pool *[1]"), ffi.new("fsdp_pool *[1]")
   local dev = tensor.device(s.device)
   local function pool(v, out, what)

@@ -140,7 +140,32 @@ function M.pool_slots(a, prefetch, live)
   local uniform = { params = even(p), grads = even(g) }
   local why
   peak, why = M.simulate(a, prefetch, uniform)
+  if not peak then why = why .. M.interleaved(a) end
   return uniform, peak, why
+end
+
+-- Why a schedule may not fit however many buffers: a unit whose modules
+-- run in several stretches, others' units between them (every layer's
+-- norms left to the root's unit while attention and MLP have their own).
+-- Prefetches follow the unit list, not those stretches. Returns the
+-- advice ("" when every unit runs as one stretch).
+function M.interleaved(a)
+  local runs, last, between = {}, nil, {}
+  for _, v in ipairs(a.visits) do
+    if not v.shares and v.unit ~= last then
+      runs[v.unit] = (runs[v.unit] or 0) + 1
+      if runs[v.unit] == 2 and last then between[v.unit] = last end
+      last = v.unit
+    end
+  end
+  for _, u in ipairs(a.units) do
+    if (runs[u] or 0) > 1 then
+      return string.format("; unit '%s' runs in %d separate stretches of the forward (unit '%s' first runs between " ..
+        "them): prefetches follow the order units first run, so give its modules to the units they run next to " ..
+        "(recipes/policies/attention_mlp_units.lua does this for the layers' norms)", u.name, runs[u], between[u].name)
+    end
+  end
+  return " (raise fsdp.max_live_units)"
 end
 
 local function sum(v)

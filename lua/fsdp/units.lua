@@ -181,7 +181,8 @@ function M.assign(model, opts)
     end
     if a.unit_of[m] then a.visits[#a.visits + 1] = { module = m, unit = a.unit_of[m], shares = m.shares ~= nil } end
   end)
-  -- a unit is reduced after the backward of its first module (in model order)
+  -- the replay (unit_schedule.simulate) reduces a unit after the backward
+  -- of its first module in model order (the run: after its last backward)
   for _, u in ipairs(a.units) do u.first = u.modules[1] end
   return a
 end

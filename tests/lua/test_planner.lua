@@ -273,6 +273,24 @@ do
     "expected true, false or {optimizer = true, params = true, grads = true}", "a misspelt offload table")
   fails(function() planner.plan(tiny({ ["fsdp.offload"] = "yes" }), { world = W, where = "p.lua" }) end,
     "offload = yes; expected true, false or {optimizer = true, params = true, grads = true}", "a bad fsdp.offload")
+  -- every layer's norms left to a root unit kept resident between the
+  -- attention and MLP units: its index-order prefetch cannot fit, and the
+  -- message says why (not "raise max_live_units"), in the planner and in
+  -- fully_shard alike
+  local spread = function(m, path)
+    if path == "" then return "norms", { zero = 2 } end
+    if m.kind == "LlamaAttention" or m.kind == "LlamaMLP" then return path end
+    if path == "model.embed_tokens" then return "embed" end
+    if path == "model.norm" or path == "lm_head" then return "head" end
+  end
+  if W > 1 then -- (one rank gathers nothing)
+    bad(spread, "unit 'norms' runs in 8 separate stretches of the forward (unit 'model.layers.0.self_attn' first runs " ..
+      "between them)", "a unit spread between others")
+    fails(function()
+      local cfg = llama.config(tiny().model)
+      fsdp.fully_shard(llama.model(cfg), { shard = fsdp.mesh("dp_shard=-1"):group("dp_shard"), units = spread, zero = 3 })
+    end, "fully_shard: the schedule does not fit its buffer pools", "fully_shard refuses it before a step")
+  end
 end
 
 -- each example policy trains like the default grouping
