@@ -29,6 +29,8 @@ __global__ void swiglu_fwd(T *y, const T *gate, const T *up, int64_t n) {
 
 template <typename T>
 __global__ void swiglu_bwd(T *dgate, T *dup, const T *dy, const T *gate, const T *up, int64_t n) {
+  // each element's gate and up are read before its gradients are written:
+  // dgate, dup may be gate, up (in place)
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
     float g = ld(gate, i), u = ld(up, i), d = ld(dy, i), sg = sigmoid(g);
     st(dup, i, d * g * sg);

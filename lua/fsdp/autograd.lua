@@ -202,6 +202,25 @@ function M.done(m, ...)
   end
 end
 
+-- What m's backward, still running, takes over from m.saved[key]: no
+-- longer saved but owned by the innermost scope like a tensor made there,
+-- so it can be written over (the MLP writes its gate and up gradients
+-- over gate and up) and goes when consumed or when the scope closes.
+function M.take(m, key)
+  local s, held = m.saved, m.held
+  local t = type(s) == "table" and s[key] or nil
+  if not is_tensor(t) or t.base or not held then error("autograd.take: '" .. tostring(key) .. "' is not a saved tensor", 2) end
+  s[key] = nil
+  for j = 1, #held do
+    if held[j] == t then
+      table.remove(held, j)
+      own(stack[#stack], t) -- the saved reference becomes the scope's
+      return t
+    end
+  end
+  error("autograd.take: '" .. tostring(key) .. "' is not held", 2)
+end
+
 -- m:forward(ctx, x, phase) under rules 1-3
 function M.forward(ctx, m, x, phase)
   release_all(m.held) -- a forward again without a backward in between

@@ -88,11 +88,11 @@ end
 -- inputs and the final norm's output. The head: with chunk_bytes > 0
 -- (train.loss_chunk_mb, forward_loss) the logits of one chunk of rows at a
 -- time next to the head input's gradient; else the whole logits, then that
--- gradient. Backward then peaks inside a layer: in the MLP (its input
--- gradient, gate and up gradients over the layer's saved set, less the
--- SwiGLU output; light: the SwiGLU output made again is gone by then, but
--- was never in the saved set: 3 x intermediate above it; gate and up go
--- before the projections' backward: autograd.done), or in attention (after
+-- gradient. Backward then peaks inside a layer: in the MLP while its down
+-- projection's backward writes the SwiGLU output's gradient (one
+-- intermediate above the layer's saved set; light: two, with the SwiGLU
+-- output made again; the gate and up gradients are then written over gate
+-- and up: autograd.take), or in attention (after
 -- the MLP's part is gone: dout, dq, dk, dv and the projections' outputs,
 -- whichever point is largest; light: n1 is made again only after the
 -- attention kernel's gradients, one hidden less at that point).
@@ -109,10 +109,10 @@ local function activations(cfg, B, T, ck, es, chunk_bytes, light)
   local peak = N * (live + h * es) + rows * V * es -- the head: its input's gradient and (a chunk of) the logits
   live = live - h * es - 4 -- final norm and the last layer's output freed
   local attn = math.max(2 * q + 2 * kv + h, q + 2 * kv + 2 * h, q + kv + 3 * h)
-  local inside = math.max(2 * I * es, (attn - 3 * I - 2 * h) * es - 4)
+  local inside = math.max(I * es, (attn - 3 * I - 2 * h) * es - 4)
   if light then
     attn = math.max(2 * q + 2 * kv, q + 2 * kv + 2 * h, q + kv + 3 * h)
-    inside = math.max(3 * I * es, (attn - 2 * I) * es - 4)
+    inside = math.max(2 * I * es, (attn - 2 * I) * es - 4)
   end
   for i = L, 1, -1 do
     local again = ckpt(i) and layer or 0 -- recomputed

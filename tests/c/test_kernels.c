@@ -366,6 +366,10 @@ static void test_elementwise(void) {
     same("swiglu y", dt, Y, y, n, 2e-6);
     same("swiglu dgate", dt, DG, dg, n, 2e-6);
     same("swiglu dup", dt, DU, du, n, 2e-6);
+    /* in place over gate and up, as the MLP's backward runs it */
+    CHECK_OK(fsdp_cuda_swiglu_backward(A, Bd, DY, A, Bd, n, dt, NULL));
+    same("swiglu dgate in place", dt, A, dg, n, 2e-6);
+    same("swiglu dup in place", dt, Bd, du, n, 2e-6);
     same("add", dt, S, s, n, 0);
     same("scale_add", dt, SA, sa, n, 2e-7);
     fsdp_free(FSDP_CUDA, A), fsdp_free(FSDP_CUDA, Bd), fsdp_free(FSDP_CUDA, DY);

@@ -9,7 +9,8 @@
 --     and gives the same gradients bit for bit;
 --   * using a tensor after the rules released it is an error, and an error
 --     inside a forward closes every scope and frees what they held;
---   * autograd.done lets a running backward drop what it no longer needs;
+--   * autograd.done lets a running backward drop what it no longer needs,
+--     and autograd.take hands it a saved tensor to write over;
 --   * the model files contain no :free().
 local fsdp = require "fsdp"
 local nn, ops, tensor = fsdp.nn, require "fsdp.ops", require "fsdp.tensor"
@@ -225,6 +226,48 @@ do
   end)
   check(seen.dropped == B and seen.gone, string.format("done() frees a saved tensor at once (%s bytes)", tostring(seen.dropped)))
   check(allocated() == base, "nothing left after done() and the scope")
+end
+
+-- 6b. autograd.take: a saved tensor the running backward writes over (its
+-- gradient, in place) belongs to that backward's scope: it goes when
+-- consumed, and is no longer the module's
+do
+  local Over = { kind = "Over" }
+  Over.__index = Over
+  local seen = {}
+  function Over:forward(ctx, x)
+    local a, y = ops.like(x), ops.like(x)
+    ops.add(a, x, x)
+    ops.add(y, a, x)
+    self.saved = { a = a }
+    return y
+  end
+  function Over:backward(ctx, dy)
+    local before = allocated()
+    local a = autograd.take(self, "a")
+    ops.add(a, dy, dy) -- the gradient, written over the saved tensor
+    seen.kept = allocated() == before and not tensor.dead(a) and self.saved.a == nil
+    seen.value = a:get(7)
+    autograd.consume(a)
+    seen.gone = tensor.dead(a)
+    return ops.like(dy)
+  end
+  local x = input()
+  local base = allocated()
+  autograd.scope(function()
+    local m = setmetatable({ params = {} }, Over)
+    local y = nn.call(nn.plain, m, "forward", x)
+    local want = 2 * y:get(7)
+    nn.call(nn.plain, m, "backward", y)
+    seen.want = want
+  end)
+  check(seen.kept and seen.value == seen.want and seen.gone,
+    string.format("take() hands a saved tensor to the backward, which writes over it and consumes it (%s, %s = %s, %s)",
+      tostring(seen.kept), tostring(seen.value), tostring(seen.want), tostring(seen.gone)))
+  check(allocated() == base, "nothing left after take() and the scope")
+  fails(function()
+    autograd.take(setmetatable({ saved = { n = 3 }, held = {} }, Over), "n")
+  end, "autograd.take: 'n' is not a saved tensor", "take() of something not saved")
 end
 
 collectgarbage("restart")

@@ -235,9 +235,10 @@ function MLP:backward(ctx, dy)
   end
   local da = nn.call(ctx, ch[3], "backward", dy)
   if a then autograd.consume(a) end
-  local dg, du = ops.like(s.g), ops.like(s.u)
-  ops.swiglu_backward(dg, du, da, s.g, s.u)
-  autograd.done(self, "g", "u") -- not needed by the projections' backward: a lower peak
+  -- the gradients written over gate and up (each element read first)
+  local dg, du = autograd.take(self, "g"), autograd.take(self, "u")
+  ops.swiglu_backward(dg, du, da, dg, du)
+  autograd.consume(da)
   local n = self.input_norm and nn.bring_back(ctx, self.input_norm, { ch[1], ch[2] })
   local dx = nn.call(ctx, ch[1], "backward", dg)
   ops.add(dx, dx, nn.call(ctx, ch[2], "backward", du))
