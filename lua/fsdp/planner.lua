@@ -105,7 +105,7 @@ local function activations(cfg, B, T, ck, es, chunk_bytes, light)
   local N = B * T
   local live = (L + 2) * h * es + 4 -- per token: layer inputs and the last output, final norm (+ rstd)
   for i = 1, L do if not ckpt(i) then live = live + layer end end
-  local rows = chunk_bytes > 0 and math.max(1, math.min(N, math.floor(chunk_bytes / (V * es)))) or N
+  local rows = chunk_bytes > 0 and llama.loss_rows(N, V, es, chunk_bytes) or N
   local peak = N * (live + h * es) + rows * V * es -- the head: its input's gradient and (a chunk of) the logits
   live = live - h * es - 4 -- final norm and the last layer's output freed
   local attn = math.max(2 * q + 2 * kv + h, q + 2 * kv + 2 * h, q + kv + 3 * h)

@@ -147,6 +147,12 @@ compare("checkpoint full", { ["fsdp.zero"] = 3, ["fsdp.checkpoint"] = "full" })
 compare("the whole logits at once (train.loss_chunk_mb = 0)", { ["train.loss_chunk_mb"] = 0, ["model.vocab_size"] = 4096 })
 compare("the head and loss over chunks of 20 rows", { ["train.loss_chunk_mb"] = 20 * 4096 * 4 / 2 ^ 20,
   ["model.vocab_size"] = 4096 })
+-- a chunk that holds 200 rows runs 128 (whole GPU GEMM tiles): 320 rows
+-- as 128, 128 and 64, planned and measured alike
+compare("the head over chunks of 200 rows, rounded to 128", { ["train.loss_chunk_mb"] = 200 * 4096 * 4 / 2 ^ 20,
+  ["model.vocab_size"] = 4096, ["data.seq"] = 160 })
+check(llama.loss_rows(4096, 128256, 2, 256 * 2 ^ 20) == 1024 and llama.loss_rows(300, 50, 4, 2 ^ 20) == 300
+  and llama.loss_rows(4096, 32000, 4, 100 * 32000 * 4) == 100, "chunk rows: whole, below 128, multiples of 128")
 compare("chunks of 8 rows, checkpoint full, bf16", { ["train.loss_chunk_mb"] = 8 * 4096 * 4 / 2 ^ 20,
   ["fsdp.checkpoint"] = "full", ["fsdp.param_dtype"] = "bf16", ["model.vocab_size"] = 4096 })
 do -- and chunking is what makes the difference

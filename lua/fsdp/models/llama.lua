@@ -368,7 +368,7 @@ function CausalLM:forward_loss(ctx, ids, targets, o)
     local n = nf:numel() / h
     count = count_targets(targets, n, V, ignore)
     if nf.device == "cuda" and not o.targets_dev then error("llama forward_loss: on cuda the targets' device copy is needed", 0) end
-    local rows = math.max(1, math.min(n, math.floor((o.chunk_bytes or M.loss_chunk_bytes) / (V * nf.esize))))
+    local rows = M.loss_rows(n, V, nf.esize, o.chunk_bytes or M.loss_chunk_bytes)
     local gscale = count > 0 and (o.scale or 1) / count or 0
     local grad = not ctx.no_grad and ops.like(nf) or nil
     local parts = {}
@@ -392,6 +392,16 @@ function CausalLM:forward_loss(ctx, ids, targets, o)
 end
 -- chunk bytes of logits in forward_loss (the recipe's train.loss_chunk_mb)
 M.loss_chunk_bytes = 256 * 2 ^ 20
+
+-- Rows of logits per chunk in forward_loss (and the planner's): as many of
+-- n as chunk_bytes hold, from 128 up a multiple of 128, so that the head's
+-- GEMMs run whole tiles (4096 tokens of a 128256 vocabulary in bf16 go as
+-- four chunks of 1024 rows, not three of 1046 and one of 958)
+function M.loss_rows(n, V, esize, chunk_bytes)
+  local rows = math.max(1, math.min(n, math.floor(chunk_bytes / (V * esize))))
+  if rows < n and rows >= 128 then rows = rows - rows % 128 end
+  return rows
+end
 
 -- train_step's and evaluate's opt.forward_loss for batches {x = ids,
 -- y = targets, y_dev = their device copy on CUDA}, chunk_bytes of logits at a time
