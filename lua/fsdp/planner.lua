@@ -432,7 +432,8 @@ function M.json(p)
   end
   return json.encode({ recipe = p.where, world = p.world, dp_shard = p.shard, dp_outer = p.outer, hfsdp = p.hfsdp, zero = p.zero,
     param_dtype = p.param_dtype, parameters = p.n_params, micro_batches = p.grad_accum, resident = p.resident,
-    pools = p.pools, activations = p.activations, peak = p.peak, comm = p.comm, units = json.array(units) })
+    pools = p.pools, activations = p.activations, checkpoint = p.checkpoint, recompute = p.recompute, peak = p.peak, comm = p.comm,
+    units = json.array(units) })
 end
 
 -- Lines of difference between two plans: the totals, then units whose bytes differ

@@ -154,7 +154,7 @@ function M.mem(r, p)
   return text(string.format("rank %s (every rank holds the same bytes):\n", tostring(r or 0)) .. planner.table(rows), p)
 end
 
-local plan_keys = { zero = "fsdp", units = "fsdp", prefetch = "fsdp", max_live_units = "fsdp", checkpoint = "fsdp",
+local plan_keys = { zero = "fsdp", units = "fsdp", prefetch = "fsdp", max_live_units = "fsdp", checkpoint = "fsdp", recompute = "fsdp",
   param_dtype = "fsdp", reduce_dtype = "fsdp", hfsdp = "fsdp", micro_batch = "data", seq = "data",
   global_batch_tokens = "train", grad_accum = "train" }
 
@@ -168,7 +168,7 @@ function M.plan(o)
       local sec, field = tostring(k):match("^([%a_]+)%.([%w_]+)$")
       if not sec then sec, field = plan_keys[k], k end
       if not sec then error(string.format("plan{}: unknown option '%s' (world, mesh, %s, or 'section.field')", tostring(k),
-        "zero, units, prefetch, max_live_units, checkpoint, param_dtype, micro_batch, seq, ..."), 2) end
+        "zero, units, prefetch, max_live_units, checkpoint, recompute, param_dtype, micro_batch, seq, ..."), 2) end
       r[sec] = r[sec] or {}
       r[sec][field] = v
     end
