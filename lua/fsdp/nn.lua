@@ -153,7 +153,9 @@ function nn.let_go(readers)
 end
 
 function nn.bring_back(ctx, src, readers)
-  if readers[1].saved.x ~= nil then return nil end
+  local s = readers[1].saved
+  if type(s) ~= "table" then error("nn.bring_back: the readers saved nothing (no forward with grads before this backward)", 2) end
+  if s.x ~= nil then return nil end
   local x = hooked(ctx, src, "recompute", src.output_again, src)
   for _, m in ipairs(readers) do m.saved.x = x end
   return x
