@@ -148,7 +148,8 @@ end
 -- run in several stretches, others' units between them (every layer's
 -- norms left to the root's unit while attention and MLP have their own).
 -- Prefetches follow the unit list, not those stretches. Returns the
--- advice ("" when every unit runs as one stretch).
+-- advice to append to the replay's reason (when every unit runs as one
+-- stretch: more buffers).
 function M.interleaved(a)
   local runs, last, between = {}, nil, {}
   for _, v in ipairs(a.visits) do
