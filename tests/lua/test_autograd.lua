@@ -206,6 +206,20 @@ local function saves_a(self, ctx, x)
   return y
 end
 
+-- one forward and backward of a fresh module of class k in a scope, on a
+-- new input; returns the allocator's count before it and y[7]
+local function round_trip(k)
+  local x = input()
+  local base, y7 = allocated(), nil
+  autograd.scope(function()
+    local m = setmetatable({ params = {} }, k)
+    local y = nn.call(nn.plain, m, "forward", x)
+    y7 = y:get(7)
+    nn.call(nn.plain, m, "backward", y)
+  end)
+  return base, y7
+end
+
 -- 6. autograd.done: what a running backward no longer needs goes at once
 do
   local Two = { kind = "Two", forward = saves_a }
@@ -219,13 +233,7 @@ do
     seen.gone = tensor.dead(a) and self.saved.a == nil
     return ops.like(dy)
   end
-  local x = input()
-  local base = allocated()
-  autograd.scope(function()
-    local m = setmetatable({ params = {} }, Two)
-    local y = nn.call(nn.plain, m, "forward", x)
-    nn.call(nn.plain, m, "backward", y)
-  end)
+  local base = round_trip(Two)
   check(seen.dropped == B and seen.gone, string.format("done() frees a saved tensor at once (%s bytes)", tostring(seen.dropped)))
   check(allocated() == base, "nothing left after done() and the scope")
 end
@@ -247,15 +255,8 @@ do
     seen.gone = tensor.dead(a)
     return ops.like(dy)
   end
-  local x = input()
-  local base = allocated()
-  autograd.scope(function()
-    local m = setmetatable({ params = {} }, Over)
-    local y = nn.call(nn.plain, m, "forward", x)
-    local want = 2 * y:get(7)
-    nn.call(nn.plain, m, "backward", y)
-    seen.want = want
-  end)
+  local base, y7 = round_trip(Over)
+  seen.want = 2 * y7
   check(seen.kept and seen.value == seen.want and seen.gone,
     string.format("take() hands a saved tensor to the backward, which writes over it and consumes it (%s, %s = %s, %s)",
       tostring(seen.kept), tostring(seen.value), tostring(seen.want), tostring(seen.gone)))
