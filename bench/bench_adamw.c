@@ -42,7 +42,7 @@ static int64_t step = 1;
 
 static int cpu_step(void *a) {
   run *r = a;
-  return fsdp_adamw_step(r->p, NULL, r->g, r->m, r->v, r->n, step++, &cfg, 1.0f);
+  return fsdp_adamw_step(r->p, NULL, NULL, r->g, r->m, r->v, r->n, step++, &cfg, 1.0f);
 }
 /* the grad norm's share: a sum of squares over the grads (4 bytes each) */
 static int cpu_sumsq(void *a) {
@@ -67,7 +67,7 @@ static int host_stream(void *a) {
 #ifdef FSDP_HAVE_CUDA
 static int gpu_step(void *a) {
   run *r = a;
-  int rc = fsdp_cuda_adamw_step(r->p, NULL, FSDP_FP32, r->g, r->m, r->v, r->n, step++, &cfg, 1.0f, r->s);
+  int rc = fsdp_cuda_adamw_step(r->p, NULL, FSDP_FP32, NULL, r->g, r->m, r->v, r->n, step++, &cfg, 1.0f, r->s);
   return rc ? rc : fsdp_stream_synchronize(r->s);
 }
 static int gpu_copy(void *a) {

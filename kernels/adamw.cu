@@ -1,6 +1,7 @@
 // adamw.cu: the CUDA twin of src/shard/adamw.c: AdamW and SGD over a flat
-// fp32 shard, writing the compute-dtype copy (bf16 or fp32) in the same
-// pass, and the sum of squares / non-finite count for the global grad norm.
+// fp32 shard (or split params: the bf16 copy plus low halves), writing the
+// compute-dtype copy (bf16 or fp32) in the same pass, and the sum of
+// squares / non-finite count for the global grad norm.
 #include <math.h>
 
 #include "common.cuh"
@@ -8,27 +9,49 @@
 
 using namespace fsdpk;
 
+// The fp32 param i: its own array, or (low set: out is bf16) joined from halves.
 template <typename T>
-__global__ void adamw_kernel(float *param, T *out, const float *grad, float *m, float *v, int64_t n, float b1, float b2,
-                             float lr, float eps, float decay, float c1, float c2, float grad_scale) {
+__device__ __forceinline__ float ld_param(const float *param, const T *out, const uint16_t *low, int64_t i) {
+  return low ? fsdp_bf16_join(reinterpret_cast<const uint16_t *>(out)[i], low[i]) : param[i];
+}
+__device__ __forceinline__ void st_main(float *param, uint16_t *low, int64_t i, float v) {
+  if (low) low[i] = fsdp_bf16_low(v);
+  else param[i] = v;
+}
+
+template <typename T>
+__global__ void adamw_kernel(float *param, T *out, uint16_t *low, const float *grad, float *m, float *v, int64_t n,
+                             float b1, float b2, float lr, float eps, float decay, float c1, float c2, float grad_scale) {
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-    float p = fsdp_adamw_element(param + i, m + i, v + i, grad[i] * grad_scale, b1, b2, lr, eps, decay, c1, c2);
-    if (out) st(out, i, p);
+    float p = ld_param(param, out, low, i);
+    fsdp_adamw_element(&p, m + i, v + i, grad[i] * grad_scale, b1, b2, lr, eps, decay, c1, c2);
+    st_main(param, low, i, p);
+    if (out) st_param(out, i, p);
   }
 }
 
 template <typename T>
-__global__ void sgd_kernel(float *param, T *out, const float *grad, float *mom, int64_t n, int first, float lr, float mu,
-                           float wd, float grad_scale) {
+__global__ void sgd_kernel(float *param, T *out, uint16_t *low, const float *grad, float *mom, int64_t n, int first,
+                           float lr, float mu, float wd, float grad_scale) {
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-    float g = grad[i] * grad_scale + wd * param[i];
+    float p = ld_param(param, out, low, i);
+    float g = grad[i] * grad_scale + wd * p;
     if (mu != 0.0f) {
       mom[i] = first ? g : mu * mom[i] + g;
       g = mom[i];
     }
-    param[i] -= lr * g;
-    if (out) st(out, i, param[i]);
+    p -= lr * g;
+    st_main(param, low, i, p);
+    if (out) st_param(out, i, p);
   }
+}
+
+// split params: bf16 high halves in out, no fp32 array; else an fp32 array
+static int check_params(const char *who, const float *param, const void *out, fsdp_dtype out_dtype, const uint16_t *low) {
+  if (low && (param || !out || out_dtype != FSDP_BF16))
+    return fsdp_fail(FSDP_EINVAL, "%s: split params take bf16 high halves (out) and low ones, no fp32 array", who);
+  if (!low && !param) return fsdp_fail(FSDP_EINVAL, "%s: NULL param buffer", who);
+  return FSDP_OK;
 }
 
 __global__ void sum_squares_kernel(const float *x, int64_t n, double *sum, unsigned long long *nonfinite) {
@@ -46,9 +69,9 @@ __global__ void sum_squares_kernel(const float *x, int64_t n, double *sum, unsig
   }
 }
 
-extern "C" int fsdp_cuda_adamw_step(float *param, void *out, fsdp_dtype out_dtype, const float *grad, float *m,
-                                    float *v, int64_t n, int64_t step, const fsdp_adamw_config *cfg, float grad_scale,
-                                    fsdp_stream *s) {
+extern "C" int fsdp_cuda_adamw_step(float *param, void *out, fsdp_dtype out_dtype, uint16_t *low, const float *grad,
+                                    float *m, float *v, int64_t n, int64_t step, const fsdp_adamw_config *cfg,
+                                    float grad_scale, fsdp_stream *s) {
   if (!cfg || n < 0 || step < 1)
     return fsdp_fail(FSDP_EINVAL, "cuda adamw: %s", !cfg ? "NULL config" : step < 1 ? "the first real step is 1" : "negative length");
   if (!(cfg->beta1 >= 0 && cfg->beta1 < 1 && cfg->beta2 >= 0 && cfg->beta2 < 1 && cfg->eps > 0 && cfg->lr >= 0 &&
@@ -56,25 +79,27 @@ extern "C" int fsdp_cuda_adamw_step(float *param, void *out, fsdp_dtype out_dtyp
     return fsdp_fail(FSDP_EINVAL, "cuda adamw: expected 0 <= beta1, beta2 < 1, eps > 0, lr >= 0, weight_decay >= 0");
   FSDP_CHECK(check_dtype(out_dtype, "cuda adamw"));
   if (n == 0) return FSDP_OK;
-  FSDP_NEED_PTRS("cuda adamw", param, grad, m, v); /* out: optional */
+  FSDP_NEED_PTRS("cuda adamw", grad, m, v); /* out: optional */
+  FSDP_CHECK(check_params("cuda adamw", param, out, out_dtype, low));
   // the bias corrections in double, as on the CPU
   float c1 = (float)(1.0 / (1.0 - pow(cfg->beta1, (double)step))), c2 = (float)(1.0 / (1.0 - pow(cfg->beta2, (double)step)));
   float decay = 1.0f - cfg->lr * cfg->weight_decay;
   FSDP_DISPATCH(out_dtype, T, adamw_kernel<T><<<blocks_for(n, 256), 256, 0, stream_of(s)>>>(
-                                  param, (T *)out, grad, m, v, n, cfg->beta1, cfg->beta2, cfg->lr, cfg->eps, decay, c1, c2,
+                                  param, (T *)out, low, grad, m, v, n, cfg->beta1, cfg->beta2, cfg->lr, cfg->eps, decay, c1, c2,
                                   grad_scale));
   return launched("cuda adamw");
 }
 
-extern "C" int fsdp_cuda_sgd_step(float *param, void *out, fsdp_dtype out_dtype, const float *grad, float *momentum,
-                                  int64_t n, int64_t step, float lr, float mu, float weight_decay, float grad_scale,
-                                  fsdp_stream *s) {
+extern "C" int fsdp_cuda_sgd_step(float *param, void *out, fsdp_dtype out_dtype, uint16_t *low, const float *grad,
+                                  float *momentum, int64_t n, int64_t step, float lr, float mu, float weight_decay,
+                                  float grad_scale, fsdp_stream *s) {
   if (n < 0 || step < 1 || (mu != 0 && !momentum && n)) return fsdp_fail(FSDP_EINVAL, "cuda sgd: bad arguments");
   FSDP_CHECK(check_dtype(out_dtype, "cuda sgd"));
   if (n == 0) return FSDP_OK;
-  FSDP_NEED_PTRS("cuda sgd", param, grad);
+  FSDP_NEED_PTRS("cuda sgd", grad);
+  FSDP_CHECK(check_params("cuda sgd", param, out, out_dtype, low));
   FSDP_DISPATCH(out_dtype, T, sgd_kernel<T><<<blocks_for(n, 256), 256, 0, stream_of(s)>>>(
-                                  param, (T *)out, grad, momentum, n, step == 1, lr, mu, weight_decay, grad_scale));
+                                  param, (T *)out, low, grad, momentum, n, step == 1, lr, mu, weight_decay, grad_scale));
   return launched("cuda sgd");
 }
 

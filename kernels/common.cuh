@@ -12,6 +12,7 @@ extern "C" {
 #include "../src/base/error.h"
 #include "../src/device/cuda_impl.h"
 }
+#include "../src/base/bf16_split.h"
 #include "../src/fsdp_kernels.h"
 #include "kernels.h"
 
@@ -62,6 +63,11 @@ __device__ __forceinline__ float ld(const float *p, int64_t i) { return p[i]; }
 __device__ __forceinline__ float ld(const __nv_bfloat16 *p, int64_t i) { return __bfloat162float(p[i]); }
 __device__ __forceinline__ void st(float *p, int64_t i, float v) { p[i] = v; }
 __device__ __forceinline__ void st(__nv_bfloat16 *p, int64_t i, float v) { p[i] = __float2bfloat16_rn(v); }
+// a param's compute copy: bf16 ties away from zero, as on the CPU (base/bf16_split.h says why)
+__device__ __forceinline__ void st_param(float *p, int64_t i, float v) { p[i] = v; }
+__device__ __forceinline__ void st_param(__nv_bfloat16 *p, int64_t i, float v) {
+  reinterpret_cast<uint16_t *>(p)[i] = fsdp_bf16_round_away(v);
+}
 __device__ __forceinline__ void atomic_add(float *p, float v) { atomicAdd(p, v); }
 __device__ __forceinline__ void atomic_add(__nv_bfloat16 *p, float v) { atomicAdd(p, __float2bfloat16_rn(v)); }
 

@@ -87,10 +87,11 @@ __global__ void accumulate_f32(float *dst, const T *src, int64_t n) {
     dst[i] += ld(src, i);
 }
 
+// the units' params: the compute copy from the fp32 main params
 template <typename T>
 __global__ void cast_from_f32(T *dst, const float *src, int64_t n) {
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-    st(dst, i, src[i]);
+    st_param(dst, i, src[i]);
 }
 
 extern "C" int fsdp_kernel_accumulate_f32(float *dst, const void *src, int src_dtype, size_t n, void *stream) {

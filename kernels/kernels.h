@@ -15,7 +15,8 @@ extern "C" {
 int fsdp_kernel_cast_to_f32(float *dst, const void *src, int src_dtype, size_t n, void *stream);
 /* dst[i] += (float)src[i]; src_dtype FSDP_FP32 or FSDP_BF16 (elementwise.cu) */
 int fsdp_kernel_accumulate_f32(float *dst, const void *src, int src_dtype, size_t n, void *stream);
-/* dst[i] = src[i] rounded to dst_dtype (FSDP_FP32 or FSDP_BF16) (elementwise.cu) */
+/* dst[i] = src[i] rounded to dst_dtype (FSDP_FP32 or FSDP_BF16; bf16 ties away
+ * from zero, the params' rule: base/bf16_split.h) (elementwise.cu) */
 int fsdp_kernel_cast_from_f32(void *dst, int dst_dtype, const float *src, size_t n, void *stream);
 /* Occupies the stream for about `microseconds` (delay.cu): a testing aid. */
 int fsdp_kernel_delay(int64_t microseconds, void *stream);

@@ -58,13 +58,17 @@ int fsdp_layout_init_shard(const fsdp_layout *l, int rank, const char *const *pa
 /* ---- optimizers on flat fp32 shards (src/shard/adamw.c); their config,
  * fsdp_adamw_config, is in fsdp_base.h --------------------------------- */
 /* One AdamW step over n elements; step counts from 1. param_bf16 (may be
- * NULL) receives the new values rounded to bf16 in the same pass. The
- * gradient is multiplied by grad_scale first (averaging, clipping). */
-int fsdp_adamw_step(float *param, uint16_t *param_bf16, const float *grad, float *m, float *v, int64_t n,
-                    int64_t step, const fsdp_adamw_config *cfg, float grad_scale);
-/* SGD with momentum mu (0: plain SGD), coupled weight decay. */
-int fsdp_sgd_step(float *param, uint16_t *param_bf16, const float *grad, float *momentum, int64_t n, int64_t step,
-                  float lr, float mu, float weight_decay, float grad_scale);
+ * NULL) receives the new values rounded to bf16 (ties away from zero) in the
+ * same pass. Split params (param_low not NULL, param NULL): each fp32 param
+ * is param_bf16[i] and param_low[i] (base/bf16_split.h), both read and
+ * written. The gradient is multiplied by grad_scale first (averaging,
+ * clipping). */
+int fsdp_adamw_step(float *param, uint16_t *param_bf16, uint16_t *param_low, const float *grad, float *m, float *v,
+                    int64_t n, int64_t step, const fsdp_adamw_config *cfg, float grad_scale);
+/* SGD with momentum mu (0: plain SGD), coupled weight decay; the params as
+ * for fsdp_adamw_step. */
+int fsdp_sgd_step(float *param, uint16_t *param_bf16, uint16_t *param_low, const float *grad, float *momentum,
+                  int64_t n, int64_t step, float lr, float mu, float weight_decay, float grad_scale);
 /* Sum of squares (float64) of the finite elements, and how many were not. */
 int fsdp_sum_squares(const float *x, int64_t n, double *sum, int64_t *nonfinite);
 
@@ -144,7 +148,9 @@ typedef struct fsdp_unit_plan {
                                        shard (zero 0: all of the full params, offset 0) */
   int32_t compute_is_main;          /* fp32 compute in place: the compute params are the
                                        main params (no copy) */
-  int32_t pad;
+  int32_t main_split;               /* bf16 compute in place: the fp32 main params are the
+                                       compute params (their high halves) and the main_params
+                                       row's 16 low bits each (base/bf16_split.h) */
   /* shared and transient memory, not in rows: */
   int64_t reduce_scratch;  /* fp32 staging for reduce-scatters, shared by the units of a
                               shard group in the reduce comm (its largest unit's) */
@@ -267,7 +273,8 @@ int fsdp_unit_memory_info(const fsdp_unit *u, fsdp_unit_memory *out);
  * elements each). Pieces: param, element range [begin, end) and, in
  * shard_offset, where the range starts in the state arrays; to_save = 0:
  * every piece this rank holds, 1: the disjoint part it saves. Returns the
- * count (may exceed cap). */
+ * count (may exceed cap). get / set copy to and from host memory (split
+ * main params are joined and split there). */
 typedef enum { FSDP_STATE_PARAM = 0, FSDP_STATE_OPT1 = 1, FSDP_STATE_OPT2 = 2 } fsdp_unit_state_kind;
 int fsdp_unit_state_pieces(const fsdp_unit *u, int to_save, fsdp_layout_piece *out, int cap);
 int64_t fsdp_unit_state_numel(const fsdp_unit *u);

@@ -9,6 +9,7 @@ fsdp_c_test(test_pool)
 fsdp_c_test(test_optim)
 fsdp_c_test(test_meta_init)
 fsdp_c_test(test_units)
+fsdp_c_test(test_units_split)
 fsdp_c_test(test_ops)
 
 add_test(NAME base COMMAND test_base)
@@ -50,6 +51,13 @@ foreach(n 1 2 3 4)
   add_test(NAME units_np${n}
            COMMAND $<TARGET_FILE:fsdprun> -n ${n} --timeout 200 --host $<TARGET_FILE:test_units>)
   set_tests_properties(units_np${n} PROPERTIES LABELS multirank TIMEOUT 240 RUN_SERIAL ON)
+endforeach()
+# Split main params (bf16 compute: the compute copy is the fp32 main
+# params' high half): bit for bit against fp32 units, one rank and uneven shards.
+foreach(n 1 3)
+  add_test(NAME units_split_np${n}
+           COMMAND $<TARGET_FILE:fsdprun> -n ${n} --timeout 60 --host $<TARGET_FILE:test_units_split>)
+  set_tests_properties(units_split_np${n} PROPERTIES LABELS multirank TIMEOUT 90 RUN_SERIAL ON)
 endforeach()
 # the layers hold: no include reaches up, no include cycle in src/, kernels/,
 # launcher/ (scripts/check_layers.py), and the checker fails when one does

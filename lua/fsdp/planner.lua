@@ -202,6 +202,7 @@ function M.plan(r, o)
     for b = 0, C.FSDP_UBUF_COUNT - 1 do
       if plan.rows[b].held == C.FSDP_HELD_HOST then mem.offloaded = mem.offloaded + row(b) end
     end
+    if plan.main_split ~= 0 then p.split_units = (p.split_units or 0) + 1 end
     local total = 0
     for k, v in pairs(mem) do
       resident[k] = resident[k] + v
@@ -333,12 +334,21 @@ function M.table(rows)
   return table.concat(out, "\n")
 end
 
+-- bf16 units keep only the low 16 bits of each fp32 main param: the high
+-- 16 are the compute copy (src/base/bf16_split.h)
+local function main_note(p)
+  local n = p.split_units or 0
+  if n == 0 then return "resident" end
+  local where = n == #p.units and "" or string.format(" in %d of %d units", n, #p.units)
+  return string.format("resident: the low 16 bits%s, the high 16 being the compute copy", where)
+end
+
 function M.memory_rows(p)
   local m = p.resident
   return {
     { "what", "bytes per rank", "" },
     { "params (compute copy)", bytes(m.params_full + m.params_shard), "resident" },
-    { "main params (fp32)", bytes(m.main_params), "resident" },
+    { "main params (fp32)", bytes(m.main_params), main_note(p) },
     { "optimizer state", bytes(m.optimizer), "resident" },
     { "grads", bytes(m.grads_full + m.grads_main), "resident" },
     { "comm scratch", bytes(m.scratch), "resident, shared by the units: the reduce staging (and the param staging of host-held shards)" },
@@ -432,6 +442,7 @@ function M.json(p)
   end
   return json.encode({ recipe = p.where, world = p.world, dp_shard = p.shard, dp_outer = p.outer, hfsdp = p.hfsdp, zero = p.zero,
     param_dtype = p.param_dtype, parameters = p.n_params, micro_batches = p.grad_accum, resident = p.resident,
+    split_main_units = p.split_units or 0,
     pools = p.pools, activations = p.activations, checkpoint = p.checkpoint, recompute = p.recompute, peak = p.peak, comm = p.comm,
     units = json.array(units) })
 end

@@ -8,11 +8,7 @@
 
 #include <math.h>
 
-#ifdef __CUDACC__
-#define FSDP_HOST_DEVICE __host__ __device__
-#else
-#define FSDP_HOST_DEVICE
-#endif
+#include "host_device.h"
 
 static inline FSDP_HOST_DEVICE float fsdp_adamw_element(float *param, float *m, float *v, float grad, float b1, float b2,
                                                         float lr, float eps, float decay, float c1, float c2) {

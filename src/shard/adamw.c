@@ -2,7 +2,9 @@
  * weight decay), with bias correction from a step counter that starts at 1
  * on the first real step (a step 0 is refused: the silent 1.3-2x too-small
  * updates of an off-by-one counter are a known peer bug). Optionally writes
- * the new values rounded to bf16 in the same pass (the compute-dtype copy).
+ * the new values rounded to bf16 in the same pass (the compute-dtype copy,
+ * ties away from zero: base/bf16_split.h), or keeps the fp32 params split
+ * into that copy and their low 16 bits.
  *
  *   p <- p - lr * wd * p
  *   m <- b1 m + (1 - b1) g          g = grad * grad_scale
@@ -15,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../base/bf16.h"
+#include "../base/bf16_split.h"
 #include "../base/error.h"
 #include "../base/parallel.h"
 #include "../base/adamw_math.h"
@@ -26,7 +28,7 @@ enum { GRAIN = 1 << 16 };
 
 typedef struct adamw_job {
   float *param, *m, *v;
-  uint16_t *param_bf16;
+  uint16_t *param_bf16, *param_low;
   const float *grad;
   float grad_scale, b1, b2, lr, eps, decay, c1, c2;
 } adamw_job;
@@ -46,22 +48,41 @@ FSDP_VECTOR_CLONES static void adamw_range(void *arg, int64_t lo, int64_t hi) {
   const adamw_job *j = arg;
   float *restrict param = j->param, *restrict m = j->m, *restrict v = j->v;
   const float *restrict grad = j->grad;
-  uint16_t *restrict out = j->param_bf16;
+  uint16_t *restrict out = j->param_bf16, *restrict low = j->param_low;
   const float gs = j->grad_scale, b1 = j->b1, b2 = j->b2, lr = j->lr, eps = j->eps, decay = j->decay, c1 = j->c1,
               c2 = j->c2;
+  if (low) { /* split: the fp32 param is joined, updated and split again */
+    for (int64_t i = lo; i < hi; i++) {
+      float p = fsdp_bf16_join(out[i], low[i]);
+      fsdp_adamw_element(&p, m + i, v + i, grad[i] * gs, b1, b2, lr, eps, decay, c1, c2);
+      out[i] = fsdp_bf16_round_away(p);
+      low[i] = fsdp_bf16_low(p);
+    }
+    return;
+  }
   if (!out) {
     for (int64_t i = lo; i < hi; i++) fsdp_adamw_element(param + i, m + i, v + i, grad[i] * gs, b1, b2, lr, eps, decay, c1, c2);
     return;
   }
   for (int64_t i = lo; i < hi; i++)
-    out[i] = fsdp_bf16_round(fsdp_adamw_element(param + i, m + i, v + i, grad[i] * gs, b1, b2, lr, eps, decay, c1, c2));
+    out[i] = fsdp_bf16_round_away(fsdp_adamw_element(param + i, m + i, v + i, grad[i] * gs, b1, b2, lr, eps, decay, c1, c2));
 }
 
-int fsdp_adamw_step(float *param, uint16_t *param_bf16, const float *grad, float *m, float *v, int64_t n,
-                    int64_t step, const fsdp_adamw_config *cfg, float grad_scale) {
+/* the params an optimizer step reads and writes: fp32 (with an optional bf16
+ * copy), or split (high halves in param_bf16, low halves in param_low) */
+static int check_params(const char *who, const float *param, const uint16_t *param_bf16, const uint16_t *param_low) {
+  if (param_low && (param || !param_bf16))
+    return fsdp_fail(FSDP_EINVAL, "%s: split params take the high halves (param_bf16) and the low ones, no fp32 array", who);
+  if (!param_low && !param) return fsdp_fail(FSDP_EINVAL, "%s: NULL param buffer", who);
+  return FSDP_OK;
+}
+
+int fsdp_adamw_step(float *param, uint16_t *param_bf16, uint16_t *param_low, const float *grad, float *m, float *v,
+                    int64_t n, int64_t step, const fsdp_adamw_config *cfg, float grad_scale) {
   if (!cfg) return fsdp_fail(FSDP_EINVAL, "adamw: NULL config");
   if (n < 0) return fsdp_fail(FSDP_EINVAL, "adamw: negative length %lld", (long long)n);
-  if (n && (!param || !grad || !m || !v)) return fsdp_fail(FSDP_EINVAL, "adamw: NULL buffer");
+  if (n && (!grad || !m || !v)) return fsdp_fail(FSDP_EINVAL, "adamw: NULL buffer");
+  if (n) FSDP_CHECK(check_params("adamw", param, param_bf16, param_low));
   if (step < 1)
     return fsdp_fail(FSDP_EINVAL, "adamw: step %lld; the first real step is 1 (bias correction divides by "
                      "1 - beta^step)", (long long)step);
@@ -72,7 +93,7 @@ int fsdp_adamw_step(float *param, uint16_t *param_bf16, const float *grad, float
   /* the corrections in double: 1 - 0.999^t loses digits in float for small t */
   const float c1 = (float)(1.0 / (1.0 - pow(cfg->beta1, (double)step)));
   const float c2 = (float)(1.0 / (1.0 - pow(cfg->beta2, (double)step)));
-  adamw_job j = {param, m, v, param_bf16, grad, grad_scale, cfg->beta1, cfg->beta2, cfg->lr, cfg->eps,
+  adamw_job j = {param, m, v, param_bf16, param_low, grad, grad_scale, cfg->beta1, cfg->beta2, cfg->lr, cfg->eps,
                  1.0f - cfg->lr * cfg->weight_decay, c1, c2};
   /* elementwise: the same values on any number of threads */
   fsdp_parallel_for(n, GRAIN, adamw_range, &j);
@@ -81,18 +102,22 @@ int fsdp_adamw_step(float *param, uint16_t *param_bf16, const float *grad, float
 
 /* SGD with momentum (PyTorch's form, coupled weight decay):
  *   g <- grad * grad_scale + wd * p;  buf <- mu * buf + g (buf = g on step 1);  p <- p - lr * buf */
-int fsdp_sgd_step(float *param, uint16_t *param_bf16, const float *grad, float *momentum, int64_t n, int64_t step,
-                  float lr, float mu, float weight_decay, float grad_scale) {
-  if (n < 0 || (n && (!param || !grad || (mu != 0 && !momentum)))) return fsdp_fail(FSDP_EINVAL, "sgd: bad buffers");
+int fsdp_sgd_step(float *param, uint16_t *param_bf16, uint16_t *param_low, const float *grad, float *momentum,
+                  int64_t n, int64_t step, float lr, float mu, float weight_decay, float grad_scale) {
+  if (n < 0 || (n && (!grad || (mu != 0 && !momentum)))) return fsdp_fail(FSDP_EINVAL, "sgd: bad buffers");
+  if (n) FSDP_CHECK(check_params("sgd", param, param_bf16, param_low));
   if (step < 1) return fsdp_fail(FSDP_EINVAL, "sgd: step %lld; the first real step is 1", (long long)step);
   for (int64_t i = 0; i < n; i++) {
-    float g = grad[i] * grad_scale + weight_decay * param[i];
+    float p = param_low ? fsdp_bf16_join(param_bf16[i], param_low[i]) : param[i];
+    float g = grad[i] * grad_scale + weight_decay * p;
     if (mu != 0) {
       momentum[i] = step == 1 ? g : mu * momentum[i] + g;
       g = momentum[i];
     }
-    param[i] -= lr * g;
-    if (param_bf16) param_bf16[i] = fsdp_bf16_round(param[i]);
+    p -= lr * g;
+    if (param_low) param_low[i] = fsdp_bf16_low(p);
+    else param[i] = p;
+    if (param_bf16) param_bf16[i] = fsdp_bf16_round_away(p);
   }
   return FSDP_OK;
 }

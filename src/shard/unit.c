@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../base/bf16_split.h"
 #include "../base/error.h"
 #include "../fsdp_shard.h"
 #include "unit_impl.h"
@@ -112,7 +113,8 @@ static fsdp_comm *comm_of(const fsdp_unit *u, int row) {
 static int alloc_rows(fsdp_unit *u) {
   void *rows[FSDP_UBUF_COUNT] = {0};
   for (int i = 0; i < FSDP_UBUF_COUNT; i++) FSDP_CHECK(alloc_row(u, i, comm_of(u, i), rows, &rows[i]));
-  u->main_params = rows[FSDP_UBUF_MAIN_PARAMS];
+  if (u->main_split) u->main_low = rows[FSDP_UBUF_MAIN_PARAMS];
+  else u->main_params = rows[FSDP_UBUF_MAIN_PARAMS];
   u->opt1 = rows[FSDP_UBUF_OPT1];
   u->opt2 = rows[FSDP_UBUF_OPT2];
   u->main_grads = rows[FSDP_UBUF_MAIN_GRADS];
@@ -125,11 +127,24 @@ static int alloc_rows(fsdp_unit *u) {
 }
 
 static void free_rows(fsdp_unit *u) {
-  void *rows[FSDP_UBUF_COUNT] = {u->main_params, u->opt1,        u->opt2,       u->main_grads, NULL,
+  void *main = u->main_split ? (void *)u->main_low : (void *)u->main_params;
+  void *rows[FSDP_UBUF_COUNT] = {main,           u->opt1,        u->opt2,       u->main_grads, NULL,
                                  u->param_shard, u->params_full, u->grads_full, u->host_stage};
   if (u->grad_accum != u->main_grads) rows[FSDP_UBUF_GRAD_ACCUM] = u->grad_accum;
   for (int i = 0; i < u->nregistrations; i++) fsdp_comm_deregister(u->registered_with[i], u->registrations[i]);
   for (int i = 0; i < FSDP_UBUF_COUNT; i++) free_row(u, i, comm_of(u, i), rows[i]);
+}
+
+/* the optimizer's range of the initial values into the main params (split:
+ * their low halves; the cast below makes the high ones) */
+static int init_main(fsdp_unit *u, const float *init) {
+  if (!u->main_split) return fsdp_memcpy(u->main_params, init, (size_t)u->opt_numel * sizeof(float), NULL);
+  uint16_t *low = NULL;
+  FSDP_CHECK(fsdp_host_alloc((size_t)(u->opt_numel ? u->opt_numel : 1) * 2, (void **)&low));
+  for (int64_t i = 0; i < u->opt_numel; i++) low[i] = fsdp_bf16_low(init[i]);
+  int rc = fsdp_memcpy(u->main_low, low, (size_t)u->opt_numel * 2, NULL);
+  fsdp_host_free(low);
+  return rc;
 }
 
 /* meta init: only the owned shard is drawn (zero 0 draws every shard), on
@@ -148,8 +163,7 @@ static int init_values(fsdp_unit *u, const fsdp_unit_spec *sp) {
   if (rc == FSDP_OK && z >= 1)
     rc = fsdp_layout_init_shard(u->layout, u->shard_rank, sp->param_names, sp->rules, sp->seed, init, FSDP_FP32);
   /* the optimizer keeps its range of the shard */
-  if (rc == FSDP_OK)
-    rc = fsdp_memcpy(u->main_params, init + (z >= 1 ? u->opt_offset : 0), (size_t)u->opt_numel * f, NULL);
+  if (rc == FSDP_OK) rc = init_main(u, init + (z >= 1 ? u->opt_offset : 0));
   if (rc == FSDP_OK) rc = fsdp_unit_cast_out(u->params_on_host ? u->host_stage : cast, dt, init, n, NULL);
   /* the compute params, where they are not the main params (or the host stage) */
   void *compute = z == 0 ? u->params_full : u->param_shard;
@@ -182,6 +196,7 @@ static int build(fsdp_unit *u, const fsdp_unit_spec *sp) {
   u->opt_numel = p->opt_numel;
   u->opt_offset = p->opt_offset;
   u->compute_is_main = p->compute_is_main;
+  u->main_split = p->main_split;
   size_t np = (size_t)(sp->nparams ? sp->nparams : 1);
   u->no_decay = calloc(np, 1);
   u->numels = calloc(np, sizeof(int64_t));

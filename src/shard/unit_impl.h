@@ -43,9 +43,13 @@ struct fsdp_unit {
                              land there through the reduce scratch; the step zeroes it */
   int compute_is_main;    /* fp32 in place: param_shard (zero >= 1) or params_full (zero 0)
                              is main_params */
+  int main_split;         /* bf16 in place: the fp32 main params are the compute params
+                             (fsdp_unit_inplace_stage) as high halves and main_low as low
+                             ones (base/bf16_split.h) */
 
   /* resident buffers: the plan's rows */
-  float *main_params, *opt1, *opt2, *main_grads;
+  float *main_params, *opt1, *opt2, *main_grads; /* main_params NULL where split */
+  uint16_t *main_low;     /* split: the main params' low halves (the main_params row) */
   float *grad_accum;      /* where reductions accumulate: main_grads, or its own shard */
   void *param_shard, *params_full, *grads_full;
   void *host_stage;
@@ -135,5 +139,8 @@ int fsdp_offload_synchronize(fsdp_unit *u);
 /* ---- unit_step.c ---- */
 /* the compute-dtype params recomputed from the fp32 main params */
 int fsdp_unit_publish_params(fsdp_unit *u);
+/* the compute params the in-place step writes as it updates (the high
+ * halves of split main params), NULL where it writes none */
+void *fsdp_unit_inplace_stage(const fsdp_unit *u);
 
 #endif

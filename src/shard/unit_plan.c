@@ -16,8 +16,10 @@
  * the grads are offloaded too, and a host staging shard on GPUs); params on
  * the host (GPUs, zero 3) keep no device param shard. fp32 compute in place
  * (no offload, no HFSDP, no registration) uses the main params as the
- * compute params. A shard group of one rank (one GPU) gathers nothing: the
- * shard is the full unit. */
+ * compute params; bf16 compute in place (no offload, no HFSDP) keeps only
+ * the low 16 bits of each fp32 main param, the compute params being the
+ * high ones (2 bytes per element instead of 4). A shard group of one rank
+ * (one GPU) gathers nothing: the shard is the full unit. */
 #include <string.h>
 
 #include "../base/error.h"
@@ -65,6 +67,11 @@ int fsdp_unit_plan_make(const fsdp_unit_config *cfg, const fsdp_layout *layout, 
    * (on CPU ranks the same memory, counted as offloaded all the same) */
   int opt_where = off ? FSDP_HELD_HOST : FSDP_HELD_DEVICE;
   for (int i = FSDP_UBUF_MAIN_PARAMS; i <= FSDP_UBUF_MAIN_GRADS; i++) hold(&p, i, opt_where, p.opt_numel * f, 0);
+  /* split: the step reads and writes the compute params as the high
+   * halves, which needs them to cover the optimizer's range (no HFSDP) and
+   * to sit beside it (no offload) */
+  p.main_split = cfg->compute_dtype == FSDP_BF16 && !off && !hf;
+  if (p.main_split) p.rows[FSDP_UBUF_MAIN_PARAMS].bytes = p.opt_numel * 2;
   /* the grads accumulate on the device: HFSDP then reduce-scatters them
    * over the replicas, offload copies them down after the last micro-batch */
   if (hf || (off && !grads_on_host)) hold(&p, FSDP_UBUF_GRAD_ACCUM, FSDP_HELD_DEVICE, S * f, 0);

@@ -131,7 +131,8 @@ static int publish(fsdp_unit *u, int cast) {
   return FSDP_OK;
 }
 
-int fsdp_unit_publish_params(fsdp_unit *u) { return publish(u, !u->compute_is_main); }
+/* split main params: the compute params are their high halves already */
+int fsdp_unit_publish_params(fsdp_unit *u) { return publish(u, !u->compute_is_main && !u->main_split); }
 
 /* ---- the step ---- */
 
@@ -139,7 +140,7 @@ int fsdp_unit_publish_params(fsdp_unit *u) { return publish(u, !u->compute_is_ma
  * (zero 0: the full copy; else the compute shard); NULL where the publish
  * casts instead (HFSDP gathers the replicas' ranges) or nothing is to be
  * written (fp32 in place). */
-static void *inplace_stage(const fsdp_unit *u) {
+void *fsdp_unit_inplace_stage(const fsdp_unit *u) {
   if (u->compute_is_main || u->hfsdp) return NULL;
   return u->cfg.zero == 0 ? u->params_full : u->param_shard;
 }
@@ -154,7 +155,7 @@ static int step_owned(fsdp_unit *u, const fsdp_step_args *a) {
   FSDP_CHECK(k);
   if (u->offload) return fsdp_offload_step(u, a, ps, k); /* takes ps, returns at once (offload.c) */
   fsdp_step_args in_place = *a;
-  in_place.stage = inplace_stage(u);
+  in_place.stage = fsdp_unit_inplace_stage(u);
   int rc = fsdp_unit_update_pieces(u, &in_place, ps, k);
   free(ps);
   FSDP_CHECK(rc);
@@ -164,14 +165,14 @@ static int step_owned(fsdp_unit *u, const fsdp_step_args *a) {
 
 int fsdp_unit_step(fsdp_unit *u, int64_t step, const fsdp_adamw_config *cfg, float grad_scale) {
   if (!u || !cfg) return fsdp_fail(FSDP_EINVAL, "unit_step: NULL argument");
-  FSDP_CHECK(fsdp_adamw_step(NULL, NULL, NULL, NULL, NULL, 0, step, cfg, grad_scale)); /* the arguments, here */
+  FSDP_CHECK(fsdp_adamw_step(NULL, NULL, NULL, NULL, NULL, NULL, 0, step, cfg, grad_scale)); /* the arguments, here */
   fsdp_step_args a = {.step = step, .grad_scale = grad_scale, .adamw = cfg};
   return step_owned(u, &a);
 }
 
 int fsdp_unit_step_sgd(fsdp_unit *u, int64_t step, float lr, float momentum, float weight_decay, float grad_scale) {
   if (!u) return fsdp_fail(FSDP_EINVAL, "unit_step_sgd: NULL unit");
-  FSDP_CHECK(fsdp_sgd_step(NULL, NULL, NULL, NULL, 0, step, lr, momentum, weight_decay, grad_scale));
+  FSDP_CHECK(fsdp_sgd_step(NULL, NULL, NULL, NULL, NULL, 0, step, lr, momentum, weight_decay, grad_scale));
   fsdp_step_args a = {.step = step, .grad_scale = grad_scale, .lr = lr, .momentum = momentum, .weight_decay = weight_decay};
   return step_owned(u, &a);
 }

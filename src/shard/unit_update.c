@@ -7,7 +7,7 @@
  * and the offloaded one (offload.c) come here, so neither calls the other. */
 #include <string.h>
 
-#include "../base/bf16.h"
+#include "../base/bf16_split.h"
 #include "../base/error.h"
 #include "../device/cuda_backend.h"
 #include "../fsdp_shard.h"
@@ -19,7 +19,7 @@ int fsdp_unit_cast_out(void *dst, int dtype, const float *src, int64_t n, fsdp_s
     memcpy(dst, src, (size_t)n * 4);
   } else {
     uint16_t *d = dst;
-    for (int64_t i = 0; i < n; i++) d[i] = fsdp_bf16_round(src[i]);
+    for (int64_t i = 0; i < n; i++) d[i] = fsdp_bf16_round_away(src[i]); /* the params' rule */
   }
   return FSDP_OK;
 }
@@ -40,24 +40,26 @@ static void *stage_at(const fsdp_unit *u, const fsdp_step_args *a, int64_t off) 
   return a->stage ? (char *)a->stage + (size_t)off * u->compute_size : NULL;
 }
 
-/* elements [off, off + len) of the optimizer's arrays, all of parameter `param` */
+/* elements [off, off + len) of the optimizer's arrays, all of parameter
+ * `param`; split main params are the stage (high halves) and main_low */
 static int update(fsdp_unit *u, const fsdp_step_args *a, int64_t off, int64_t len, int param) {
   int on_gpu = u->device == FSDP_CUDA && !u->offload; /* offloaded: the host's arrays */
-  float *p = u->main_params + off, *m = u->opt1 + off;
+  float *p = u->main_params ? u->main_params + off : NULL, *m = u->opt1 + off;
+  uint16_t *low = u->main_low ? u->main_low + off : NULL;
   const float *g = u->main_grads + off;
   if (a->adamw) {
     fsdp_adamw_config c = *a->adamw;
     if (u->no_decay[param]) c.weight_decay = 0;
     if (on_gpu)
-      return fsdp_cuda()->adamw_step(p, stage_at(u, a, off), u->cfg.compute_dtype, g, m, u->opt2 + off, len, a->step,
-                                     &c, a->grad_scale, u->shard_comm->stream);
-    return fsdp_adamw_step(p, stage_bf16(u, a, off), g, m, u->opt2 + off, len, a->step, &c, a->grad_scale);
+      return fsdp_cuda()->adamw_step(p, stage_at(u, a, off), u->cfg.compute_dtype, low, g, m, u->opt2 + off, len,
+                                     a->step, &c, a->grad_scale, u->shard_comm->stream);
+    return fsdp_adamw_step(p, stage_bf16(u, a, off), low, g, m, u->opt2 + off, len, a->step, &c, a->grad_scale);
   }
   float wd = u->no_decay[param] ? 0.0f : a->weight_decay;
   if (on_gpu)
-    return fsdp_cuda()->sgd_step(p, stage_at(u, a, off), u->cfg.compute_dtype, g, m, len, a->step, a->lr, a->momentum,
-                                 wd, a->grad_scale, u->shard_comm->stream);
-  return fsdp_sgd_step(p, stage_bf16(u, a, off), g, m, len, a->step, a->lr, a->momentum, wd, a->grad_scale);
+    return fsdp_cuda()->sgd_step(p, stage_at(u, a, off), u->cfg.compute_dtype, low, g, m, len, a->step, a->lr,
+                                 a->momentum, wd, a->grad_scale, u->shard_comm->stream);
+  return fsdp_sgd_step(p, stage_bf16(u, a, off), low, g, m, len, a->step, a->lr, a->momentum, wd, a->grad_scale);
 }
 
 int fsdp_unit_update_pieces(fsdp_unit *u, const fsdp_step_args *a, const fsdp_layout_piece *ps, int k) {

@@ -126,7 +126,7 @@ int main(void) {
   OFF(fsdp_unit_plan, opt_numel);
   OFF(fsdp_unit_plan, opt_offset);
   OFF(fsdp_unit_plan, compute_is_main);
-  OFF(fsdp_unit_plan, pad);
+  OFF(fsdp_unit_plan, main_split);
   OFF(fsdp_unit_plan, reduce_scratch);
   OFF(fsdp_unit_plan, gather_stage);
   OFF(fsdp_unit_plan, pool_params);

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/bf16_split.h"
 #include "check.h"
 #include "fsdp.h"
 
@@ -428,10 +429,20 @@ static void test_optimizers(void) {
   g[17] = 0.5f;
   fsdp_free(FSDP_CUDA, G);
   G = up(g, n, FSDP_FP32);
-  uint16_t *pb = malloc(2 * n);
+  uint16_t *pb = malloc(2 * n), *hi = malloc(2 * n), *lo = malloc(2 * n);
+  /* split params (base/bf16_split.h): the same start, a tie among them */
+  p[5] = fsdp_bf16_join(0x3f81, 0x8000);
+  for (int64_t i = 0; i < n; i++) hi[i] = fsdp_bf16_round_away(p[i]), lo[i] = fsdp_bf16_low(p[i]);
+  void *HI = NULL, *LO = NULL, *M2 = up(m, n, FSDP_FP32), *V2 = up(v, n, FSDP_FP32);
+  CHECK_OK(fsdp_alloc(FSDP_CUDA, 2 * n, &HI));
+  CHECK_OK(fsdp_alloc(FSDP_CUDA, 2 * n, &LO));
+  CHECK_OK(fsdp_memcpy(HI, hi, 2 * n, NULL));
+  CHECK_OK(fsdp_memcpy(LO, lo, 2 * n, NULL));
+  CHECK_OK(fsdp_memcpy(P, p, 4 * n, NULL));
   for (int step = 1; step <= 3; step++) {
-    CHECK_OK(fsdp_adamw_step(p, pb, g, m, v, n, step, &cfg, 0.5f));
-    CHECK_OK(fsdp_cuda_adamw_step(P, OUT, FSDP_BF16, G, M, Vd, n, step, &cfg, 0.5f, NULL));
+    CHECK_OK(fsdp_adamw_step(p, pb, NULL, g, m, v, n, step, &cfg, 0.5f));
+    CHECK_OK(fsdp_cuda_adamw_step(P, OUT, FSDP_BF16, NULL, G, M, Vd, n, step, &cfg, 0.5f, NULL));
+    CHECK_OK(fsdp_cuda_adamw_step(NULL, HI, FSDP_BF16, (uint16_t *)LO, G, M2, V2, n, step, &cfg, 0.5f, NULL));
   }
   float *pbf = malloc(sizeof(float) * n);
   for (int64_t i = 0; i < n; i++) pbf[i] = fsdp_bf16_to_f32(pb[i]);
@@ -439,9 +450,26 @@ static void test_optimizers(void) {
   same("adamw m", FSDP_FP32, M, m, n, 1e-6);
   same("adamw v", FSDP_FP32, Vd, v, n, 1e-6);
   same("adamw bf16 copy", FSDP_BF16, OUT, pbf, n, 0);
-  CHECK_FAILS(fsdp_cuda_adamw_step(NULL, NULL, FSDP_FP32, NULL, NULL, NULL, 1, 0, &cfg, 1, NULL), FSDP_EINVAL, "first real step is 1");
-  fsdp_free(FSDP_CUDA, G), fsdp_free(FSDP_CUDA, sums);
-  free(p), free(g), free(m), free(v), free(pb), free(pbf);
+  /* split on the GPU: the same bits as the GPU's fp32 params and bf16 copy */
+  float *pg = malloc(4 * n);
+  uint16_t *og = malloc(2 * n);
+  CHECK_OK(fsdp_memcpy(pg, P, 4 * n, NULL));
+  CHECK_OK(fsdp_memcpy(og, OUT, 2 * n, NULL));
+  CHECK_OK(fsdp_memcpy(hi, HI, 2 * n, NULL));
+  CHECK_OK(fsdp_memcpy(lo, LO, 2 * n, NULL));
+  int split_bad = 0;
+  for (int64_t i = 0; i < n; i++) {
+    float joined = fsdp_bf16_join(hi[i], lo[i]);
+    split_bad += memcmp(&joined, &pg[i], 4) != 0 || hi[i] != og[i];
+  }
+  CHECK(split_bad == 0);
+  CHECK_FAILS(fsdp_cuda_adamw_step(NULL, NULL, FSDP_FP32, NULL, NULL, NULL, NULL, 1, 0, &cfg, 1, NULL), FSDP_EINVAL,
+              "first real step is 1");
+  CHECK_FAILS(fsdp_cuda_adamw_step(P, HI, FSDP_BF16, (uint16_t *)LO, G, M2, V2, n, 1, &cfg, 1, NULL), FSDP_EINVAL,
+              "no fp32 array");
+  fsdp_free(FSDP_CUDA, G), fsdp_free(FSDP_CUDA, sums), fsdp_free(FSDP_CUDA, HI), fsdp_free(FSDP_CUDA, LO);
+  fsdp_free(FSDP_CUDA, M2), fsdp_free(FSDP_CUDA, V2);
+  free(p), free(g), free(m), free(v), free(pb), free(pbf), free(hi), free(lo), free(pg), free(og);
 }
 
 int main(void) {
