@@ -5,46 +5,13 @@
 #include <math.h>
 
 #include "common.cuh"
-#include "../src/base/adamw_math.h"
 
 using namespace fsdpk;
 
-// The fp32 param i: its own array, or (low set: out is bf16) joined from halves.
-template <typename T>
-__device__ __forceinline__ float ld_param(const float *param, const T *out, const uint16_t *low, int64_t i) {
-  return low ? fsdp_bf16_join(reinterpret_cast<const uint16_t *>(out)[i], low[i]) : param[i];
-}
-__device__ __forceinline__ void st_main(float *param, uint16_t *low, int64_t i, float v) {
-  if (low) low[i] = fsdp_bf16_low(v);
-  else param[i] = v;
-}
+#include "adamw.cuh"
 
-template <typename T>
-__global__ void adamw_kernel(float *param, T *out, uint16_t *low, const float *grad, float *m, float *v, int64_t n,
-                             float b1, float b2, float lr, float eps, float decay, float c1, float c2, float grad_scale) {
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-    float p = ld_param(param, out, low, i);
-    fsdp_adamw_element(&p, m + i, v + i, grad[i] * grad_scale, b1, b2, lr, eps, decay, c1, c2);
-    st_main(param, low, i, p);
-    if (out) st_param(out, i, p);
-  }
-}
-
-template <typename T>
-__global__ void sgd_kernel(float *param, T *out, uint16_t *low, const float *grad, float *mom, int64_t n, int first,
-                           float lr, float mu, float wd, float grad_scale) {
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-    float p = ld_param(param, out, low, i);
-    float g = grad[i] * grad_scale + wd * p;
-    if (mu != 0.0f) {
-      mom[i] = first ? g : mu * mom[i] + g;
-      g = mom[i];
-    }
-    p -= lr * g;
-    st_main(param, low, i, p);
-    if (out) st_param(out, i, p);
-  }
-}
+using fsdp_opt::adamw_kernel;
+using fsdp_opt::sgd_kernel;
 
 // split params: bf16 high halves in out, no fp32 array; else an fp32 array
 static int check_params(const char *who, const float *param, const void *out, fsdp_dtype out_dtype, const uint16_t *low) {

@@ -1,7 +1,8 @@
 # CUDA kernels' logic on the CPU (tests/emu): the tensor-core attention
 # kernels (kernels/attention_tc.cuh) under an emulation of warps and WMMA,
 # the gradient sums (kernels/grad_sums.cuh) and the fused cross-entropy
-# (kernels/cross_entropy.cuh), against float64. Needs a
+# (kernels/cross_entropy.cuh), against float64; the optimizer kernels
+# (kernels/adamw.cuh) against the host's element update. Needs a
 # C++17 compiler (build-essential has g++); not in the sanitizer build (it
 # runs thousands of threads; the normal build covers it).
 include(CheckLanguage)
@@ -21,6 +22,7 @@ if(CMAKE_CXX_COMPILER AND NOT FSDP_SANITIZE)
   fsdp_emu_test(attention_tc 300)
   fsdp_emu_test(grad_sums 120) # kernels/grad_sums.cuh: the embedding's and RMSNorm's fp32 gradient sums
   fsdp_emu_test(cross_entropy 120) # kernels/cross_entropy.cuh: the fused loss and gradient
+  fsdp_emu_test(adamw 60) # kernels/adamw.cuh: AdamW and SGD, fp32 or split params
 else()
   message(STATUS "fsdp: the emulated-kernel tests (tests/emu) not built (no C++ compiler, or the sanitizer build)")
 endif()

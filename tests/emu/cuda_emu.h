@@ -46,7 +46,7 @@ struct dim3 {
 };
 
 struct Thread {
-  dim3 thread, block, block_dim;
+  dim3 thread, block, block_dim, grid_dim;
   unsigned char *smem;
   Barrier *block_bar, *warp_bar;
   float *warp_slots;
@@ -71,6 +71,7 @@ inline void launch(dim3 grid, int threads, size_t smem, const std::function<void
             self.thread.x = t;
             self.block.x = x, self.block.y = y, self.block.z = z;
             self.block_dim.x = threads;
+            self.grid_dim = grid;
             self.smem = base;
             self.block_bar = &block;
             self.warp_bar = wb[t / 32];
@@ -87,6 +88,7 @@ inline void launch(dim3 grid, int threads, size_t smem, const std::function<void
 #define threadIdx (cuda_emu::self.thread)
 #define blockIdx (cuda_emu::self.block)
 #define blockDim (cuda_emu::self.block_dim)
+#define gridDim (cuda_emu::self.grid_dim)
 #define __global__
 #define __device__
 #define __forceinline__

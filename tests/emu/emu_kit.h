@@ -6,12 +6,16 @@
 
 #include <cstdio>
 
+#include "../../src/base/bf16_split.h"
 #include "cuda_emu.h"
 
 static inline float ld(const float *p, int64_t i) { return p[i]; }
 static inline float ld(const __nv_bfloat16 *p, int64_t i) { return __bfloat162float(p[i]); }
 static inline void st(float *p, int64_t i, float v) { p[i] = v; }
 static inline void st(__nv_bfloat16 *p, int64_t i, float v) { p[i] = __float2bfloat16_rn(v); }
+/* a param's compute copy (kernels/common.cuh): bf16 ties away from zero */
+static inline void st_param(float *p, int64_t i, float v) { p[i] = v; }
+static inline void st_param(__nv_bfloat16 *p, int64_t i, float v) { p[i].x = fsdp_bf16_round_away(v); }
 
 /* uniform in [-1, 1), from seed s */
 static inline float rnd(uint32_t &s) {
