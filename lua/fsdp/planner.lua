@@ -82,7 +82,8 @@ end
 -- attention's lse are fp32). Per token: a layer saves n1, h, n2 (hidden
 -- each), q, out (heads x head_dim), k, v, gate, up and the SwiGLU output, lse
 -- and two rstd; with the light recompute (fsdp.recompute, the default) not
--- n1, n2 nor the SwiGLU output. A checkpointed layer keeps only its input
+-- n1, n2 nor the SwiGLU output, with "mlp" not gate and up either. A
+-- checkpointed layer keeps only its input
 -- (held by every layer anyway) and its recompute adds the layer's saved set
 -- plus its output (residuals add in place). The model adds the layers'
 -- inputs and the final norm's output. The head: with chunk_bytes > 0
@@ -92,19 +93,23 @@ end
 -- projection's backward writes the SwiGLU output's gradient (one
 -- intermediate above the layer's saved set; light: two, with the SwiGLU
 -- output made again; the gate and up gradients are then written over gate
--- and up: autograd.take), or in attention (after
+-- and up: autograd.take; "mlp": n2, gate, up, the SwiGLU output and its
+-- gradient at once, all made in backward), or in attention (after
 -- the MLP's part is gone: dout, dq, dk, dv and the projections' outputs,
 -- whichever point is largest; light: n1 is made again only after the
 -- attention kernel's gradients, one hidden less at that point).
-local function activations(cfg, B, T, ck, es, chunk_bytes, light)
+local function activations(cfg, B, T, ck, es, chunk_bytes, recompute)
   local h, I, L, V = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, cfg.vocab_size
   local q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+  local light, mlp = recompute ~= "none", recompute == "mlp"
   local layer = (3 * h + 2 * q + 2 * kv + 3 * I) * es + (cfg.num_attention_heads + 2) * 4
   if light then layer = layer - (2 * h + I) * es end -- n1, n2 and the SwiGLU output made again in backward
+  -- a checkpoint's re-run keeps gate and up (its backward follows at once)
+  local kept = mlp and layer - 2 * I * es or layer
   local function ckpt(i) return ck == "full" or (type(ck) == "number" and (i - 1) % ck == 0) end
   local N = B * T
   local live = (L + 2) * h * es + 4 -- per token: layer inputs and the last output, final norm (+ rstd)
-  for i = 1, L do if not ckpt(i) then live = live + layer end end
+  for i = 1, L do if not ckpt(i) then live = live + kept end end
   local rows = chunk_bytes > 0 and llama.loss_rows(N, V, es, chunk_bytes) or N
   local peak = N * (live + h * es) + rows * V * es -- the head: its input's gradient and (a chunk of) the logits
   live = live - h * es - 4 -- final norm and the last layer's output freed
@@ -114,10 +119,13 @@ local function activations(cfg, B, T, ck, es, chunk_bytes, light)
     attn = math.max(2 * q + 2 * kv, q + 2 * kv + 2 * h, q + kv + 3 * h)
     inside = math.max(2 * I * es, (attn - 2 * I) * es - 4)
   end
+  -- "mlp": gate and up are not in the layer's set, but made with n2 first
+  local inside_kept = mlp and math.max((4 * I + h) * es, attn * es - 4) or inside
   for i = L, 1, -1 do
     local again = ckpt(i) and layer or 0 -- recomputed
-    peak = math.max(peak, N * (live + again + math.max(inside, again > 0 and h * es or 0)))
-    live = live - (ckpt(i) and 0 or layer) - h * es -- its activations and its input freed
+    local within = ckpt(i) and inside or inside_kept
+    peak = math.max(peak, N * (live + again + math.max(within, again > 0 and h * es or 0)))
+    live = live - (ckpt(i) and 0 or kept) - h * es -- its activations and its input freed
   end
   return peak, rows
 end
@@ -233,7 +241,7 @@ function M.plan(r, o)
   p.pools = { bound = bound, slots = slots, params = shard.sum(slots.params), grads = shard.sum(slots.grads),
     peak_params = peak.params, peak_grads = peak.grads }
   p.activations, p.loss_rows = activations(cfg, B, T, f.checkpoint, gpu and ces or 4, r.train.loss_chunk_mb * 2 ^ 20,
-    f.recompute == "light")
+    f.recompute)
   local sum = 0
   for k, v in pairs(resident) do if k ~= "offloaded" then sum = sum + v end end
   p.resident_total = sum

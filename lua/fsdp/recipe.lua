@@ -12,7 +12,7 @@ M.schema = {
   mesh = nil, -- "dp_shard=-1" (the default), "dp_outer=2,dp_shard=-1", or a list of {name, size}
   fsdp = {
     zero = { "int", 3 }, units = { "any", "default" }, prefetch = { "int", 1 }, max_live_units = { "int", 2 },
-    meta_init = { "boolean", true }, checkpoint = { "any", "none" }, recompute = { { "light", "none" }, "light" },
+    meta_init = { "boolean", true }, checkpoint = { "any", "none" }, recompute = { { "light", "mlp", "none" }, "light" },
     hfsdp = { "boolean", false },
     param_dtype = { { "fp32", "bf16" }, "fp32" }, reduce_dtype = { { "fp32", "bf16" }, "fp32" },
     offload = { "any", false }, comm_register = { { "none", "buffer", "window" }, "none" },

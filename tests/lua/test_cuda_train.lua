@@ -8,7 +8,7 @@
 --   with the param shards too (offload = {params = true});
 --   the weights gathered back to the host after training agree likewise;
 --   a step recorded by fsdp.profile: the same losses, device spans nested;
---   the light recompute against keeping everything: the same losses.
+--   the light and mlp recomputes against keeping everything: the same losses.
 local fsdp = require "fsdp"
 local llama = require "fsdp.models.llama"
 local profile = require "fsdp.profile"
@@ -94,6 +94,12 @@ local lk = run(gpu_mesh, "cuda", 3, "bf16", "none", nil, nil, "none")
 same = true
 for t = 1, 6 do same = same and lk[t] == l[t] end
 check(same, "bf16: the light recompute gives the losses of recompute = 'none' bit for bit")
+-- recompute "mlp" runs the gate and up GEMMs again (cuBLASLt: the same
+-- algorithm for the same shapes, so the same bits)
+local lm = run(gpu_mesh, "cuda", 3, "bf16", "none", nil, nil, "mlp")
+same = true
+for t = 1, 6 do same = same and lm[t] == l[t] end
+check(same, "bf16: recompute mlp gives the losses of recompute = 'none' bit for bit")
 local ordered, inside, down = true, true, 0
 for _, sp in ipairs(lp.profile.spans) do
   ordered = ordered and sp.dev_begin >= -1e-6 and sp.dev_end >= sp.dev_begin

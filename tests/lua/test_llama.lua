@@ -233,6 +233,11 @@ local kept = train("zero 3, recompute none", 3, "none", 1, nil, nil, "none")
 same = true
 for t = 1, #plain do same = same and plain[t] == kept[t] end
 check(same, "the light recompute (the default) gives the losses of keeping everything, bit for bit")
+local again = train("zero 3, recompute mlp", 3, "none", 1, nil, nil, "mlp")
+same = true
+for t = 1, #plain do same = same and plain[t] == again[t] end
+check(same, "recompute mlp (gate and up made again) gives the losses of keeping everything, bit for bit")
+again = train("zero 2, recompute mlp, checkpoint every 2nd layer, 2 micro-batches", 2, 2, 2, nil, nil, "mlp")
 train("zero 2, checkpoint every 2nd layer, 2 micro-batches", 2, 2, 2)
 train("zero 1", 1, "none", 1)
 train("zero 3, head and loss over 5-row chunks", 3, "none", 1, nil, 5)

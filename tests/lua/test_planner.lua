@@ -168,6 +168,10 @@ compare("checkpoint every 2nd layer, 2 micro-batches", { ["fsdp.checkpoint"] = 2
 compare("recompute none", { ["fsdp.recompute"] = "none" })
 compare("recompute none, checkpoint every 2nd layer, bf16", { ["fsdp.recompute"] = "none", ["fsdp.checkpoint"] = 2,
   ["fsdp.param_dtype"] = "bf16" })
+compare("recompute mlp", { ["fsdp.recompute"] = "mlp" })
+compare("recompute mlp, checkpoint every 2nd layer, bf16", { ["fsdp.recompute"] = "mlp", ["fsdp.checkpoint"] = 2,
+  ["fsdp.param_dtype"] = "bf16" })
+compare("recompute mlp, a narrow MLP (attention holds the peak)", { ["fsdp.recompute"] = "mlp", ["model.intermediate_size"] = 32 })
 compare("a narrow MLP (intermediate 32)", { ["model.intermediate_size"] = 32 })
 compare("a narrow MLP, checkpoint full", { ["model.intermediate_size"] = 32, ["fsdp.checkpoint"] = "full" })
 compare("a wide MLP, 8 heads of 16, checkpoint every 3rd", { ["model.intermediate_size"] = 1024,

@@ -8,7 +8,7 @@
 --
 --   local llama = require "fsdp.models.llama"
 --   local cfg = llama.config("llama3_8b", {num_hidden_layers = 2})  -- or a table of HF fields
---   local model = llama.model(cfg, {checkpoint = "none" | "full" | k, recompute = "light" | "none"})
+--   local model = llama.model(cfg, {checkpoint = "none" | "full" | k, recompute = "light" | "mlp" | "none"})
 --   logits = model:forward(ctx, ids)      -- ids: int32 {B, T}; logits {B, T, vocab}
 --   model:backward(ctx, dlogits)          -- consumes dlogits
 -- No code here frees a tensor: fsdp.autograd's rules free every activation
@@ -219,7 +219,9 @@ function MLP:forward(ctx, x, phase)
   if light then nn.let_go({ ch[1], ch[2] }) end
   local a = ops.like(g)
   ops.swiglu_forward(a, g, u)
-  self.saved = { g = g, u = u }
+  -- recompute "mlp": gate and up are not kept but made again in backward
+  -- (not when a checkpoint's re-run makes them right before that backward)
+  if self.again and phase ~= "recompute" then self.saved = { again = true } else self.saved = { g = g, u = u } end
   local y = nn.call(ctx, ch[3], phase, a)
   if light then nn.let_go({ ch[3] }) end -- the SwiGLU product: made again from gate and up
   return y
@@ -227,19 +229,26 @@ end
 
 function MLP:backward(ctx, dy)
   local ch, s = self.children, self.saved
+  local g, u, n
+  if s.again then -- gate and up again, from the norm's output made again: the same GEMMs, the same bits
+    n = nn.bring_back(ctx, self.input_norm, { ch[1], ch[2] })
+    g = nn.call(ctx, ch[1], "recompute", n)
+    u = nn.call(ctx, ch[2], "recompute", n)
+  end
   local a
   if ch[3].saved.x == nil then -- let go of in forward: the same bits again
-    a = ops.like(s.g)
-    ops.swiglu_forward(a, s.g, s.u)
+    a = ops.like(g or s.g)
+    ops.swiglu_forward(a, g or s.g, u or s.u)
     ch[3].saved.x = a
   end
   local da = nn.call(ctx, ch[3], "backward", dy)
   if a then autograd.consume(a) end
   -- the gradients written over gate and up (each element read first)
-  local dg, du = autograd.take(self, "g"), autograd.take(self, "u")
+  local dg, du = g, u
+  if not g then dg, du = autograd.take(self, "g"), autograd.take(self, "u") end
   ops.swiglu_backward(dg, du, da, dg, du)
   autograd.consume(da)
-  local n = self.input_norm and nn.bring_back(ctx, self.input_norm, { ch[1], ch[2] })
+  if not n then n = self.input_norm and nn.bring_back(ctx, self.input_norm, { ch[1], ch[2] }) end
   local dx = nn.call(ctx, ch[1], "backward", dg)
   ops.add(dx, dx, nn.call(ctx, ch[2], "backward", du))
   if n then autograd.consume(n) end
@@ -249,12 +258,14 @@ end
 ---------------------------------------------------------------- decoder layer
 local Layer = class("LlamaDecoderLayer")
 
--- light: the norms' outputs and the SwiGLU product are not kept for
--- backward but made again there (attention and MLP know their input's norm)
-local function new_layer(cfg, rope, checkpoint, light)
+-- recompute "light": the norms' outputs and the SwiGLU product are not
+-- kept for backward but made again there (attention and MLP know their
+-- input's norm); "mlp": the MLP's gate and up projections too
+local function new_layer(cfg, rope, checkpoint, recompute)
   local norm1, attn = nn.RMSNorm(cfg.hidden_size, cfg.rms_norm_eps), new_attention(cfg, rope)
   local norm2, mlp = nn.RMSNorm(cfg.hidden_size, cfg.rms_norm_eps), new_mlp(cfg)
-  if light then attn.input_norm, mlp.input_norm = norm1, norm2 end
+  if recompute ~= "none" then attn.input_norm, mlp.input_norm = norm1, norm2 end
+  mlp.again = recompute == "mlp"
   return setmetatable({ params = {}, checkpoint = checkpoint, children = { norm1, attn, norm2, mlp },
     child_names = { "input_layernorm", "self_attn", "post_attention_layernorm", "mlp" } }, Layer)
 end
@@ -283,10 +294,12 @@ local CausalLM = class("LlamaForCausalLM")
 
 -- checkpoint: "none" (default), "full" (every layer) or k (every k-th
 -- layer): a checkpointed layer keeps only its input and runs its forward
--- again in backward. recompute: "light" (default) or "none": with "light"
--- every layer lets go of its norms' outputs and its SwiGLU product after
--- forward and makes them again in backward (elementwise work, the same
--- bits): a third less activation memory per layer at Llama's shapes.
+-- again in backward. recompute: "light" (default), "mlp" or "none": with
+-- "light" every layer lets go of its norms' outputs and its SwiGLU product
+-- after forward and makes them again in backward (elementwise work, the
+-- same bits): a third less activation memory per layer at Llama's shapes;
+-- "mlp" also runs the gate and up projections again in backward (two of
+-- the layer's seven GEMMs once more, the same bits): two thirds less.
 function M.model(cfg, opts)
   opts = opts or {}
   local ck = opts.checkpoint or "none"
@@ -294,14 +307,14 @@ function M.model(cfg, opts)
     error(string.format("llama.model: checkpoint = %s; expected 'none', 'full' or an integer k >= 1 (every k-th layer)", tostring(ck)), 2)
   end
   local rc = opts.recompute or "light"
-  if rc ~= "light" and rc ~= "none" then
-    error(string.format("llama.model: recompute = %s; expected 'light' or 'none'", tostring(rc)), 2)
+  if rc ~= "light" and rc ~= "mlp" and rc ~= "none" then
+    error(string.format("llama.model: recompute = %s; expected 'light', 'mlp' or 'none'", tostring(rc)), 2)
   end
   local rope = {}
   local layers = {}
   for i = 1, cfg.num_hidden_layers do
     local on = ck == "full" or (type(ck) == "number" and (i - 1) % ck == 0)
-    layers[i] = new_layer(cfg, rope, on, rc == "light")
+    layers[i] = new_layer(cfg, rope, on, rc)
   end
   local model = setmetatable({ params = {}, children = {
     nn.Embedding(cfg.vocab_size, cfg.hidden_size, { std = cfg.initializer_range }),
