@@ -8,6 +8,8 @@
 # --offload: the same with the optimizer offloaded to the host, on a model
 # that does not fit an 80 GB GPU without it (bench/llama4b_offload.lua,
 # 4.4B; FSDP2 with CPUOffloadPolicy), both with activation checkpointing.
+# OURS_ALSO="fsdp.recompute=mlp; fsdp.checkpoint=2": our side run again
+# with each ;-separated set of overrides, one row each (FSDP2 runs once).
 #   bench/llama_vs_fsdp2.sh [BUILD_DIR] [STEPS] [--offload]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,19 +30,34 @@ mkdir -p "$out"
 "$build/fsdprun" -n 1 --rank0-only --host "$build/fsdp" "$recipe" train.steps="$steps" \
   train.metrics="$out/$name.jsonl" 2>&1 | tee "$out/ours_$name.log"
 python3 bench/fsdp2_llama.py "$steps" 4096 $mode 2>&1 | tee "$out/fsdp2_$name.log"
-python3 - "$out/$name.jsonl" "$out/fsdp2_$name.log" "$title" <<'PY'
-import json, re, sys
-rows = [json.loads(l) for l in open(sys.argv[1]) if '"tokens_per_s"' in l]
-steady = rows[1:] or rows
-ours_tps = len(steady) / sum(1 / r["tokens_per_s"] for r in steady)
-ours_mfu = sum(r["mfu"] for r in steady) / len(steady) if all(r.get("mfu") is not None for r in steady) else None
-ours_mem = max(r["mem_bytes"] for r in rows)
-theirs = [json.loads(l) for l in open(sys.argv[2]) if l.startswith("{")][-1]
-their_mfu = ours_mfu * theirs["tokens_per_s"] / ours_tps if ours_mfu else None  # same FLOPs per token, same peak
+variants=("$out/$name.jsonl=defaults")
+IFS=';' read -ra also <<< "${OURS_ALSO:-}"
+for i in "${!also[@]}"; do
+  read -ra over <<< "${also[$i]}"
+  [ ${#over[@]} -gt 0 ] || continue
+  "$build/fsdprun" -n 1 --rank0-only --host "$build/fsdp" "$recipe" train.steps="$steps" \
+    train.metrics="$out/${name}_also$i.jsonl" "${over[@]}" 2>&1 | tee "$out/ours_${name}_also$i.log"
+  variants+=("$out/${name}_also$i.jsonl=${over[*]}")
+done
+python3 - "$out/fsdp2_$name.log" "$title" "${variants[@]}" <<'PY'
+import json, sys
+theirs = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")][-1]
 pct = lambda m: f"{100 * m:6.1f}%" if m is not None else "    n/a"
-print(f"\n# {sys.argv[3]} (steps after the first)")
+print(f"\n# {sys.argv[2]} (steps after the first)")
 print(f"{'engine':16} {'tokens/s':>10} {'MFU':>7} {'peak GiB':>9}")
-print(f"{'fsdp (ours)':16} {ours_tps:10.0f} {pct(ours_mfu)} {ours_mem / 2**30:9.2f}")
+ratios = []
+for v in sys.argv[3:]:
+    path, label = v.split("=", 1)
+    rows = [json.loads(l) for l in open(path) if '"tokens_per_s"' in l]
+    steady = rows[1:] or rows
+    tps = len(steady) / sum(1 / r["tokens_per_s"] for r in steady)
+    mfu = sum(r["mfu"] for r in steady) / len(steady) if all(r.get("mfu") is not None for r in steady) else None
+    mem = max(r["mem_bytes"] for r in rows)
+    if len(ratios) == 0:  # same FLOPs per token, same peak: FSDP2's MFU from ours
+        their_mfu = mfu * theirs["tokens_per_s"] / tps if mfu else None
+    print(f"{'fsdp (ours)':16} {tps:10.0f} {pct(mfu)} {mem / 2**30:9.2f}  {label}")
+    ratios.append((label, tps / theirs["tokens_per_s"], mem / theirs["peak_bytes"]))
 print(f"{'pytorch fsdp2':16} {theirs['tokens_per_s']:10.0f} {pct(their_mfu)} {theirs['peak_bytes'] / 2**30:9.2f}")
-print(f"ratio ours/fsdp2: tokens/s {ours_tps / theirs['tokens_per_s']:.3f}, peak memory {ours_mem / theirs['peak_bytes']:.3f}")
+for label, t, m in ratios:
+    print(f"ratio ours/fsdp2: tokens/s {t:.3f}, peak memory {m:.3f}  ({label})")
 PY

@@ -77,7 +77,7 @@ if [ "${GPU_CHECK_BENCH:-0}" = 1 ]; then
     done
   done
   echo "== this engine vs PyTorch FSDP2: the 1B model, then the 4.4B one with the optimizer offloaded"
-  OUT="$out" bash bench/llama_vs_fsdp2.sh "$build" 8 2>&1 | tail -6 | tee "$out/vs_fsdp2.txt" || status=1
+  OUT="$out" OURS_ALSO="fsdp.recompute=mlp" bash bench/llama_vs_fsdp2.sh "$build" 8 2>&1 | tail -8 | tee "$out/vs_fsdp2.txt" || status=1
   OUT="$out" bash bench/llama_vs_fsdp2.sh "$build" 6 --offload 2>&1 | tail -6 | tee "$out/vs_fsdp2_offload.txt" || status=1
   echo "== one step of the 1B model as a timeline (train.profile: where the device waits for the host)"
   "$build/fsdprun" -n 1 --rank0-only --host "$build/fsdp" bench/llama1b.lua train.steps=3 train.profile="$out/profile_llama1b.json" \
