@@ -109,7 +109,7 @@ static void report(const char *what, double s, int64_t n, double ceiling_gbs) { 
 
 /* the bf16 unit's two steps side by side, each against the plain step's ceiling */
 static void bf16_steps(const char *where, int (*copy)(void *), int (*split)(void *), run *r, int reps, double ceiling) {
-  char label[64];
+  char label[128];
   double tc = best_of(reps, copy, r), ts = best_of(reps, split, r);
   snprintf(label, sizeof label, "%s, fp32 + bf16 out", where);
   report_bytes(label, tc, r->n, 30, ceiling);
