@@ -234,6 +234,17 @@ function M.plan(r, o)
   -- comm's scratch before each all-gather: a second one when reductions
   -- have their own comm (fsdp.separate_reduce), else the same
   if max_stage > 0 and f.separate_reduce ~= false then resident.scratch = resident.scratch + max_stage end
+  -- CPU ranks compute in fp32: with bf16 params the running module's
+  -- weights and grads are staged as fp32, in one pair of buffers the size
+  -- of the largest module's parameters (shard.lua, cpu_staging)
+  resident.staging = 0
+  if not gpu and f.param_dtype == "bf16" then
+    local per_module = {}
+    for _, u in ipairs(a.units) do
+      for _, q in ipairs(u.params) do per_module[q.module] = (per_module[q.module] or 0) + q.spec.numel end
+    end
+    for _, n in pairs(per_module) do resident.staging = math.max(resident.staging, 8 * n) end
+  end
   p.resident = resident
   local bound = shard.pool_bound(a, f.max_live_units)
   local slots, peak, why = shard.pool_slots(a, f.prefetch, bound)
@@ -251,7 +262,7 @@ function M.plan(r, o)
   p.device_peak = p.peak - p.host
   -- the trainer's pre-flight summary
   p.need = { params = resident.params_full + resident.params_shard + resident.main_params,
-    grads = resident.grads_full + resident.grads_main + resident.scratch, optimizer = resident.optimizer,
+    grads = resident.grads_full + resident.grads_main + resident.scratch + resident.staging, optimizer = resident.optimizer,
     unit_buffers = p.pools.params + p.pools.grads, activations = p.activations, total = p.peak,
     device = p.device_peak, host = p.host }
   -- communication per rank per step: bytes each rank sends in ring
@@ -353,7 +364,7 @@ end
 
 function M.memory_rows(p)
   local m = p.resident
-  return {
+  local rows = {
     { "what", "bytes per rank", "" },
     { "params (compute copy)", bytes(m.params_full + m.params_shard), "resident" },
     { "main params (fp32)", bytes(m.main_params), main_note(p) },
@@ -368,6 +379,11 @@ function M.memory_rows(p)
     { "peak", bytes(p.peak), p.host > 0 and string.format("%s on the device, %s in host memory (offload)", bytes(p.device_peak),
       bytes(p.host)) or "" },
   }
+  if m.staging > 0 then -- after the host staging
+    table.insert(rows, 8, { "fp32 staging (CPU, bf16)", bytes(m.staging),
+      "resident: the running module's weights and grads in fp32 for the CPU ops, one pair for all" })
+  end
+  return rows
 end
 
 -- One row per unit, but a run of units that differ only in a trailing

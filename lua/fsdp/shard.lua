@@ -145,14 +145,34 @@ end
 
 function Sharded:free()
   M.release(self.res)
+  if self.staging then
+    self.staging.w:free()
+    self.staging.g:free()
+    self.staging = nil
+  end
   self.freed = true
   self.ppool, self.gpool = nil, nil
 end
 
+-- CPU ranks with bf16 params: the fp32 copies of the running module's
+-- weights and grads, one pair of buffers for the whole model (one module
+-- runs at a time), grown to the largest module's parameters (the planner
+-- counts it: planner.lua, "bf16 staging"). Returns float pointers.
+local function cpu_staging(s, n)
+  local st = s.staging
+  if not st or st.n < n then
+    if st then st.w:free(); st.g:free() end
+    st = { n = n, w = tensor.new(n), g = tensor.new(n) }
+    s.staging = st
+  end
+  return st.w:ptr(), st.g:ptr()
+end
+
 -- Bind a module's parameter (and grad) pointers into its unit's full
--- buffers. The ops compute in fp32: with bf16 params the module gets fp32
--- copies, and its fp32 grads are added into the bf16 grad buffer (one
--- rounding) when it leaves the backward (flush_grads).
+-- buffers. The ops compute in fp32: with bf16 params on CPU ranks the
+-- module gets fp32 copies (cpu_staging), and its fp32 grads are added into
+-- the bf16 grad buffer (one rounding) when it leaves the backward
+-- (flush_grads).
 local function bind(s, m, with_grads)
   local u = s.unit_of[m]
   local w = C.fsdp_unit_params(u.handle)
@@ -163,9 +183,15 @@ local function bind(s, m, with_grads)
     g = gp[0]
   end
   m.bound, m.grad, m.flush = {}, {}, {}
-  m.scratch = m.scratch or {}
   m.act_dtype = s.param_dtype
   local owner = m.shares or m
+  local sw, sg, at -- CPU bf16: the staging, and where the next parameter goes in it
+  if s.param_dtype ~= "fp32" and s.device ~= "cuda" then
+    local n = 0
+    for _, p in ipairs(u.params) do if p.module == owner then n = n + p.spec.numel end end
+    sw, sg = cpu_staging(s, n)
+    at = 0
+  end
   for _, p in ipairs(u.params) do
     if p.module == owner then
       local name, n = p.spec.name, p.spec.numel
@@ -180,14 +206,14 @@ local function bind(s, m, with_grads)
           m.grad[name] = s.device == "cuda" and v.data or ffi.cast("float *", v.data)
         end
       else
-        local sc = m.scratch[name] or { w = tensor.new(n), g = tensor.new(n) }
-        m.scratch[name] = sc
-        check(C.fsdp_convert(sc.w.data, C.FSDP_FP32, ffi.cast("uint16_t *", w) + p.offset, C.FSDP_BF16, n), "bind")
-        m.bound[name] = sc.w:ptr()
+        local pw, pg = sw + at, sg + at
+        at = at + n
+        check(C.fsdp_convert(pw, C.FSDP_FP32, ffi.cast("uint16_t *", w) + p.offset, C.FSDP_BF16, n), "bind")
+        m.bound[name] = pw
         if g then
-          sc.g:fill(0)
-          m.grad[name] = sc.g:ptr()
-          m.flush[#m.flush + 1] = { dst = ffi.cast("uint16_t *", g) + p.offset, src = sc.g, n = n }
+          ffi.fill(pg, n * 4, 0)
+          m.grad[name] = pg
+          m.flush[#m.flush + 1] = { dst = ffi.cast("uint16_t *", g) + p.offset, src = pg, n = n }
         end
       end
     end
@@ -196,7 +222,7 @@ end
 
 local function flush_grads(m)
   for _, f in ipairs(m.flush or {}) do
-    check(C.fsdp_accumulate(f.dst, C.FSDP_BF16, f.src.data, C.FSDP_FP32, f.n), "grads")
+    check(C.fsdp_accumulate(f.dst, C.FSDP_BF16, f.src, C.FSDP_FP32, f.n), "grads")
   end
   m.flush = nil
 end

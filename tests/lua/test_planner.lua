@@ -112,6 +112,11 @@ local function compare(label, over)
   check(scratch == p.resident.scratch, string.format("%s: the shared scratch: planned %d, allocated %d", label,
     p.resident.scratch, scratch))
   one_step(s, cfg, r)
+  -- CPU ranks with bf16 params: one fp32 staging pair for the whole model,
+  -- the largest module's (not a copy per module)
+  local staged = s.staging and s.staging.n * 8 or 0
+  check(staged == p.resident.staging, string.format("%s: the fp32 staging: planned %d bytes, allocated %d", label,
+    p.resident.staging, staged))
   -- again, measured: the first step made the lasting state (optimizer, rope tables)
   local act = one_step(s, cfg, r, true)
   check(act == p.activations, string.format("%s: activations: planned %d bytes, measured %d", label, p.activations, act))
