@@ -475,8 +475,8 @@ end
 function M.diff(a, b)
   local rows = { { "", "A", "B", "B - A" } }
   local function row(name, x, y) if x ~= y then rows[#rows + 1] = { name, bytes(x), bytes(y), (y >= x and "+" or "-") .. bytes(math.abs(y - x)) } end end
-  for _, k in ipairs({ "params_full", "params_shard", "main_params", "optimizer", "grads_full", "grads_main", "scratch" }) do
-    row(k, a.resident[k], b.resident[k])
+  for _, k in ipairs({ "params_full", "params_shard", "main_params", "optimizer", "grads_full", "grads_main", "scratch", "staging" }) do
+    row(k, a.resident[k] or 0, b.resident[k] or 0)
   end
   row("unit buffer pools", a.pools.params + a.pools.grads, b.pools.params + b.pools.grads)
   row("activations", a.activations, b.activations)
