@@ -10,6 +10,7 @@
 
 #include "../base/bf16_split.h"
 #include "../base/error.h"
+#include "../device/cuda_backend.h"
 #include "../fsdp_shard.h"
 #include "unit_impl.h"
 
@@ -135,15 +136,29 @@ static void free_rows(fsdp_unit *u) {
   for (int i = 0; i < FSDP_UBUF_COUNT; i++) free_row(u, i, comm_of(u, i), rows[i]);
 }
 
-/* the optimizer's range of the initial values into the main params (split:
- * their low halves; the cast below makes the high ones) */
-static int init_main(fsdp_unit *u, const float *init) {
-  if (!u->main_split) return fsdp_memcpy(u->main_params, init, (size_t)u->opt_numel * sizeof(float), NULL);
-  uint16_t *low = NULL;
-  FSDP_CHECK(fsdp_host_alloc((size_t)(u->opt_numel ? u->opt_numel : 1) * 2, (void **)&low));
-  for (int64_t i = 0; i < u->opt_numel; i++) low[i] = fsdp_bf16_low(init[i]);
-  int rc = fsdp_memcpy(u->main_low, low, (size_t)u->opt_numel * 2, NULL);
-  fsdp_host_free(low);
+void *fsdp_unit_inplace_stage(const fsdp_unit *u) {
+  if (u->compute_is_main || u->hfsdp) return NULL;
+  return u->cfg.zero == 0 ? u->params_full : u->param_shard;
+}
+
+int fsdp_unit_split_params(fsdp_unit *u, int64_t off, int64_t n, float *dst, const float *src) {
+  uint16_t *high = (uint16_t *)fsdp_unit_inplace_stage(u) + off, *low = u->main_low + off, *h = NULL;
+  size_t bytes = (size_t)n * 2;
+  FSDP_CHECK(fsdp_host_alloc(2 * (bytes ? bytes : 1), (void **)&h));
+  uint16_t *l = h + n;
+  int rc = FSDP_OK;
+  if (u->device == FSDP_CUDA && fsdp_cuda()->is_device_ptr(dst ? (const void *)dst : (const void *)src))
+    rc = fsdp_fail(FSDP_EINVAL, "unit '%s': the state of split main params goes to and from host memory", u->name);
+  else if (dst) {
+    rc = fsdp_memcpy(h, high, bytes, NULL);
+    if (rc == FSDP_OK) rc = fsdp_memcpy(l, low, bytes, NULL);
+    for (int64_t i = 0; rc == FSDP_OK && i < n; i++) dst[i] = fsdp_bf16_join(h[i], l[i]);
+  } else {
+    for (int64_t i = 0; i < n; i++) h[i] = fsdp_bf16_round_away(src[i]), l[i] = fsdp_bf16_low(src[i]);
+    rc = fsdp_memcpy(high, h, bytes, NULL);
+    if (rc == FSDP_OK) rc = fsdp_memcpy(low, l, bytes, NULL);
+  }
+  fsdp_host_free(h);
   return rc;
 }
 
@@ -162,12 +177,16 @@ static int init_values(fsdp_unit *u, const fsdp_unit_spec *sp) {
     rc = fsdp_layout_init_shard(u->layout, q, sp->param_names, sp->rules, sp->seed, init + q * S, FSDP_FP32);
   if (rc == FSDP_OK && z >= 1)
     rc = fsdp_layout_init_shard(u->layout, u->shard_rank, sp->param_names, sp->rules, sp->seed, init, FSDP_FP32);
-  /* the optimizer keeps its range of the shard */
-  if (rc == FSDP_OK) rc = init_main(u, init + (z >= 1 ? u->opt_offset : 0));
-  if (rc == FSDP_OK) rc = fsdp_unit_cast_out(u->params_on_host ? u->host_stage : cast, dt, init, n, NULL);
-  /* the compute params, where they are not the main params (or the host stage) */
+  /* the optimizer keeps its range of the shard; split main params are the
+   * compute params (all of them: no HFSDP) and their low halves */
+  const float *opt = init + (z >= 1 ? u->opt_offset : 0);
+  if (rc == FSDP_OK && u->main_split) rc = fsdp_unit_split_params(u, 0, u->opt_numel, NULL, opt);
+  else if (rc == FSDP_OK) rc = fsdp_memcpy(u->main_params, opt, (size_t)u->opt_numel * f, NULL);
+  /* the compute params, where they are neither the main params nor their high halves (or the host stage) */
+  if (rc == FSDP_OK && !u->compute_is_main && !u->main_split)
+    rc = fsdp_unit_cast_out(u->params_on_host ? u->host_stage : cast, dt, init, n, NULL);
   void *compute = z == 0 ? u->params_full : u->param_shard;
-  if (rc == FSDP_OK && !u->params_on_host && !u->compute_is_main)
+  if (rc == FSDP_OK && !u->params_on_host && !u->compute_is_main && !u->main_split)
     rc = fsdp_memcpy(compute, cast, (size_t)n * u->compute_size, NULL);
   fsdp_host_free(cast);
   fsdp_host_free(init);

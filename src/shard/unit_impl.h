@@ -6,7 +6,7 @@
  *   unit_comm.c    gather / reduce on the comm streams    -> offload, update, unit
  *   offload.c      the optimizer step as a host job       -> update
  *   unit_update.c  the per-piece updates, casts, norm sum (no other unit file)
- *   unit.c         create / destroy from the plan, views, owned pieces
+ *   unit.c         create / destroy from the plan, views, owned pieces, split params
  *   unit_plan.c    the buffer plan (pure; public API)
  * (unit.c calls unit_update.c's cast and offload.c's attach while it
  * builds a unit.) */
@@ -96,6 +96,15 @@ static inline float *fsdp_unit_reduce_scratch(const fsdp_unit *u) { return (floa
 /* the element ranges this rank's optimizer holds (to_save 0), or saves: see
  * fsdp_unit_state_pieces; a malloc'ed array in *out, its length returned */
 int fsdp_unit_owned_pieces(const fsdp_unit *u, fsdp_layout_piece **out);
+/* Where the in-place step writes the new compute params as it updates
+ * (zero 0: the full copy; else the compute shard; the high halves of split
+ * main params); NULL where the publish casts instead (HFSDP gathers the
+ * replicas' ranges) or nothing is to be written (fp32 in place). */
+void *fsdp_unit_inplace_stage(const fsdp_unit *u);
+/* Split main params, elements [off, off + n) of the optimizer's range, to
+ * or from host memory: joined into dst, or (dst NULL) split from src into
+ * the compute params and main_low. Meta init and unit_state.c. */
+int fsdp_unit_split_params(fsdp_unit *u, int64_t off, int64_t n, float *dst, const float *src);
 
 /* ---- unit_update.c: the optimizer's work on a unit's buffers ---- */
 /* An optimizer update of elements [off, off + len) of the optimizer's
@@ -139,8 +148,5 @@ int fsdp_offload_synchronize(fsdp_unit *u);
 /* ---- unit_step.c ---- */
 /* the compute-dtype params recomputed from the fp32 main params */
 int fsdp_unit_publish_params(fsdp_unit *u);
-/* the compute params the in-place step writes as it updates (the high
- * halves of split main params), NULL where it writes none */
-void *fsdp_unit_inplace_stage(const fsdp_unit *u);
 
 #endif

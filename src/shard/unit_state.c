@@ -4,37 +4,11 @@
  * ranges, independent of world size, ZeRO level and unit grouping (and of
  * whether the main params are split). Which ranges a rank holds and saves:
  * fsdp_unit_state_pieces (unit.c). */
-#include "../base/bf16_split.h"
 #include "../base/error.h"
-#include "../device/cuda_backend.h"
 #include "../fsdp_shard.h"
 #include "unit_impl.h"
 
 int64_t fsdp_unit_state_numel(const fsdp_unit *u) { return u ? u->opt_numel : 0; }
-
-/* split main params (the caller checked the range): joined into dst, or
- * split from src into the compute params (high) and main_low, through host
- * copies of the two halves */
-static int split_params(fsdp_unit *u, int64_t off, int64_t n, float *dst, const float *src) {
-  uint16_t *high = (uint16_t *)fsdp_unit_inplace_stage(u) + off, *low = u->main_low + off, *h = NULL;
-  size_t bytes = (size_t)n * 2;
-  FSDP_CHECK(fsdp_host_alloc(2 * bytes, (void **)&h));
-  uint16_t *l = h + n;
-  int rc = FSDP_OK;
-  if (u->device == FSDP_CUDA && fsdp_cuda()->is_device_ptr(dst ? (const void *)dst : (const void *)src))
-    rc = fsdp_fail(FSDP_EINVAL, "unit '%s': the state of split main params goes to and from host memory", u->name);
-  else if (dst) {
-    rc = fsdp_memcpy(h, high, bytes, NULL);
-    if (rc == FSDP_OK) rc = fsdp_memcpy(l, low, bytes, NULL);
-    for (int64_t i = 0; rc == FSDP_OK && i < n; i++) dst[i] = fsdp_bf16_join(h[i], l[i]);
-  } else {
-    for (int64_t i = 0; i < n; i++) h[i] = fsdp_bf16_round_away(src[i]), l[i] = fsdp_bf16_low(src[i]);
-    rc = fsdp_memcpy(high, h, bytes, NULL);
-    if (rc == FSDP_OK) rc = fsdp_memcpy(low, l, bytes, NULL);
-  }
-  fsdp_host_free(h);
-  return rc;
-}
 
 /* the fp32 array of a kind; *out NULL for split main params */
 static int state_buffer(fsdp_unit *u, int kind, int64_t off, int64_t n, float **out) {
@@ -56,7 +30,7 @@ int fsdp_unit_state_get(fsdp_unit *u, int kind, int64_t off, int64_t n, float *d
   /* the last step's optimizer work (kernels on the shard stream) first */
   FSDP_CHECK(fsdp_unit_synchronize(u));
   if (!n) return FSDP_OK;
-  return src ? fsdp_memcpy(dst, src, (size_t)n * sizeof(float), NULL) : split_params(u, off, n, dst, NULL);
+  return src ? fsdp_memcpy(dst, src, (size_t)n * sizeof(float), NULL) : fsdp_unit_split_params(u, off, n, dst, NULL);
 }
 
 int fsdp_unit_state_set(fsdp_unit *u, int kind, int64_t off, int64_t n, const float *src) {
@@ -65,7 +39,7 @@ int fsdp_unit_state_set(fsdp_unit *u, int kind, int64_t off, int64_t n, const fl
   if (n && !src) return fsdp_fail(FSDP_EINVAL, "unit_state_set: NULL source");
   FSDP_CHECK(fsdp_unit_synchronize(u));
   if (!n) return FSDP_OK;
-  return dst ? fsdp_memcpy(dst, src, (size_t)n * sizeof(float), NULL) : split_params(u, off, n, NULL, src);
+  return dst ? fsdp_memcpy(dst, src, (size_t)n * sizeof(float), NULL) : fsdp_unit_split_params(u, off, n, NULL, src);
 }
 
 int fsdp_unit_state_publish(fsdp_unit *u) {

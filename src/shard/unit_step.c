@@ -136,15 +136,6 @@ int fsdp_unit_publish_params(fsdp_unit *u) { return publish(u, !u->compute_is_ma
 
 /* ---- the step ---- */
 
-/* Where the in-place step writes the new compute params as it updates
- * (zero 0: the full copy; else the compute shard); NULL where the publish
- * casts instead (HFSDP gathers the replicas' ranges) or nothing is to be
- * written (fp32 in place). */
-void *fsdp_unit_inplace_stage(const fsdp_unit *u) {
-  if (u->compute_is_main || u->hfsdp) return NULL;
-  return u->cfg.zero == 0 ? u->params_full : u->param_shard;
-}
-
 /* Update what this rank owns (zero 0: everything), write the new values
  * back to the compute params, and zero the grads. */
 static int step_owned(fsdp_unit *u, const fsdp_step_args *a) {
