@@ -47,22 +47,22 @@ static int64_t step = 1;
 
 static int cpu_step(void *a) {
   run *r = a;
-  return fsdp_adamw_step(r->p, NULL, NULL, r->g, r->m, r->v, r->n, step++, &cfg, 1.0f);
+  return fsdp_adamw_step(r->p, NULL, NULL, r->g, FSDP_FP32, r->m, r->v, r->n, step++, &cfg, 1.0f);
 }
 static int cpu_step_copy(void *a) {
   run *r = a;
-  return fsdp_adamw_step(r->p, r->bf16, NULL, r->g, r->m, r->v, r->n, step++, &cfg, 1.0f);
+  return fsdp_adamw_step(r->p, r->bf16, NULL, r->g, FSDP_FP32, r->m, r->v, r->n, step++, &cfg, 1.0f);
 }
 static int cpu_step_split(void *a) {
   run *r = a;
-  return fsdp_adamw_step(NULL, r->bf16, r->low, r->g, r->m, r->v, r->n, step++, &cfg, 1.0f);
+  return fsdp_adamw_step(NULL, r->bf16, r->low, r->g, FSDP_FP32, r->m, r->v, r->n, step++, &cfg, 1.0f);
 }
 /* the grad norm's share: a sum of squares over the grads (4 bytes each) */
 static int cpu_sumsq(void *a) {
   run *r = a;
   double s;
   int64_t bad;
-  return fsdp_sum_squares(r->g, r->n, &s, &bad);
+  return fsdp_sum_squares(r->g, FSDP_FP32, r->n, &s, &bad);
 }
 
 /* the step's traffic without its arithmetic */
@@ -80,17 +80,17 @@ static int host_stream(void *a) {
 #ifdef FSDP_HAVE_CUDA
 static int gpu_step(void *a) {
   run *r = a;
-  int rc = fsdp_cuda_adamw_step(r->p, NULL, FSDP_FP32, NULL, r->g, r->m, r->v, r->n, step++, &cfg, 1.0f, r->s);
+  int rc = fsdp_cuda_adamw_step(r->p, NULL, FSDP_FP32, NULL, r->g, FSDP_FP32, r->m, r->v, r->n, step++, &cfg, 1.0f, r->s);
   return rc ? rc : fsdp_stream_synchronize(r->s);
 }
 static int gpu_step_copy(void *a) {
   run *r = a;
-  int rc = fsdp_cuda_adamw_step(r->p, r->bf16, FSDP_BF16, NULL, r->g, r->m, r->v, r->n, step++, &cfg, 1.0f, r->s);
+  int rc = fsdp_cuda_adamw_step(r->p, r->bf16, FSDP_BF16, NULL, r->g, FSDP_FP32, r->m, r->v, r->n, step++, &cfg, 1.0f, r->s);
   return rc ? rc : fsdp_stream_synchronize(r->s);
 }
 static int gpu_step_split(void *a) {
   run *r = a;
-  int rc = fsdp_cuda_adamw_step(NULL, r->bf16, FSDP_BF16, r->low, r->g, r->m, r->v, r->n, step++, &cfg, 1.0f, r->s);
+  int rc = fsdp_cuda_adamw_step(NULL, r->bf16, FSDP_BF16, r->low, r->g, FSDP_FP32, r->m, r->v, r->n, step++, &cfg, 1.0f, r->s);
   return rc ? rc : fsdp_stream_synchronize(r->s);
 }
 static int gpu_copy(void *a) {

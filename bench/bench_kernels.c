@@ -96,7 +96,7 @@ static void adamw_f(void *a) {
   static int64_t step = 1;
   static const fsdp_adamw_config cfg = {.lr = 1e-4f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
   opt *o = a;
-  CK(fsdp_cuda_adamw_step(o->p, NULL, FSDP_FP32, NULL, o->g, o->m, o->v, o->n, step++, &cfg, 1.0f, S));
+  CK(fsdp_cuda_adamw_step(o->p, NULL, FSDP_FP32, NULL, o->g, FSDP_FP32, o->m, o->v, o->n, step++, &cfg, 1.0f, S));
 }
 
 typedef struct cp { void *dst, *src; size_t bytes; } cp;

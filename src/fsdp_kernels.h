@@ -78,15 +78,17 @@ int fsdp_cuda_cross_entropy(double *loss_sum, int64_t *count, void *dlogits, con
 /* optimizers on flat fp32 device shards; out (may be NULL) gets the new
  * values in out_dtype in the same pass (bf16: ties away from zero). Split
  * params (low not NULL, param NULL, out bf16): each fp32 param is out[i]
- * and low[i] (base/bf16_split.h), both read and written. */
-int fsdp_cuda_adamw_step(float *param, void *out, fsdp_dtype out_dtype, uint16_t *low, const float *grad, float *m,
-                         float *v, int64_t n, int64_t step, const fsdp_adamw_config *cfg, float grad_scale,
+ * and low[i] (base/bf16_split.h), both read and written. The grads are
+ * grad_dtype: fp32, or bf16 where a unit keeps them so. */
+int fsdp_cuda_adamw_step(float *param, void *out, fsdp_dtype out_dtype, uint16_t *low, const void *grad,
+                         fsdp_dtype grad_dtype, float *m, float *v, int64_t n, int64_t step, const fsdp_adamw_config *cfg, float grad_scale,
                          fsdp_stream *s);
-int fsdp_cuda_sgd_step(float *param, void *out, fsdp_dtype out_dtype, uint16_t *low, const float *grad,
-                       float *momentum, int64_t n, int64_t step, float lr, float mu, float weight_decay,
+int fsdp_cuda_sgd_step(float *param, void *out, fsdp_dtype out_dtype, uint16_t *low, const void *grad,
+                       fsdp_dtype grad_dtype, float *momentum, int64_t n, int64_t step, float lr, float mu, float weight_decay,
                        float grad_scale, fsdp_stream *s);
-/* adds into the device counters sum (double) and nonfinite (int64) */
-int fsdp_cuda_sum_squares(const float *x, int64_t n, double *sum, int64_t *nonfinite, fsdp_stream *s);
+/* adds into the device counters sum (double) and nonfinite (int64); x is
+ * fp32 or bf16 */
+int fsdp_cuda_sum_squares(const void *x, fsdp_dtype dtype, int64_t n, double *sum, int64_t *nonfinite, fsdp_stream *s);
 
 #ifdef __cplusplus
 }

@@ -61,16 +61,17 @@ int fsdp_layout_init_shard(const fsdp_layout *l, int rank, const char *const *pa
  * NULL) receives the new values rounded to bf16 (ties away from zero) in the
  * same pass. Split params (param_low not NULL, param NULL): each fp32 param
  * is param_bf16[i] and param_low[i] (base/bf16_split.h), both read and
- * written. The gradient is multiplied by grad_scale first (averaging,
- * clipping). */
-int fsdp_adamw_step(float *param, uint16_t *param_bf16, uint16_t *param_low, const float *grad, float *m, float *v,
-                    int64_t n, int64_t step, const fsdp_adamw_config *cfg, float grad_scale);
+ * written. The gradient (grad_dtype fp32, or bf16 where a unit keeps its
+ * grads so) is multiplied by grad_scale first (averaging, clipping). */
+int fsdp_adamw_step(float *param, uint16_t *param_bf16, uint16_t *param_low, const void *grad, int grad_dtype, float *m,
+                    float *v, int64_t n, int64_t step, const fsdp_adamw_config *cfg, float grad_scale);
 /* SGD with momentum mu (0: plain SGD), coupled weight decay; the params as
  * for fsdp_adamw_step. */
-int fsdp_sgd_step(float *param, uint16_t *param_bf16, uint16_t *param_low, const float *grad, float *momentum,
-                  int64_t n, int64_t step, float lr, float mu, float weight_decay, float grad_scale);
-/* Sum of squares (float64) of the finite elements, and how many were not. */
-int fsdp_sum_squares(const float *x, int64_t n, double *sum, int64_t *nonfinite);
+int fsdp_sgd_step(float *param, uint16_t *param_bf16, uint16_t *param_low, const void *grad, int grad_dtype,
+                  float *momentum, int64_t n, int64_t step, float lr, float mu, float weight_decay, float grad_scale);
+/* Sum of squares (float64) of the finite elements of x (fp32 or bf16), and
+ * how many were not. */
+int fsdp_sum_squares(const void *x, int dtype, int64_t n, double *sum, int64_t *nonfinite);
 
 /* ---- FSDP units: flat param/grad buffers and their state machine ------ */
 typedef struct fsdp_pool fsdp_pool;
@@ -108,6 +109,10 @@ typedef struct fsdp_unit_config {
                             the device either; reductions land in the host's (no HSDP) */
   int32_t comm_register; /* fsdp_comm_reg_mode for the buffers the shard group's collectives
                             read and write (compute shard, full params and grads); 0: none */
+  int32_t micro_batches; /* backward passes per optimizer step when fixed, 0: any. 1 lets a
+                            bf16 unit keep the grads the optimizer reads in bf16 where no sum
+                            is taken in fp32 (fsdp_unit_plan.grads_compact); reduce() then
+                            refuses a micro-batch that is not the last */
 } fsdp_unit_config;
 
 /* ---- a unit's buffer plan (src/shard/unit_plan.c) ----
@@ -119,7 +124,7 @@ typedef enum {
   FSDP_UBUF_MAIN_PARAMS = 0, /* fp32 main params: the optimizer's range of the shard */
   FSDP_UBUF_OPT1 = 1,        /* AdamW exp_avg, SGD momentum */
   FSDP_UBUF_OPT2 = 2,        /* AdamW exp_avg_sq */
-  FSDP_UBUF_MAIN_GRADS = 3,  /* fp32 grads the optimizer reads */
+  FSDP_UBUF_MAIN_GRADS = 3,  /* the grads the optimizer reads: fp32 (bf16 where grads_compact) */
   FSDP_UBUF_GRAD_ACCUM = 4,  /* fp32 grad shard the reductions accumulate into on the device,
                                 where that is not MAIN_GRADS (HFSDP; offloaded optimizer) */
   FSDP_UBUF_PARAM_SHARD = 5, /* compute-dtype param shard (zero 1-3) */
@@ -151,6 +156,11 @@ typedef struct fsdp_unit_plan {
   int32_t main_split;               /* bf16 compute in place: the fp32 main params are the
                                        compute params (their high halves) and the main_params
                                        row's 16 low bits each (base/bf16_split.h) */
+  int32_t grads_compact;            /* the grads the optimizer reads are bf16 (the main_grads
+                                       row is 2 bytes an element, or the full grads): one
+                                       micro-batch, and the reduction's output is bf16 values
+                                       (one shard rank, or reduce_dtype bf16), so fp32 would
+                                       hold the same numbers in twice the bytes */
   /* shared and transient memory, not in rows: */
   int64_t reduce_scratch;  /* fp32 staging for reduce-scatters, shared by the units of a
                               shard group in the reduce comm (its largest unit's) */
@@ -255,10 +265,11 @@ int fsdp_unit_param_view(fsdp_unit *u, int param, int which, int ndim, const int
 typedef struct fsdp_unit_memory {
   int64_t params_full;    /* compute-dtype full params (zero 0-2) */
   int64_t params_shard;   /* compute-dtype param shard (zero 1-3) */
-  int64_t main_params;    /* fp32 main params */
+  int64_t main_params;    /* fp32 main params (split: their low halves) */
   int64_t optimizer;      /* AdamW m and v */
   int64_t grads_full;     /* compute-dtype full grads (zero 0-1) */
-  int64_t grads_main;     /* fp32 grads the optimizer reads */
+  int64_t grads_main;     /* the grads the optimizer reads: fp32, or bf16 where compact (0:
+                             they are the full grads) */
   int64_t scratch;        /* 0: the fp32 reduce-scatter staging is shared by the
                              units of a shard group (fsdp_comm_scratch_bytes) */
   int64_t shard_numel, total_numel;

@@ -192,7 +192,8 @@ function M.plan(r, o)
     end
   end
   shard.plan_units(a, { shard_ranks = S, outer_ranks = R, hfsdp = hf, device = r.train.device,
-    param_dtype = f.param_dtype, reduce_dtype = f.reduce_dtype, comm_register = REG[f.comm_register or "none"] or 0 })
+    param_dtype = f.param_dtype, reduce_dtype = f.reduce_dtype, comm_register = REG[f.comm_register or "none"] or 0,
+    micro_batches = K })
   for _, u in ipairs(a.units) do
     if hf and u.zero == 0 then error(string.format("%s: unit '%s' has zero 0; hfsdp needs zero >= 1 everywhere", where, u.name), 0) end
     -- what the unit holds on every rank: the engine's own plan (src/shard/unit_plan.c)
@@ -211,6 +212,7 @@ function M.plan(r, o)
       if plan.rows[b].held == C.FSDP_HELD_HOST then mem.offloaded = mem.offloaded + row(b) end
     end
     if plan.main_split ~= 0 then p.split_units = (p.split_units or 0) + 1 end
+    if plan.grads_compact ~= 0 then p.compact_units = (p.compact_units or 0) + 1 end
     local total = 0
     for k, v in pairs(mem) do
       resident[k] = resident[k] + v
@@ -353,13 +355,12 @@ function M.table(rows)
   return table.concat(out, "\n")
 end
 
--- bf16 units keep only the low 16 bits of each fp32 main param: the high
--- 16 are the compute copy (src/base/bf16_split.h)
-local function main_note(p)
-  local n = p.split_units or 0
+-- a row's note for what n of the units do ("resident" where none does);
+-- fmt's %s is where: "" (every unit) or " in n of N units"
+local function units_note(p, n, fmt)
+  n = n or 0
   if n == 0 then return "resident" end
-  local where = n == #p.units and "" or string.format(" in %d of %d units", n, #p.units)
-  return string.format("resident: the low 16 bits%s, the high 16 being the compute copy", where)
+  return string.format(fmt, n == #p.units and "" or string.format(" in %d of %d units", n, #p.units))
 end
 
 function M.memory_rows(p)
@@ -367,9 +368,13 @@ function M.memory_rows(p)
   local rows = {
     { "what", "bytes per rank", "" },
     { "params (compute copy)", bytes(m.params_full + m.params_shard), "resident" },
-    { "main params (fp32)", bytes(m.main_params), main_note(p) },
+    -- split: bf16 units keep only the low 16 bits of each fp32 main param
+    -- (src/base/bf16_split.h); compact: the optimizer's grads in bf16
+    { "main params (fp32)", bytes(m.main_params), units_note(p, p.split_units,
+      "resident: the low 16 bits%s, the high 16 being the compute copy") },
     { "optimizer state", bytes(m.optimizer), "resident" },
-    { "grads", bytes(m.grads_full + m.grads_main), "resident" },
+    { "grads", bytes(m.grads_full + m.grads_main), units_note(p, p.compact_units,
+      "resident: bf16%s (one micro-batch, reduced in bf16 or not at all: nothing for fp32 to add)") },
     { "comm scratch", bytes(m.scratch), "resident, shared by the units: the reduce staging (and the param staging of host-held shards)" },
     { "host staging (offload)", bytes(m.host_stage), "resident, host" },
     { "unit buffer pools", bytes(p.pools.params + p.pools.grads), string.format("params %s, grads %s; live at once: %d params, %d grads",

@@ -5,6 +5,8 @@
 --     zero = 3, max_live_units = 2, prefetch = 1, seed = 1234,
 --     offload = false })  -- true: optimizer state in host memory, the step on CPU threads;
 --                         -- {params = true}: the param shards too (zero 3, GPUs)
+--     micro_batches = nil })  -- the count every train_step takes, when fixed: 1 lets
+--                         -- bf16 units keep the optimizer's grads in bf16 (src/shard/unit_plan.c)
 --   local loss = s:train_step(micro_batches, {lr = 1e-3, ...})
 -- Parameters of modules the policy leaves out go to a unit named "root".
 -- A policy function may return a second value with per-unit options:
@@ -63,6 +65,11 @@ function M.fully_shard(model, opts)
   end
   if s.hfsdp and not opts.outer then error("fully_shard: hfsdp shards the optimizer over opts.outer, which is missing", 2) end
   if s.prefetch < 0 or s.prefetch % 1 ~= 0 then error("fully_shard: prefetch = " .. tostring(s.prefetch) .. "; expected an integer >= 0", 2) end
+  local mb = opts.micro_batches
+  if mb ~= nil and (type(mb) ~= "number" or mb < 1 or mb % 1 ~= 0) then
+    error("fully_shard: micro_batches = " .. tostring(mb) .. "; expected nil (any count) or the count per step, an integer >= 1", 2)
+  end
+  s.micro_batches = mb
   local ok, a = pcall(M.assign, model, { units = opts.units, zero = zero, offload = opts.offload, hfsdp = s.hfsdp })
   if not ok then error(a, 2) end
   s.units, s.unit_of, s.order, s.assignment = a.units, a.unit_of, a.order, a
@@ -75,7 +82,7 @@ function M.fully_shard(model, opts)
   -- each unit's layout and buffer plan; the pools' buffers as big as the
   -- largest unit that borrows from them
   M.plan_units(a, { shard_ranks = opts.shard:size(), outer_ranks = opts.outer and opts.outer:size() or 1,
-    hfsdp = s.hfsdp, device = s.device, param_dtype = pdt, reduce_dtype = rdt, comm_register = reg })
+    hfsdp = s.hfsdp, device = s.device, param_dtype = pdt, reduce_dtype = rdt, comm_register = reg, micro_batches = mb })
   local live = M.pool_bound(a, opts.max_live_units)
   local slots, fits, why = M.pool_slots(a, s.prefetch, live)
   if not fits then error("fully_shard: the schedule does not fit its buffer pools: " .. why, 2) end
@@ -376,6 +383,10 @@ function Sharded:train_step(batches, opt)
   live(self, "train_step")
   opt = opt or {}
   local K, total, parts = #batches, 0, {}
+  if self.micro_batches and K ~= self.micro_batches then
+    error(string.format("train_step: %d micro-batches, but fully_shard was made with micro_batches = %d", K,
+      self.micro_batches), 2)
+  end
   local lossfn = opt.loss or function(y, b, scale) return nn.mse(y, b.y, scale) end
   -- each micro-batch is one autograd scope: whatever is left of it when
   -- the backward has run is freed then (fsdp.autograd), not by the collector

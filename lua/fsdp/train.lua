@@ -206,7 +206,7 @@ local function run(r, where, args, break_at, owned)
   local sharded = fsdp.fully_shard(model, { shard = shard, outer = outer, units = units, zero = r.fsdp.zero,
     prefetch = r.fsdp.prefetch, max_live_units = r.fsdp.max_live_units, seed = seed, hfsdp = r.fsdp.hfsdp,
     offload = r.fsdp.offload, comm_register = r.fsdp.comm_register, separate_reduce = r.fsdp.separate_reduce,
-    mixed = { param_dtype = r.fsdp.param_dtype, reduce_dtype = r.fsdp.reduce_dtype } })
+    micro_batches = K, mixed = { param_dtype = r.fsdp.param_dtype, reduce_dtype = r.fsdp.reduce_dtype } })
   owned.sharded = sharded
 
   -- fsdprun --max-restarts: which attempt this is; restarting without

@@ -49,11 +49,12 @@ typedef struct fsdp_cuda_backend {
   int (*cast_to_f32)(float *dst, const void *src, fsdp_dtype dtype, size_t n, fsdp_stream *s);
   int (*accumulate_f32)(float *dst, const void *src, fsdp_dtype dtype, size_t n, fsdp_stream *s);
   int (*cast_from_f32)(void *dst, fsdp_dtype dtype, const float *src, size_t n, fsdp_stream *s);
-  int (*adamw_step)(float *param, void *out, fsdp_dtype out_dtype, uint16_t *low, const float *grad, float *m,
-                    float *v, int64_t n, int64_t step, const fsdp_adamw_config *cfg, float grad_scale, fsdp_stream *s);
-  int (*sgd_step)(float *param, void *out, fsdp_dtype out_dtype, uint16_t *low, const float *grad, float *momentum,
+  int (*adamw_step)(float *param, void *out, fsdp_dtype out_dtype, uint16_t *low, const void *grad,
+                    fsdp_dtype grad_dtype, float *m, float *v, int64_t n, int64_t step, const fsdp_adamw_config *cfg, float grad_scale, fsdp_stream *s);
+  int (*sgd_step)(float *param, void *out, fsdp_dtype out_dtype, uint16_t *low, const void *grad,
+                  fsdp_dtype grad_dtype, float *momentum,
                   int64_t n, int64_t step, float lr, float mu, float weight_decay, float grad_scale, fsdp_stream *s);
-  int (*sum_squares)(const float *x, int64_t n, double *sum, int64_t *nonfinite, fsdp_stream *s);
+  int (*sum_squares)(const void *x, fsdp_dtype dtype, int64_t n, double *sum, int64_t *nonfinite, fsdp_stream *s);
 } fsdp_cuda_backend;
 
 /* The backend, opened on first call. Never NULL: where it cannot be opened

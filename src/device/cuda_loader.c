@@ -51,15 +51,15 @@ static int none_copy(void *d, const void *s, size_t n, fsdp_stream *st) { return
 static int none_set(void *d, int v, size_t n, fsdp_stream *st) { return NO_CUDA(); }
 static int none_to_f32(float *d, const void *s, fsdp_dtype dt, size_t n, fsdp_stream *st) { return NO_CUDA(); }
 static int none_from_f32(void *d, fsdp_dtype dt, const float *s, size_t n, fsdp_stream *st) { return NO_CUDA(); }
-static int none_adamw(float *p, void *o, fsdp_dtype od, uint16_t *lo, const float *g, float *m, float *v, int64_t n,
-                      int64_t step, const fsdp_adamw_config *c, float gs, fsdp_stream *s) {
+static int none_adamw(float *p, void *o, fsdp_dtype od, uint16_t *lo, const void *g, fsdp_dtype gd, float *m, float *v,
+                      int64_t n, int64_t step, const fsdp_adamw_config *c, float gs, fsdp_stream *s) {
   return NO_CUDA();
 }
-static int none_sgd(float *p, void *o, fsdp_dtype od, uint16_t *lo, const float *g, float *m, int64_t n, int64_t step,
-                    float lr, float mu, float wd, float gs, fsdp_stream *s) {
+static int none_sgd(float *p, void *o, fsdp_dtype od, uint16_t *lo, const void *g, fsdp_dtype gd, float *m, int64_t n,
+                    int64_t step, float lr, float mu, float wd, float gs, fsdp_stream *s) {
   return NO_CUDA();
 }
-static int none_sumsq(const float *x, int64_t n, double *sum, int64_t *bad, fsdp_stream *s) { return NO_CUDA(); }
+static int none_sumsq(const void *x, fsdp_dtype d, int64_t n, double *sum, int64_t *bad, fsdp_stream *s) { return NO_CUDA(); }
 
 static const fsdp_cuda_backend none = {
     .available = none_available,

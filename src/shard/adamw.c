@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../base/bf16.h"
 #include "../base/bf16_split.h"
 #include "../base/error.h"
 #include "../base/parallel.h"
@@ -29,7 +30,8 @@ enum { GRAIN = 1 << 16 };
 typedef struct adamw_job {
   float *param, *m, *v;
   uint16_t *param_bf16, *param_low;
-  const float *grad;
+  const float *grad;          /* fp32 grads, or */
+  const uint16_t *grad_bf16;  /* bf16 ones (widened a chunk at a time) */
   float grad_scale, b1, b2, lr, eps, decay, c1, c2;
 } adamw_job;
 
@@ -44,28 +46,62 @@ typedef struct adamw_job {
 #define FSDP_VECTOR_CLONES
 #endif
 
-FSDP_VECTOR_CLONES static void adamw_range(void *arg, int64_t lo, int64_t hi) {
-  const adamw_job *j = arg;
+#if defined(__GNUC__)
+#define FSDP_ALWAYS_INLINE inline __attribute__((always_inline))
+#else
+#define FSDP_ALWAYS_INLINE inline
+#endif
+
+/* elements [lo, hi), grad[i - lo] being element i's */
+static FSDP_ALWAYS_INLINE void adamw_loops(const adamw_job *j, const float *restrict grad, int64_t lo, int64_t hi) {
   float *restrict param = j->param, *restrict m = j->m, *restrict v = j->v;
-  const float *restrict grad = j->grad;
   uint16_t *restrict out = j->param_bf16, *restrict low = j->param_low;
   const float gs = j->grad_scale, b1 = j->b1, b2 = j->b2, lr = j->lr, eps = j->eps, decay = j->decay, c1 = j->c1,
               c2 = j->c2;
   if (low) { /* split: the fp32 param is joined, updated and split again */
     for (int64_t i = lo; i < hi; i++) {
       float p = fsdp_bf16_join(out[i], low[i]);
-      fsdp_adamw_element(&p, m + i, v + i, grad[i] * gs, b1, b2, lr, eps, decay, c1, c2);
+      fsdp_adamw_element(&p, m + i, v + i, grad[i - lo] * gs, b1, b2, lr, eps, decay, c1, c2);
       out[i] = fsdp_bf16_round_away(p);
       low[i] = fsdp_bf16_low(p);
     }
     return;
   }
   if (!out) {
-    for (int64_t i = lo; i < hi; i++) fsdp_adamw_element(param + i, m + i, v + i, grad[i] * gs, b1, b2, lr, eps, decay, c1, c2);
+    for (int64_t i = lo; i < hi; i++)
+      fsdp_adamw_element(param + i, m + i, v + i, grad[i - lo] * gs, b1, b2, lr, eps, decay, c1, c2);
     return;
   }
   for (int64_t i = lo; i < hi; i++)
-    out[i] = fsdp_bf16_round_away(fsdp_adamw_element(param + i, m + i, v + i, grad[i] * gs, b1, b2, lr, eps, decay, c1, c2));
+    out[i] = fsdp_bf16_round_away(
+        fsdp_adamw_element(param + i, m + i, v + i, grad[i - lo] * gs, b1, b2, lr, eps, decay, c1, c2));
+}
+
+/* bf16 grads are widened (exactly) into an fp32 chunk that stays in L1 */
+enum { GRAD_CHUNK = 1024 };
+
+static FSDP_ALWAYS_INLINE void widen(float *restrict dst, const uint16_t *restrict src, int64_t n) {
+  for (int64_t i = 0; i < n; i++) dst[i] = fsdp_bf16_load(src[i]);
+}
+
+FSDP_VECTOR_CLONES static void adamw_range(void *arg, int64_t lo, int64_t hi) {
+  const adamw_job *j = arg;
+  if (!j->grad_bf16) {
+    adamw_loops(j, j->grad + lo, lo, hi);
+    return;
+  }
+  float g[GRAD_CHUNK];
+  for (int64_t c = lo; c < hi; c += GRAD_CHUNK) {
+    int64_t e = hi - c < GRAD_CHUNK ? hi : c + GRAD_CHUNK;
+    widen(g, j->grad_bf16 + c, e - c);
+    adamw_loops(j, g, c, e);
+  }
+}
+
+/* the grads' dtype: fp32, or bf16 where the unit keeps them so */
+static int check_grad_dtype(const char *who, int grad_dtype) {
+  if (grad_dtype == FSDP_FP32 || grad_dtype == FSDP_BF16) return FSDP_OK;
+  return fsdp_fail(FSDP_EINVAL, "%s: grad dtype %d (expected fp32 or bf16)", who, grad_dtype);
 }
 
 /* the params an optimizer step reads and writes: fp32 (with an optional bf16
@@ -77,9 +113,10 @@ static int check_params(const char *who, const float *param, const uint16_t *par
   return FSDP_OK;
 }
 
-int fsdp_adamw_step(float *param, uint16_t *param_bf16, uint16_t *param_low, const float *grad, float *m, float *v,
-                    int64_t n, int64_t step, const fsdp_adamw_config *cfg, float grad_scale) {
+int fsdp_adamw_step(float *param, uint16_t *param_bf16, uint16_t *param_low, const void *grad, int grad_dtype, float *m,
+                    float *v, int64_t n, int64_t step, const fsdp_adamw_config *cfg, float grad_scale) {
   if (!cfg) return fsdp_fail(FSDP_EINVAL, "adamw: NULL config");
+  FSDP_CHECK(check_grad_dtype("adamw", grad_dtype));
   if (n < 0) return fsdp_fail(FSDP_EINVAL, "adamw: negative length %lld", (long long)n);
   if (n && (!grad || !m || !v)) return fsdp_fail(FSDP_EINVAL, "adamw: NULL buffer");
   if (n) FSDP_CHECK(check_params("adamw", param, param_bf16, param_low));
@@ -93,7 +130,8 @@ int fsdp_adamw_step(float *param, uint16_t *param_bf16, uint16_t *param_low, con
   /* the corrections in double: 1 - 0.999^t loses digits in float for small t */
   const float c1 = (float)(1.0 / (1.0 - pow(cfg->beta1, (double)step)));
   const float c2 = (float)(1.0 / (1.0 - pow(cfg->beta2, (double)step)));
-  adamw_job j = {param, m, v, param_bf16, param_low, grad, grad_scale, cfg->beta1, cfg->beta2, cfg->lr, cfg->eps,
+  int g16 = grad_dtype == FSDP_BF16;
+  adamw_job j = {param, m, v, param_bf16, param_low, g16 ? NULL : grad, g16 ? grad : NULL, grad_scale, cfg->beta1, cfg->beta2, cfg->lr, cfg->eps,
                  1.0f - cfg->lr * cfg->weight_decay, c1, c2};
   /* elementwise: the same values on any number of threads */
   fsdp_parallel_for(n, GRAIN, adamw_range, &j);
@@ -102,14 +140,17 @@ int fsdp_adamw_step(float *param, uint16_t *param_bf16, uint16_t *param_low, con
 
 /* SGD with momentum (PyTorch's form, coupled weight decay):
  *   g <- grad * grad_scale + wd * p;  buf <- mu * buf + g (buf = g on step 1);  p <- p - lr * buf */
-int fsdp_sgd_step(float *param, uint16_t *param_bf16, uint16_t *param_low, const float *grad, float *momentum,
-                  int64_t n, int64_t step, float lr, float mu, float weight_decay, float grad_scale) {
+int fsdp_sgd_step(float *param, uint16_t *param_bf16, uint16_t *param_low, const void *grad, int grad_dtype,
+                  float *momentum, int64_t n, int64_t step, float lr, float mu, float weight_decay, float grad_scale) {
+  FSDP_CHECK(check_grad_dtype("sgd", grad_dtype));
+  const float *g32 = grad_dtype == FSDP_FP32 ? grad : NULL;
+  const uint16_t *g16 = grad_dtype == FSDP_BF16 ? grad : NULL;
   if (n < 0 || (n && (!grad || (mu != 0 && !momentum)))) return fsdp_fail(FSDP_EINVAL, "sgd: bad buffers");
   if (n) FSDP_CHECK(check_params("sgd", param, param_bf16, param_low));
   if (step < 1) return fsdp_fail(FSDP_EINVAL, "sgd: step %lld; the first real step is 1", (long long)step);
   for (int64_t i = 0; i < n; i++) {
     float p = param_low ? fsdp_bf16_join(param_bf16[i], param_low[i]) : param[i];
-    float g = grad[i] * grad_scale + weight_decay * p;
+    float g = (g32 ? g32[i] : fsdp_bf16_load(g16[i])) * grad_scale + weight_decay * p;
     if (mu != 0) {
       momentum[i] = step == 1 ? g : mu * momentum[i] + g;
       g = momentum[i];
@@ -140,8 +181,9 @@ static inline double square_if_finite(float x, uint32_t *finite) {
   return (double)x * x;
 }
 
-static void block_sumsq(const float *restrict x, int64_t n, double *sum, int64_t *bad) {
-  double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+/* elements into the eight running sums (acc[k] takes elements i + k, the
+ * tail acc[0]): a chunk of a multiple of 8 continues them exactly */
+static FSDP_ALWAYS_INLINE void sumsq_acc(const float *restrict x, int64_t n, double *restrict acc, int64_t *bad) {
   int64_t nb = 0, i = 0;
   for (; i + 8 <= n; i += 8) {
     uint32_t f[8];
@@ -155,12 +197,29 @@ static void block_sumsq(const float *restrict x, int64_t n, double *sum, int64_t
     }
     acc[0] += (double)x[i] * x[i];
   }
+  *bad += nb;
+}
+
+/* one block, fp32 or bf16 (widened a chunk at a time: the same sums) */
+static FSDP_ALWAYS_INLINE void block_sumsq(const float *x, const uint16_t *xb, int64_t n, double *sum, int64_t *bad) {
+  double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  *bad = 0;
+  if (x) {
+    sumsq_acc(x, n, acc, bad);
+  } else {
+    float w[GRAD_CHUNK];
+    for (int64_t c = 0; c < n; c += GRAD_CHUNK) {
+      int64_t len = n - c < GRAD_CHUNK ? n - c : GRAD_CHUNK;
+      widen(w, xb + c, len);
+      sumsq_acc(w, len, acc, bad);
+    }
+  }
   *sum = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-  *bad = nb;
 }
 
 typedef struct sumsq_job {
   const float *x;
+  const uint16_t *xb;
   int64_t n;
   double *part;
   int64_t *bad;
@@ -170,12 +229,13 @@ FSDP_VECTOR_CLONES static void sumsq_range(void *arg, int64_t lo, int64_t hi) {
   const sumsq_job *j = arg;
   for (int64_t b = lo; b < hi; b++) {
     int64_t at = b * SUMSQ_BLOCK, len = j->n - at < SUMSQ_BLOCK ? j->n - at : SUMSQ_BLOCK;
-    block_sumsq(j->x + at, len, &j->part[b], &j->bad[b]);
+    block_sumsq(j->x ? j->x + at : NULL, j->x ? NULL : j->xb + at, len, &j->part[b], &j->bad[b]);
   }
 }
 
-int fsdp_sum_squares(const float *x, int64_t n, double *sum, int64_t *nonfinite) {
+int fsdp_sum_squares(const void *x, int dtype, int64_t n, double *sum, int64_t *nonfinite) {
   if (n < 0 || (n && !x) || !sum) return fsdp_fail(FSDP_EINVAL, "sum_squares: bad arguments");
+  FSDP_CHECK(check_grad_dtype("sum_squares", dtype));
   int64_t blocks = (n + SUMSQ_BLOCK - 1) / SUMSQ_BLOCK;
   double part1;
   int64_t bad1;
@@ -185,7 +245,7 @@ int fsdp_sum_squares(const float *x, int64_t n, double *sum, int64_t *nonfinite)
     if (blocks > 1) free(part), free(bad);
     return fsdp_fail(FSDP_ENOMEM, "sum_squares: out of memory");
   }
-  sumsq_job j = {x, n, part, bad};
+  sumsq_job j = {dtype == FSDP_FP32 ? x : NULL, dtype == FSDP_BF16 ? x : NULL, n, part, bad};
   if (blocks > 0) fsdp_parallel_for(blocks, 4, sumsq_range, &j);
   double s = 0;
   int64_t nb = 0;

@@ -102,7 +102,7 @@ void fsdp_offload_detach(fsdp_unit *u) {
 
 int fsdp_offload_grads_down(fsdp_unit *u, fsdp_stream *s) {
   /* the norm where the grads are, before they leave (n_opt == S: no hfsdp) */
-  FSDP_CHECK(fsdp_unit_norm_on_device(u, u->grad_accum, u->opt_numel, s));
+  FSDP_CHECK(fsdp_unit_norm_on_device(u, u->grad_accum, FSDP_FP32, u->opt_numel, s));
   FSDP_CHECK(fsdp_event_record(u->grads_reduced, s));
   FSDP_CHECK(fsdp_stream_wait_event(u->xfer_stream, u->grads_reduced));
   FSDP_CHECK(fsdp_memcpy(u->main_grads, u->grad_accum, (size_t)u->opt_numel * sizeof(float), u->xfer_stream));

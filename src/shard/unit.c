@@ -32,6 +32,9 @@ static int check_config(const char *name, const fsdp_unit_config *c) {
   if (c->offload && (c->zero == 0 || c->hfsdp))
     return fsdp_fail(FSDP_EINVAL, "unit '%s': offload needs zero >= 1 and no hfsdp (zero %d%s)", name, c->zero,
                      c->hfsdp ? ", hfsdp" : "");
+  if (c->micro_batches < 0)
+    return fsdp_fail(FSDP_EINVAL, "unit '%s': micro_batches = %d; expected 0 (any) or the fixed count per step", name,
+                     c->micro_batches);
   return FSDP_OK;
 }
 
@@ -113,13 +116,17 @@ static fsdp_comm *comm_of(const fsdp_unit *u, int row) {
 
 static int alloc_rows(fsdp_unit *u) {
   void *rows[FSDP_UBUF_COUNT] = {0};
-  for (int i = 0; i < FSDP_UBUF_COUNT; i++) FSDP_CHECK(alloc_row(u, i, comm_of(u, i), rows, &rows[i]));
+  /* held rows first, then the aliases of any of them */
+  for (int alias = 0; alias <= 1; alias++)
+    for (int i = 0; i < FSDP_UBUF_COUNT; i++)
+      if ((u->plan.rows[i].held == FSDP_HELD_ALIAS) == alias) FSDP_CHECK(alloc_row(u, i, comm_of(u, i), rows, &rows[i]));
   if (u->main_split) u->main_low = rows[FSDP_UBUF_MAIN_PARAMS];
   else u->main_params = rows[FSDP_UBUF_MAIN_PARAMS];
   u->opt1 = rows[FSDP_UBUF_OPT1];
   u->opt2 = rows[FSDP_UBUF_OPT2];
   u->main_grads = rows[FSDP_UBUF_MAIN_GRADS];
-  u->grad_accum = rows[FSDP_UBUF_GRAD_ACCUM] ? rows[FSDP_UBUF_GRAD_ACCUM] : rows[FSDP_UBUF_MAIN_GRADS];
+  if (!u->grads_compact)
+    u->grad_accum = rows[FSDP_UBUF_GRAD_ACCUM] ? rows[FSDP_UBUF_GRAD_ACCUM] : rows[FSDP_UBUF_MAIN_GRADS];
   u->param_shard = rows[FSDP_UBUF_PARAM_SHARD];
   u->params_full = rows[FSDP_UBUF_PARAMS_FULL];
   u->grads_full = rows[FSDP_UBUF_GRADS_FULL];
@@ -131,7 +138,7 @@ static void free_rows(fsdp_unit *u) {
   void *main = u->main_split ? (void *)u->main_low : (void *)u->main_params;
   void *rows[FSDP_UBUF_COUNT] = {main,           u->opt1,        u->opt2,       u->main_grads, NULL,
                                  u->param_shard, u->params_full, u->grads_full, u->host_stage};
-  if (u->grad_accum != u->main_grads) rows[FSDP_UBUF_GRAD_ACCUM] = u->grad_accum;
+  if (u->grad_accum != u->main_grads) rows[FSDP_UBUF_GRAD_ACCUM] = u->grad_accum; /* (NULL: compact) */
   for (int i = 0; i < u->nregistrations; i++) fsdp_comm_deregister(u->registered_with[i], u->registrations[i]);
   for (int i = 0; i < FSDP_UBUF_COUNT; i++) free_row(u, i, comm_of(u, i), rows[i]);
 }
@@ -216,6 +223,8 @@ static int build(fsdp_unit *u, const fsdp_unit_spec *sp) {
   u->opt_offset = p->opt_offset;
   u->compute_is_main = p->compute_is_main;
   u->main_split = p->main_split;
+  u->grads_compact = p->grads_compact;
+  u->main_grad_dtype = p->grads_compact ? cfg->compute_dtype : FSDP_FP32;
   size_t np = (size_t)(sp->nparams ? sp->nparams : 1);
   u->no_decay = calloc(np, 1);
   u->numels = calloc(np, sizeof(int64_t));
@@ -235,7 +244,7 @@ static int build(fsdp_unit *u, const fsdp_unit_spec *sp) {
   if (u->device == FSDP_CUDA) FSDP_CHECK(alloc_zeroed(u->device, 16, &u->norm_device));
   FSDP_CHECK(fsdp_event_create(u->device, &u->gathered));
   FSDP_CHECK(fsdp_event_create(u->device, &u->handoff));
-  if (u->reduce_comm != u->shard_comm && u->device == FSDP_CUDA)
+  if ((u->reduce_comm != u->shard_comm || u->grads_compact) && u->device == FSDP_CUDA)
     FSDP_CHECK(fsdp_event_create(u->device, &u->grads_zeroed));
   return init_values(u, sp);
 }

@@ -132,10 +132,21 @@ int fsdp_unit_reshard(fsdp_unit *u, fsdp_stream *compute) {
 
 /* ---- backward: grads ---- */
 
+/* compact grads that the backward writes itself (the full grads, or the
+ * optimizer's when one rank holds the unit): after the step has zeroed them */
+static int compact_written_by_compute(const fsdp_unit *u) {
+  return u->grads_compact && (u->cfg.zero <= 1 ? u->main_grads == u->grads_full : !u->plan.pool_grads);
+}
+
 int fsdp_unit_grads(fsdp_unit *u, fsdp_stream *compute, void **out) {
   FSDP_CHECK(fsdp_offload_settle(u));
+  if (compact_written_by_compute(u) && u->grads_zeroed) FSDP_CHECK(fsdp_stream_wait_event(compute, u->grads_zeroed));
   if (u->cfg.zero <= 1) {
     *out = u->grads_full;
+    return FSDP_OK;
+  }
+  if (compact_written_by_compute(u)) { /* zero 2-3 alone: the optimizer's grads, no pooled buffer */
+    *out = u->pooled_grads = u->main_grads;
     return FSDP_OK;
   }
   if (u->grad_slot < 0) {
@@ -181,12 +192,36 @@ static int reduce_outer(fsdp_unit *u) {
   return fsdp_comm_all_reduce(o, u->main_grads, u->main_grads, (size_t)u->opt_numel, FSDP_FP32, u->cfg.grad_op);
 }
 
+/* compact grads: the reduction's bf16 output is what the optimizer reads
+ * (one micro-batch, so nothing accumulates); zero 0 reduces in place */
+static int reduce_compact(fsdp_unit *u) {
+  fsdp_comm *c = u->reduce_comm;
+  int z = u->cfg.zero, cd = u->cfg.compute_dtype;
+  size_t S = (size_t)u->shard_numel, T = (size_t)u->total_numel;
+  if (z == 0) return u->shard_ranks == 1 ? FSDP_OK : fsdp_comm_all_reduce(c, u->grads_full, u->grads_full, T, cd, u->cfg.grad_op);
+  if (compact_written_by_compute(u)) { /* one rank: the backward wrote them */
+    u->pooled_grads = NULL;
+    return FSDP_OK;
+  }
+  const void *full = z == 1 ? u->grads_full : u->pooled_grads;
+  FSDP_CHECK(fsdp_comm_reduce_scatter(c, u->main_grads, cd, full, cd, S, u->cfg.grad_op));
+  if (z == 1) return enqueue(c->stream, OP_ZERO, u->grads_full, NULL, 0, (int64_t)(T * u->compute_size));
+  FSDP_CHECK(fsdp_pool_give_back(u->grad_pool, u->grad_slot, c->stream));
+  u->grad_slot = -1;
+  u->pooled_grads = NULL;
+  return FSDP_OK;
+}
+
 int fsdp_unit_reduce(fsdp_unit *u, fsdp_stream *compute, int sync) {
   fsdp_comm *c = u->reduce_comm;
   int z = u->cfg.zero, cd = u->cfg.compute_dtype;
   fsdp_heartbeat_pulse(); /* progress within a long backward */
+  if (u->grads_compact && !sync)
+    return fsdp_fail(FSDP_ESTATE, "unit '%s': reduce() for a micro-batch before the last, but the unit was made for one "
+                     "micro-batch per step (micro_batches = 1: its grads are kept in bf16, with no fp32 sum)", u->name);
   if (z <= 1 && !sync) return FSDP_OK; /* accumulate in the full grads */
-  if (z >= 2 && u->grad_slot < 0) return fsdp_fail(FSDP_ESTATE, "unit '%s': reduce() without grads()", u->name);
+  if (z >= 2 && (u->grads_compact ? !u->pooled_grads : u->grad_slot < 0))
+    return fsdp_fail(FSDP_ESTATE, "unit '%s': reduce() without grads()", u->name);
   FSDP_CHECK(fsdp_offload_settle(u));
   FSDP_CHECK(fsdp_offload_before_reduce(u));
   if (u->grads_zeroed) FSDP_CHECK(fsdp_stream_wait_event(c->stream, u->grads_zeroed)); /* the last step's, on shard */
@@ -194,7 +229,9 @@ int fsdp_unit_reduce(fsdp_unit *u, fsdp_stream *compute, int sync) {
   FSDP_CHECK(fsdp_stream_wait_event(c->stream, u->handoff));
   FSDP_CHECK(enqueue_stamp(c->stream, &u->times.reduce_begin));
   int64_t T = u->total_numel, gbytes = T * (int64_t)u->compute_size;
-  if (z == 0) {
+  if (u->grads_compact) {
+    FSDP_CHECK(reduce_compact(u));
+  } else if (z == 0) {
     if (u->cfg.reduce_dtype == FSDP_FP32) {
       FSDP_CHECK(enqueue(c->stream, OP_SET, u->main_grads, u->grads_full, cd, T));
       FSDP_CHECK(fsdp_comm_all_reduce(c, u->main_grads, u->main_grads, (size_t)T, FSDP_FP32, u->cfg.grad_op));
@@ -215,7 +252,7 @@ int fsdp_unit_reduce(fsdp_unit *u, fsdp_stream *compute, int sync) {
   }
   FSDP_CHECK(enqueue_stamp(c->stream, &u->times.reduce_end));
   if (!sync || u->grads_on_host) return FSDP_OK; /* offloaded grads: in host memory already */
-  if (u->outer_comm) FSDP_CHECK(reduce_outer(u));
+  if (u->outer_comm && !u->grads_compact) FSDP_CHECK(reduce_outer(u)); /* (compact: one replica) */
   if (!u->offload) return FSDP_OK;
   /* offload: copy the reduced grads down for the host step */
   fsdp_stream *s = u->outer_comm ? u->outer_comm->stream : c->stream;

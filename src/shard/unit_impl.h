@@ -46,11 +46,15 @@ struct fsdp_unit {
   int main_split;         /* bf16 in place: the fp32 main params are the compute params
                              (fsdp_unit_inplace_stage) as high halves and main_low as low
                              ones (base/bf16_split.h) */
+  int grads_compact;      /* main_grads are bf16: one micro-batch, reduced into bf16 or not
+                             at all (fsdp_unit_plan.grads_compact); no grad_accum */
+  int main_grad_dtype;    /* FSDP_FP32, or FSDP_BF16 where compact */
 
   /* resident buffers: the plan's rows */
-  float *main_params, *opt1, *opt2, *main_grads; /* main_params NULL where split */
+  float *main_params, *opt1, *opt2; /* main_params NULL where split */
+  void *main_grads;       /* the grads the optimizer reads, main_grad_dtype */
   uint16_t *main_low;     /* split: the main params' low halves (the main_params row) */
-  float *grad_accum;      /* where reductions accumulate: main_grads, or its own shard */
+  float *grad_accum;      /* where fp32 reductions accumulate: main_grads, or its own shard */
   void *param_shard, *params_full, *grads_full;
   void *host_stage;
   int holds_reduce_scratch, holds_gather_stage;
@@ -68,7 +72,8 @@ struct fsdp_unit {
   /* ordering */
   fsdp_event *gathered;     /* on the shard stream: the full params are there */
   fsdp_event *handoff;      /* compute (or the reduce stream) to the next stream */
-  fsdp_event *grads_zeroed; /* GPU, separate reduce comm: the step's zeroing of main_grads */
+  fsdp_event *grads_zeroed; /* GPU, separate reduce comm or compact grads: the step's
+                               zeroing of main_grads (on the shard stream) */
   fsdp_unit_times times;    /* written on the comm stream, read after it is waited for */
 
   /* the grad norm, queued behind the last reduction */
@@ -123,7 +128,7 @@ int fsdp_unit_update_pieces(fsdp_unit *u, const fsdp_step_args *a, const fsdp_la
 /* dst (compute dtype) = src (fp32): at once on CPU, on stream s on a GPU */
 int fsdp_unit_cast_out(void *dst, int dtype, const float *src, int64_t n, fsdp_stream *s);
 /* GPU: queue the sum of squares of g[0..n) into norm_device on s */
-int fsdp_unit_norm_on_device(fsdp_unit *u, const float *g, int64_t n, fsdp_stream *s);
+int fsdp_unit_norm_on_device(fsdp_unit *u, const void *g, int dtype, int64_t n, fsdp_stream *s);
 
 /* ---- offload.c: the offloaded step, off the caller's thread ---- */
 int fsdp_offload_attach(fsdp_unit *u);

@@ -76,6 +76,13 @@ int fsdp_unit_plan_make(const fsdp_unit_config *cfg, const fsdp_layout *layout, 
    * over the replicas, offload copies them down after the last micro-batch */
   if (hf || (off && !grads_on_host)) hold(&p, FSDP_UBUF_GRAD_ACCUM, FSDP_HELD_DEVICE, S * f, 0);
   if (off && gpu) hold(&p, FSDP_UBUF_HOST_STAGE, FSDP_HELD_HOST, S * c, 0);
+  /* compact grads: a single backward's bf16 grads, reduced into bf16 (or
+   * not at all) are already what the optimizer reads; widening them to
+   * fp32 adds no information. Not with replicas (their sum is fp32) */
+  int alone = fsdp_layout_group_size(layout) == 1;
+  p.grads_compact = cfg->compute_dtype == FSDP_BF16 && cfg->micro_batches == 1 && !off && !hf && outer_ranks == 1 &&
+                    (alone || cfg->reduce_dtype == FSDP_BF16);
+  if (p.grads_compact) p.rows[FSDP_UBUF_MAIN_GRADS].bytes = p.opt_numel * c;
 
   /* the compute params: the main params themselves for fp32 in place */
   p.compute_is_main = cfg->compute_dtype == FSDP_FP32 && !off && !hf && !cfg->comm_register;
@@ -84,16 +91,19 @@ int fsdp_unit_plan_make(const fsdp_unit_config *cfg, const fsdp_layout *layout, 
   if (z == 0 && p.compute_is_main) alias(&p, FSDP_UBUF_PARAMS_FULL, FSDP_UBUF_MAIN_PARAMS, 1);
   else if (z <= 2) hold(&p, FSDP_UBUF_PARAMS_FULL, FSDP_HELD_DEVICE, p.total_numel * c, 1);
   if (z <= 1) hold(&p, FSDP_UBUF_GRADS_FULL, FSDP_HELD_DEVICE, p.total_numel * c, 1);
+  /* compact, and the full grads are the optimizer's already: zero 0
+   * reduces them in place, zero 1 alone has nothing to scatter */
+  if (p.grads_compact && (z == 0 || (z == 1 && alone))) alias(&p, FSDP_UBUF_MAIN_GRADS, FSDP_UBUF_GRADS_FULL, 1);
 
   /* shared and transient. One rank in the shard group holds the whole
    * unit: the shard is the full params (no gather, no param buffer, unless
    * it lives on the host), and a reduction only adds the full grads into
    * the fp32 ones (no staging, except for HFSDP's publish) */
-  int alone = fsdp_layout_group_size(layout) == 1;
-  p.reduce_scratch = alone && !hf ? 0 : (S ? S : 1) * f;
+  p.reduce_scratch = (alone && !hf) || p.grads_compact ? 0 : (S ? S : 1) * f;
   p.gather_stage = params_on_host ? (S ? S : 1) * c : 0;
   p.pool_params = z == 3 && (!alone || params_on_host) ? p.total_numel * c : 0;
-  p.pool_grads = z >= 2 ? p.total_numel * c : 0;
+  /* compact and alone: the backward writes the optimizer's grads directly */
+  p.pool_grads = z >= 2 && !(p.grads_compact && alone) ? p.total_numel * c : 0;
   *out = p;
   return FSDP_OK;
 }

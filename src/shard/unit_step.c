@@ -17,17 +17,18 @@
 /* the grads the optimizer reads, this rank's part of the norm: zero 0 holds
  * full grads everywhere, so only this rank's slice counts, and the sum over
  * the shard group is the total for every zero level */
-static void norm_range(const fsdp_unit *u, const float **g, int64_t *n) {
-  *g = u->cfg.zero == 0 ? u->main_grads + (int64_t)u->shard_rank * u->shard_numel : u->main_grads;
+static void norm_range(const fsdp_unit *u, const void **g, int64_t *n) {
+  size_t at = u->cfg.zero == 0 ? (size_t)u->shard_rank * (size_t)u->shard_numel : 0;
+  *g = (const char *)u->main_grads + at * fsdp_dtype_size(u->main_grad_dtype);
   *n = u->cfg.zero == 0 ? u->shard_numel : u->opt_numel;
 }
 
 static int host_norm(void *arg) {
   fsdp_unit *u = arg;
-  const float *g;
+  const void *g;
   int64_t n;
   norm_range(u, &g, &n);
-  u->norm_status = fsdp_sum_squares(g, n, &u->norm_sum, &u->norm_nonfinite);
+  u->norm_status = fsdp_sum_squares(g, u->main_grad_dtype, n, &u->norm_sum, &u->norm_nonfinite);
   return u->norm_status;
 }
 
@@ -47,10 +48,10 @@ int fsdp_unit_grad_norm_start(fsdp_unit *u) {
     return FSDP_OK;
   }
   if (u->offload) return FSDP_OK; /* summed on the device before the grads go down (offload.c) */
-  const float *g;
+  const void *g;
   int64_t n;
   norm_range(u, &g, &n);
-  return fsdp_unit_norm_on_device(u, g, n, s);
+  return fsdp_unit_norm_on_device(u, g, u->main_grad_dtype, n, s);
 }
 
 int fsdp_unit_grad_norm_get(fsdp_unit *u, double *sum, int64_t *nonfinite) {
@@ -64,10 +65,10 @@ int fsdp_unit_grad_norm_get(fsdp_unit *u, double *sum, int64_t *nonfinite) {
     return u->norm_status;
   }
   if (u->device == FSDP_CPU || (u->offload && !pending)) {
-    const float *g;
+    const void *g;
     int64_t n;
     norm_range(u, &g, &n);
-    return fsdp_sum_squares(g, n, sum, nonfinite);
+    return fsdp_sum_squares(g, u->main_grad_dtype, n, sum, nonfinite);
   }
   if (!pending) FSDP_CHECK(fsdp_unit_grad_norm_start(u)); /* not offloaded here */
   u->norm_pending = 0;
@@ -84,7 +85,7 @@ int fsdp_unit_grad_sumsq(fsdp_unit *u, double *sum, int64_t *nonfinite) {
 /* ---- zeroing and publishing ---- */
 
 static int zero_main_grads(fsdp_unit *u) {
-  size_t bytes = (size_t)u->opt_numel * sizeof(float);
+  size_t bytes = (size_t)u->opt_numel * fsdp_dtype_size(u->main_grad_dtype);
   if (u->device == FSDP_CUDA && !u->offload) { /* behind the optimizer's kernels on the shard stream */
     FSDP_CHECK(fsdp_memset(u->main_grads, 0, bytes, u->shard_comm->stream));
     return u->grads_zeroed ? fsdp_event_record(u->grads_zeroed, u->shard_comm->stream) : FSDP_OK;
@@ -156,14 +157,14 @@ static int step_owned(fsdp_unit *u, const fsdp_step_args *a) {
 
 int fsdp_unit_step(fsdp_unit *u, int64_t step, const fsdp_adamw_config *cfg, float grad_scale) {
   if (!u || !cfg) return fsdp_fail(FSDP_EINVAL, "unit_step: NULL argument");
-  FSDP_CHECK(fsdp_adamw_step(NULL, NULL, NULL, NULL, NULL, NULL, 0, step, cfg, grad_scale)); /* the arguments, here */
+  FSDP_CHECK(fsdp_adamw_step(NULL, NULL, NULL, NULL, FSDP_FP32, NULL, NULL, 0, step, cfg, grad_scale)); /* the arguments, here */
   fsdp_step_args a = {.step = step, .grad_scale = grad_scale, .adamw = cfg};
   return step_owned(u, &a);
 }
 
 int fsdp_unit_step_sgd(fsdp_unit *u, int64_t step, float lr, float momentum, float weight_decay, float grad_scale) {
   if (!u) return fsdp_fail(FSDP_EINVAL, "unit_step_sgd: NULL unit");
-  FSDP_CHECK(fsdp_sgd_step(NULL, NULL, NULL, NULL, NULL, 0, step, lr, momentum, weight_decay, grad_scale));
+  FSDP_CHECK(fsdp_sgd_step(NULL, NULL, NULL, NULL, FSDP_FP32, NULL, 0, step, lr, momentum, weight_decay, grad_scale));
   fsdp_step_args a = {.step = step, .grad_scale = grad_scale, .lr = lr, .momentum = momentum, .weight_decay = weight_decay};
   return step_owned(u, &a);
 }

@@ -24,9 +24,9 @@ int fsdp_unit_cast_out(void *dst, int dtype, const float *src, int64_t n, fsdp_s
   return FSDP_OK;
 }
 
-int fsdp_unit_norm_on_device(fsdp_unit *u, const float *g, int64_t n, fsdp_stream *s) {
+int fsdp_unit_norm_on_device(fsdp_unit *u, const void *g, int dtype, int64_t n, fsdp_stream *s) {
   FSDP_CHECK(fsdp_memset(u->norm_device, 0, 16, s));
-  FSDP_CHECK(fsdp_cuda()->sum_squares(g, n, (double *)u->norm_device, (int64_t *)u->norm_device + 1, s));
+  FSDP_CHECK(fsdp_cuda()->sum_squares(g, dtype, n, (double *)u->norm_device, (int64_t *)u->norm_device + 1, s));
   u->norm_pending = 1;
   return FSDP_OK;
 }
@@ -46,20 +46,21 @@ static int update(fsdp_unit *u, const fsdp_step_args *a, int64_t off, int64_t le
   int on_gpu = u->device == FSDP_CUDA && !u->offload; /* offloaded: the host's arrays */
   float *p = u->main_params ? u->main_params + off : NULL, *m = u->opt1 + off;
   uint16_t *low = u->main_low ? u->main_low + off : NULL;
-  const float *g = u->main_grads + off;
+  int gd = u->main_grad_dtype;
+  const void *g = (const char *)u->main_grads + (size_t)off * fsdp_dtype_size(gd);
   if (a->adamw) {
     fsdp_adamw_config c = *a->adamw;
     if (u->no_decay[param]) c.weight_decay = 0;
     if (on_gpu)
-      return fsdp_cuda()->adamw_step(p, stage_at(u, a, off), u->cfg.compute_dtype, low, g, m, u->opt2 + off, len,
+      return fsdp_cuda()->adamw_step(p, stage_at(u, a, off), u->cfg.compute_dtype, low, g, gd, m, u->opt2 + off, len,
                                      a->step, &c, a->grad_scale, u->shard_comm->stream);
-    return fsdp_adamw_step(p, stage_bf16(u, a, off), low, g, m, u->opt2 + off, len, a->step, &c, a->grad_scale);
+    return fsdp_adamw_step(p, stage_bf16(u, a, off), low, g, gd, m, u->opt2 + off, len, a->step, &c, a->grad_scale);
   }
   float wd = u->no_decay[param] ? 0.0f : a->weight_decay;
   if (on_gpu)
-    return fsdp_cuda()->sgd_step(p, stage_at(u, a, off), u->cfg.compute_dtype, low, g, m, len, a->step, a->lr,
+    return fsdp_cuda()->sgd_step(p, stage_at(u, a, off), u->cfg.compute_dtype, low, g, gd, m, len, a->step, a->lr,
                                  a->momentum, wd, a->grad_scale, u->shard_comm->stream);
-  return fsdp_sgd_step(p, stage_bf16(u, a, off), low, g, m, len, a->step, a->lr, a->momentum, wd, a->grad_scale);
+  return fsdp_sgd_step(p, stage_bf16(u, a, off), low, g, gd, m, len, a->step, a->lr, a->momentum, wd, a->grad_scale);
 }
 
 int fsdp_unit_update_pieces(fsdp_unit *u, const fsdp_step_args *a, const fsdp_layout_piece *ps, int k) {

@@ -99,6 +99,7 @@ int main(void) {
   OFF(fsdp_unit_config, hfsdp);
   OFF(fsdp_unit_config, offload);
   OFF(fsdp_unit_config, comm_register);
+  OFF(fsdp_unit_config, micro_batches);
   OFF(fsdp_unit_memory, params_full);
   OFF(fsdp_unit_memory, params_shard);
   OFF(fsdp_unit_memory, main_params);
@@ -127,6 +128,7 @@ int main(void) {
   OFF(fsdp_unit_plan, opt_offset);
   OFF(fsdp_unit_plan, compute_is_main);
   OFF(fsdp_unit_plan, main_split);
+  OFF(fsdp_unit_plan, grads_compact);
   OFF(fsdp_unit_plan, reduce_scratch);
   OFF(fsdp_unit_plan, gather_stage);
   OFF(fsdp_unit_plan, pool_params);

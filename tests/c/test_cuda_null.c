@@ -25,7 +25,7 @@ int main(void) {
   refused(fsdp_cuda_attention_forward(y, r, a, NULL, b, 1, 4, 2, 2, 8, FSDP_FP32, NULL), "cuda attention: k is NULL");
   refused(fsdp_cuda_cross_entropy((double *)r, (int64_t *)(r + 8), y, a, NULL, 2, 4, -1, 1.0f, FSDP_FP32, NULL),
           "cuda cross_entropy: targets is NULL");
-  refused(fsdp_cuda_sum_squares(NULL, 4, (double *)r, (int64_t *)(r + 8), NULL), "cuda sum_squares: x is NULL");
+  refused(fsdp_cuda_sum_squares(NULL, FSDP_FP32, 4, (double *)r, (int64_t *)(r + 8), NULL), "cuda sum_squares: x is NULL");
   /* nothing to do: no pointer is needed */
   CHECK(fsdp_cuda_add(NULL, NULL, NULL, 0, FSDP_FP32, NULL) == FSDP_OK);
   return fsdp_test_summary("test_cuda_null");

@@ -418,10 +418,10 @@ static void test_optimizers(void) {
   void *OUT = poisoned(n, FSDP_BF16), *sums = NULL;
   CHECK_OK(fsdp_alloc(FSDP_CUDA, 16, &sums));
   CHECK_OK(fsdp_memset(sums, 0, 16, NULL));
-  CHECK_OK(fsdp_cuda_sum_squares(G, n, (double *)sums, (int64_t *)sums + 1, NULL));
+  CHECK_OK(fsdp_cuda_sum_squares(G, FSDP_FP32, n, (double *)sums, (int64_t *)sums + 1, NULL));
   double ss;
   int64_t bad, got[2];
-  CHECK_OK(fsdp_sum_squares(g, n, &ss, &bad));
+  CHECK_OK(fsdp_sum_squares(g, FSDP_FP32, n, &ss, &bad));
   CHECK_OK(fsdp_memcpy(got, sums, 16, NULL));
   double gs;
   memcpy(&gs, &got[0], 8);
@@ -440,9 +440,9 @@ static void test_optimizers(void) {
   CHECK_OK(fsdp_memcpy(LO, lo, 2 * n, NULL));
   CHECK_OK(fsdp_memcpy(P, p, 4 * n, NULL));
   for (int step = 1; step <= 3; step++) {
-    CHECK_OK(fsdp_adamw_step(p, pb, NULL, g, m, v, n, step, &cfg, 0.5f));
-    CHECK_OK(fsdp_cuda_adamw_step(P, OUT, FSDP_BF16, NULL, G, M, Vd, n, step, &cfg, 0.5f, NULL));
-    CHECK_OK(fsdp_cuda_adamw_step(NULL, HI, FSDP_BF16, (uint16_t *)LO, G, M2, V2, n, step, &cfg, 0.5f, NULL));
+    CHECK_OK(fsdp_adamw_step(p, pb, NULL, g, FSDP_FP32, m, v, n, step, &cfg, 0.5f));
+    CHECK_OK(fsdp_cuda_adamw_step(P, OUT, FSDP_BF16, NULL, G, FSDP_FP32, M, Vd, n, step, &cfg, 0.5f, NULL));
+    CHECK_OK(fsdp_cuda_adamw_step(NULL, HI, FSDP_BF16, (uint16_t *)LO, G, FSDP_FP32, M2, V2, n, step, &cfg, 0.5f, NULL));
   }
   float *pbf = malloc(sizeof(float) * n);
   for (int64_t i = 0; i < n; i++) pbf[i] = fsdp_bf16_to_f32(pb[i]);
@@ -463,13 +463,75 @@ static void test_optimizers(void) {
     split_bad += memcmp(&joined, &pg[i], 4) != 0 || hi[i] != og[i];
   }
   CHECK(split_bad == 0);
-  CHECK_FAILS(fsdp_cuda_adamw_step(NULL, NULL, FSDP_FP32, NULL, NULL, NULL, NULL, 1, 0, &cfg, 1, NULL), FSDP_EINVAL,
+  CHECK_FAILS(fsdp_cuda_adamw_step(NULL, NULL, FSDP_FP32, NULL, NULL, FSDP_FP32, NULL, NULL, 1, 0, &cfg, 1, NULL), FSDP_EINVAL,
               "first real step is 1");
-  CHECK_FAILS(fsdp_cuda_adamw_step(P, HI, FSDP_BF16, (uint16_t *)LO, G, M2, V2, n, 1, &cfg, 1, NULL), FSDP_EINVAL,
+  CHECK_FAILS(fsdp_cuda_adamw_step(P, HI, FSDP_BF16, (uint16_t *)LO, G, FSDP_FP32, M2, V2, n, 1, &cfg, 1, NULL), FSDP_EINVAL,
               "no fp32 array");
   fsdp_free(FSDP_CUDA, G), fsdp_free(FSDP_CUDA, sums), fsdp_free(FSDP_CUDA, HI), fsdp_free(FSDP_CUDA, LO);
   fsdp_free(FSDP_CUDA, M2), fsdp_free(FSDP_CUDA, V2);
   free(p), free(g), free(m), free(v), free(pb), free(pbf), free(hi), free(lo), free(pg), free(og);
+}
+
+/* bf16 grads (a unit's compact grads): the kernels read them as the fp32
+ * grads of the same values, bit for bit, for AdamW on split params and
+ * SGD; the sum of squares within 1e-6 (its atomic adds run in any order) */
+static void test_optimizers_bf16_grads(void) {
+  const int64_t n = 5003;
+  fsdp_adamw_config cfg = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
+  float *g = rand_host(n, 1, FSDP_FP32), *p = rand_host(n, 1, FSDP_FP32);
+  uint16_t *g16 = malloc(2 * n), *hi = malloc(2 * n), *lo = malloc(2 * n), *back[2][2];
+  for (int64_t i = 0; i < n; i++) {
+    g16[i] = fsdp_f32_to_bf16(g[i]), g[i] = fsdp_bf16_to_f32(g16[i]);
+    hi[i] = fsdp_bf16_round_away(p[i]), lo[i] = fsdp_bf16_low(p[i]);
+  }
+  g16[9] = fsdp_f32_to_bf16(INFINITY), g[9] = INFINITY;
+  void *G[2] = {up(g, n, FSDP_FP32), NULL}, *HI[2], *LO[2], *M[2], *V[2], *sums = NULL;
+  CHECK_OK(fsdp_alloc(FSDP_CUDA, 2 * n, &G[1]));
+  CHECK_OK(fsdp_memcpy(G[1], g16, 2 * n, NULL));
+  CHECK_OK(fsdp_alloc(FSDP_CUDA, 32, &sums));
+  CHECK_OK(fsdp_memset(sums, 0, 32, NULL));
+  for (int k = 0; k < 2; k++) {
+    CHECK_OK(fsdp_cuda_sum_squares(G[k], k ? FSDP_BF16 : FSDP_FP32, n, (double *)sums + 2 * k, (int64_t *)sums + 2 * k + 1,
+                                   NULL));
+  }
+  double got[4];
+  CHECK_OK(fsdp_memcpy(got, sums, 32, NULL));
+  int64_t bad[2];
+  memcpy(&bad[0], &got[1], 8), memcpy(&bad[1], &got[3], 8);
+  CHECK(bad[0] == 1 && bad[1] == 1 && fabs(got[0] - got[2]) <= 1e-6 * got[0]);
+  g16[9] = fsdp_f32_to_bf16(0.25f), g[9] = 0.25f;
+  CHECK_OK(fsdp_memcpy(G[0], g, 4 * n, NULL));
+  CHECK_OK(fsdp_memcpy(G[1], g16, 2 * n, NULL));
+  for (int k = 0; k < 2; k++) {
+    CHECK_OK(fsdp_alloc(FSDP_CUDA, 2 * n, &HI[k]));
+    CHECK_OK(fsdp_alloc(FSDP_CUDA, 2 * n, &LO[k]));
+    CHECK_OK(fsdp_memcpy(HI[k], hi, 2 * n, NULL));
+    CHECK_OK(fsdp_memcpy(LO[k], lo, 2 * n, NULL));
+    CHECK_OK(fsdp_alloc(FSDP_CUDA, 4 * n, &M[k]));
+    CHECK_OK(fsdp_alloc(FSDP_CUDA, 4 * n, &V[k]));
+    CHECK_OK(fsdp_memset(M[k], 0, 4 * n, NULL));
+    CHECK_OK(fsdp_memset(V[k], 0, 4 * n, NULL));
+    int gd = k ? FSDP_BF16 : FSDP_FP32;
+    for (int step = 1; step <= 3; step++)
+      CHECK_OK(fsdp_cuda_adamw_step(NULL, HI[k], FSDP_BF16, (uint16_t *)LO[k], G[k], gd, M[k], V[k], n, step, &cfg, 0.5f,
+                                    NULL));
+    for (int step = 1; step <= 2; step++)
+      CHECK_OK(fsdp_cuda_sgd_step(NULL, HI[k], FSDP_BF16, (uint16_t *)LO[k], G[k], gd, M[k], n, step, 0.01f, 0.9f, 1e-4f,
+                                  0.5f, NULL));
+    back[k][0] = malloc(2 * n), back[k][1] = malloc(2 * n);
+    CHECK_OK(fsdp_memcpy(back[k][0], HI[k], 2 * n, NULL));
+    CHECK_OK(fsdp_memcpy(back[k][1], LO[k], 2 * n, NULL));
+  }
+  CHECK(!memcmp(back[0][0], back[1][0], 2 * n) && !memcmp(back[0][1], back[1][1], 2 * n));
+  CHECK_FAILS(fsdp_cuda_adamw_step(NULL, HI[0], FSDP_BF16, (uint16_t *)LO[0], G[0], 9, M[0], V[0], n, 1, &cfg, 1, NULL),
+              FSDP_EINVAL, "(grads)");
+  for (int k = 0; k < 2; k++) {
+    fsdp_free(FSDP_CUDA, G[k]), fsdp_free(FSDP_CUDA, HI[k]), fsdp_free(FSDP_CUDA, LO[k]);
+    fsdp_free(FSDP_CUDA, M[k]), fsdp_free(FSDP_CUDA, V[k]);
+    free(back[k][0]), free(back[k][1]);
+  }
+  fsdp_free(FSDP_CUDA, sums);
+  free(g), free(p), free(g16), free(hi), free(lo);
 }
 
 int main(void) {
@@ -496,5 +558,6 @@ int main(void) {
   test_elementwise();
   test_cross_entropy();
   test_optimizers();
+  test_optimizers_bf16_grads();
   return fsdp_test_summary("test_kernels");
 }

@@ -25,7 +25,7 @@ static void test_adamw(float wd, float scale) {
   int bad = 0;
   for (int t = 1; t <= STEPS; t++) {
     for (int i = 0; i < N; i++) g[i] = grad_at(t, i);
-    CHECK_OK(fsdp_adamw_step(p, pb, NULL, g, m, v, N, t, &cfg, scale));
+    CHECK_OK(fsdp_adamw_step(p, pb, NULL, g, FSDP_FP32, m, v, N, t, &cfg, scale));
     for (int i = 0; i < N; i++) {
       double gi = (double)g[i] * scale;
       rp[i] *= 1.0 - (double)cfg.lr * cfg.weight_decay;
@@ -45,7 +45,7 @@ static void test_adamw(float wd, float scale) {
   /* the first step moves each parameter by about lr (bias correction at t = 1) */
   float q = 0, gq = 1, mq = 0, vq = 0;
   fsdp_adamw_config plain = {.lr = 0.1f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0};
-  CHECK_OK(fsdp_adamw_step(&q, NULL, NULL, &gq, &mq, &vq, 1, 1, &plain, 1.0f));
+  CHECK_OK(fsdp_adamw_step(&q, NULL, NULL, &gq, FSDP_FP32, &mq, &vq, 1, 1, &plain, 1.0f));
   CHECK(fabsf(q + 0.1f) < 1e-6f);
   free(p); free(g); free(m); free(v); free(pb); free(rp); free(rm); free(rv);
 }
@@ -56,7 +56,7 @@ static void test_sgd(void) {
   for (int i = 0; i < N; i++) p[i] = (float)(rp[i] = 0.5 * sin(i));
   for (int t = 1; t <= STEPS; t++) {
     for (int i = 0; i < N; i++) g[i] = grad_at(t, i);
-    CHECK_OK(fsdp_sgd_step(p, NULL, NULL, g, buf, N, t, 0.01f, 0.9f, 1e-4f, 0.5f));
+    CHECK_OK(fsdp_sgd_step(p, NULL, NULL, g, FSDP_FP32, buf, N, t, 0.01f, 0.9f, 1e-4f, 0.5f));
     for (int i = 0; i < N; i++) {
       double gi = (double)g[i] * 0.5 + 1e-4 * rp[i];
       rb[i] = t == 1 ? gi : 0.9 * rb[i] + gi;
@@ -84,7 +84,7 @@ static void test_adamw_threads(void) {
     for (int i = 0; i < BIG; i++) g[i] = grad_at(t, i);
     for (int k = 0; k < 2; k++) {
       CHECK_OK(fsdp_cpu_threads_set(k == 0 ? 1 : 4));
-      CHECK_OK(fsdp_adamw_step(p[k], pb[k], NULL, g, m[k], v[k], BIG, t, &cfg, 0.5f));
+      CHECK_OK(fsdp_adamw_step(p[k], pb[k], NULL, g, FSDP_FP32, m[k], v[k], BIG, t, &cfg, 0.5f));
     }
   }
   CHECK(fsdp_cpu_threads() == 4);
@@ -139,9 +139,9 @@ static void test_split_steps(void) {
   for (int t = 1; t <= STEPS; t++) {
     for (int i = 0; i < BIG; i++) g[i] = grad_at(t, i);
     CHECK_OK(fsdp_cpu_threads_set(1));
-    CHECK_OK(fsdp_adamw_step(p, pb, NULL, g, m[0], v[0], BIG, t, &cfg, 0.5f));
+    CHECK_OK(fsdp_adamw_step(p, pb, NULL, g, FSDP_FP32, m[0], v[0], BIG, t, &cfg, 0.5f));
     CHECK_OK(fsdp_cpu_threads_set(4));
-    CHECK_OK(fsdp_adamw_step(NULL, hi, lo, g, m[1], v[1], BIG, t, &cfg, 0.5f));
+    CHECK_OK(fsdp_adamw_step(NULL, hi, lo, g, FSDP_FP32, m[1], v[1], BIG, t, &cfg, 0.5f));
   }
   fsdp_cpu_threads_set(threads);
   int bad = 0;
@@ -152,8 +152,8 @@ static void test_split_steps(void) {
   CHECK(bad == 0 && !memcmp(m[0], m[1], BIG * 4) && !memcmp(v[0], v[1], BIG * 4));
   for (int t = 1; t <= STEPS; t++) {
     for (int i = 0; i < N; i++) g[i] = grad_at(t, i);
-    CHECK_OK(fsdp_sgd_step(p, pb, NULL, g, m[0], N, t, 0.01f, 0.9f, 1e-4f, 0.5f));
-    CHECK_OK(fsdp_sgd_step(NULL, hi, lo, g, m[1], N, t, 0.01f, 0.9f, 1e-4f, 0.5f));
+    CHECK_OK(fsdp_sgd_step(p, pb, NULL, g, FSDP_FP32, m[0], N, t, 0.01f, 0.9f, 1e-4f, 0.5f));
+    CHECK_OK(fsdp_sgd_step(NULL, hi, lo, g, FSDP_FP32, m[1], N, t, 0.01f, 0.9f, 1e-4f, 0.5f));
   }
   for (int i = 0; i < N; i++) {
     float joined = fsdp_bf16_join(hi[i], lo[i]);
@@ -161,13 +161,51 @@ static void test_split_steps(void) {
   }
   CHECK(bad == 0);
   float x = 1;
-  CHECK_FAILS(fsdp_adamw_step(p, hi, lo, g, m[0], v[0], 1, 1, &cfg, 1), FSDP_EINVAL, "no fp32 array");
-  CHECK_FAILS(fsdp_sgd_step(NULL, NULL, lo, g, &x, 1, 1, 0.1f, 0, 0, 1), FSDP_EINVAL, "no fp32 array");
+  CHECK_FAILS(fsdp_adamw_step(p, hi, lo, g, FSDP_FP32, m[0], v[0], 1, 1, &cfg, 1), FSDP_EINVAL, "no fp32 array");
+  CHECK_FAILS(fsdp_sgd_step(NULL, NULL, lo, g, FSDP_FP32, &x, 1, 1, 0.1f, 0, 0, 1), FSDP_EINVAL, "no fp32 array");
   free(p), free(g), free(pb), free(hi), free(lo);
   for (int k = 0; k < 2; k++) free(m[k]), free(v[k]);
 }
 
+/* bf16 grads (a unit's compact grads) give the fp32 grads' results bit for
+ * bit when they hold the same values: AdamW over threads (chunks widened in
+ * pieces), SGD, and the sum of squares with its non-finite count */
+static void test_bf16_grads(void) {
+  enum { BIG = 1000003 };
+  fsdp_adamw_config cfg = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
+  float *g = malloc(BIG * 4), *p[2], *m[2], *v[2];
+  uint16_t *g16 = malloc(BIG * 2), *pb[2];
+  for (int k = 0; k < 2; k++) {
+    p[k] = malloc(BIG * 4), m[k] = calloc(BIG, 4), v[k] = calloc(BIG, 4), pb[k] = malloc(BIG * 2);
+    for (int i = 0; i < BIG; i++) p[k][i] = 0.01f * (float)cos(i);
+  }
+  int threads = fsdp_cpu_threads();
+  CHECK_OK(fsdp_cpu_threads_set(4));
+  for (int t = 1; t <= 3; t++) {
+    for (int i = 0; i < BIG; i++) g16[i] = fsdp_f32_to_bf16(grad_at(t, i)), g[i] = fsdp_bf16_to_f32(g16[i]);
+    CHECK_OK(fsdp_adamw_step(p[0], pb[0], NULL, g, FSDP_FP32, m[0], v[0], BIG, t, &cfg, 0.5f));
+    CHECK_OK(fsdp_adamw_step(p[1], pb[1], NULL, g16, FSDP_BF16, m[1], v[1], BIG, t, &cfg, 0.5f));
+    CHECK_OK(fsdp_sgd_step(p[0], NULL, NULL, g, FSDP_FP32, m[0], N, t, 0.01f, 0.9f, 1e-4f, 0.5f));
+    CHECK_OK(fsdp_sgd_step(p[1], NULL, NULL, g16, FSDP_BF16, m[1], N, t, 0.01f, 0.9f, 1e-4f, 0.5f));
+  }
+  CHECK(!memcmp(p[0], p[1], BIG * 4) && !memcmp(m[0], m[1], BIG * 4) && !memcmp(v[0], v[1], BIG * 4) &&
+        !memcmp(pb[0], pb[1], BIG * 2));
+  g16[5] = fsdp_f32_to_bf16(NAN), g16[BIG - 2] = fsdp_f32_to_bf16(-INFINITY);
+  for (int i = 0; i < BIG; i++) g[i] = fsdp_bf16_to_f32(g16[i]);
+  double sum[2];
+  int64_t bad[2];
+  CHECK_OK(fsdp_sum_squares(g, FSDP_FP32, BIG, &sum[0], &bad[0]));
+  CHECK_OK(fsdp_sum_squares(g16, FSDP_BF16, BIG, &sum[1], &bad[1]));
+  CHECK(!memcmp(&sum[0], &sum[1], sizeof(double)) && bad[0] == 2 && bad[1] == 2);
+  CHECK_FAILS(fsdp_adamw_step(p[0], NULL, NULL, g, 7, m[0], v[0], 1, 1, &cfg, 1), FSDP_EINVAL, "grad dtype 7");
+  CHECK_FAILS(fsdp_sum_squares(g, 7, 1, &sum[0], &bad[0]), FSDP_EINVAL, "expected fp32 or bf16");
+  fsdp_cpu_threads_set(threads);
+  for (int k = 0; k < 2; k++) free(p[k]), free(m[k]), free(v[k]), free(pb[k]);
+  free(g), free(g16);
+}
+
 int main(void) {
+  test_bf16_grads();
   test_split_bits();
   test_split_steps();
   test_adamw_threads();
@@ -176,13 +214,13 @@ int main(void) {
   test_sgd();
   fsdp_adamw_config cfg = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0};
   float x = 1, y = 1;
-  CHECK_FAILS(fsdp_adamw_step(&x, NULL, NULL, &y, &x, &y, 1, 0, &cfg, 1), FSDP_EINVAL, "the first real step is 1");
+  CHECK_FAILS(fsdp_adamw_step(&x, NULL, NULL, &y, FSDP_FP32, &x, &y, 1, 0, &cfg, 1), FSDP_EINVAL, "the first real step is 1");
   cfg.beta2 = 1.0f;
-  CHECK_FAILS(fsdp_adamw_step(&x, NULL, NULL, &y, &x, &y, 1, 1, &cfg, 1), FSDP_EINVAL, "beta2 < 1");
+  CHECK_FAILS(fsdp_adamw_step(&x, NULL, NULL, &y, FSDP_FP32, &x, &y, 1, 1, &cfg, 1), FSDP_EINVAL, "beta2 < 1");
   float s[5] = {1, 2, NAN, 3, INFINITY};
   double sum = 0;
   int64_t nonfinite = 0;
-  CHECK_OK(fsdp_sum_squares(s, 5, &sum, &nonfinite));
+  CHECK_OK(fsdp_sum_squares(s, FSDP_FP32, 5, &sum, &nonfinite));
   CHECK(sum == 14.0 && nonfinite == 2);
   /* many blocks: against a long double sum (1e-12 relative), the non-finite
    * count, and the same bits on 1 thread as on several */
@@ -202,9 +240,9 @@ int main(void) {
     double one, many;
     int64_t bad1, badn;
     fsdp_cpu_threads_set(1);
-    CHECK_OK(fsdp_sum_squares(g, n, &one, &bad1));
+    CHECK_OK(fsdp_sum_squares(g, FSDP_FP32, n, &one, &bad1));
     fsdp_cpu_threads_set(threads > 1 ? threads : 3);
-    CHECK_OK(fsdp_sum_squares(g, n, &many, &badn));
+    CHECK_OK(fsdp_sum_squares(g, FSDP_FP32, n, &many, &badn));
     fsdp_cpu_threads_set(threads);
     CHECK(bad1 == 3 && badn == 3);
     CHECK(fabsl((long double)one - ref) <= 1e-12L * ref);

@@ -11,7 +11,16 @@
  *   - state set / get (checkpoints): values with exact ties come back bit for
  *     bit, and the compute params after publishing are their rounding.
  * The grads are small multiples of 1/16, exact in bf16, so both units reduce
- * the same fp32 numbers: any difference is the split's. Tolerance: none. */
+ * the same fp32 numbers: any difference is the split's. Tolerance: none.
+ *
+ * And compact grads (fsdp_unit_plan.grads_compact): a bf16 unit made for
+ * one micro-batch per step keeps the grads the optimizer reads in bf16 where
+ * they are bf16 values anyway (one rank, or reduced in bf16). Checked for
+ * zero 0-3 and both reduce dtypes against the same unit made for any count
+ * (fp32 grads): the plan (compact exactly where it should be, 2 bytes per
+ * grad or the full grads' memory, no grad pool on one rank), the grad norm
+ * of each step and, after 5 steps, the main params and the optimizer's
+ * arrays, bit for bit; a micro-batch that is not the last is refused. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,17 +37,22 @@ static int W, R;
 
 static float grad_at(int t, int64_t i) { return (float)((int)((i * 7 + R * 3 + t * 5) % 17) - 8) / 16.0f; }
 
-static fsdp_unit *make(fsdp_comm *dp, fsdp_pool *pp, fsdp_pool *gp, int zero, int dtype, const char *name) {
+static fsdp_unit *make_with(fsdp_comm *dp, fsdp_pool *pp, fsdp_pool *gp, int zero, int dtype, int reduce_dtype,
+                            int micro_batches, const char *name) {
   fsdp_init_rule rules[NP] = {{.kind = FSDP_INIT_NORMAL, .a = 0, .b = 0.02},
                               {.kind = FSDP_INIT_CONSTANT, .a = 0, .b = 0},
                               {.kind = FSDP_INIT_CONSTANT, .a = 1, .b = 0}};
   fsdp_unit_spec spec = {.name = name, .nparams = NP, .param_names = names, .numels = numels, .rules = rules,
                          .no_decay = no_decay, .seed = 11, .shard = dp, .param_pool = pp, .grad_pool = gp,
-                         .config = {.zero = zero, .compute_dtype = dtype, .reduce_dtype = FSDP_FP32,
-                                    .grad_op = FSDP_AVG, .param_align = 16, .shard_align = 32}};
+                         .config = {.zero = zero, .compute_dtype = dtype, .reduce_dtype = reduce_dtype,
+                                    .grad_op = FSDP_AVG, .param_align = 16, .shard_align = 32,
+                                    .micro_batches = micro_batches}};
   fsdp_unit *u = NULL;
   CHECK_OK(fsdp_unit_create(&spec, &u));
   return u;
+}
+static fsdp_unit *make(fsdp_comm *dp, fsdp_pool *pp, fsdp_pool *gp, int zero, int dtype, const char *name) {
+  return make_with(dp, pp, gp, zero, dtype, FSDP_FP32, 0, name);
 }
 
 /* a state kind of the whole optimizer range, as fp32 */
@@ -74,12 +88,16 @@ static int rounded_off(fsdp_unit *split, const float *want, int64_t at, int64_t 
   return bad;
 }
 
-static void run(fsdp_comm *dp, int zero) {
+static void pools(fsdp_pool **pp, fsdp_pool **gp) {
   int64_t slot = 4 * (1000 + 7 + 33 + NP * 16 + 32 * 8);
   int64_t slots[2] = {slot, slot};
+  CHECK_OK(fsdp_pool_create(FSDP_CPU, 2, slots, pp));
+  CHECK_OK(fsdp_pool_create(FSDP_CPU, 2, slots, gp));
+}
+
+static void run(fsdp_comm *dp, int zero) {
   fsdp_pool *pp = NULL, *gp = NULL;
-  CHECK_OK(fsdp_pool_create(FSDP_CPU, 2, slots, &pp));
-  CHECK_OK(fsdp_pool_create(FSDP_CPU, 2, slots, &gp));
+  pools(&pp, &gp);
   fsdp_unit *u[2] = {make(dp, pp, gp, zero, FSDP_BF16, "split"), make(dp, pp, gp, zero, FSDP_FP32, "fp32")};
   fsdp_unit_plan plan[2];
   fsdp_unit_memory mem[2];
@@ -136,6 +154,67 @@ static void run(fsdp_comm *dp, int zero) {
   fsdp_pool_destroy(gp);
 }
 
+/* one step's backward of u: bf16 grads, reduced */
+static void feed(fsdp_unit *u, int t, int64_t T) {
+  full_params(u);
+  void *g = NULL;
+  CHECK_OK(fsdp_unit_grads(u, NULL, &g));
+  for (int64_t i = 0; g && i < T; i++) ((uint16_t *)g)[i] = fsdp_f32_to_bf16(grad_at(t, i) * (1 + (float)i / 3));
+  CHECK_OK(fsdp_unit_reshard(u, NULL));
+  CHECK_OK(fsdp_unit_reduce(u, NULL, 1));
+  CHECK_OK(fsdp_unit_synchronize(u));
+}
+
+static void run_compact(fsdp_comm *dp, int zero, int reduce_dtype) {
+  fsdp_pool *pp = NULL, *gp = NULL;
+  pools(&pp, &gp);
+  fsdp_unit *u[2] = {make_with(dp, pp, gp, zero, FSDP_BF16, reduce_dtype, 1, "one micro-batch"),
+                     make_with(dp, pp, gp, zero, FSDP_BF16, reduce_dtype, 0, "any micro-batches")};
+  fsdp_unit_plan plan[2];
+  fsdp_unit_memory mem[2];
+  for (int k = 0; k < 2; k++) {
+    CHECK_OK(fsdp_unit_plan_get(u[k], &plan[k]));
+    CHECK_OK(fsdp_unit_memory_info(u[k], &mem[k]));
+  }
+  int64_t opt = plan[0].opt_numel, T = plan[0].total_numel;
+  int compact = W == 1 || reduce_dtype == FSDP_BF16, aliased = compact && (zero == 0 || (zero == 1 && W == 1));
+  CHECK(plan[0].grads_compact == compact && plan[1].grads_compact == 0);
+  CHECK(mem[1].grads_main == 4 * opt && mem[0].grads_main == (aliased ? 0 : compact ? 2 * opt : 4 * opt));
+  CHECK(plan[0].pool_grads == (zero >= 2 && !(compact && W == 1) ? plan[1].pool_grads : 0));
+  CHECK(plan[0].reduce_scratch == (compact ? 0 : plan[1].reduce_scratch));
+
+  fsdp_adamw_config adamw = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
+  int norms_off = 0;
+  for (int t = 1; t <= STEPS; t++) {
+    double sum[2];
+    for (int k = 0; k < 2; k++) {
+      feed(u[k], t, T);
+      int64_t bad = -1;
+      CHECK_OK(fsdp_unit_grad_sumsq(u[k], &sum[k], &bad));
+      if (zero % 2 == 0) CHECK_OK(fsdp_unit_step(u[k], t, &adamw, 0.7f));
+      else CHECK_OK(fsdp_unit_step_sgd(u[k], t, 0.05f, 0.9f, 0.01f, 0.7f));
+    }
+    norms_off += memcmp(&sum[0], &sum[1], sizeof(double)) != 0;
+  }
+  CHECK(norms_off == 0);
+  CHECK(same_state(u[0], u[1], FSDP_STATE_PARAM));
+  CHECK(same_state(u[0], u[1], FSDP_STATE_OPT1));
+  if (zero % 2 == 0) CHECK(same_state(u[0], u[1], FSDP_STATE_OPT2));
+  /* a unit made for one micro-batch has no fp32 sum for a second */
+  if (compact) {
+    full_params(u[0]);
+    void *g = NULL;
+    CHECK_OK(fsdp_unit_grads(u[0], NULL, &g));
+    CHECK_OK(fsdp_unit_reshard(u[0], NULL));
+    CHECK_FAILS(fsdp_unit_reduce(u[0], NULL, 0), FSDP_ESTATE, "one micro-batch per step");
+    CHECK_OK(fsdp_unit_reduce(u[0], NULL, 1));
+    CHECK_OK(fsdp_unit_synchronize(u[0]));
+  }
+  for (int k = 0; k < 2; k++) fsdp_unit_destroy(u[k]);
+  fsdp_pool_destroy(pp);
+  fsdp_pool_destroy(gp);
+}
+
 int main(void) {
   fsdp_proc_info info;
   if (fsdp_init(&info) < 0) return 1;
@@ -144,6 +223,10 @@ int main(void) {
   fsdp_mesh *m = NULL;
   fsdp_comm *dp = fsdp_test_world(FSDP_CPU, &m);
   for (int zero = 0; zero <= 3 && dp; zero++) run(dp, zero);
+  for (int zero = 0; zero <= 3 && dp; zero++) {
+    run_compact(dp, zero, FSDP_FP32);
+    run_compact(dp, zero, FSDP_BF16);
+  }
   fsdp_mesh_destroy(m);
   char label[64];
   snprintf(label, sizeof label, "test_units_split[%d/%d]", R, W);

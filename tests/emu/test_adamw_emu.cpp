@@ -4,7 +4,8 @@
 // (src/base/adamw_math.h; SGD's formula as src/shard/adamw.c writes it).
 // Three ways to hold the params, for AdamW and for SGD with momentum: fp32
 // writing an fp32 copy, fp32 writing a bf16 copy, and split (the bf16 copy's
-// high halves plus low halves, src/base/bf16_split.h). Tolerance: none, the
+// high halves plus low halves, src/base/bf16_split.h); each with fp32 grads
+// and with bf16 grads (a unit's compact grads) of the same values. Tolerance: none, the
 // fp32 params, the optimizer's arrays and the copies bit for bit (the same
 // compiler compiles both sides; on the GPU test_kernels checks the kernel
 // against the CPU library within 1e-6).
@@ -26,7 +27,12 @@ struct State {
   std::vector<uint16_t> low;
 };
 
-static float grad_at(int t, int i) { return 0.05f * (float)std::sin(0.37 * i + 1.3 * t) * (float)(1 + i % 5); }
+static bool bf16_grads;  // this round's grads: bf16 values, passed as bf16
+
+static float grad_at(int t, int i) {
+  float g = 0.05f * (float)std::sin(0.37 * i + 1.3 * t) * (float)(1 + i % 5);
+  return bf16_grads ? fsdp_bf16_join(fsdp_bf16_round_away(g), 0) : g;
+}
 
 static State start() {
   State s;
@@ -47,20 +53,33 @@ static State start() {
 static void run_kernel(State &s, Hold h, bool adamw, int t) {
   const float b1 = 0.9f, b2 = 0.95f, lr = 1e-2f, eps = 1e-8f, decay = 1 - lr * 0.1f;
   const float c1 = (float)(1 / (1 - std::pow(0.9, t))), c2 = (float)(1 / (1 - std::pow(0.95, t)));
-  std::vector<float> g(N);
-  for (int i = 0; i < N; i++) g[i] = grad_at(t, i);
+  std::vector<float> g32(N);
+  std::vector<__nv_bfloat16> g16(N);
+  for (int i = 0; i < N; i++) g32[i] = grad_at(t, i), g16[i].x = fsdp_bf16_round_away(g32[i]);
   float *p = h == SPLIT ? nullptr : s.p.data();
   uint16_t *low = h == SPLIT ? s.low.data() : nullptr;
+  if (bf16_grads) {
+    cuda_emu::launch({2, 1, 1}, 64, 0, [&] {
+      if (adamw)
+        fsdp_opt::adamw_kernel<__nv_bfloat16>(p, s.out16.data(), low, g16.data(), s.m.data(), s.v.data(), N, b1, b2, lr, eps,
+                                              decay, c1, c2, 0.5f);
+      else
+        fsdp_opt::sgd_kernel<__nv_bfloat16>(p, s.out16.data(), low, g16.data(), s.m.data(), N, t == 1, 0.05f, 0.9f, 0.01f,
+                                            0.5f);
+    });
+    return;
+  }
+  const float *g = g32.data();
   cuda_emu::launch({2, 1, 1}, 64, 0, [&] {
     if (h == FP32_COPY && adamw)
-      fsdp_opt::adamw_kernel<float>(p, s.out32.data(), low, g.data(), s.m.data(), s.v.data(), N, b1, b2, lr, eps, decay, c1, c2, 0.5f);
+      fsdp_opt::adamw_kernel<float>(p, s.out32.data(), low, g, s.m.data(), s.v.data(), N, b1, b2, lr, eps, decay, c1, c2, 0.5f);
     else if (adamw)
-      fsdp_opt::adamw_kernel<__nv_bfloat16>(p, s.out16.data(), low, g.data(), s.m.data(), s.v.data(), N, b1, b2, lr, eps, decay,
+      fsdp_opt::adamw_kernel<__nv_bfloat16>(p, s.out16.data(), low, g, s.m.data(), s.v.data(), N, b1, b2, lr, eps, decay,
                                             c1, c2, 0.5f);
     else if (h == FP32_COPY)
-      fsdp_opt::sgd_kernel<float>(p, s.out32.data(), low, g.data(), s.m.data(), N, t == 1, 0.05f, 0.9f, 0.01f, 0.5f);
+      fsdp_opt::sgd_kernel<float>(p, s.out32.data(), low, g, s.m.data(), N, t == 1, 0.05f, 0.9f, 0.01f, 0.5f);
     else
-      fsdp_opt::sgd_kernel<__nv_bfloat16>(p, s.out16.data(), low, g.data(), s.m.data(), N, t == 1, 0.05f, 0.9f, 0.01f, 0.5f);
+      fsdp_opt::sgd_kernel<__nv_bfloat16>(p, s.out16.data(), low, g, s.m.data(), N, t == 1, 0.05f, 0.9f, 0.01f, 0.5f);
   });
 }
 
@@ -97,13 +116,17 @@ static void check(bool adamw, Hold h) {
     else bad += got.out16[i].x != fsdp_bf16_round_away(ref.p[i]);
   }
   char what[96];
-  std::snprintf(what, sizeof what, "%s, %s: elements off", adamw ? "AdamW" : "SGD", hold_name[h]);
+  std::snprintf(what, sizeof what, "%s, %s, %s grads: elements off", adamw ? "AdamW" : "SGD", hold_name[h],
+                bf16_grads ? "bf16" : "fp32");
   kit.expect(bad == 0, what, bad, 0);
 }
 
 int main() {
   for (int adamw = 0; adamw <= 1; adamw++)
     for (int h = FP32_COPY; h <= SPLIT; h++) check(adamw != 0, (Hold)h);
+  bf16_grads = true;  // the bf16 copy's kernels with bf16 grads: split and not
+  for (int adamw = 0; adamw <= 1; adamw++)
+    for (int h = BF16_COPY; h <= SPLIT; h++) check(adamw != 0, (Hold)h);
   /* ties rounded away from zero in the bf16 copy (not to even) */
   const uint32_t tie_bits = 0x3f808000u; /* 1 + 2^-8: halfway between 1 and the next bf16 */
   float tie;

@@ -8,7 +8,10 @@
 --   with the param shards too (offload = {params = true});
 --   the weights gathered back to the host after training agree likewise;
 --   a step recorded by fsdp.profile: the same losses, device spans nested;
---   the light and mlp recomputes against keeping everything: the same losses.
+--   the light and mlp recomputes against keeping everything: the same losses;
+--   bf16 with one micro-batch per step, the grads kept in bf16 (compact,
+--   zero 1 and 3) against the same run with fp32 grads: the same losses and
+--   weights bit for bit.
 local fsdp = require "fsdp"
 local llama = require "fsdp.models.llama"
 local profile = require "fsdp.profile"
@@ -47,17 +50,20 @@ local gpu_mesh = fsdp.mesh({ { "dp", 1 } }, { device = "cuda" })
 local opt = { lr = 3e-3, weight_decay = 0.1, clip = 1.0,
   loss = function(logits, b, scale) return llama.loss(logits, b.y, scale, nil, b.y_dev) end }
 
-local function run(mesh, device, zero, dtype, ck, offload, profile_at, recompute)
+-- single: one micro-batch per step, "fixed" (fully_shard told so: compact
+-- bf16 grads) or "any"; nil: two per step
+local function run(mesh, device, zero, dtype, ck, offload, profile_at, recompute, single)
   local model = llama.model(cfg, { checkpoint = ck, recompute = recompute })
   local m = fsdp.fully_shard(model, { shard = mesh:group("dp"), units = llama.units,
-    zero = zero, seed = 7, mixed = { param_dtype = dtype }, offload = offload })
+    zero = zero, seed = 7, mixed = { param_dtype = dtype }, offload = offload,
+    micro_batches = single == "fixed" and 1 or nil })
   local losses, prof = {}, nil
   for t = 1, 6 do
     if t == profile_at then
       prof = profile.start({ device = device, stream = ops.compute_stream(), names = fsdp.nn.paths(model),
         settle = function() m:synchronize() end })
     end
-    losses[t] = m:train_step({ batch(t, device), batch(t + 100, device) }, opt)
+    losses[t] = m:train_step(single and { batch(t, device) } or { batch(t, device), batch(t + 100, device) }, opt)
     if t == profile_at then prof:finish(function() m:synchronize() end) end
   end
   if profile_at then losses.profile = prof end
@@ -100,6 +106,14 @@ local lm = run(gpu_mesh, "cuda", 3, "bf16", "none", nil, nil, "mlp")
 same = true
 for t = 1, 6 do same = same and lm[t] == l[t] end
 check(same, "bf16: recompute mlp gives the losses of recompute = 'none' bit for bit")
+for _, z in ipairs({ 1, 3 }) do
+  local la, wa = run(gpu_mesh, "cuda", z, "bf16", "none", nil, nil, nil, "any")
+  local lc, wc = run(gpu_mesh, "cuda", z, "bf16", "none", nil, nil, nil, "fixed")
+  same = #wa == #wc
+  for t = 1, 6 do same = same and la[t] == lc[t] end
+  for i = 1, #wa do same = same and wa[i] == wc[i] end
+  check(same, "bf16 zero " .. z .. ", one micro-batch: grads kept in bf16 give the losses and weights of fp32 grads, bit for bit")
+end
 local ordered, inside, down = true, true, 0
 for _, sp in ipairs(lp.profile.spans) do
   ordered = ordered and sp.dev_begin >= -1e-6 and sp.dev_end >= sp.dev_begin

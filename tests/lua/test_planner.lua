@@ -56,7 +56,8 @@ local function build(r)
   local s = fsdp.fully_shard(llama.model(cfg, { checkpoint = r.fsdp.checkpoint, recompute = r.fsdp.recompute }), { shard = mesh:group("dp_shard"),
     outer = names.dp_outer and mesh:group("dp_outer") or nil, units = planner.policy(r.fsdp.units, "tiny.lua"),
     zero = r.fsdp.zero, prefetch = r.fsdp.prefetch, max_live_units = r.fsdp.max_live_units, hfsdp = r.fsdp.hfsdp,
-    offload = r.fsdp.offload, mixed = { param_dtype = r.fsdp.param_dtype, reduce_dtype = r.fsdp.reduce_dtype } })
+    offload = r.fsdp.offload, micro_batches = p.grad_accum,
+    mixed = { param_dtype = r.fsdp.param_dtype, reduce_dtype = r.fsdp.reduce_dtype } })
   return p, s, cfg
 end
 
@@ -166,7 +167,8 @@ do -- and chunking is what makes the difference
   check(chunked.activations < 0.8 * whole.activations, string.format("chunked head: %d bytes planned, whole logits %d",
     chunked.activations, whole.activations))
 end
-compare("checkpoint every 3rd layer, bf16", { ["fsdp.zero"] = 2, ["fsdp.checkpoint"] = 3, ["fsdp.param_dtype"] = "bf16" })
+compare("checkpoint every 3rd layer, bf16 reduced in bf16", { ["fsdp.zero"] = 2, ["fsdp.checkpoint"] = 3,
+  ["fsdp.param_dtype"] = "bf16", ["fsdp.reduce_dtype"] = "bf16" })
 compare("checkpoint every 2nd layer, 2 micro-batches", { ["fsdp.checkpoint"] = 2, ["train.grad_accum"] = 2 })
 -- everything kept (fsdp.recompute = "none"), and the light recompute at
 -- shapes where attention or the forward holds the peak instead of the MLP
