@@ -11,7 +11,8 @@
  * Then the two steps a bf16 unit runs (multi-threaded and on the GPU): fp32
  * params writing a bf16 copy (30 bytes per element), and split params, the
  * bf16 copy plus 16 low bits read and written in place (28 bytes;
- * src/base/bf16_split.h).
+ * src/base/bf16_split.h), and split params reading bf16 grads (a unit's
+ * compact grads: 26 bytes).
  *   bench_adamw [ELEMENTS (default 64M)] [REPEATS (default 5)]
  * Prints one line per variant: ms per step, GB/s moved, % of the ceiling. */
 #include <stdio.h>
@@ -37,6 +38,7 @@ static double best_of(int reps, int (*fn)(void *), void *arg) {
 typedef struct run {
   float *p, *g, *m, *v;
   uint16_t *bf16, *low; /* the bf16 copy (split: the high halves), the low halves */
+  uint16_t *g16;        /* bf16 grads */
   int64_t n;
   fsdp_stream *s;
   void *copy_dst;
@@ -56,6 +58,10 @@ static int cpu_step_copy(void *a) {
 static int cpu_step_split(void *a) {
   run *r = a;
   return fsdp_adamw_step(NULL, r->bf16, r->low, r->g, FSDP_FP32, r->m, r->v, r->n, step++, &cfg, 1.0f);
+}
+static int cpu_step_split_g16(void *a) {
+  run *r = a;
+  return fsdp_adamw_step(NULL, r->bf16, r->low, r->g16, FSDP_BF16, r->m, r->v, r->n, step++, &cfg, 1.0f);
 }
 /* the grad norm's share: a sum of squares over the grads (4 bytes each) */
 static int cpu_sumsq(void *a) {
@@ -93,6 +99,11 @@ static int gpu_step_split(void *a) {
   int rc = fsdp_cuda_adamw_step(NULL, r->bf16, FSDP_BF16, r->low, r->g, FSDP_FP32, r->m, r->v, r->n, step++, &cfg, 1.0f, r->s);
   return rc ? rc : fsdp_stream_synchronize(r->s);
 }
+static int gpu_step_split_g16(void *a) {
+  run *r = a;
+  int rc = fsdp_cuda_adamw_step(NULL, r->bf16, FSDP_BF16, r->low, r->g16, FSDP_BF16, r->m, r->v, r->n, step++, &cfg, 1.0f, r->s);
+  return rc ? rc : fsdp_stream_synchronize(r->s);
+}
 static int gpu_copy(void *a) {
   run *r = a;
   int rc = fsdp_memcpy(r->copy_dst, r->p, (size_t)r->n * 4, r->s);
@@ -107,15 +118,19 @@ static void report_bytes(const char *what, double s, int64_t n, double bytes, do
 }
 static void report(const char *what, double s, int64_t n, double ceiling_gbs) { report_bytes(what, s, n, 28, ceiling_gbs); }
 
-/* the bf16 unit's two steps side by side, each against the plain step's ceiling */
-static void bf16_steps(const char *where, int (*copy)(void *), int (*split)(void *), run *r, int reps, double ceiling) {
+/* the bf16 unit's steps side by side, each against the plain step's ceiling */
+static void bf16_steps(const char *where, int (*copy)(void *), int (*split)(void *), int (*split_g16)(void *), run *r,
+                       int reps, double ceiling) {
   char label[128];
-  double tc = best_of(reps, copy, r), ts = best_of(reps, split, r);
+  double tc = best_of(reps, copy, r), ts = best_of(reps, split, r), tg = best_of(reps, split_g16, r);
   snprintf(label, sizeof label, "%s, fp32 + bf16 out", where);
   report_bytes(label, tc, r->n, 30, ceiling);
   snprintf(label, sizeof label, "%s, split bf16", where);
   report_bytes(label, ts, r->n, 28, ceiling);
   printf("%-34s %9.2fx the fp32 + copy step's time\n", "  split / copy", ts / tc);
+  snprintf(label, sizeof label, "%s, split, bf16 grads", where);
+  report_bytes(label, tg, r->n, 26, ceiling);
+  printf("%-34s %9.2fx the split step's time\n", "  bf16 grads / fp32 grads", tg / ts);
 }
 
 int main(int argc, char **argv) {
@@ -145,9 +160,10 @@ int main(int argc, char **argv) {
   char label[64];
   snprintf(label, sizeof label, "CPU, %d threads", threads);
   report(label, best_of(reps, cpu_step, &r), n, host_gbs);
-  r.bf16 = calloc((size_t)n, 2), r.low = calloc((size_t)n, 2);
-  if (!r.bf16 || !r.low) return 1;
-  bf16_steps(label, cpu_step_copy, cpu_step_split, &r, reps, host_gbs);
+  r.bf16 = calloc((size_t)n, 2), r.low = calloc((size_t)n, 2), r.g16 = malloc((size_t)n * 2);
+  if (!r.bf16 || !r.low || !r.g16) return 1;
+  for (int64_t k = 0; k < n; k++) r.g16[k] = fsdp_f32_to_bf16(r.g[k]);
+  bf16_steps(label, cpu_step_copy, cpu_step_split, cpu_step_split_g16, &r, reps, host_gbs);
   double sq = best_of(reps, cpu_sumsq, &r);
   printf("%-34s %9.2f ms  %7.1f GB/s  (reads 4 bytes per element)\n", "CPU, grad sum of squares", sq * 1e3,
          4.0 * (double)n / sq / 1e9);
@@ -163,10 +179,12 @@ int main(int argc, char **argv) {
     double gc = best_of(reps, gpu_copy, &d);
     double dev_gbs = 8.0 * (double)n / gc / 1e9;
     report("GPU kernel (kernels/adamw.cu)", best_of(reps, gpu_step, &d), n, dev_gbs);
-    if (fsdp_alloc(FSDP_CUDA, (size_t)n * 2, (void **)&d.bf16) != 0 || fsdp_alloc(FSDP_CUDA, (size_t)n * 2, (void **)&d.low) != 0)
+    if (fsdp_alloc(FSDP_CUDA, (size_t)n * 2, (void **)&d.bf16) != 0 || fsdp_alloc(FSDP_CUDA, (size_t)n * 2, (void **)&d.low) != 0 ||
+        fsdp_alloc(FSDP_CUDA, (size_t)n * 2, (void **)&d.g16) != 0)
       return 1;
     fsdp_memset(d.bf16, 0, (size_t)n * 2, NULL), fsdp_memset(d.low, 0, (size_t)n * 2, NULL);
-    bf16_steps("GPU kernel", gpu_step_copy, gpu_step_split, &d, reps, dev_gbs);
+    fsdp_memcpy(d.g16, r.g16, (size_t)n * 2, NULL);
+    bf16_steps("GPU kernel", gpu_step_copy, gpu_step_split, gpu_step_split_g16, &d, reps, dev_gbs);
   } else {
     printf("GPU kernel: no CUDA device here\n");
   }
