@@ -3,7 +3,8 @@
 # and carried along (scripts/gpu_bundle.sh makes build-gpu/ and .devlibs/:
 # libfsdp.so and the CUDA backend libfsdp_cuda.so side by side):
 #   scripts/gpu_check.sh [BUILD_DIR] [OUT_DIR]
-# test_cuda, test_kernels, test_cuda_train, the demo recipe on the GPU and on
+# test_cuda, test_kernels, test_cuda_train, the planner against the GPU's
+# allocator (test_planner.lua cuda), the demo recipe on the GPU and on
 # CPU ranks (TINY_STEPS, default 400), the optimizer-step and per-kernel
 # benchmarks (copy build/bench/bench_{adamw,kernels} along), the demo with
 # the optimizer offloaded; GPU_CHECK_BENCH=1 adds OpenBLAS's threads on the
@@ -41,6 +42,9 @@ echo "== test_kernels" | tee "$out/test_kernels.log"
 
 echo "== the Llama model trained on the GPU vs the CPU ops (tests/lua/test_cuda_train.lua)"
 "$build/fsdprun" -n 1 --host "$build/fsdp" tests/lua/test_cuda_train.lua 2>&1 | tee "$out/test_cuda_train.log" || status=1
+
+echo "== the planner's bytes against the GPU's allocator (tests/lua/test_planner.lua cuda)"
+"$build/fsdprun" -n 1 --host "$build/fsdp" tests/lua/test_planner.lua . cuda 2>&1 | tee "$out/test_planner_cuda.log" || status=1
 
 echo "== the demo recipe on one GPU (fp32, then bf16) and on CPU ranks of this machine, same global batch"
 steps=${TINY_STEPS:-400}

@@ -17,6 +17,10 @@ endif()
 if(FSDP_HAVE_CUDA)
   add_test(NAME lua_cuda_train COMMAND $<TARGET_FILE:fsdprun> -n 1 --timeout 280 ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_cuda_train.lua)
   set_tests_properties(lua_cuda_train PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 300)
+  # the planner's bytes against the GPU's allocator (tests/lua/test_planner.lua cuda)
+  add_test(NAME lua_planner_cuda
+           COMMAND $<TARGET_FILE:fsdprun> -n 1 --timeout 200 ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_planner.lua ${CMAKE_SOURCE_DIR} cuda)
+  set_tests_properties(lua_planner_cuda PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 240)
 endif()
 # Which attention kernels a call runs, and cuDNN's loading at run time: on
 # any machine (tests/c/test_attention_choice.c), once as is and once with a

@@ -20,6 +20,10 @@
 --   * the offloaded optimizer (fsdp.offload: host buffers, the step on CPU
 --     threads) trains bit for bit like the optimizer in place on CPU ranks;
 --   * invalid policies fail naming the module path.
+-- With a second argument "cuda" (one rank with a GPU; exits 77 without
+-- one): the resident bytes, pools and activations of a few configurations,
+-- bf16 and fp32, planned against the GPU's allocator: what the planner
+-- does not know of the CUDA ops shows as a difference, in bytes.
 local fsdp = require "fsdp"
 local planner = require "fsdp.planner"
 local recipe = require "fsdp.recipe"
@@ -30,6 +34,11 @@ local ffi, C = fsdp.ffi, fsdp.C
 local info = fsdp.init()
 local W, R = info.size, info.rank
 local root = arg[1] or "."
+local device = arg[2] or "cpu"
+if device == "cuda" and C.fsdp_device_available(C.FSDP_CUDA) ~= 1 then
+  print("test_planner: no CUDA device here; skipped")
+  os.exit(77)
+end
 local T = dofile((arg[0]:match("^(.*/)") or "./") .. "testkit.lua")(string.format("test_planner rank %d/%d", R, W))
 local check, fails = T.check, T.fails
 
@@ -37,6 +46,7 @@ local function tiny(over)
   local r = dofile(root .. "/recipes/tiny.lua")
   r.data.seq, r.data.micro_batch = 32, 2
   r.train.eval_every, r.train.log_every, r.train.metrics = 0, 1000, nil
+  r.train.device = device
   for k, v in pairs(over or {}) do
     local sec, field = k:match("^(%w+)%.([%w_]+)$")
     if sec then r[sec][field] = v else r[k] = v end
@@ -50,7 +60,7 @@ local function build(r)
   local mcfg = {}
   for k, v in pairs(r.model) do mcfg[k] = v end
   local cfg = llama.config(mcfg)
-  local mesh = fsdp.mesh(r.mesh)
+  local mesh = fsdp.mesh(r.mesh, { device = device })
   local names = {}
   for _, d in ipairs(mesh:dims()) do names[d.name or d[1]] = true end
   local s = fsdp.fully_shard(llama.model(cfg, { checkpoint = r.fsdp.checkpoint, recompute = r.fsdp.recompute }), { shard = mesh:group("dp_shard"),
@@ -66,10 +76,10 @@ end
 local function measured(fn)
   collectgarbage()
   collectgarbage("stop")
-  local base = fsdp.memory_stats("cpu").allocated
-  fsdp.memory_reset_peak("cpu")
+  local base = fsdp.memory_stats(device).allocated
+  fsdp.memory_reset_peak(device)
   fn()
-  local st = fsdp.memory_stats("cpu")
+  local st = fsdp.memory_stats(device)
   collectgarbage("restart")
   return st.peak - base, st.allocated - base
 end
@@ -83,11 +93,15 @@ local function one_step(s, cfg, r, measure)
     local x, y = fsdp.tensor({ B, L }, "int32"), fsdp.tensor({ B, L }, "int32")
     for i = 0, B * L - 1 do x:set(i, (i * 7 + k + R) % cfg.vocab_size); y:set(i, (i * 11 + k + 3 * R) % cfg.vocab_size) end
     batches[k] = { x = x, y = y }
+    if device == "cuda" then
+      batches[k] = { x = fsdp.tensor({ B, L }, "int32", "cuda"):copy_from(x), y = y,
+        y_dev = fsdp.tensor({ B, L }, "int32", "cuda"):copy_from(y) }
+    end
   end
   -- as the trainer does: the head and loss fused over chunks of rows unless train.loss_chunk_mb = 0
   local chunk = r.train.loss_chunk_mb * 2 ^ 20
   local function step()
-    s:train_step(batches, { lr = 1e-3, loss = function(logits, b, scale) return llama.loss(logits, b.y, scale) end,
+    s:train_step(batches, { lr = 1e-3, loss = function(logits, b, scale) return llama.loss(logits, b.y, scale, nil, b.y_dev) end,
       forward_loss = chunk > 0 and llama.forward_loss(chunk) or nil })
   end
   if not measure then return step() end
@@ -137,6 +151,14 @@ local function compare(label, over)
   return p
 end
 
+if device == "cuda" then -- the GPU's bytes: the benchmark's settings in small, and fp32
+  compare("cuda, bf16, a big tied embedding, zero 3", { ["model.vocab_size"] = 4096, ["model.tie_word_embeddings"] = true,
+    ["fsdp.param_dtype"] = "bf16" })
+  compare("cuda, bf16, zero 3, recompute mlp", { ["fsdp.param_dtype"] = "bf16", ["fsdp.recompute"] = "mlp" })
+  compare("cuda, bf16, zero 2, 2 micro-batches", { ["fsdp.param_dtype"] = "bf16", ["fsdp.zero"] = 2, ["train.grad_accum"] = 2 })
+  compare("cuda, fp32, zero 3, checkpoint full", { ["fsdp.checkpoint"] = "full" })
+  T.finish() -- (exits)
+end
 for zero = 0, 3 do compare("zero " .. zero, { ["fsdp.zero"] = zero }) end
 do -- a tied embedding larger than a layer (Llama 3.2 1B's shape in small):
   -- one pool slot of its size, the others a layer's, planned and allocated
