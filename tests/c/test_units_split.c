@@ -20,7 +20,8 @@
  * (fp32 grads): the plan (compact exactly where it should be, 2 bytes per
  * grad or the full grads' memory, no grad pool on one rank), the grad norm
  * of each step and, after 5 steps, the main params and the optimizer's
- * arrays, bit for bit; a micro-batch that is not the last is refused. */
+ * arrays, bit for bit; a skipped step leaves no grads; a micro-batch that
+ * is not the last is refused. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -195,6 +196,15 @@ static void run_compact(fsdp_comm *dp, int zero, int reduce_dtype) {
       else CHECK_OK(fsdp_unit_step_sgd(u[k], t, 0.05f, 0.9f, 0.01f, 0.7f));
     }
     norms_off += memcmp(&sum[0], &sum[1], sizeof(double)) != 0;
+  }
+  /* a skipped step (non-finite grads somewhere) drops the grads: none left */
+  for (int k = 0; k < 2; k++) {
+    feed(u[k], STEPS + 1, T);
+    CHECK_OK(fsdp_unit_zero_grad(u[k]));
+    double left = -1;
+    int64_t bad = -1;
+    CHECK_OK(fsdp_unit_grad_sumsq(u[k], &left, &bad));
+    CHECK(left == 0 && bad == 0);
   }
   CHECK(norms_off == 0);
   CHECK(same_state(u[0], u[1], FSDP_STATE_PARAM));
