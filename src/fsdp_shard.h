@@ -131,7 +131,10 @@ typedef enum {
   FSDP_UBUF_PARAMS_FULL = 6, /* compute-dtype full params, resident (zero 0-2) */
   FSDP_UBUF_GRADS_FULL = 7,  /* compute-dtype full grads, resident (zero 0-1) */
   FSDP_UBUF_HOST_STAGE = 8,  /* offload on a GPU: the new compute shard, cast on the host */
-  FSDP_UBUF_COUNT = 9
+  FSDP_UBUF_GRADS_SUM = 9,   /* zero 1, bf16 compute, micro-batches: the fp32 full grads they
+                                add up in before the one reduce-scatter (zero 0 sums in
+                                main_grads, full already) */
+  FSDP_UBUF_COUNT = 10
 } fsdp_unit_buffer;
 typedef enum {
   FSDP_HELD_NOT = 0,    /* the unit has no such buffer */
@@ -169,7 +172,12 @@ typedef struct fsdp_unit_plan {
   int64_t pool_params;     /* a full compute-dtype buffer from the param pool while gathered
                               (zero 3), 0: none */
   int64_t pool_grads;      /* the same from the grad pool during backward (zero 2-3) */
-  fsdp_unit_buffer_row rows[9]; /* by fsdp_unit_buffer */
+  int32_t sums_fp32;                /* zero 0-1, bf16 compute, fp32 reductions and possibly
+                                       several micro-batches: each micro-batch's full grads
+                                       are added into fp32 (main_grads at zero 0, the
+                                       grads_sum row at zero 1) instead of adding up in the
+                                       bf16 full grads */
+  fsdp_unit_buffer_row rows[10]; /* by fsdp_unit_buffer */
 } fsdp_unit_plan;
 /* The plan of a unit with this config and layout on `device`, sharded over
  * shard_ranks (the layout's group size) and, HSDP, replicated over
@@ -269,7 +277,7 @@ typedef struct fsdp_unit_memory {
   int64_t optimizer;      /* AdamW m and v */
   int64_t grads_full;     /* compute-dtype full grads (zero 0-1) */
   int64_t grads_main;     /* the grads the optimizer reads: fp32, or bf16 where compact (0:
-                             they are the full grads) */
+                             they are the full grads); and zero 1's fp32 micro-batch sum */
   int64_t scratch;        /* 0: the fp32 reduce-scatter staging is shared by the
                              units of a shard group (fsdp_comm_scratch_bytes) */
   int64_t shard_numel, total_numel;

@@ -204,7 +204,8 @@ function M.plan(r, o)
     local mem = {
       params_full = row(C.FSDP_UBUF_PARAMS_FULL), params_shard = row(C.FSDP_UBUF_PARAM_SHARD),
       main_params = row(C.FSDP_UBUF_MAIN_PARAMS), optimizer = row(C.FSDP_UBUF_OPT1) + row(C.FSDP_UBUF_OPT2),
-      grads_full = row(C.FSDP_UBUF_GRADS_FULL), grads_main = row(C.FSDP_UBUF_MAIN_GRADS) + row(C.FSDP_UBUF_GRAD_ACCUM),
+      grads_full = row(C.FSDP_UBUF_GRADS_FULL), grads_main = row(C.FSDP_UBUF_MAIN_GRADS) + row(C.FSDP_UBUF_GRAD_ACCUM) +
+        row(C.FSDP_UBUF_GRADS_SUM),
       scratch = 0, -- shared: below
       host_stage = row(C.FSDP_UBUF_HOST_STAGE), offloaded = 0 }
     -- of those, what lives in host memory (offload)

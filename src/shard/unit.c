@@ -131,13 +131,14 @@ static int alloc_rows(fsdp_unit *u) {
   u->params_full = rows[FSDP_UBUF_PARAMS_FULL];
   u->grads_full = rows[FSDP_UBUF_GRADS_FULL];
   u->host_stage = rows[FSDP_UBUF_HOST_STAGE];
+  u->grads_sum = rows[FSDP_UBUF_GRADS_SUM];
   return FSDP_OK;
 }
 
 static void free_rows(fsdp_unit *u) {
   void *main = u->main_split ? (void *)u->main_low : (void *)u->main_params;
   void *rows[FSDP_UBUF_COUNT] = {main,           u->opt1,        u->opt2,       u->main_grads, NULL,
-                                 u->param_shard, u->params_full, u->grads_full, u->host_stage};
+                                 u->param_shard, u->params_full, u->grads_full, u->host_stage, u->grads_sum};
   if (u->grad_accum != u->main_grads) rows[FSDP_UBUF_GRAD_ACCUM] = u->grad_accum; /* (NULL: compact) */
   for (int i = 0; i < u->nregistrations; i++) fsdp_comm_deregister(u->registered_with[i], u->registrations[i]);
   for (int i = 0; i < FSDP_UBUF_COUNT; i++) free_row(u, i, comm_of(u, i), rows[i]);
@@ -225,6 +226,7 @@ static int build(fsdp_unit *u, const fsdp_unit_spec *sp) {
   u->main_split = p->main_split;
   u->grads_compact = p->grads_compact;
   u->main_grad_dtype = p->grads_compact ? cfg->compute_dtype : FSDP_FP32;
+  u->sums_fp32 = p->sums_fp32;
   size_t np = (size_t)(sp->nparams ? sp->nparams : 1);
   u->no_decay = calloc(np, 1);
   u->numels = calloc(np, sizeof(int64_t));
@@ -246,6 +248,7 @@ static int build(fsdp_unit *u, const fsdp_unit_spec *sp) {
   FSDP_CHECK(fsdp_event_create(u->device, &u->handoff));
   if ((u->reduce_comm != u->shard_comm || u->grads_compact) && u->device == FSDP_CUDA)
     FSDP_CHECK(fsdp_event_create(u->device, &u->grads_zeroed));
+  if (u->sums_fp32) FSDP_CHECK(fsdp_event_create(u->device, &u->grads_free));
   return init_values(u, sp);
 }
 
@@ -304,6 +307,7 @@ int fsdp_unit_destroy(fsdp_unit *u) {
   fsdp_event_destroy(u->gathered);
   fsdp_event_destroy(u->handoff);
   fsdp_event_destroy(u->grads_zeroed);
+  fsdp_event_destroy(u->grads_free);
   fsdp_layout_destroy(u->layout);
   fsdp_pool_release(u->param_pool);
   fsdp_pool_release(u->grad_pool);
@@ -338,7 +342,7 @@ int fsdp_unit_memory_info(const fsdp_unit *u, fsdp_unit_memory *out) {
       .main_params = r[FSDP_UBUF_MAIN_PARAMS].bytes,
       .optimizer = r[FSDP_UBUF_OPT1].bytes + r[FSDP_UBUF_OPT2].bytes,
       .grads_full = r[FSDP_UBUF_GRADS_FULL].bytes,
-      .grads_main = r[FSDP_UBUF_MAIN_GRADS].bytes + r[FSDP_UBUF_GRAD_ACCUM].bytes,
+      .grads_main = r[FSDP_UBUF_MAIN_GRADS].bytes + r[FSDP_UBUF_GRAD_ACCUM].bytes + r[FSDP_UBUF_GRADS_SUM].bytes,
       .scratch = 0, /* shared by the group's units: fsdp_comm_scratch_bytes */
       .shard_numel = u->shard_numel,
       .total_numel = u->total_numel,

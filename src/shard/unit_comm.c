@@ -141,6 +141,7 @@ static int compact_written_by_compute(const fsdp_unit *u) {
 int fsdp_unit_grads(fsdp_unit *u, fsdp_stream *compute, void **out) {
   FSDP_CHECK(fsdp_offload_settle(u));
   if (compact_written_by_compute(u) && u->grads_zeroed) FSDP_CHECK(fsdp_stream_wait_event(compute, u->grads_zeroed));
+  if (u->grads_free) FSDP_CHECK(fsdp_stream_wait_event(compute, u->grads_free)); /* the last micro-batch's, added in */
   if (u->cfg.zero <= 1) {
     *out = u->grads_full;
     return FSDP_OK;
@@ -162,10 +163,10 @@ int fsdp_unit_grads(fsdp_unit *u, fsdp_stream *compute, void **out) {
   return FSDP_OK;
 }
 
-/* reduce-scatter `full` into fp32 `dst`; accumulate adds instead of writing */
-static int reduce_scatter_into(fsdp_unit *u, float *dst, const void *full, int accumulate) {
+/* reduce-scatter `full` (dtype cd) into fp32 `dst`; accumulate adds instead of writing */
+static int reduce_scatter_into(fsdp_unit *u, float *dst, const void *full, int cd, int accumulate) {
   fsdp_comm *c = u->reduce_comm;
-  int cd = u->cfg.compute_dtype, rd = u->cfg.reduce_dtype;
+  int rd = u->cfg.reduce_dtype;
   size_t S = (size_t)u->shard_numel;
   if (u->shard_ranks == 1) /* nothing to exchange: the full grads are this rank's shard */
     return enqueue(c->stream, accumulate ? OP_ADD : OP_SET, dst, full, cd, u->shard_numel);
@@ -212,6 +213,22 @@ static int reduce_compact(fsdp_unit *u) {
   return FSDP_OK;
 }
 
+/* zero 0-1, fp32 sums: each micro-batch's full grads are added into the
+ * fp32 sum (zero 0: the full main grads) and zeroed for the next one,
+ * which waits for that (grads_free); the last reduces the sum in fp32.
+ * (A step of one micro-batch has nothing to add up: the plain path.) */
+static int reduce_sums(fsdp_unit *u, int sync) {
+  fsdp_comm *c = u->reduce_comm;
+  int64_t T = u->total_numel;
+  float *sum = u->cfg.zero == 0 ? u->main_grads : u->grads_sum;
+  FSDP_CHECK(enqueue(c->stream, u->sum_pending ? OP_ADD : OP_SET, sum, u->grads_full, u->cfg.compute_dtype, T));
+  FSDP_CHECK(enqueue(c->stream, OP_ZERO, u->grads_full, NULL, 0, T * (int64_t)u->compute_size));
+  u->sum_pending = !sync;
+  if (!sync) return fsdp_event_record(u->grads_free, c->stream);
+  if (u->cfg.zero == 0) return fsdp_comm_all_reduce(c, sum, sum, (size_t)T, FSDP_FP32, u->cfg.grad_op);
+  return reduce_scatter_into(u, u->grad_accum, sum, FSDP_FP32, 0);
+}
+
 int fsdp_unit_reduce(fsdp_unit *u, fsdp_stream *compute, int sync) {
   fsdp_comm *c = u->reduce_comm;
   int z = u->cfg.zero, cd = u->cfg.compute_dtype;
@@ -219,7 +236,7 @@ int fsdp_unit_reduce(fsdp_unit *u, fsdp_stream *compute, int sync) {
   if (u->grads_compact && !sync)
     return fsdp_fail(FSDP_ESTATE, "unit '%s': reduce() for a micro-batch before the last, but the unit was made for one "
                      "micro-batch per step (micro_batches = 1: its grads are kept in bf16, with no fp32 sum)", u->name);
-  if (z <= 1 && !sync) return FSDP_OK; /* accumulate in the full grads */
+  if (z <= 1 && !sync && !u->sums_fp32) return FSDP_OK; /* accumulate in the full grads */
   if (z >= 2 && (u->grads_compact ? !u->pooled_grads : u->grad_slot < 0))
     return fsdp_fail(FSDP_ESTATE, "unit '%s': reduce() without grads()", u->name);
   FSDP_CHECK(fsdp_offload_settle(u));
@@ -231,6 +248,8 @@ int fsdp_unit_reduce(fsdp_unit *u, fsdp_stream *compute, int sync) {
   int64_t T = u->total_numel, gbytes = T * (int64_t)u->compute_size;
   if (u->grads_compact) {
     FSDP_CHECK(reduce_compact(u));
+  } else if (u->sums_fp32 && (u->sum_pending || !sync)) {
+    FSDP_CHECK(reduce_sums(u, sync));
   } else if (z == 0) {
     if (u->cfg.reduce_dtype == FSDP_FP32) {
       FSDP_CHECK(enqueue(c->stream, OP_SET, u->main_grads, u->grads_full, cd, T));
@@ -241,11 +260,11 @@ int fsdp_unit_reduce(fsdp_unit *u, fsdp_stream *compute, int sync) {
     }
     FSDP_CHECK(enqueue(c->stream, OP_ZERO, u->grads_full, NULL, 0, gbytes));
   } else if (z == 1) {
-    FSDP_CHECK(reduce_scatter_into(u, u->grad_accum, u->grads_full, 0));
+    FSDP_CHECK(reduce_scatter_into(u, u->grad_accum, u->grads_full, cd, 0));
     FSDP_CHECK(enqueue(c->stream, OP_ZERO, u->grads_full, NULL, 0, gbytes));
   } else {
     /* every micro-batch: accumulation stays sharded, in fp32 */
-    FSDP_CHECK(reduce_scatter_into(u, u->grad_accum, u->pooled_grads, 1));
+    FSDP_CHECK(reduce_scatter_into(u, u->grad_accum, u->pooled_grads, cd, 1));
     FSDP_CHECK(fsdp_pool_give_back(u->grad_pool, u->grad_slot, c->stream));
     u->grad_slot = -1;
     u->pooled_grads = NULL;

@@ -49,6 +49,8 @@ struct fsdp_unit {
   int grads_compact;      /* main_grads are bf16: one micro-batch, reduced into bf16 or not
                              at all (fsdp_unit_plan.grads_compact); no grad_accum */
   int main_grad_dtype;    /* FSDP_FP32, or FSDP_BF16 where compact */
+  int sums_fp32;          /* zero 0-1: micro-batches add up in fp32 (fsdp_unit_plan.sums_fp32) */
+  int sum_pending;        /* sums_fp32: a micro-batch before the last was added in */
 
   /* resident buffers: the plan's rows */
   float *main_params, *opt1, *opt2; /* main_params NULL where split */
@@ -56,6 +58,7 @@ struct fsdp_unit {
   uint16_t *main_low;     /* split: the main params' low halves (the main_params row) */
   float *grad_accum;      /* where fp32 reductions accumulate: main_grads, or its own shard */
   void *param_shard, *params_full, *grads_full;
+  float *grads_sum;       /* zero 1, sums_fp32: the full fp32 sum of the micro-batches */
   void *host_stage;
   int holds_reduce_scratch, holds_gather_stage;
   fsdp_comm_reg *registrations[3];
@@ -74,6 +77,7 @@ struct fsdp_unit {
   fsdp_event *handoff;      /* compute (or the reduce stream) to the next stream */
   fsdp_event *grads_zeroed; /* GPU, separate reduce comm or compact grads: the step's
                                zeroing of main_grads (on the shard stream) */
+  fsdp_event *grads_free;   /* sums_fp32: the full grads added in and zeroed (reduce stream) */
   fsdp_unit_times times;    /* written on the comm stream, read after it is waited for */
 
   /* the grad norm, queued behind the last reduction */

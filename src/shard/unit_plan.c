@@ -26,7 +26,7 @@
 #include "../fsdp_shard.h"
 
 static const char *const names[FSDP_UBUF_COUNT] = {"main_params", "opt1",        "opt2",        "main_grads", "grad_accum",
-                                                   "param_shard", "params_full", "grads_full", "host_stage"};
+                                                   "param_shard", "params_full", "grads_full", "host_stage",  "grads_sum"};
 
 /* the public struct spells the row count out (FFI-clean) */
 _Static_assert(sizeof(((fsdp_unit_plan *)0)->rows) / sizeof(fsdp_unit_buffer_row) == FSDP_UBUF_COUNT,
@@ -94,6 +94,11 @@ int fsdp_unit_plan_make(const fsdp_unit_config *cfg, const fsdp_layout *layout, 
   /* compact, and the full grads are the optimizer's already: zero 0
    * reduces them in place, zero 1 alone has nothing to scatter */
   if (p.grads_compact && (z == 0 || (z == 1 && alone))) alias(&p, FSDP_UBUF_MAIN_GRADS, FSDP_UBUF_GRADS_FULL, 1);
+  /* several bf16 micro-batches at zero 0-1 add up in fp32, not in the bf16
+   * full grads: zero 0 in its full fp32 main grads, zero 1 in a full fp32
+   * sum (4 bytes a param more; what Megatron's and DeepSpeed's ZeRO-1 hold) */
+  p.sums_fp32 = z <= 1 && cfg->compute_dtype == FSDP_BF16 && cfg->reduce_dtype == FSDP_FP32 && cfg->micro_batches != 1;
+  if (p.sums_fp32 && z == 1) hold(&p, FSDP_UBUF_GRADS_SUM, FSDP_HELD_DEVICE, p.total_numel * f, 0);
 
   /* shared and transient. One rank in the shard group holds the whole
    * unit: the shard is the full params (no gather, no param buffer, unless

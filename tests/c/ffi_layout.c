@@ -129,6 +129,7 @@ int main(void) {
   OFF(fsdp_unit_plan, compute_is_main);
   OFF(fsdp_unit_plan, main_split);
   OFF(fsdp_unit_plan, grads_compact);
+  OFF(fsdp_unit_plan, sums_fp32);
   OFF(fsdp_unit_plan, reduce_scratch);
   OFF(fsdp_unit_plan, gather_stage);
   OFF(fsdp_unit_plan, pool_params);
@@ -170,6 +171,7 @@ int main(void) {
   CONST(FSDP_UBUF_PARAMS_FULL);
   CONST(FSDP_UBUF_GRADS_FULL);
   CONST(FSDP_UBUF_HOST_STAGE);
+  CONST(FSDP_UBUF_GRADS_SUM);
   CONST(FSDP_UBUF_COUNT);
   CONST(FSDP_HELD_NOT);
   CONST(FSDP_HELD_DEVICE);

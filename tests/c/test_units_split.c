@@ -21,7 +21,15 @@
  * grad or the full grads' memory, no grad pool on one rank), the grad norm
  * of each step and, after 5 steps, the main params and the optimizer's
  * arrays, bit for bit; a skipped step leaves no grads; a micro-batch that
- * is not the last is refused. */
+ * is not the last is refused.
+ *
+ * And fp32 sums of bf16 micro-batches at zero 0-1 (fsdp_unit_plan.sums_fp32):
+ * three micro-batches whose sum needs more bits than bf16 has (1 + 2^-10 +
+ * 2^-10 per element, and the like), summed over the ranks (FSDP_SUM, so
+ * every order of exact fp32 adds is the same number), against a zero 2
+ * unit, which adds each micro-batch's reduced grads into its fp32 shard:
+ * this rank's grad norm share and, after an AdamW step, its main params,
+ * bit for bit. Summed in bf16 the small terms would vanish. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,6 +46,8 @@ static int W, R;
 
 static float grad_at(int t, int64_t i) { return (float)((int)((i * 7 + R * 3 + t * 5) % 17) - 8) / 16.0f; }
 
+static int grad_op = FSDP_AVG;
+
 static fsdp_unit *make_with(fsdp_comm *dp, fsdp_pool *pp, fsdp_pool *gp, int zero, int dtype, int reduce_dtype,
                             int micro_batches, const char *name) {
   fsdp_init_rule rules[NP] = {{.kind = FSDP_INIT_NORMAL, .a = 0, .b = 0.02},
@@ -46,7 +56,7 @@ static fsdp_unit *make_with(fsdp_comm *dp, fsdp_pool *pp, fsdp_pool *gp, int zer
   fsdp_unit_spec spec = {.name = name, .nparams = NP, .param_names = names, .numels = numels, .rules = rules,
                          .no_decay = no_decay, .seed = 11, .shard = dp, .param_pool = pp, .grad_pool = gp,
                          .config = {.zero = zero, .compute_dtype = dtype, .reduce_dtype = reduce_dtype,
-                                    .grad_op = FSDP_AVG, .param_align = 16, .shard_align = 32,
+                                    .grad_op = grad_op, .param_align = 16, .shard_align = 32,
                                     .micro_batches = micro_batches}};
   fsdp_unit *u = NULL;
   CHECK_OK(fsdp_unit_create(&spec, &u));
@@ -180,7 +190,11 @@ static void run_compact(fsdp_comm *dp, int zero, int reduce_dtype) {
   int64_t opt = plan[0].opt_numel, T = plan[0].total_numel;
   int compact = W == 1 || reduce_dtype == FSDP_BF16, aliased = compact && (zero == 0 || (zero == 1 && W == 1));
   CHECK(plan[0].grads_compact == compact && plan[1].grads_compact == 0);
-  CHECK(mem[1].grads_main == 4 * opt && mem[0].grads_main == (aliased ? 0 : compact ? 2 * opt : 4 * opt));
+  /* the unit made for any count sums micro-batches in fp32; at zero 1 in a full sum of its own */
+  int64_t fp32_sum = zero == 1 && reduce_dtype == FSDP_FP32 ? 4 * T : 0;
+  CHECK(mem[1].grads_main == 4 * opt + fp32_sum &&
+        mem[0].grads_main == (aliased ? 0 : compact ? 2 * opt : 4 * opt));
+  CHECK(plan[1].sums_fp32 == (zero <= 1 && reduce_dtype == FSDP_FP32) && plan[0].sums_fp32 == 0);
   CHECK(plan[0].pool_grads == (zero >= 2 && !(compact && W == 1) ? plan[1].pool_grads : 0));
   CHECK(plan[0].reduce_scratch == (compact ? 0 : plan[1].reduce_scratch));
 
@@ -225,6 +239,51 @@ static void run_compact(fsdp_comm *dp, int zero, int reduce_dtype) {
   fsdp_pool_destroy(gp);
 }
 
+/* micro-batch k's bf16 grad of element i on this rank: 1, 2^-10 or 2^-11
+ * apart in scale, so that their sum needs 12 bits and more */
+static float micro_grad(int k, int64_t i) {
+  float big = (float)((int)((i * 5 + R) % 9) - 4) / 4.0f;
+  return k == 0 ? big : (float)((int)((i * 3 + k + R) % 5) + 1) / (k == 1 ? 1024.0f : 2048.0f);
+}
+
+static void run_sums(fsdp_comm *dp, int zero) {
+  enum { K = 3 };
+  fsdp_pool *pp = NULL, *gp = NULL;
+  pools(&pp, &gp);
+  grad_op = FSDP_SUM;
+  fsdp_unit *u[2] = {make_with(dp, pp, gp, zero, FSDP_BF16, FSDP_FP32, 0, "summed in full"),
+                     make_with(dp, pp, gp, 2, FSDP_BF16, FSDP_FP32, 0, "zero 2")};
+  grad_op = FSDP_AVG;
+  fsdp_unit_plan plan;
+  CHECK_OK(fsdp_unit_plan_get(u[0], &plan));
+  CHECK(plan.sums_fp32 == 1);
+  int64_t T = plan.total_numel, S = plan.shard_numel;
+  double sum[2];
+  for (int k = 0; k < 2; k++) {
+    for (int mb = 0; mb < K; mb++) {
+      void *g = NULL;
+      CHECK_OK(fsdp_unit_grads(u[k], NULL, &g));
+      for (int64_t i = 0; g && i < T; i++) ((uint16_t *)g)[i] = fsdp_f32_to_bf16(micro_grad(mb, i));
+      CHECK_OK(fsdp_unit_reduce(u[k], NULL, mb == K - 1));
+    }
+    CHECK_OK(fsdp_unit_synchronize(u[k]));
+    int64_t bad = -1;
+    CHECK_OK(fsdp_unit_grad_sumsq(u[k], &sum[k], &bad));
+    fsdp_adamw_config adamw = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
+    CHECK_OK(fsdp_unit_step(u[k], 1, &adamw, 1.0f));
+  }
+  CHECK(sum[0] > 0 && memcmp(&sum[0], &sum[1], sizeof(double)) == 0);
+  /* this rank's shard of the main params (zero 0 holds them all) */
+  float *a = malloc(sizeof(float) * (size_t)(S ? S : 1)), *b = malloc(sizeof(float) * (size_t)(S ? S : 1));
+  CHECK_OK(fsdp_unit_state_get(u[0], FSDP_STATE_PARAM, zero == 0 ? R * S : 0, S, a));
+  CHECK_OK(fsdp_unit_state_get(u[1], FSDP_STATE_PARAM, 0, S, b));
+  CHECK(memcmp(a, b, sizeof(float) * (size_t)S) == 0);
+  free(a), free(b);
+  for (int k = 0; k < 2; k++) fsdp_unit_destroy(u[k]);
+  fsdp_pool_destroy(pp);
+  fsdp_pool_destroy(gp);
+}
+
 int main(void) {
   fsdp_proc_info info;
   if (fsdp_init(&info) < 0) return 1;
@@ -237,6 +296,7 @@ int main(void) {
     run_compact(dp, zero, FSDP_FP32);
     run_compact(dp, zero, FSDP_BF16);
   }
+  for (int zero = 0; zero <= 1 && dp; zero++) run_sums(dp, zero);
   fsdp_mesh_destroy(m);
   char label[64];
   snprintf(label, sizeof label, "test_units_split[%d/%d]", R, W);

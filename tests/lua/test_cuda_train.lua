@@ -11,7 +11,10 @@
 --   the light and mlp recomputes against keeping everything: the same losses;
 --   bf16 with one micro-batch per step, the grads kept in bf16 (compact,
 --   zero 1 and 3) against the same run with fp32 grads: the same losses and
---   weights bit for bit.
+--   weights bit for bit;
+--   bf16 with two micro-batches at zero 1 (summed in a full fp32 buffer,
+--   each micro-batch's bf16 grads zeroed for the next) against zero 2
+--   (summed into the fp32 shard): the same losses and weights bit for bit.
 local fsdp = require "fsdp"
 local llama = require "fsdp.models.llama"
 local profile = require "fsdp.profile"
@@ -113,6 +116,14 @@ for _, z in ipairs({ 1, 3 }) do
   for t = 1, 6 do same = same and la[t] == lc[t] end
   for i = 1, #wa do same = same and wa[i] == wc[i] end
   check(same, "bf16 zero " .. z .. ", one micro-batch: grads kept in bf16 give the losses and weights of fp32 grads, bit for bit")
+end
+do
+  local l1, w1 = run(gpu_mesh, "cuda", 1, "bf16", "none")
+  local l2, w2 = run(gpu_mesh, "cuda", 2, "bf16", "none")
+  same = #w1 == #w2
+  for t = 1, 6 do same = same and l1[t] == l2[t] end
+  for i = 1, #w1 do same = same and w1[i] == w2[i] end
+  check(same, "bf16, two micro-batches: zero 1's fp32 sums give zero 2's losses and weights, bit for bit")
 end
 local ordered, inside, down = true, true, 0
 for _, sp in ipairs(lp.profile.spans) do

@@ -192,6 +192,8 @@ end
 compare("checkpoint every 3rd layer, bf16 reduced in bf16", { ["fsdp.zero"] = 2, ["fsdp.checkpoint"] = 3,
   ["fsdp.param_dtype"] = "bf16", ["fsdp.reduce_dtype"] = "bf16" })
 compare("checkpoint every 2nd layer, 2 micro-batches", { ["fsdp.checkpoint"] = 2, ["train.grad_accum"] = 2 })
+-- bf16 micro-batches at zero 1 add up in a full fp32 sum (src/shard/unit_plan.c)
+compare("zero 1, bf16, 2 micro-batches", { ["fsdp.zero"] = 1, ["fsdp.param_dtype"] = "bf16", ["train.grad_accum"] = 2 })
 -- everything kept (fsdp.recompute = "none"), and the light recompute at
 -- shapes where attention or the forward holds the peak instead of the MLP
 compare("recompute none", { ["fsdp.recompute"] = "none" })
