@@ -52,29 +52,29 @@ typedef struct adamw_job {
 #define FSDP_ALWAYS_INLINE inline
 #endif
 
-/* elements [lo, hi), grad[i - lo] being element i's */
-static FSDP_ALWAYS_INLINE void adamw_loops(const adamw_job *j, const float *restrict grad, int64_t lo, int64_t hi) {
-  float *restrict param = j->param, *restrict m = j->m, *restrict v = j->v;
-  uint16_t *restrict out = j->param_bf16, *restrict low = j->param_low;
+/* n elements from lo, grad[k] being element lo + k's (every array indexed
+ * from 0 here, the form the vectoriser handles best) */
+static FSDP_ALWAYS_INLINE void adamw_loops(const adamw_job *j, const float *restrict grad, int64_t lo, int64_t n) {
+  float *restrict param = j->param ? j->param + lo : NULL, *restrict m = j->m + lo, *restrict v = j->v + lo;
+  uint16_t *restrict out = j->param_bf16 ? j->param_bf16 + lo : NULL;
+  uint16_t *restrict low = j->param_low ? j->param_low + lo : NULL;
   const float gs = j->grad_scale, b1 = j->b1, b2 = j->b2, lr = j->lr, eps = j->eps, decay = j->decay, c1 = j->c1,
               c2 = j->c2;
   if (low) { /* split: the fp32 param is joined, updated and split again */
-    for (int64_t i = lo; i < hi; i++) {
-      float p = fsdp_bf16_join(out[i], low[i]);
-      fsdp_adamw_element(&p, m + i, v + i, grad[i - lo] * gs, b1, b2, lr, eps, decay, c1, c2);
-      out[i] = fsdp_bf16_round_away(p);
-      low[i] = fsdp_bf16_low(p);
+    for (int64_t k = 0; k < n; k++) {
+      float p = fsdp_bf16_join(out[k], low[k]);
+      fsdp_adamw_element(&p, m + k, v + k, grad[k] * gs, b1, b2, lr, eps, decay, c1, c2);
+      out[k] = fsdp_bf16_round_away(p);
+      low[k] = fsdp_bf16_low(p);
     }
     return;
   }
   if (!out) {
-    for (int64_t i = lo; i < hi; i++)
-      fsdp_adamw_element(param + i, m + i, v + i, grad[i - lo] * gs, b1, b2, lr, eps, decay, c1, c2);
+    for (int64_t k = 0; k < n; k++) fsdp_adamw_element(param + k, m + k, v + k, grad[k] * gs, b1, b2, lr, eps, decay, c1, c2);
     return;
   }
-  for (int64_t i = lo; i < hi; i++)
-    out[i] = fsdp_bf16_round_away(
-        fsdp_adamw_element(param + i, m + i, v + i, grad[i - lo] * gs, b1, b2, lr, eps, decay, c1, c2));
+  for (int64_t k = 0; k < n; k++)
+    out[k] = fsdp_bf16_round_away(fsdp_adamw_element(param + k, m + k, v + k, grad[k] * gs, b1, b2, lr, eps, decay, c1, c2));
 }
 
 /* bf16 grads are widened (exactly) into an fp32 chunk that stays in L1 */
@@ -87,14 +87,14 @@ static FSDP_ALWAYS_INLINE void widen(float *restrict dst, const uint16_t *restri
 FSDP_VECTOR_CLONES static void adamw_range(void *arg, int64_t lo, int64_t hi) {
   const adamw_job *j = arg;
   if (!j->grad_bf16) {
-    adamw_loops(j, j->grad + lo, lo, hi);
+    adamw_loops(j, j->grad + lo, lo, hi - lo);
     return;
   }
   float g[GRAD_CHUNK];
   for (int64_t c = lo; c < hi; c += GRAD_CHUNK) {
     int64_t e = hi - c < GRAD_CHUNK ? hi : c + GRAD_CHUNK;
     widen(g, j->grad_bf16 + c, e - c);
-    adamw_loops(j, g, c, e);
+    adamw_loops(j, g, c, e - c);
   }
 }
 
