@@ -3,7 +3,7 @@
 --   local s = fsdp.fully_shard(model, { shard = comm, outer = comm_or_nil,
 --     units = {"Linear"} | function(module, path) -> unit name | nil,
 --     zero = 3, max_live_units = 2, prefetch = 1, seed = 1234,
---     offload = false })  -- true: optimizer state in host memory, the step on CPU threads;
+--     offload = false,    -- true: optimizer state in host memory, the step on CPU threads;
 --                         -- {params = true}: the param shards too (zero 3, GPUs)
 --     micro_batches = nil })  -- the count every train_step takes, when fixed: 1 lets
 --                         -- bf16 units keep the optimizer's grads in bf16 (src/shard/unit_plan.c)

@@ -4,7 +4,8 @@
  * updates of an off-by-one counter are a known peer bug). Optionally writes
  * the new values rounded to bf16 in the same pass (the compute-dtype copy,
  * ties away from zero: base/bf16_split.h), or keeps the fp32 params split
- * into that copy and their low 16 bits.
+ * into that copy and their low 16 bits. The grads are fp32, or bf16 where a
+ * unit keeps them so (compact grads: the same values, widened exactly).
  *
  *   p <- p - lr * wd * p
  *   m <- b1 m + (1 - b1) g          g = grad * grad_scale
@@ -131,8 +132,10 @@ int fsdp_adamw_step(float *param, uint16_t *param_bf16, uint16_t *param_low, con
   const float c1 = (float)(1.0 / (1.0 - pow(cfg->beta1, (double)step)));
   const float c2 = (float)(1.0 / (1.0 - pow(cfg->beta2, (double)step)));
   int g16 = grad_dtype == FSDP_BF16;
-  adamw_job j = {param, m, v, param_bf16, param_low, g16 ? NULL : grad, g16 ? grad : NULL, grad_scale, cfg->beta1, cfg->beta2, cfg->lr, cfg->eps,
-                 1.0f - cfg->lr * cfg->weight_decay, c1, c2};
+  adamw_job j = {.param = param, .m = m, .v = v, .param_bf16 = param_bf16, .param_low = param_low,
+                 .grad = g16 ? NULL : grad, .grad_bf16 = g16 ? grad : NULL, .grad_scale = grad_scale,
+                 .b1 = cfg->beta1, .b2 = cfg->beta2, .lr = cfg->lr, .eps = cfg->eps,
+                 .decay = 1.0f - cfg->lr * cfg->weight_decay, .c1 = c1, .c2 = c2};
   /* elementwise: the same values on any number of threads */
   fsdp_parallel_for(n, GRAIN, adamw_range, &j);
   return FSDP_OK;

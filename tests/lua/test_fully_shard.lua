@@ -126,6 +126,33 @@ do
     "unknown mixed precision dtype")
 end
 
+-- bf16 reduced in bf16, one micro-batch a step: made for it (micro_batches
+-- = 1), the units keep the optimizer's grads in bf16 (compact); the losses
+-- and weights of the same model made for any count (fp32 grads), bit for
+-- bit. A different count is refused by name.
+do
+  local function make(mb)
+    return fsdp.fully_shard(mlp(), { shard = dp, units = { "Linear" }, zero = 3, seed = 7, micro_batches = mb,
+      mixed = { param_dtype = "bf16", reduce_dtype = "bf16" } })
+  end
+  local a, b = make(1), make(nil)
+  check(a.units[1].plan.grads_compact == 1 and b.units[1].plan.grads_compact == 0, "compact grads where made for one micro-batch")
+  local same = true
+  for t = 1, 5 do
+    local la, lb = a:train_step({ batch(R, 1, t) }, opt), b:train_step({ batch(R, 1, t) }, opt)
+    same = same and la == lb
+  end
+  for _, name in ipairs(names) do
+    local x, y = a:gather(name), b:gather(name)
+    for i = 1, #y do same = same and x[i] == y[i] end
+  end
+  check(same, "bf16, one micro-batch: compact grads give the losses and weights of fp32 grads, bit for bit")
+  fails(function() a:train_step({ batch(R, 1, 9), batch(R, 2, 9) }, opt) end, "made with micro_batches = 1",
+    "two micro-batches for a model made for one")
+  a:free(); b:free()
+  fails(function() make(0) end, "micro_batches = 0", "micro_batches below 1")
+end
+
 -- a non-finite gradient skips the step on every rank and names the unit
 do
   local m = fsdp.fully_shard(mlp(), { shard = dp, units = { "Linear" }, zero = 3, seed = 3 })
