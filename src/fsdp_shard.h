@@ -249,7 +249,8 @@ int fsdp_unit_grad_norm_get(fsdp_unit *u, double *sum, int64_t *nonfinite);
 int fsdp_unit_step(fsdp_unit *u, int64_t step, const fsdp_adamw_config *cfg, float grad_scale);
 /* The same with SGD (momentum buffer in the AdamW m state). */
 int fsdp_unit_step_sgd(fsdp_unit *u, int64_t step, float lr, float momentum, float weight_decay, float grad_scale);
-/* Drop the reduced grads without a step (e.g. non-finite grads somewhere). */
+/* Drop the reduced grads without a step (e.g. non-finite grads somewhere),
+ * and any micro-batch sum begun (zero 0-1, fp32 sums). */
 int fsdp_unit_zero_grad(fsdp_unit *u);
 /* A view (no copy) of parameter i inside the unit's full buffers, shaped
  * (ndim, shape) with numel equal to the parameter's: which = FSDP_VIEW_PARAM

@@ -96,6 +96,7 @@ static int zero_main_grads(fsdp_unit *u) {
 
 int fsdp_unit_zero_grad(fsdp_unit *u) {
   FSDP_CHECK(fsdp_unit_synchronize(u));
+  u->sum_pending = 0; /* a micro-batch sum begun (zero 0-1, fp32 sums) starts again */
   return zero_main_grads(u);
 }
 

@@ -29,7 +29,8 @@
  * every order of exact fp32 adds is the same number), against a zero 2
  * unit, which adds each micro-batch's reduced grads into its fp32 shard:
  * this rank's grad norm share and, after an AdamW step, its main params,
- * bit for bit. Summed in bf16 the small terms would vanish. */
+ * bit for bit (after a micro-batch dropped by zero_grad). Summed in bf16
+ * the small terms would vanish. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -260,6 +261,12 @@ static void run_sums(fsdp_comm *dp, int zero) {
   int64_t T = plan.total_numel, S = plan.shard_numel;
   double sum[2];
   for (int k = 0; k < 2; k++) {
+    /* a micro-batch, then the step dropped (zero_grad): nothing of it is left in the sum */
+    void *g0 = NULL;
+    CHECK_OK(fsdp_unit_grads(u[k], NULL, &g0));
+    for (int64_t i = 0; g0 && i < T; i++) ((uint16_t *)g0)[i] = fsdp_f32_to_bf16(micro_grad(0, i + 1));
+    CHECK_OK(fsdp_unit_reduce(u[k], NULL, 0));
+    CHECK_OK(fsdp_unit_zero_grad(u[k]));
     for (int mb = 0; mb < K; mb++) {
       void *g = NULL;
       CHECK_OK(fsdp_unit_grads(u[k], NULL, &g));
