@@ -64,5 +64,6 @@ for step in range(steps):
     print(f"fsdp2 step {step + 1}: loss {loss.item():.4f}, {times[-1]:.3f} s", flush=True)
 tps = seq * (len(times) - 1) / sum(times[1:])
 print(json.dumps({"engine": "pytorch-fsdp2", "tokens_per_s": tps, "peak_bytes": torch.cuda.max_memory_allocated(),
+                  "peak_reserved_bytes": torch.cuda.max_memory_reserved(),
                   "offload": offload, "torch": torch.__version__}))
 dist.destroy_process_group()

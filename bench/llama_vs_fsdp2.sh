@@ -4,7 +4,9 @@
 # tokens with PyTorch FSDP2 (bench/fsdp2_llama.py), and prints tokens/s,
 # MFU (the same FLOP count and the same peak for both: the GPU's datasheet,
 # lua/fsdp/peak.lua; n/a for a GPU not in its table)
-# and peak memory side by side, with the ratio.
+# and peak memory side by side, with the ratios: the bytes the buffers asked
+# for (torch.cuda.max_memory_allocated) and the bytes the allocator held
+# from the device, rounding and cache included (max_memory_reserved).
 # --offload: the same with the optimizer offloaded to the host, on a model
 # that does not fit an 80 GB GPU without it (bench/llama4b_offload.lua,
 # 4.4B; FSDP2 with CPUOffloadPolicy), both with activation checkpointing.
@@ -44,7 +46,7 @@ import json, sys
 theirs = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")][-1]
 pct = lambda m: f"{100 * m:6.1f}%" if m is not None else "    n/a"
 print(f"\n# {sys.argv[2]} (steps after the first)")
-print(f"{'engine':16} {'tokens/s':>10} {'MFU':>7} {'peak GiB':>9}")
+print(f"{'engine':16} {'tokens/s':>10} {'MFU':>7} {'peak GiB':>9} {'reserved':>9}")
 ratios = []
 for v in sys.argv[3:]:
     path, label = v.split("=", 1)
@@ -53,11 +55,14 @@ for v in sys.argv[3:]:
     tps = len(steady) / sum(1 / r["tokens_per_s"] for r in steady)
     mfu = sum(r["mfu"] for r in steady) / len(steady) if all(r.get("mfu") is not None for r in steady) else None
     mem = max(r["mem_bytes"] for r in rows)
+    held = max(r.get("mem_reserved_bytes", 0) for r in rows)
     if len(ratios) == 0:  # same FLOPs per token, same peak: FSDP2's MFU from ours
         their_mfu = mfu * theirs["tokens_per_s"] / tps if mfu else None
-    print(f"{'fsdp (ours)':16} {tps:10.0f} {pct(mfu)} {mem / 2**30:9.2f}  {label}")
-    ratios.append((label, tps / theirs["tokens_per_s"], mem / theirs["peak_bytes"]))
-print(f"{'pytorch fsdp2':16} {theirs['tokens_per_s']:10.0f} {pct(their_mfu)} {theirs['peak_bytes'] / 2**30:9.2f}")
-for label, t, m in ratios:
-    print(f"ratio ours/fsdp2: tokens/s {t:.3f}, peak memory {m:.3f}  ({label})")
+    print(f"{'fsdp (ours)':16} {tps:10.0f} {pct(mfu)} {mem / 2**30:9.2f} {held / 2**30:9.2f}  {label}")
+    ratios.append((label, tps / theirs["tokens_per_s"], mem / theirs["peak_bytes"],
+                   held / theirs["peak_reserved_bytes"]))
+print(f"{'pytorch fsdp2':16} {theirs['tokens_per_s']:10.0f} {pct(their_mfu)} {theirs['peak_bytes'] / 2**30:9.2f}"
+      f" {theirs['peak_reserved_bytes'] / 2**30:9.2f}")
+for label, t, m, h in ratios:
+    print(f"ratio ours/fsdp2: tokens/s {t:.3f}, peak memory {m:.3f}, reserved {h:.3f}  ({label})")
 PY

@@ -29,10 +29,11 @@ int fsdp_alloc_host_pinned(size_t bytes, void **out);
 int fsdp_free(int device, void *ptr);
 int fsdp_free_host_pinned(void *ptr);
 /* fsdp_alloc serves each device from a caching pool (freed blocks are kept
- * by size class and reused; see src/device/caching_allocator.c).
- * allocated: bytes handed out and not freed, as requested; peak: its
- * high-water mark; reserved: bytes the pool holds from the device (in use,
- * rounded to the size class, plus cached); cached: the free part of that. */
+ * and reused; see src/device/caching_allocator.c). allocated: bytes handed
+ * out and not freed, as requested; peak: its high-water mark; reserved:
+ * bytes the pool holds from the device (in use, rounded to the block size:
+ * a size class up to 8 MiB, whole 2 MiB granules above; plus cached);
+ * cached: the free part of that. */
 typedef struct fsdp_memory_stats {
   int64_t allocated, peak, allocs, frees;
   int64_t reserved, peak_reserved, cached, cache_hits;

@@ -481,7 +481,8 @@ local function run(r, where, args, break_at, owned)
     local tps = tokens_step / dt
     local rank_flops = flops_tok * tps / dp -- model FLOP/s of one rank
     local mfu = the_peak.flops and rank_flops / the_peak.flops or nil
-    local mem = fsdp.memory_stats(device).peak
+    local mstats = fsdp.memory_stats(device)
+    local mem = mstats.peak
     if warn then say("step %d: %s", step, warn) end
     if step % r.train.log_every == 0 or step == last then
       local elapsed = C.fsdp_time_now() - t_start
@@ -498,7 +499,8 @@ local function run(r, where, args, break_at, owned)
         restarts.suffix(restart), metrics and metrics.failed and " | metrics NOT written" or "")
     end
     record({ step = step, loss = loss, lr = lr, grad_norm = norm, tokens_per_s = tps, step_time_s = dt, mfu = mfu,
-      gemm_frac = rank_flops / gemm_rate, mem_bytes = mem, tokens = tokens_done, host_step_s = sharded.host_step_s,
+      gemm_frac = rank_flops / gemm_rate, mem_bytes = mem, mem_reserved_bytes = mstats.peak_reserved, tokens = tokens_done,
+      host_step_s = sharded.host_step_s,
       skipped = warn and true or nil, attempt = restart and restart.attempt })
     -- a step skipped for non-finite values changes nothing; several in a
     -- row mean the run has diverged (or its weights are gone): stop

@@ -6,8 +6,15 @@
  * cudaMalloc/cudaFree pair (a device-wide synchronisation). So freed blocks
  * are kept in free lists by size class and handed out again.
  *
- * Size classes: up to 512 bytes one class; above, four classes per power of
- * two (2^k * 1.25, 1.5, 1.75, 2), so a block wastes at most 25%.
+ * Block sizes: up to 512 bytes one class; up to 8 MiB four classes per
+ * power of two (2^k * 1.25, 1.5, 1.75, 2), a small block wasting at most 25%;
+ * above 8 MiB whole 2 MiB granules (cudaMalloc's own granule), so a large
+ * block wastes under 2 MiB. The large blocks are what a rank holds for the
+ * whole run (params, optimizer state, grads: 116 MiB rows that a class of
+ * 128 MiB would round up by 10%, 1.3 GiB on the 1B model), and reserved
+ * bytes are what the device really gives up. A cached large block serves a
+ * request at most 1/8 smaller than itself (best fit), so varying sizes still
+ * find a block and no block wastes more than 12.5% of itself.
  *
  * Statistics per device: allocated (bytes as requested, in use), peak,
  * reserved (bytes held from the backend: in use plus cached, by class),
@@ -44,8 +51,10 @@
 #define UNPOISON(p, n) ((void)(p), (void)(n))
 #endif
 
-#define NCLASS 232 /* class indices for sizes up to 2^64 */
-#define NDEV 2     /* FSDP_CPU, FSDP_CUDA */
+#define LARGE_MIN ((size_t)8 << 20) /* requests above this take whole granules */
+#define GRANULE ((size_t)2 << 20)
+#define NCLASS 57 /* class indices for sizes up to LARGE_MIN */
+#define NDEV 2    /* FSDP_CPU, FSDP_CUDA */
 
 typedef struct {
   void **v;
@@ -60,6 +69,8 @@ typedef struct {
 typedef struct {
   pthread_mutex_t mu;
   stack free_list[NCLASS];
+  entry *large; /* cached large blocks (ptr, block), unordered */
+  int nlarge, large_cap;
   entry *live;
   size_t live_cap, live_n;
   fsdp_memory_stats st;
@@ -77,16 +88,20 @@ static size_t class_bytes(int k) {
   return ((size_t)1 << e) + (size_t)j * ((size_t)1 << (e - 2));
 }
 
-/* the class of a request of `bytes`, and its block size */
-static int size_class(size_t bytes, size_t *block) {
+/* the block a request of `bytes` gets, and its class (-1: a large block) */
+static size_t block_of(size_t bytes, int *class_out) {
+  if (bytes > LARGE_MIN) {
+    *class_out = -1;
+    return (bytes + GRANULE - 1) / GRANULE * GRANULE;
+  }
   int k = 0;
   if (bytes > 512) {
     int e = 63 - __builtin_clzll((unsigned long long)(bytes - 1)); /* 2^e < bytes <= 2^(e+1), e >= 9 */
     size_t step = (size_t)1 << (e - 2);
     k = (e - 9) * 4 + (int)((bytes - ((size_t)1 << e) + step - 1) / step);
   }
-  *block = class_bytes(k);
-  return k;
+  *class_out = k;
+  return class_bytes(k);
 }
 
 /* ---- backends ---- */
@@ -178,6 +193,40 @@ static int push(stack *s, void *p) {
   return 1;
 }
 
+/* keeps a freed block for reuse; 0 when it cannot be kept. c->mu held */
+static int cache_put(cache *c, int k, void *p, size_t block) {
+  if (k >= 0) return push(&c->free_list[k], p);
+  if (c->nlarge == c->large_cap) {
+    int cap = c->large_cap ? c->large_cap * 2 : 16;
+    entry *v = realloc(c->large, sizeof *v * (size_t)cap);
+    if (!v) return 0;
+    c->large = v;
+    c->large_cap = cap;
+  }
+  c->large[c->nlarge++] = (entry){p, block, 0};
+  return 1;
+}
+
+/* a cached block for a request of *block bytes (class k), NULL on a miss;
+ * a large one is the smallest that wastes at most 1/8 of itself, and
+ * *block becomes its size. c->mu held */
+static void *cache_take(cache *c, int k, size_t *block) {
+  if (k >= 0) {
+    stack *s = &c->free_list[k];
+    return s->n ? s->v[--s->n] : NULL;
+  }
+  int best = -1;
+  for (int i = 0; i < c->nlarge; i++) {
+    size_t b = c->large[i].block;
+    if (b >= *block && b - *block <= b / 8 && (best < 0 || b < c->large[best].block)) best = i;
+  }
+  if (best < 0) return NULL;
+  void *p = c->large[best].ptr;
+  *block = c->large[best].block;
+  c->large[best] = c->large[--c->nlarge];
+  return p;
+}
+
 /* gives every cached block of the device back to the backend; c->mu held */
 static void release_cached(int device, cache *c) {
   for (int k = 0; k < NCLASS; k++) {
@@ -189,6 +238,12 @@ static void release_cached(int device, cache *c) {
       c->st.reserved -= (int64_t)block;
       c->st.cached -= (int64_t)block;
     }
+  }
+  while (c->nlarge) {
+    entry e = c->large[--c->nlarge];
+    backend_free(device, e.ptr, e.block);
+    c->st.reserved -= (int64_t)e.block;
+    c->st.cached -= (int64_t)e.block;
   }
 }
 
@@ -203,15 +258,13 @@ static int caching_on(void) {
 int fsdp_cache_alloc(int device, size_t bytes, void **out) {
   cache *c = &caches[device == FSDP_CUDA];
   if (bytes > ((size_t)1 << 60)) return fsdp_fail(FSDP_ENOMEM, "alloc: %zu bytes on %s is more than any device has", bytes, dev_name(device));
-  size_t block;
-  int k = size_class(bytes, &block);
+  int k;
+  size_t block = block_of(bytes, &k);
   pthread_mutex_lock(&c->mu);
-  void *p = NULL;
-  int hit = 0, rc = FSDP_OK;
-  if (c->free_list[k].n) {
-    p = c->free_list[k].v[--c->free_list[k].n];
+  void *p = cache_take(c, k, &block);
+  int hit = p != NULL, rc = FSDP_OK;
+  if (hit) {
     c->st.cached -= (int64_t)block;
-    hit = 1;
   } else {
     rc = backend_alloc(device, block, &p);
     if (rc == FSDP_ENOMEM && c->st.cached > 0) { /* give the cache back and retry once */
@@ -227,7 +280,7 @@ int fsdp_cache_alloc(int device, size_t bytes, void **out) {
     if (c->st.reserved > c->st.peak_reserved) c->st.peak_reserved = c->st.reserved;
   }
   if (live_insert(c, p, block, bytes) < 0) {
-    if (hit) c->st.cached += (int64_t)block, push(&c->free_list[k], p);
+    if (hit && cache_put(c, k, p, block)) c->st.cached += (int64_t)block;
     else backend_free(device, p, block), c->st.reserved -= (int64_t)block;
     pthread_mutex_unlock(&c->mu);
     return FSDP_ENOMEM;
@@ -256,14 +309,14 @@ int fsdp_cache_free(int device, void *ptr) {
   }
   c->st.allocated -= (int64_t)e.requested;
   c->st.frees++;
-  size_t block;
-  int k = size_class(e.requested, &block);
-  if (caching_on() && push(&c->free_list[k], ptr)) {
-    if (device != FSDP_CUDA) POISON(ptr, block);
-    c->st.cached += (int64_t)block;
+  int k;
+  block_of(e.block, &k); /* a block's own size maps to its class */
+  if (caching_on() && cache_put(c, k, ptr, e.block)) {
+    if (device != FSDP_CUDA) POISON(ptr, e.block);
+    c->st.cached += (int64_t)e.block;
   } else {
-    backend_free(device, ptr, block);
-    c->st.reserved -= (int64_t)block;
+    backend_free(device, ptr, e.block);
+    c->st.reserved -= (int64_t)e.block;
   }
   pthread_mutex_unlock(&c->mu);
   return FSDP_OK;

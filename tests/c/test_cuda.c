@@ -279,6 +279,13 @@ static void test_cuda_pool(void) {
   CHECK(q == p && b.cache_hits == a.cache_hits + 1);
   CHECK_OK(fsdp_free(FSDP_CUDA, q));
   CHECK_FAILS(fsdp_free(FSDP_CUDA, q), FSDP_EINVAL, "freed already");
+  /* above 8 MiB whole 2 MiB granules: 116.01 MiB (a 1B layer's bf16 row) in 118 */
+  CHECK_OK(fsdp_memory_empty_cache(FSDP_CUDA));
+  CHECK_OK(fsdp_memory_get_stats(FSDP_CUDA, &a));
+  CHECK_OK(fsdp_alloc(FSDP_CUDA, 121645000, &p));
+  CHECK_OK(fsdp_memory_get_stats(FSDP_CUDA, &b));
+  CHECK(b.reserved - a.reserved == 118 << 20 && b.allocated - a.allocated == 121645000);
+  CHECK_OK(fsdp_free(FSDP_CUDA, p));
   CHECK_OK(fsdp_memory_empty_cache(FSDP_CUDA));
   CHECK_OK(fsdp_memory_get_stats(FSDP_CUDA, &b));
   CHECK(b.reserved == a.reserved && b.allocated == a.allocated && b.cached == 0);

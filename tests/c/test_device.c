@@ -205,8 +205,48 @@ static void test_tensor(void) {
 }
 
 /* The caching pool: a freed block is reused for the next request of its
- * size class; reserved counts class sizes (at most 25% over the request);
- * empty_cache gives cached blocks back; a foreign or double free fails. */
+ * size class; reserved counts class sizes (at most 25% over the request up
+ * to 8 MiB, whole 2 MiB granules above); empty_cache gives cached blocks
+ * back; a foreign or double free fails. */
+/* Large blocks: whole 2 MiB granules (a 116.01 MiB row of the 1B model in
+ * 118 MiB, not a 128 MiB class); a cached one serves a request at most 1/8
+ * of itself smaller, the best fit first. */
+static void test_caching_large(void) {
+  const size_t MiB = (size_t)1 << 20;
+  fsdp_memory_stats st, *a = &st, b;
+  void *p = NULL, *q = NULL, *r = NULL;
+  CHECK_OK(fsdp_memory_empty_cache(FSDP_CPU));
+  CHECK_OK(fsdp_memory_get_stats(FSDP_CPU, a));
+  CHECK_OK(fsdp_alloc(FSDP_CPU, 121645000, &p)); /* 116.01 MiB */
+  CHECK_OK(fsdp_memory_get_stats(FSDP_CPU, &b));
+  CHECK(b.reserved - a->reserved == (int64_t)(118 * MiB) && b.allocated - a->allocated == 121645000);
+  memset(p, 1, 121645000);
+  CHECK_OK(fsdp_free(FSDP_CPU, p));
+  CHECK_OK(fsdp_alloc(FSDP_CPU, 22 * MiB + 1, &p)); /* 24 MiB; the cached 118 MiB block is far too big */
+  CHECK_OK(fsdp_alloc(FSDP_CPU, 26 * MiB, &q));
+  CHECK_OK(fsdp_memory_get_stats(FSDP_CPU, &b));
+  CHECK(p != q && b.reserved - a->reserved == (int64_t)((118 + 24 + 26) * MiB) && b.cached == (int64_t)(118 * MiB));
+  CHECK_OK(fsdp_free(FSDP_CPU, q));
+  CHECK_OK(fsdp_free(FSDP_CPU, p));
+  CHECK_OK(fsdp_alloc(FSDP_CPU, 23 * MiB, &r)); /* 24 and 26 both fit: the smaller */
+  CHECK(r == p);
+  CHECK_OK(fsdp_alloc(FSDP_CPU, 23 * MiB, &p)); /* then the 26 MiB block (2 MiB spare <= 26/8) */
+  CHECK(p == q);
+  CHECK_OK(fsdp_memory_get_stats(FSDP_CPU, &b));
+  CHECK(b.reserved - a->reserved == (int64_t)((118 + 24 + 26) * MiB) && b.cached == (int64_t)(118 * MiB) &&
+        b.allocated - a->allocated == (int64_t)(46 * MiB));
+  CHECK_OK(fsdp_free(FSDP_CPU, p));
+  CHECK_OK(fsdp_alloc(FSDP_CPU, 22 * MiB, &p)); /* 26 - 22 > 26/8: a new 22 MiB block */
+  CHECK(p != q);
+  CHECK_OK(fsdp_memory_get_stats(FSDP_CPU, &b));
+  CHECK(b.reserved - a->reserved == (int64_t)((118 + 24 + 26 + 22) * MiB));
+  CHECK_OK(fsdp_free(FSDP_CPU, p));
+  CHECK_OK(fsdp_free(FSDP_CPU, r));
+  CHECK_OK(fsdp_memory_empty_cache(FSDP_CPU));
+  CHECK_OK(fsdp_memory_get_stats(FSDP_CPU, &b));
+  CHECK(b.cached == 0 && b.reserved == a->reserved && b.allocated == a->allocated);
+}
+
 static void test_caching(void) {
   fsdp_memory_stats a, b;
   void *p = NULL, *q = NULL, *r = NULL;
@@ -246,6 +286,7 @@ static void test_caching(void) {
   CHECK(ok);
   CHECK_OK(fsdp_memory_get_stats(FSDP_CPU, &b));
   CHECK(b.allocated == a.allocated && b.frees == a.frees + 3 + N);
+  test_caching_large();
   CHECK_FAILS(fsdp_memory_get_stats(7, &b), FSDP_EINVAL, "unknown device 7");
   /* the machine's memory: MemTotal equals the kernel's page count (1%) */
   int64_t avail = 0, total = 0;
