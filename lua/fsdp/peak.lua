@@ -157,8 +157,10 @@ function M.for_rank(o)
     share, why) }
 end
 
--- The GEMM rate of one rank (FLOP/s), measured over 0.3 s: n-cube GEMMs in
--- the compute dtype (fp32 on CPUs), on the compute stream
+-- The GEMM rate of one rank (FLOP/s), the best of n-cube GEMMs in the
+-- compute dtype (fp32 on CPUs) on the compute stream over 0.1 s, at least
+-- three: a secondary figure (gemm_frac), not worth a longer start (every
+-- run paid 0.3 s for it, most of a small run's start)
 function M.gemm_rate(fsdp, device, dtype)
   local C, check = fsdp.C, fsdp.check
   local n, reps = device == "cuda" and 4096 or 1024, device == "cuda" and 10 or 1
@@ -168,8 +170,9 @@ function M.gemm_rate(fsdp, device, dtype)
   check(C.fsdp_memset(b.data, 0x3c, b:nbytes(), nil), "gemm rate")
   local ops = require "fsdp.ops"
   local cs = device == "cuda" and ops.compute_stream() or nil
-  local best, t_end = 0, C.fsdp_time_now() + 0.3
-  while C.fsdp_time_now() < t_end do
+  local best, t_end, runs = 0, C.fsdp_time_now() + 0.1, 0
+  while runs < 3 or C.fsdp_time_now() < t_end do
+    runs = runs + 1
     local t0 = C.fsdp_time_now()
     for _ = 1, reps do ops.linear_forward(c, a, b.data, nil, n, n, n) end
     if cs then cs:synchronize() end
