@@ -76,6 +76,9 @@ foreach(n ${FSDP_LONG_TEST_RANKS})
   add_test(NAME lua_planner_np${n}
            COMMAND $<TARGET_FILE:fsdprun> -n ${n} --timeout 200 ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_planner.lua ${CMAKE_SOURCE_DIR})
   set_tests_properties(lua_planner_np${n} PROPERTIES LABELS multirank TIMEOUT 240 RUN_SERIAL ON)
+  if(FSDP_SANITIZE) # the policies' and offload's training runs: numerics the normal pass checks
+    set_tests_properties(lua_planner_np${n} PROPERTIES ENVIRONMENT FSDP_TEST_QUICK=1)
+  endif()
 endforeach()
 # the REPL (offline and live through fsdprun --repl) and `fsdp plan`
 add_test(NAME lua_repl

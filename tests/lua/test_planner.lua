@@ -20,6 +20,8 @@
 --   * the offloaded optimizer (fsdp.offload: host buffers, the step on CPU
 --     threads) trains bit for bit like the optimizer in place on CPU ranks;
 --   * invalid policies fail naming the module path.
+-- FSDP_TEST_QUICK=1 (the sanitizer pass) leaves out the training runs of
+-- the policies and the offloaded optimizer.
 -- With a second argument "cuda" (one rank with a GPU; exits 77 without
 -- one): the resident bytes, pools and activations of a few configurations,
 -- bf16 and fp32, planned against the GPU's allocator: what the planner
@@ -334,8 +336,12 @@ do
   end
 end
 
--- each example policy trains like the default grouping
-do
+-- each example policy trains like the default grouping (FSDP_TEST_QUICK=1,
+-- the sanitizer pass: left to the normal pass; the trainer's and offload's
+-- tests run those paths under the sanitizers)
+if os.getenv("FSDP_TEST_QUICK") == "1" then
+  if R == 0 then print("FSDP_TEST_QUICK=1: the policies' training runs left to the normal pass") end
+else
   local function losses(units)
     local args = { "train.steps=4", "data.seq=64", "data.micro_batch=4", "train.eval_every=0", "train.log_every=1000",
       "schedule.warmup=2" }
