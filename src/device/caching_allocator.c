@@ -11,13 +11,13 @@
  * above 8 MiB whole 2 MiB granules (cudaMalloc's own granule), so a large
  * block wastes under 2 MiB. The large blocks are what a rank holds for the
  * whole run (params, optimizer state, grads: 116 MiB rows that a class of
- * 128 MiB would round up by 10%, 1.3 GiB on the 1B model), and reserved
+ * 128 MiB would round up by 10%, 1.4 GiB on the 1B model), and reserved
  * bytes are what the device really gives up. A cached large block serves a
- * request at most 1/8 smaller than itself (best fit), so varying sizes still
- * find a block and no block wastes more than 12.5% of itself.
+ * request whose own block would be at most 1/8 smaller (best fit), so sizes
+ * that vary a little still find a cached block.
  *
  * Statistics per device: allocated (bytes as requested, in use), peak,
- * reserved (bytes held from the backend: in use plus cached, by class),
+ * reserved (bytes held from the backend: in use plus cached, whole blocks),
  * its peak, cached, call counts and cache hits. When the backend runs out,
  * the device's cache is released and the allocation retried once.
  *
