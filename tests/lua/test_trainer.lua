@@ -39,6 +39,20 @@ do
   fails(function() llama.config({ hidden_size = 10, intermediate_size = 4, num_attention_heads = 3, num_hidden_layers = 1, vocab_size = 5 }, nil, "r.lua: model") end,
     "r.lua: model: hidden_size 10 is not a multiple of num_attention_heads 3", "model shape error")
   fails(function() llama.config("llama4") end, "unknown preset 'llama4'", "unknown preset")
+  -- hostile values: named by field before any op sees them
+  local function bad_model(over, needle)
+    local m = { hidden_size = 64, intermediate_size = 96, num_attention_heads = 4, num_hidden_layers = 1, vocab_size = 256 }
+    for k, v in pairs(over) do m[k] = v end
+    fails(function() llama.config(m, nil, "r.lua: model") end, "r.lua: model: " .. needle, needle)
+  end
+  bad_model({ vocab_size = 1e30 }, "vocab_size = 1e+30; expected an integer up to 2147483647")
+  bad_model({ rope_theta = 0 }, "rope_theta = 0; expected > 0")
+  bad_model({ rope_theta = 0 / 0 }, "rope_theta = nan; expected a finite number")
+  bad_model({ rms_norm_eps = -1 }, "rms_norm_eps = -1; expected >= 0")
+  bad_model({ initializer_range = math.huge }, "initializer_range = inf; expected a finite number")
+  bad_model({ num_key_value_heads = 0 }, "num_key_value_heads = 0; expected >= 1")
+  bad_model({ rope_scaling = { rope_type = "llama3", factor = -8, low_freq_factor = 1, high_freq_factor = 4,
+    original_max_position_embeddings = 8192 } }, "rope_scaling.factor = -8; expected a finite number > 0")
   fails(function() llama.config({ hiden_size = 1 }) end, "unknown field 'hiden_size'", "misspelt HF field")
   local r2 = tiny()
   r2.train.global_batch_tokens = 1000

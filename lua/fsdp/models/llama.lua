@@ -43,6 +43,7 @@ M.presets = {
       original_max_position_embeddings = 8192 } },
 }
 
+local INT_MAX = 2147483647
 local fields = {
   hidden_size = "int", intermediate_size = "int", num_attention_heads = "int", num_key_value_heads = "int",
   num_hidden_layers = "int", vocab_size = "int", rope_theta = "number", rms_norm_eps = "number",
@@ -74,6 +75,14 @@ function M.config(preset, overrides, where)
     if not want then error(string.format("%s: unknown field '%s' (Hugging Face LlamaConfig names, e.g. hidden_size)", where, tostring(k)), 2) end
     local ok = want == "any" or (want == "int" and type(v) == "number" and v % 1 == 0) or type(v) == want
     if not ok then error(string.format("%s: %s = %s; expected %s", where, k, tostring(v), want == "int" and "an integer" or "a " .. want), 2) end
+    -- sizes reach int32 token ids and C's sizes: refused here, named, not
+    -- as a count of 1e23 parameters or a kernel's argument error
+    if want == "int" and math.abs(v) > INT_MAX then
+      error(string.format("%s: %s = %s; expected an integer up to %d", where, k, tostring(v), INT_MAX), 2)
+    end
+    if want == "number" and not (v == v and math.abs(v) < math.huge) then
+      error(string.format("%s: %s = %s; expected a finite number", where, k, tostring(v)), 2)
+    end
     c[k] = v
   end
   local need = { "hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers", "vocab_size" }
@@ -84,6 +93,9 @@ function M.config(preset, overrides, where)
   c.num_key_value_heads = c.num_key_value_heads or c.num_attention_heads
   c.rope_theta = c.rope_theta or 10000
   c.rms_norm_eps = c.rms_norm_eps or 1e-6
+  if c.num_key_value_heads < 1 then error(string.format("%s: num_key_value_heads = %s; expected >= 1", where, c.num_key_value_heads), 2) end
+  if not (c.rope_theta > 0) then error(string.format("%s: rope_theta = %s; expected > 0 (the rotary base)", where, c.rope_theta), 2) end
+  if not (c.rms_norm_eps >= 0) then error(string.format("%s: rms_norm_eps = %s; expected >= 0", where, c.rms_norm_eps), 2) end
   c.max_position_embeddings = c.max_position_embeddings or 2048
   c.initializer_range = c.initializer_range or 0.02
   c.hidden_act = c.hidden_act or "silu"
@@ -104,7 +116,9 @@ function M.config(preset, overrides, where)
     local t = rs.rope_type or rs.type
     if t ~= "llama3" then error(string.format("%s: rope_scaling.rope_type = '%s'; only 'llama3' is supported", where, tostring(t)), 2) end
     for _, k in ipairs({ "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings" }) do
-      if type(rs[k]) ~= "number" then error(string.format("%s: rope_scaling.%s is required (a number)", where, k), 2) end
+      local v = rs[k]
+      if type(v) ~= "number" then error(string.format("%s: rope_scaling.%s is required (a number)", where, k), 2) end
+      if not (v > 0 and v < math.huge) then error(string.format("%s: rope_scaling.%s = %s; expected a finite number > 0", where, k, v), 2) end
     end
   end
   return c
