@@ -117,6 +117,40 @@ local function in_range(where, name, v, lo, hi, lo_open, hi_open, why)
   end
 end
 
+-- The names of a recipe's mesh dimensions, in order ("dp_outer=2,dp_shard=-1"
+-- or {{"dp_outer", 2}, {"dp_shard", -1}}); items fsdp.mesh cannot read are
+-- left to its own message
+local function mesh_names(m)
+  local names = {}
+  if type(m) == "string" then
+    for item in m:gmatch("[^,]+") do names[#names + 1] = item:match("^%s*([%w_]+)%s*=") end
+  else
+    for _, d in ipairs(m) do names[#names + 1] = type(d) == "table" and (d.name or d[1]) or nil end
+  end
+  return names
+end
+
+-- The trainer shards over dp_shard and replicates over dp_outer; any other
+-- dimension would split the ranks into groups that never exchange grads
+-- (two ranks of "dp_shard=-1,tp=2" trained two models, each printing its
+-- own losses) or count ranks twice ("dp_outer=2" alone), so it is refused.
+local function check_mesh(m, where)
+  local seen = {}
+  for _, n in pairs(mesh_names(m)) do
+    if n ~= "dp_shard" and n ~= "dp_outer" then
+      fail(where, "mesh: dimension '%s' is not one the trainer knows: it shards over dp_shard and replicates over " ..
+        "dp_outer (HSDP), e.g. 'dp_shard=-1' or 'dp_outer=2,dp_shard=-1'; this engine has no tensor or pipeline parallelism",
+        tostring(n))
+    end
+    if seen[n] then fail(where, "mesh: dimension '%s' is given twice", n) end
+    seen[n] = true
+  end
+  if next(seen) and not seen.dp_shard then
+    fail(where, "mesh: no dp_shard dimension (the ranks each unit is sharded over); e.g. 'dp_outer=2,dp_shard=-1', " ..
+      "or 'dp_outer=2,dp_shard=1' for plain replicas")
+  end
+end
+
 -- The recipe with defaults filled in; errors name "FILE: section.field".
 function M.check(r, where)
   if type(r) ~= "table" then fail(where, "a recipe must return a table of sections (%s), got %s", table.concat(sections, ", "), type(r)) end
@@ -129,6 +163,7 @@ function M.check(r, where)
   if type(r.model) ~= "table" then fail(where, "model must be a table, got %s", type(r.model)) end
   r.mesh = r.mesh or "dp_shard=-1"
   if type(r.mesh) ~= "string" and type(r.mesh) ~= "table" then fail(where, "mesh must be a string like 'dp_outer=2,dp_shard=-1'") end
+  check_mesh(r.mesh, where)
   for _, s in ipairs(sections) do
     local schema = M.schema[s]
     if schema and s ~= "model" then

@@ -33,6 +33,12 @@ do
   bad(function(x) x.data.seq = "long" end, "data.seq = long; expected an integer")
   bad(function(x) x.train.loss_chunk_mb = -1 end, "train.loss_chunk_mb = -1; expected >= 0")
   bad(function(x) x.extra = {} end, "unknown section 'extra'")
+  -- a mesh dimension the trainer does not use would train unsynchronised
+  -- replicas (or count ranks twice) without a word
+  bad(function(x) x.mesh = "dp_shard=-1,tp=2" end, "recipes/x.lua: mesh: dimension 'tp' is not one the trainer knows")
+  bad(function(x) x.mesh = "dp_shrad=-1" end, "mesh: dimension 'dp_shrad' is not one the trainer knows")
+  bad(function(x) x.mesh = "dp_outer=2" end, "mesh: no dp_shard dimension")
+  bad(function(x) x.mesh = { { "dp_shard", 1 }, { "dp_shard", -1 } } end, "mesh: dimension 'dp_shard' is given twice")
   bad(function(x) x.model = nil end, "the model section is missing")
   bad(function(x) x.data.token_file = "a.bin" end, "exactly one of corpus")
   fails(function() recipe.apply_overrides({}, { "steps" }, "r.lua") end, "is not section.field=value", "bad override")
