@@ -174,6 +174,9 @@ function M.check(r, where)
   end
   local f, o, d, t = r.fsdp, r.optimizer, r.data, r.train
   if f.zero < 0 or f.zero > 3 then fail(where, "fsdp.zero = %d; expected 0, 1, 2 or 3", f.zero) end
+  if f.reduce_dtype == "bf16" and f.param_dtype ~= "bf16" then
+    fail(where, "fsdp.reduce_dtype = 'bf16' needs fsdp.param_dtype = 'bf16' (fp32 params reduce their grads in fp32)")
+  end
   if f.prefetch < 0 then fail(where, "fsdp.prefetch = %d; expected >= 0", f.prefetch) end
   if f.max_live_units < 1 then fail(where, "fsdp.max_live_units = %d; expected >= 1", f.max_live_units) end
   if not f.meta_init then fail(where, "fsdp.meta_init = false: the engine always initialises each rank's shard only (meta init); leave it true") end
@@ -266,7 +269,8 @@ end
 
 -- Micro-batches per step: train.global_batch_tokens when given (it must
 -- divide into micro-batches of data.micro_batch x data.seq on every
--- data-parallel rank), else train.grad_accum.
+-- data-parallel rank, and agree with a train.grad_accum given too), else
+-- train.grad_accum.
 function M.grad_accum(r, dp, where)
   local t, d = r.train, r.data
   if not t.global_batch_tokens then return t.grad_accum end
@@ -275,6 +279,12 @@ function M.grad_accum(r, dp, where)
   if k < 1 or k % 1 ~= 0 then
     fail(where, "train.global_batch_tokens = %d is not a multiple of micro_batch x seq x data-parallel ranks = %d x %d x %d = %d",
       t.global_batch_tokens, d.micro_batch, d.seq, dp, per)
+  end
+  -- both given and disagreeing: neither silently wins (1 is grad_accum's default)
+  if t.grad_accum ~= 1 and t.grad_accum ~= k then
+    fail(where, "train.grad_accum = %d and train.global_batch_tokens = %d disagree: %d tokens are %d micro-batch%s of " ..
+      "micro_batch x seq = %d x %d on each of %d data-parallel ranks; give one of the two", t.grad_accum,
+      t.global_batch_tokens, t.global_batch_tokens, k, k == 1 and "" or "es", d.micro_batch, d.seq, dp)
   end
   return k
 end

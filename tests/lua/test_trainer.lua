@@ -65,6 +65,13 @@ do
   fails(function() recipe.grad_accum(recipe.check(r2, "g.lua"), 2, "g.lua") end, "is not a multiple of micro_batch x seq", "global batch")
   r2.train.global_batch_tokens = 8 * 128 * 2 * 3
   check(recipe.grad_accum(r2, 2, "g.lua") == 3, "global batch tokens -> 3 micro-batches")
+  r2.train.grad_accum = 3
+  check(recipe.grad_accum(r2, 2, "g.lua") == 3, "grad_accum agreeing with the global batch")
+  r2.train.grad_accum = 2
+  fails(function() recipe.grad_accum(r2, 2, "g.lua") end, "g.lua: train.grad_accum = 2 and train.global_batch_tokens = 6144 " ..
+    "disagree: 6144 tokens are 3 micro-batches of micro_batch x seq = 8 x 128 on each of 2 data-parallel ranks",
+    "grad_accum against the global batch")
+  bad(function(x) x.fsdp.reduce_dtype = "bf16" end, "fsdp.reduce_dtype = 'bf16' needs fsdp.param_dtype = 'bf16'")
 end
 
 -- the LR schedule against its formulas
