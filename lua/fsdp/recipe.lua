@@ -232,6 +232,10 @@ function M.check(r, where)
   if d.seq < 2 then fail(where, "data.seq = %d; expected >= 2", d.seq) end
   if d.micro_batch < 1 then fail(where, "data.micro_batch = %d; expected >= 1", d.micro_batch) end
   if (d.corpus == nil) == (d.token_file == nil) then fail(where, "data: give exactly one of corpus = {...} or token_file = 'path'") end
+  if d.corpus and (d.val_token_file or d.format ~= "auto") then -- (they would be ignored)
+    fail(where, "data.%s applies to data.token_file; a corpus keeps its last data.val_fraction for evaluation and is " ..
+      "read as bytes", d.val_token_file and "val_token_file" or "format")
+  end
   if d.val_fraction < 0 or d.val_fraction >= 1 then fail(where, "data.val_fraction = %g; expected in [0, 1)", d.val_fraction) end
   if t.steps < 1 then fail(where, "train.steps = %d; expected >= 1", t.steps) end
   if t.grad_accum < 1 then fail(where, "train.grad_accum = %d; expected >= 1", t.grad_accum) end

@@ -41,6 +41,8 @@ do
   bad(function(x) x.mesh = { { "dp_shard", 1 }, { "dp_shard", -1 } } end, "mesh: dimension 'dp_shard' is given twice")
   bad(function(x) x.model = nil end, "the model section is missing")
   bad(function(x) x.data.token_file = "a.bin" end, "exactly one of corpus")
+  bad(function(x) x.data.val_token_file = "v.bin" end, "data.val_token_file applies to data.token_file")
+  bad(function(x) x.data.format = "raw_u32" end, "data.format applies to data.token_file")
   fails(function() recipe.apply_overrides({}, { "steps" }, "r.lua") end, "is not section.field=value", "bad override")
   fails(function() llama.config({ hidden_size = 10, intermediate_size = 4, num_attention_heads = 3, num_hidden_layers = 1, vocab_size = 5 }, nil, "r.lua: model") end,
     "r.lua: model: hidden_size 10 is not a multiple of num_attention_heads 3", "model shape error")
