@@ -199,6 +199,19 @@ local function run(r, where, args, break_at, owned)
   if ds.vocab_size and ds.vocab_size > cfg.vocab_size then
     error(string.format("%s: the data has token ids up to %d but model.vocab_size = %d", where, ds.vocab_size - 1, cfg.vocab_size), 0)
   end
+  -- a split shorter than one window fails here, not at the first
+  -- evaluation after training steps (with a traceback naming train.lua)
+  local function check_split(split, advice)
+    if ds:windows(split, T) >= 1 then return end
+    local range = ds.splits[split]
+    error(string.format("%s: the %s split has %d tokens, fewer than one window of data.seq + 1 = %d; %s", where, split,
+      range[3] - range[2], T + 1, advice), 0)
+  end
+  check_split("train", "lower data.seq or give more data")
+  if r.train.eval_every > 0 then
+    check_split("val", string.format("train.eval_every = %d evaluates on it: raise data.val_fraction (%g), give " ..
+      "data.val_token_file, or set train.eval_every = 0", r.train.eval_every, r.data.val_fraction))
+  end
   local seed = r.train.seed
 
   local model = llama.model(cfg, { checkpoint = r.fsdp.checkpoint, recompute = r.fsdp.recompute })

@@ -204,6 +204,27 @@ do
   local same = true
   for s = 1, 3 do same = same and a.losses[s] == b.losses[s] end
   check(same, string.format("training on the token file repeats the corpus run's losses (%.6f %.6f)", a.losses[3], b.losses[3]))
+  -- splits shorter than one window: refused before the first step, naming
+  -- the split and the way out (the val split failed at the first
+  -- evaluation, after training, with a traceback)
+  local short = { "data.token_file=" .. toks_path, "data.seq=32", "model.num_hidden_layers=1", "train.steps=3" }
+  local function with(extra)
+    local t = {}
+    for _, x in ipairs(short) do t[#t + 1] = x end
+    for _, x in ipairs(extra) do t[#t + 1] = x end
+    return t
+  end
+  -- each refused with a message that starts with the recipe and holds `says`
+  local function refused(extra, where, says, what)
+    local ok, err = pcall(train.run, tiny(), where, with(extra))
+    err = tostring(err)
+    check(not ok and err:find(where .. ": ", 1, true) == 1 and err:find(says, 1, true) ~= nil, what .. ": " .. err)
+  end
+  -- a val split of about 32 tokens (33 needed), then a train split of about 16
+  refused({ "train.eval_every=2", "data.val_fraction=" .. string.format("%.17g", 32 / full.n) }, "v.lua",
+    "fewer than one window of data.seq + 1 = 33; train.eval_every = 2 evaluates on it", "a val split too short")
+  refused({ "train.eval_every=0", "data.val_fraction=" .. string.format("%.17g", 1 - 16 / full.n) }, "s.lua",
+    "the train split has ", "a train split too short")
   for _, p in ipairs({ p16, p32, praw, toks_path }) do os.remove(p) end
 end
 
