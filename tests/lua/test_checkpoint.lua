@@ -68,12 +68,7 @@ local common = { "train.eval_every=0", "train.log_every=100", "data.seq=64", "da
   "train.global_batch_tokens=1536", "schedule.warmup=5", "train.steps=20" }
 
 -- fsdprun -n N tiny.lua common... extra...; returns ok, output
-local function run(n, extra, env)
-  local args = { recipe_path }
-  for _, a in ipairs(common) do args[#args + 1] = a end
-  for _, a in ipairs(extra) do args[#args + 1] = a end
-  return T.launch(fsdprun, n, args, env)
-end
+local function run(n, extra, env) return T.launch(fsdprun, n, T.joined({ recipe_path }, common, extra), env) end
 
 local function losses(path)
   local t = {}

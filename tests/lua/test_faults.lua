@@ -41,12 +41,7 @@ token_file(tokens, 65536)
 -- fsdprun -n N tiny.lua on the fixed tokens; returns ok, output
 local common = { "data.token_file=" .. tokens, "data.format=raw_u16", "train.eval_every=0", "train.log_every=1",
   "data.seq=32", "data.micro_batch=2", "train.steps=3", "train.metrics=" .. work .. "/m.jsonl" }
-local function run(n, extra)
-  local args = { root .. "/recipes/tiny.lua" }
-  for _, a in ipairs(common) do args[#args + 1] = a end
-  for _, a in ipairs(extra) do args[#args + 1] = a end
-  return T.launch(fsdprun, n, args)
-end
+local function run(n, extra) return T.launch(fsdprun, n, T.joined({ root .. "/recipes/tiny.lua" }, common, extra)) end
 local function refused(what, ok, out, needles)
   local missing = {}
   for _, s in ipairs(needles) do if not out:find(s, 1, true) then missing[#missing + 1] = s end end

@@ -55,12 +55,7 @@ end
 
 -- the tiny recipe on 2 ranks, small and fast
 local common = { root .. "/recipes/tiny.lua", "data.seq=32", "data.micro_batch=2", "train.eval_every=0", "train.log_every=1" }
-local function train(extra)
-  local a = {}
-  for _, v in ipairs(common) do a[#a + 1] = v end
-  for _, v in ipairs(extra) do a[#a + 1] = v end
-  return T.launch(fsdprun, 2, a)
-end
+local function train(extra) return T.launch(fsdprun, 2, T.joined(common, extra)) end
 local losses = T.losses
 
 -- 2. `latest` names a checkpoint that is gone, and there is no other

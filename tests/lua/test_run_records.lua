@@ -17,12 +17,7 @@ local check, fails = T.check, T.fails
 
 local function tiny() return dofile(root .. "/recipes/tiny.lua") end
 local quick = { "train.eval_every=0", "data.seq=32", "data.micro_batch=2", "model.num_hidden_layers=1", "train.log_every=100" }
-local function args(extra)
-  local a = {}
-  for _, v in ipairs(quick) do a[#a + 1] = v end
-  for _, v in ipairs(extra) do a[#a + 1] = v end
-  return a
-end
+local function args(extra) return T.joined(quick, extra) end
 local function lines(path)
   local out = {}
   local f = io.open(path, "rb")

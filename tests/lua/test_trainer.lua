@@ -208,15 +208,9 @@ do
   -- the split and the way out (the val split failed at the first
   -- evaluation, after training, with a traceback)
   local short = { "data.token_file=" .. toks_path, "data.seq=32", "model.num_hidden_layers=1", "train.steps=3" }
-  local function with(extra)
-    local t = {}
-    for _, x in ipairs(short) do t[#t + 1] = x end
-    for _, x in ipairs(extra) do t[#t + 1] = x end
-    return t
-  end
   -- each refused with a message that starts with the recipe and holds `says`
   local function refused(extra, where, says, what)
-    local ok, err = pcall(train.run, tiny(), where, with(extra))
+    local ok, err = pcall(train.run, tiny(), where, T.joined(short, extra))
     err = tostring(err)
     check(not ok and err:find(where .. ": ", 1, true) == 1 and err:find(says, 1, true) ~= nil, what .. ": " .. err)
   end

@@ -4,6 +4,7 @@
 --   T.workdir(name) -> a fresh /tmp directory; T.launch(fsdprun, n, args, env) -> ok, output
 --   T.params(s) -> a sharded model's parameters; T.same_params(a, b) -> ok, where not
 --   T.losses(path) -> {step = loss as written} of a metrics file
+--   T.joined(list, ...) -> a new list: the lists' items in order (a run's common arguments and its own)
 return function(label)
   local T = { passed = 0, failed = 0 }
   function T.check(ok, what)
@@ -13,6 +14,13 @@ return function(label)
       T.failed = T.failed + 1
       io.stderr:write(label, ": FAILED: ", tostring(what), "\n")
     end
+  end
+  function T.joined(...)
+    local out = {}
+    for i = 1, select("#", ...) do
+      for _, v in ipairs((select(i, ...))) do out[#out + 1] = v end
+    end
+    return out
   end
   -- fn() must raise an error whose message contains needle (plain text)
   function T.fails(fn, needle, what)
