@@ -135,6 +135,7 @@ end
 -- strict (the trainer's: a global batch that does not divide is an error;
 -- otherwise a warning in p.warnings, planned with 1 micro-batch).
 M.max_layers = 16384
+M.max_world = 1048576
 
 -- A lower bound of the bytes per rank, from arithmetic alone: the fp32 main
 -- params and the optimizer's state exist once (zero >= 1) or on every
@@ -151,6 +152,9 @@ function M.plan(r, o)
   r = recipe.check(r, where)
   local W = o.world or 1
   if W < 1 or W % 1 ~= 0 then error(string.format("%s: world = %s; expected a positive integer", where, tostring(W)), 0) end
+  -- (the plan's work grows with the ranks: a million plans in seconds)
+  if W > M.max_world then error(string.format("%s: world = %s; at most %d ranks are planned", where, tostring(W), M.max_world), 0) end
+  if o.mesh then recipe.check_mesh(o.mesh, where) end
   local S, R = M.mesh_sizes(o.mesh or r.mesh, W, where)
   local f = r.fsdp
   local cfg = hf_config.model(r.model, where)

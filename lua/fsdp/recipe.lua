@@ -134,7 +134,7 @@ end
 -- dimension would split the ranks into groups that never exchange grads
 -- (two ranks of "dp_shard=-1,tp=2" trained two models, each printing its
 -- own losses) or count ranks twice ("dp_outer=2" alone), so it is refused.
-local function check_mesh(m, where)
+function M.check_mesh(m, where)
   local seen = {}
   for _, n in pairs(mesh_names(m)) do
     if n ~= "dp_shard" and n ~= "dp_outer" then
@@ -163,7 +163,7 @@ function M.check(r, where)
   if type(r.model) ~= "table" then fail(where, "model must be a table, got %s", type(r.model)) end
   r.mesh = r.mesh or "dp_shard=-1"
   if type(r.mesh) ~= "string" and type(r.mesh) ~= "table" then fail(where, "mesh must be a string like 'dp_outer=2,dp_shard=-1'") end
-  check_mesh(r.mesh, where)
+  M.check_mesh(r.mesh, where)
   for _, s in ipairs(sections) do
     local schema = M.schema[s]
     if schema and s ~= "model" then

@@ -314,6 +314,11 @@ do
     "offload = {params = true} needs zero 3", "param offload at zero 2")
   bad(function(m, path) if path == "model.embed_tokens" then return "embed", { offload = { param = true } } end end,
     "expected true, false or {optimizer = true, params = true, grads = true}", "a misspelt offload table")
+  -- the world and the mesh given to the planner itself (fsdp plan --world, --mesh)
+  fails(function() planner.plan(tiny(), { world = 2 ^ 30, where = "p.lua" }) end,
+    "p.lua: world = 1073741824; at most 1048576 ranks are planned", "a world beyond the planner")
+  fails(function() planner.plan(tiny(), { world = 4, mesh = "tp=2,dp_shard=-1", where = "p.lua" }) end,
+    "p.lua: mesh: dimension 'tp' is not one the trainer knows", "a mesh dimension the trainer does not use")
   fails(function() planner.plan(tiny({ ["fsdp.offload"] = "yes" }), { world = W, where = "p.lua" }) end,
     "offload = yes; expected true, false or {optimizer = true, params = true, grads = true}", "a bad fsdp.offload")
   -- every layer's norms left to a root unit kept resident between the
