@@ -178,7 +178,11 @@ function M.plan(o)
 end
 
 function M.diff(a, b)
-  if not (a and b) then error("diff(a, b): two plans, e.g. diff(plan{world = 64}, plan{world = 128})", 2) end
+  local function is_plan(x) return type(x) == "table" and type(x.resident) == "table" and type(x.units) == "table" end
+  if not (is_plan(a) and is_plan(b)) then
+    error(string.format("diff(a, b): two plans, e.g. diff(plan{world = 64}, plan{world = 128}); got %s and %s", type(a),
+      type(b)), 2)
+  end
   return text(planner.diff(a, b))
 end
 

@@ -37,7 +37,7 @@ local r = dofile(root .. "/recipes/tiny.lua")
 local p = planner.plan(r, { world = 4, where = "recipes/tiny.lua" })
 local out, code = sh(fsdp_bin .. " repl recipes/tiny.lua --world 4", table.concat({
   "units()", "layout('model.layers.0')", "owner('model.layers.0.mlp.up_proj.weight', 1000)", "rank(3)", "mem(1)",
-  "A = plan{world = 8}", "B = plan{world = 8, zero = 2}", "diff(A, B)", "nope()", "1 + 1", "" }, "\n"))
+  "A = plan{world = 8}", "B = plan{world = 8, zero = 2}", "diff(A, B)", "diff(1, A)", "nope()", "1 + 1", "" }, "\n"))
 check(code == 0, "fsdp repl exits 0 at the end of its input")
 has(out, "#    unit                 zero  params  shard", "units()")
 -- the four identical layers are one row
@@ -54,6 +54,7 @@ check(out:match("\n%s*optimizer state%s+([%d.]+ %a+)") == planner.bytes(p.reside
 has(out, "A: 8 ranks, zero 3, 6 units; B: 8 ranks, zero 2, 6 units", "diff()")
 has(out, "params_full", "diff(): zero 2 keeps full params")
 has(out, "attempt to call global 'nope'", "an error is shown")
+has(out, "diff(a, b): two plans, e.g. diff(plan{world = 64}, plan{world = 128}); got number and table", "diff() of a non-plan says so")
 has(out, "\n2\n", "and the prompt goes on")
 
 -- fsdp plan
