@@ -33,12 +33,30 @@ local sched = require "fsdp.unit_schedule"
 for _, k in ipairs({ "unit_options", "offload_mode", "assign", "plan_units" }) do M[k] = units[k] end
 for _, k in ipairs({ "switch_unit", "simulate", "pool_slots", "sum", "pool_bound" }) do M[k] = sched[k] end
 
+-- fully_shard's options; any other key is refused (a misspelt one, e.g.
+-- max_live_unit, would otherwise leave its default in place without a word)
+local fully_shard_opts = { "shard", "outer", "units", "zero", "max_live_units", "prefetch", "seed", "offload",
+  "micro_batches", "mixed", "hfsdp", "reduce", "separate_reduce", "comm_register", "trace" }
+
+local function shown(v) return type(v) == "string" and string.format("'%s' (a string)", v) or tostring(v) end
+
 function M.fully_shard(model, opts)
   opts = opts or {}
+  local known = {}
+  for _, k in ipairs(fully_shard_opts) do known[k] = true end
+  for k in pairs(opts) do
+    if not known[k] then
+      error(string.format("fully_shard: unknown option '%s' (expected %s)", tostring(k), table.concat(fully_shard_opts, ", ")), 2)
+    end
+  end
   if not opts.shard then error("fully_shard: opts.shard (the shard group's comm, e.g. mesh:group('dp_shard')) is required", 2) end
   local zero = opts.zero or 3
   if zero ~= 0 and zero ~= 1 and zero ~= 2 and zero ~= 3 then
-    error("fully_shard: zero = " .. tostring(zero) .. "; expected 0, 1, 2 or 3", 2)
+    error("fully_shard: zero = " .. shown(zero) .. "; expected 0, 1, 2 or 3", 2)
+  end
+  local max_live = opts.max_live_units
+  if max_live ~= nil and (type(max_live) ~= "number" or max_live < 1 or max_live % 1 ~= 0) then
+    error("fully_shard: max_live_units = " .. shown(max_live) .. "; expected an integer >= 1 (full-unit buffers alive at once)", 2)
   end
   local mixed = opts.mixed or {}
   local pdt, rdt = mixed.param_dtype or "fp32", mixed.reduce_dtype or "fp32"
@@ -64,14 +82,16 @@ function M.fully_shard(model, opts)
     s.reduce = opts.shard
   end
   if s.hfsdp and not opts.outer then error("fully_shard: hfsdp shards the optimizer over opts.outer, which is missing", 2) end
-  if s.prefetch < 0 or s.prefetch % 1 ~= 0 then error("fully_shard: prefetch = " .. tostring(s.prefetch) .. "; expected an integer >= 0", 2) end
+  if type(s.prefetch) ~= "number" or s.prefetch < 0 or s.prefetch % 1 ~= 0 then
+    error("fully_shard: prefetch = " .. shown(s.prefetch) .. "; expected an integer >= 0", 2)
+  end
   local mb = opts.micro_batches
   if mb ~= nil and (type(mb) ~= "number" or mb < 1 or mb % 1 ~= 0) then
     error("fully_shard: micro_batches = " .. tostring(mb) .. "; expected nil (any count) or the count per step, an integer >= 1", 2)
   end
   s.micro_batches = mb
   local ok, a = pcall(M.assign, model, { units = opts.units, zero = zero, offload = opts.offload, hfsdp = s.hfsdp })
-  if not ok then error(a, 2) end
+  if not ok then error("fully_shard: " .. tostring(a), 2) end
   s.units, s.unit_of, s.order, s.assignment = a.units, a.unit_of, a.order, a
   -- opts.comm_register: the buffers the collectives use, registered with the
   -- shard group's transport (NCCL user buffers or symmetric windows)

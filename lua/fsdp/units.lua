@@ -12,6 +12,10 @@ local M = {}
 
 local function policy_of(units)
   if type(units) == "function" then return units end
+  if units ~= nil and type(units) ~= "table" then
+    error(string.format("units = %s; expected a list of module kinds or a function(module, path, info) -> unit name",
+      tostring(units)), 0)
+  end
   local kinds = {}
   for _, k in ipairs(units or {}) do kinds[k] = true end
   return function(m, path)

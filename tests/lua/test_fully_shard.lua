@@ -124,6 +124,15 @@ do
   m:free(); ref:free()
   fails(function() fsdp.fully_shard(mlp(), { shard = dp, mixed = { param_dtype = "fp8" } }) end, "param_dtype = 'fp8'",
     "unknown mixed precision dtype")
+  -- a misspelt option is refused, not left at its default without a word
+  fails(function() fsdp.fully_shard(mlp(), { shard = dp, max_live_unit = 3 }) end,
+    "fully_shard: unknown option 'max_live_unit' (expected shard, outer, units,", "a misspelt option")
+  fails(function() fsdp.fully_shard(mlp(), { shard = dp, max_live_units = 0 }) end,
+    "fully_shard: max_live_units = 0; expected an integer >= 1", "no live buffers")
+  fails(function() fsdp.fully_shard(mlp(), { shard = dp, zero = "3" }) end,
+    "fully_shard: zero = '3' (a string); expected 0, 1, 2 or 3", "zero as a string")
+  fails(function() fsdp.fully_shard(mlp(), { shard = dp, units = 42 }) end,
+    "fully_shard: units = 42; expected a list of module kinds or a function", "a policy that is neither")
 end
 
 -- bf16 reduced in bf16, one micro-batch a step: made for it (micro_batches
