@@ -40,15 +40,20 @@ local fully_shard_opts = { "shard", "outer", "units", "zero", "max_live_units", 
 
 local function shown(v) return type(v) == "string" and string.format("'%s' (a string)", v) or tostring(v) end
 
-function M.fully_shard(model, opts)
-  opts = opts or {}
+-- refuses a key of opts not in names (the caller's options), at the caller's caller
+local function only_known(opts, names, what)
   local known = {}
-  for _, k in ipairs(fully_shard_opts) do known[k] = true end
+  for _, k in ipairs(names) do known[k] = true end
   for k in pairs(opts) do
     if not known[k] then
-      error(string.format("fully_shard: unknown option '%s' (expected %s)", tostring(k), table.concat(fully_shard_opts, ", ")), 2)
+      error(string.format("%s: unknown option '%s' (expected %s)", what, tostring(k), table.concat(names, ", ")), 3)
     end
   end
+end
+
+function M.fully_shard(model, opts)
+  opts = opts or {}
+  only_known(opts, fully_shard_opts, "fully_shard")
   if not opts.shard then error("fully_shard: opts.shard (the shard group's comm, e.g. mesh:group('dp_shard')) is required", 2) end
   local zero = opts.zero or 3
   if zero ~= 0 and zero ~= 1 and zero ~= 2 and zero ~= 3 then
@@ -399,9 +404,14 @@ function Sharded:synchronize()
   if self.cs then check(C.fsdp_stream_synchronize(self.cs), "synchronize") end
 end
 
+-- train_step's options; any other key is refused (a misspelt weight_decay
+-- would train with none)
+local step_opts = { "loss", "forward_loss", "optimizer", "lr", "beta1", "beta2", "eps", "weight_decay", "momentum", "clip" }
+
 function Sharded:train_step(batches, opt)
   live(self, "train_step")
   opt = opt or {}
+  only_known(opt, step_opts, "train_step")
   local K, total, parts = #batches, 0, {}
   if self.micro_batches and K ~= self.micro_batches then
     error(string.format("train_step: %d micro-batches, but fully_shard was made with micro_batches = %d", K,

@@ -133,6 +133,10 @@ do
     "fully_shard: zero = '3' (a string); expected 0, 1, 2 or 3", "zero as a string")
   fails(function() fsdp.fully_shard(mlp(), { shard = dp, units = 42 }) end,
     "fully_shard: units = 42; expected a list of module kinds or a function", "a policy that is neither")
+  local mm = fsdp.fully_shard(mlp(), { shard = dp })
+  fails(function() mm:train_step({ batch(R, 1, 1) }, { lr = 1e-3, weight_decy = 0.1 }) end,
+    "train_step: unknown option 'weight_decy' (expected loss, forward_loss, optimizer,", "a misspelt step option")
+  mm:free()
 end
 
 -- bf16 reduced in bf16, one micro-batch a step: made for it (micro_batches
