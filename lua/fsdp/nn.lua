@@ -25,9 +25,20 @@ end
 -- a ctx that does nothing: run a module with bound params and no sharding
 local plain = { enter = function() end, leave = function() end }
 
+-- a module's size: a positive integer, else an error naming the module and
+-- the argument at the caller's caller (nn.Linear(0, 5) made a weight of no
+-- elements; nn.Linear("a", 5) failed on arithmetic inside nn.lua)
+local function size_arg(v, what)
+  if type(v) ~= "number" or v < 1 or v % 1 ~= 0 or v > 2 ^ 40 then
+    error(string.format("%s = %s; expected a positive integer", what, tostring(v)), 3)
+  end
+end
+
 ---------------------------------------------------------------- Linear
 local Linear = class("Linear")
 nn.Linear = function(inp, out, opts)
+  size_arg(inp, "nn.Linear: in_features")
+  size_arg(out, "nn.Linear: out_features")
   opts = opts or {}
   local m = setmetatable({ inp = inp, out = out }, Linear)
   m.params = { { name = "weight", numel = inp * out, shape = { out, inp }, init = { "normal", 0, opts.std or 0.02 } } }
@@ -205,6 +216,8 @@ end
 ---------------------------------------------------------------- Embedding
 local Embedding = class("Embedding")
 nn.Embedding = function(vocab, dim, opts)
+  size_arg(vocab, "nn.Embedding: num_embeddings")
+  size_arg(dim, "nn.Embedding: embedding_dim")
   opts = opts or {}
   local m = setmetatable({ vocab = vocab, dim = dim, params = {} }, Embedding)
   m.params[1] = { name = "weight", numel = vocab * dim, shape = { vocab, dim }, init = { "normal", 0, opts.std or 0.02 } }
@@ -230,6 +243,10 @@ end
 ---------------------------------------------------------------- RMSNorm
 local RMSNorm = class("RMSNorm")
 nn.RMSNorm = function(dim, eps)
+  size_arg(dim, "nn.RMSNorm: dim")
+  if eps ~= nil and not (type(eps) == "number" and eps >= 0 and eps < math.huge) then
+    error(string.format("nn.RMSNorm: eps = %s; expected a finite number >= 0", tostring(eps)), 2)
+  end
   local m = setmetatable({ dim = dim, eps = eps or 1e-6, params = {} }, RMSNorm)
   m.params[1] = { name = "weight", numel = dim, shape = { dim }, init = { "constant", 1 }, no_decay = true }
   return m

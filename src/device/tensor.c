@@ -13,8 +13,11 @@ static int check_shape(const char *op, int ndim, const int64_t *shape, int64_t *
   for (int i = 0; i < ndim; i++) {
     if (shape[i] < 0 || shape[i] > ((int64_t)1 << 40))
       return fsdp_fail(FSDP_EINVAL, "%s: dimension %d has size %lld", op, i, (long long)shape[i]);
+    /* checked before multiplying: 2^40 x 2^30 wrapped to 0 elements */
+    if (shape[i] && n > ((int64_t)1 << 48) / shape[i])
+      return fsdp_fail(FSDP_EINVAL, "%s: too many elements (more than 2^48; dimension %d has size %lld)", op, i,
+                       (long long)shape[i]);
     n *= shape[i];
-    if (n > ((int64_t)1 << 48)) return fsdp_fail(FSDP_EINVAL, "%s: too many elements", op);
   }
   *numel = n;
   return FSDP_OK;

@@ -195,6 +195,10 @@ static void test_tensor(void) {
   CHECK_FAILS(fsdp_tensor_view(&w, &t, 0, 1, bad), FSDP_EINVAL, "outside");
   CHECK_FAILS(fsdp_tensor_alloc(&w, FSDP_CPU, FSDP_FP32, 2, neg), FSDP_EINVAL, "dimension 1 has size -1");
   CHECK_FAILS(fsdp_tensor_alloc(&w, FSDP_CPU, FSDP_FP32, 5, shape), FSDP_EINVAL, "5 dimensions");
+  /* a shape whose product overflows int64 (2^70 wrapped to 0 elements) */
+  const int64_t huge[2] = {(int64_t)1 << 40, (int64_t)1 << 30};
+  CHECK_FAILS(fsdp_tensor_alloc(&w, FSDP_CPU, FSDP_FP32, 2, huge), FSDP_EINVAL, "too many elements");
+  CHECK_FAILS(fsdp_tensor_view(&w, &t, 0, 2, huge), FSDP_EINVAL, "too many elements");
   CHECK_OK(fsdp_tensor_free(&v)); /* a view frees nothing */
   CHECK_OK(fsdp_memory_get_stats(FSDP_CPU, &b));
   CHECK(b.allocated - a.allocated == 30);
