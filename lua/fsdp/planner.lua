@@ -14,7 +14,6 @@ local recipe = require "fsdp.recipe"
 local llama = require "fsdp.models.llama"
 local hf_config = require "fsdp.hf_config"
 local shard = require "fsdp.shard"
-local mesh = require "fsdp.mesh"
 local json = require "fsdp.json"
 local ffi, C, check = base.ffi, base.C, base.check
 
@@ -26,8 +25,7 @@ function M.gib(b) return b / 2 ^ 30 end
 
 -- dims of a mesh spec for world ranks: shard group size S, outer size R
 function M.mesh_sizes(spec, world, where)
-  local ok, dims = pcall(mesh.parse_dims, spec)
-  if not ok then error(where .. ": mesh: " .. tostring(dims):gsub("^.-fsdp%.mesh: ", ""), 0) end
+  local dims = recipe.check_mesh(spec, where)
   local known, rest = 1, nil
   for _, d in ipairs(dims) do
     if d[2] == -1 then
@@ -43,11 +41,11 @@ function M.mesh_sizes(spec, world, where)
   elseif known ~= world then
     error(string.format("%s: mesh %s has %d ranks, the world %d", where, type(spec) == "string" and spec or "(table)", known, world), 0)
   end
-  local S, R = nil, 1
+  local S, R = nil, 1 -- (check_mesh: dp_shard is there, and dp_outer is the only other)
   for _, d in ipairs(dims) do
-    if d[1] == "dp_shard" then S = d[2] elseif d[1] == "dp_outer" then R = d[2] end
+    if d[1] == "dp_shard" then S = d[2] else R = d[2] end
   end
-  return S or world, S and R or 1
+  return S, R
 end
 
 -- The recipe's units policy as fully_shard takes it: "default" (Llama's),
@@ -154,7 +152,6 @@ function M.plan(r, o)
   if W < 1 or W % 1 ~= 0 then error(string.format("%s: world = %s; expected a positive integer", where, tostring(W)), 0) end
   -- (the plan's work grows with the ranks: a million plans in seconds)
   if W > M.max_world then error(string.format("%s: world = %s; at most %d ranks are planned", where, tostring(W), M.max_world), 0) end
-  if o.mesh then recipe.check_mesh(o.mesh, where) end
   local S, R = M.mesh_sizes(o.mesh or r.mesh, W, where)
   local f = r.fsdp
   local cfg = hf_config.model(r.model, where)

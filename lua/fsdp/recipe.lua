@@ -3,6 +3,8 @@
 -- module fills in defaults, applies command-line overrides
 -- (train.steps=50 data.seq=64) and checks every field, so that a mistake is
 -- reported with the recipe file, the field and what was expected.
+local mesh = require "fsdp.mesh"
+
 local M = {}
 
 -- section -> field -> {kind, default}; kind: "int", "number", "string",
@@ -117,26 +119,17 @@ local function in_range(where, name, v, lo, hi, lo_open, hi_open, why)
   end
 end
 
--- The names of a recipe's mesh dimensions, in order ("dp_outer=2,dp_shard=-1"
--- or {{"dp_outer", 2}, {"dp_shard", -1}}); items fsdp.mesh cannot read are
--- left to its own message
-local function mesh_names(m)
-  local names = {}
-  if type(m) == "string" then
-    for item in m:gmatch("[^,]+") do names[#names + 1] = item:match("^%s*([%w_]+)%s*=") end
-  else
-    for _, d in ipairs(m) do names[#names + 1] = type(d) == "table" and (d.name or d[1]) or nil end
-  end
-  return names
-end
-
 -- The trainer shards over dp_shard and replicates over dp_outer; any other
 -- dimension would split the ranks into groups that never exchange grads
 -- (two ranks of "dp_shard=-1,tp=2" trained two models, each printing its
 -- own losses) or count ranks twice ("dp_outer=2" alone), so it is refused.
+-- Returns the dimensions as fsdp.mesh reads them ({{name, size}, ...}).
 function M.check_mesh(m, where)
+  local ok, dims = pcall(mesh.parse_dims, m)
+  if not ok then fail(where, "mesh: %s", (tostring(dims):gsub("^.-fsdp%.mesh: ", ""))) end
   local seen = {}
-  for _, n in pairs(mesh_names(m)) do
+  for _, d in ipairs(dims) do
+    local n = d[1]
     if n ~= "dp_shard" and n ~= "dp_outer" then
       fail(where, "mesh: dimension '%s' is not one the trainer knows: it shards over dp_shard and replicates over " ..
         "dp_outer (HSDP), e.g. 'dp_shard=-1' or 'dp_outer=2,dp_shard=-1'; this engine has no tensor or pipeline parallelism",
@@ -145,10 +138,11 @@ function M.check_mesh(m, where)
     if seen[n] then fail(where, "mesh: dimension '%s' is given twice", n) end
     seen[n] = true
   end
-  if next(seen) and not seen.dp_shard then
+  if not seen.dp_shard then
     fail(where, "mesh: no dp_shard dimension (the ranks each unit is sharded over); e.g. 'dp_outer=2,dp_shard=-1', " ..
       "or 'dp_outer=2,dp_shard=1' for plain replicas")
   end
+  return dims
 end
 
 -- The recipe with defaults filled in; errors name "FILE: section.field".

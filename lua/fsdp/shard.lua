@@ -33,27 +33,30 @@ local sched = require "fsdp.unit_schedule"
 for _, k in ipairs({ "unit_options", "offload_mode", "assign", "plan_units" }) do M[k] = units[k] end
 for _, k in ipairs({ "switch_unit", "simulate", "pool_slots", "sum", "pool_bound" }) do M[k] = sched[k] end
 
--- fully_shard's options; any other key is refused (a misspelt one, e.g.
--- max_live_unit, would otherwise leave its default in place without a word)
-local fully_shard_opts = { "shard", "outer", "units", "zero", "max_live_units", "prefetch", "seed", "offload",
-  "micro_batches", "mixed", "hfsdp", "reduce", "separate_reduce", "comm_register", "trace" }
-
 local function shown(v) return type(v) == "string" and string.format("'%s' (a string)", v) or tostring(v) end
 
--- refuses a key of opts not in names (the caller's options), at the caller's caller
-local function only_known(opts, names, what)
+-- A check of what(opts)'s keys against names: any other key is an error at
+-- what's caller (a misspelt max_live_unit or weight_decy would otherwise
+-- leave its default in place without a word)
+local function options_of(what, names)
   local known = {}
   for _, k in ipairs(names) do known[k] = true end
-  for k in pairs(opts) do
-    if not known[k] then
-      error(string.format("%s: unknown option '%s' (expected %s)", what, tostring(k), table.concat(names, ", ")), 3)
+  return function(opts)
+    for k in pairs(opts) do
+      if not known[k] then
+        error(string.format("%s: unknown option '%s' (expected %s)", what, tostring(k), table.concat(names, ", ")), 3)
+      end
     end
   end
 end
+local check_shard_opts = options_of("fully_shard", { "shard", "outer", "units", "zero", "max_live_units", "prefetch",
+  "seed", "offload", "micro_batches", "mixed", "hfsdp", "reduce", "separate_reduce", "comm_register", "trace" })
+local check_step_opts = options_of("train_step", { "loss", "forward_loss", "optimizer", "lr", "beta1", "beta2", "eps",
+  "weight_decay", "momentum", "clip" })
 
 function M.fully_shard(model, opts)
   opts = opts or {}
-  only_known(opts, fully_shard_opts, "fully_shard")
+  check_shard_opts(opts)
   if not opts.shard then error("fully_shard: opts.shard (the shard group's comm, e.g. mesh:group('dp_shard')) is required", 2) end
   local zero = opts.zero or 3
   if zero ~= 0 and zero ~= 1 and zero ~= 2 and zero ~= 3 then
@@ -404,14 +407,10 @@ function Sharded:synchronize()
   if self.cs then check(C.fsdp_stream_synchronize(self.cs), "synchronize") end
 end
 
--- train_step's options; any other key is refused (a misspelt weight_decay
--- would train with none)
-local step_opts = { "loss", "forward_loss", "optimizer", "lr", "beta1", "beta2", "eps", "weight_decay", "momentum", "clip" }
-
 function Sharded:train_step(batches, opt)
   live(self, "train_step")
   opt = opt or {}
-  only_known(opt, step_opts, "train_step")
+  check_step_opts(opt)
   local K, total, parts = #batches, 0, {}
   if self.micro_batches and K ~= self.micro_batches then
     error(string.format("train_step: %d micro-batches, but fully_shard was made with micro_batches = %d", K,

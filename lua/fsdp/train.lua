@@ -139,7 +139,7 @@ local function run(r, where, args, break_at, owned)
   owned.mesh = mesh
   local names = {}
   for _, d in ipairs(mesh:dims()) do names[d.name or d[1]] = true end
-  local shard = names.dp_shard and mesh:group("dp_shard") or mesh:group("world")
+  local shard = mesh:group("dp_shard") -- (recipe.check: the mesh has it)
   local outer = names.dp_outer and mesh:group("dp_outer") or nil
   local dp = shard:size() * (outer and outer:size() or 1)
   local dp_rank = (outer and outer:rank() * shard:size() or 0) + shard:rank()
