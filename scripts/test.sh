@@ -12,6 +12,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
 
+# mpirun, srun and prterun for tests/scripts/test_launchers.sh (skipped,
+# saying so, where one cannot be installed)
+scripts/setup_launchers.sh
 echo "== build (build/)"
 scripts/build.sh build -DFSDP_WERROR=ON
 echo "== tests (build/)"

@@ -22,3 +22,14 @@ set_tests_properties(launcher_env PROPERTIES LABELS launcher TIMEOUT 90)
 add_test(NAME launcher_shm_cleanup
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/launcher/test_shm_cleanup.sh $<TARGET_FILE:fsdprun> $<TARGET_FILE:fsdp-host>)
 set_tests_properties(launcher_shm_cleanup PROPERTIES LABELS launcher TIMEOUT 60)
+# the rank host under mpirun, srun --mpi=pmix (a one-node Slurm cluster of
+# its own) and prterun: the same losses as under fsdprun, a checkpoint that
+# resumes under fsdprun, a killed rank ending the job, a recipe error named
+# by every rank (tests/scripts/test_launchers.sh; a launcher not installed
+# is skipped, saying so: scripts/setup_launchers.sh installs them). The
+# normal pass only: it checks what the launchers do, not our memory.
+if(NOT FSDP_SANITIZE)
+  add_test(NAME launchers
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_launchers.sh $<TARGET_FILE:fsdprun> ${CMAKE_SOURCE_DIR})
+  set_tests_properties(launchers PROPERTIES LABELS "launcher;multirank" TIMEOUT 240 RUN_SERIAL ON)
+endif()
