@@ -6,13 +6,19 @@
 # go to fsdprun (which passes them on to the ranks) and straight to the
 # ranks (as srun and mpirun deliver them); SIGUSR1 (sbatch --signal) too.
 # A second, different signal ends a rank at once, with nothing saved.
-# Where Open MPI's mpirun is installed, SIGUSR1 and SIGTERM to mpirun too.
+# Where Open MPI's mpirun is installed, SIGUSR1 and SIGTERM to mpirun too;
+# where Slurm is, SIGUSR1 and SIGTERM by scancel to a job under srun.
 set -u
 fsdprun=$1
 root=$2
 . "$(dirname "$0")/checks.sh"
 work=$(mktemp -d)
-trap 'kill -9 $(jobs -p) 2>/dev/null; rm -rf "$work"' EXIT
+cleanup() {
+  kill -9 $(jobs -p) 2>/dev/null
+  [ -f "$work/slurm/slurm.conf" ] && bash "$root/tests/scripts/slurm_cluster.sh" stop "$work/slurm"
+  rm -rf "$work"
+}
+trap cleanup EXIT
 quick="train.eval_every=0 data.seq=32 data.micro_batch=2 model.num_hidden_layers=1 train.log_every=1000"
 steps=100000 # never reached: the schedule follows it, the signal ends the run
 
@@ -40,7 +46,11 @@ start() { # dir
 stop_case() {
   local name=$1 sig=$2 target=$3 want=$4 dir="$work/$1"
   start "$dir" || return
-  if [ "$target" = launcher ]; then kill -"$sig" $pid; else kill -"$sig" $(pgrep -P $pid); fi
+  case $target in
+  launcher) kill -"$sig" $pid ;;
+  ranks) kill -"$sig" $(pgrep -P $pid) ;;
+  scancel) scancel --signal="$sig" "$(squeue -h -o %i | head -n 1)" ;; # to the tasks of the job's steps
+  esac
   wait $pid
   local rc=$?
   check "$name: exit status $want (got $rc)" "[ $rc = $want ]"
@@ -76,6 +86,19 @@ if command -v mpirun >/dev/null && mpirun --version 2>/dev/null | grep -q "Open 
   launch="$fsdprun -n 2 --timeout 120"
 else
   echo "skipped: SIGUSR1 and SIGTERM to mpirun (Open MPI's mpirun is not installed)"
+fi
+# Slurm: `scancel --signal` (and `sbatch --signal=USR1@T` ahead of a time
+# limit) signals the step's tasks; srun exits with their status. On a
+# one-node cluster of the test's own (tests/scripts/slurm_cluster.sh).
+if conf=$(bash "$root/tests/scripts/slurm_cluster.sh" start "$work/slurm" 2>"$work/slurm.err"); then
+  export SLURM_CONF=$conf
+  launch="srun --mpi=pmix --kill-on-bad-exit=1 -n 2 $(dirname "$fsdprun")/fsdp"
+  stop_case "SIGUSR1 by scancel (srun)" USR1 scancel 138
+  stop_case "SIGTERM by scancel (srun)" TERM scancel 143
+  launch="$fsdprun -n 2 --timeout 120"
+  unset SLURM_CONF
+else
+  echo "skipped: SIGUSR1 and SIGTERM by scancel ($(tail -n 1 "$work/slurm.err"))"
 fi
 
 # a second, different signal right after the first: the ranks end at once
