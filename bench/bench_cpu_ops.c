@@ -1,7 +1,7 @@
 /* bench_cpu_ops: the CPU ops of a Llama step at the demo's shapes
  * (recipes/tiny.lua: 8 x 128 tokens, hidden 128, 4/2 heads of 32, SwiGLU
  * 352, vocab 256) and at a larger one (512 tokens, hidden 512, 8/4 heads of
- * 64, SwiGLU 1408, vocab 32000; attention at T = 1024): each op's forward
+ * 64, SwiGLU 1408, vocab 32000; attention at T = 1024 and 2048): each op's forward
  * and backward, timed on this process's BLAS threads (the engine's choice:
  * src/ops/blas_threads.c). Model FLOPs as the trainer counts them
  * (attention: the full T x T products, 4 T^2 D per head forward, 8 backward).
@@ -46,6 +46,10 @@ static int attention(const bcase *k) {
   int rc = fsdp_attention_forward(O, L, Q, K, V, k->a, k->b, k->c, k->d, k->e);
   return rc ? rc : fsdp_attention_backward(DQ, DK, DV, DO, Q, K, V, O, L, k->a, k->b, k->c, k->d, k->e);
 }
+/* its forward alone */
+static int attention_forward(const bcase *k) {
+  return fsdp_attention_forward(O, L, Q, K, V, k->a, k->b, k->c, k->d, k->e);
+}
 /* cross-entropy: a = rows, b = vocab, the gradient written over the
  * logits (as the trainer does; the next repeat reads that gradient as its
  * logits: the same work) */
@@ -63,6 +67,7 @@ static int swiglu(const bcase *k) {
 
 #define LIN(name, n, i, o) {name, linear, n, i, o, 0, 0, 6.0 * (n) * (i) * (o)}
 #define ATT(name, b, t, h, hk, d) {name, attention, b, t, h, hk, d, 12.0 * (b) * (h) * (t) * (t) * (d)}
+#define ATTF(name, b, t, h, hk, d) {name, attention_forward, b, t, h, hk, d, 4.0 * (b) * (h) * (t) * (t) * (d)}
 #define CE(name, n, v) {name, cross_entropy, n, v, 0, 0, 0, 0}
 #define SWI(name, n) {name, swiglu, n, 0, 0, 0, 0, 0}
 
@@ -80,6 +85,8 @@ static const bcase cases[] = {
     LIN("large linear 512x512->32000 (head)", 512, 512, 32000),
     ATT("large attention 1x1024, 8/4 heads of 64", 1, 1024, 8, 4, 64),
     CE("large cross_entropy 512 rows x 32000", 512, 32000),
+    ATT("long attention 1x2048, 8/4 heads of 64", 1, 2048, 8, 4, 64),
+    ATTF("long attention 1x2048, forward", 1, 2048, 8, 4, 64),
     SWI("large swiglu 512x1408, fwd+bwd", 512 * 1408),
 };
 
@@ -95,7 +102,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "usage: bench_cpu_ops [REPEATS] [FILTER]\n");
     return 2;
   }
-  const int64_t big = 512 * 32000, att = 1024 * 8 * 64;
+  const int64_t big = 512 * 32000, att = 2048 * 8 * 64;
   X = buf(big), Y = buf(big), W = buf(big), DX = buf(big), DW = buf(big);
   Q = buf(att), K = buf(att), V = buf(att), O = buf(att), L = buf(att), DQ = buf(att), DK = buf(att), DV = buf(att);
   DO = buf(att);

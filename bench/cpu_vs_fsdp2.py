@@ -23,6 +23,7 @@ shapes = {
     "tiny (0.8M, the demo)": (128, 352, 4, 4, 2, 256, 128, 8),
     "45M (vocab 32000)": (512, 1408, 4, 8, 4, 32000, 256, 2),
     "56M (8 layers, vocab 32000)": (512, 1408, 8, 8, 4, 32000, 256, 2),
+    "45M at seq 2048 (attention-heavy)": (512, 1408, 4, 8, 4, 32000, 2048, 1),
 }
 
 
@@ -85,7 +86,8 @@ def ours(s):
         m = os.path.join(d, "m.jsonl")
         over = [f"model.hidden_size={h}", f"model.intermediate_size={inter}", f"model.num_hidden_layers={L}",
                 f"model.num_attention_heads={nh}", f"model.num_key_value_heads={kv}", f"model.vocab_size={V}",
-                f"data.seq={T}", f"data.micro_batch={B}", f"train.steps={steps}", "train.eval_every=0",
+                f"model.max_position_embeddings={max(T, 512)}", f"data.seq={T}", f"data.micro_batch={B}",
+                f"train.steps={steps}", "train.eval_every=0",
                 "train.log_every=1000", f"train.metrics={m}", "fsdp.zero=3"]
         env = dict(os.environ, FSDPRUN_OVERSUBSCRIBE="1")
         _, peak = run([f"{build}/fsdprun", "-n", str(ranks), "recipes/tiny.lua"] + over, "recipes/tiny.lua", env)

@@ -5,8 +5,9 @@
  * head slices go straight to sgemm as leading dimensions.
  *
  * Forward per (batch, head): S = scale Q K^T, a causal softmax row by row
- * (row i sees columns 0..i; fp32, the vectorised loops of rows.c), O = P V;
- * the log-sum-exp of each row is saved.
+ * (row i sees columns 0..i; fp32, the vectorised loops of rows.c: one
+ * exponential per score, the row's sum applied to O's row), O = P V; the
+ * log-sum-exp of each row is saved.
  * Backward recomputes P from it (flash-attention style: nothing [T, T] is
  * kept between forward and backward):
  *   dP = dO V^T,  dS = P (dP - rowsum(dO * O)),  dQ = scale dS K,
@@ -42,8 +43,9 @@ int fsdp_attention_forward(float *out, float *lse, const float *q, const float *
   if (!B || !T) return FSDP_OK;
   if (!out || !lse || !q || !k || !v) return fsdp_fail(FSDP_EINVAL, "attention_forward: NULL buffer");
   const int64_t rows = T < BLOCK ? T : BLOCK;
-  float *S = malloc(sizeof(float) * (size_t)rows * (size_t)T);
+  float *S = malloc(sizeof(float) * (size_t)rows * (size_t)(T + 1));
   if (!S) return fsdp_fail(FSDP_ENOMEM, "attention_forward: no memory for a %lld x %lld score block", (long long)rows, (long long)T);
+  float *inv = S + rows * T; /* 1 / each row's sum */
   const float scale = 1.0f / sqrtf((float)D);
   const int64_t G = H / Hkv, ldq = H * D, ldk = Hkv * D;
   const int d = (int)D;
@@ -55,14 +57,18 @@ int fsdp_attention_forward(float *out, float *lse, const float *q, const float *
         const int64_t i1 = i0 + BLOCK < T ? i0 + BLOCK : T; /* rows i0 .. i1 - 1 see keys 0 .. i1 - 1 */
         const int bq = (int)(i1 - i0), n = (int)i1;
         fsdp_sgemm(0, 1, bq, n, d, scale, qh + i0 * ldq, ldq, kh, ldk, 0.0f, S, n);
-        for (int64_t i = i0; i < i1; i++) { /* P_ij = e^(S_ij - lse_i) for j <= i, else 0 */
+        for (int64_t i = i0; i < i1; i++) { /* e^(S_ij - max_i) for j <= i, else 0; their sum */
           float *row = S + (i - i0) * n;
-          const float m = fsdp_row_max(row, i + 1);
-          L[i] = m + logf(fsdp_row_sum_exp(row, i + 1, m));
-          fsdp_row_exp_scaled(row, i + 1, L[i], 1.0f);
+          const float m = fsdp_row_max(row, i + 1), sum = fsdp_row_exp_sum(row, i + 1, m);
+          L[i] = m + logf(sum);
+          inv[i - i0] = 1.0f / sum;
           memset(row + i + 1, 0, sizeof(float) * (size_t)(n - i - 1));
         }
-        fsdp_sgemm(0, 0, bq, d, n, 1.0f, S, n, vh, ldk, 0.0f, out + b * T * ldq + i0 * ldq + h * D, ldq);
+        /* O = P V with P's rows normalised after the product: D values a
+         * row instead of i + 1 */
+        float *oh = out + b * T * ldq + i0 * ldq + h * D;
+        fsdp_sgemm(0, 0, bq, d, n, 1.0f, S, n, vh, ldk, 0.0f, oh, ldq);
+        for (int64_t i = 0; i < bq; i++) fsdp_row_scale(oh + i * ldq, D, inv[i]);
       }
     }
   free(S);

@@ -34,15 +34,18 @@ int fsdp_cross_entropy(double *loss_sum, int64_t *count, float *dlogits, const f
       if (d) memset(d, 0, sizeof(float) * (size_t)vocab);
       continue;
     }
-    const float m = fsdp_row_max(x, vocab);
-    const float lse = m + logf(fsdp_row_sum_exp(x, vocab, m));
-    total += (double)lse - x[t];
-    cnt++;
-    if (d) { /* x[t] is read: the row may now be overwritten */
+    const float m = fsdp_row_max(x, vocab), xt = x[t]; /* x[t] read: the row may be overwritten */
+    float sum;
+    if (d) { /* one exponential per entry: d = e^(x - m), then scaled by grad_scale / sum */
       if (d != x) memcpy(d, x, sizeof(float) * (size_t)vocab);
-      fsdp_row_exp_scaled(d, vocab, lse, grad_scale);
+      sum = fsdp_row_exp_sum(d, vocab, m);
+      fsdp_row_scale(d, vocab, grad_scale / sum);
       d[t] -= grad_scale;
+    } else {
+      sum = fsdp_row_sum_exp(x, vocab, m);
     }
+    total += (double)(m + logf(sum)) - xt;
+    cnt++;
   }
   *loss_sum = total;
   *count = cnt;

@@ -77,6 +77,27 @@ FSDP_VECTOR_CLONES float fsdp_row_sum_exp(const float *x, int64_t n, float m) {
   return r;
 }
 
+FSDP_VECTOR_CLONES float fsdp_row_exp_sum(float *x, int64_t n, float m) {
+  float s[LANES] = {0};
+  int64_t j = 0;
+  for (; j + LANES <= n; j += LANES)
+    for (int l = 0; l < LANES; l++) {
+      x[j + l] = exp_nonpos(x[j + l] - m);
+      s[l] += x[j + l];
+    }
+  for (; j < n; j++) {
+    x[j] = exp_nonpos(x[j] - m);
+    s[0] += x[j];
+  }
+  float r = 0;
+  for (int l = 0; l < LANES; l++) r += s[l];
+  return r;
+}
+
+FSDP_VECTOR_CLONES void fsdp_row_scale(float *x, int64_t n, float scale) {
+  for (int64_t j = 0; j < n; j++) x[j] *= scale;
+}
+
 FSDP_VECTOR_CLONES void fsdp_row_exp_scaled(float *x, int64_t n, float shift, float scale) {
   for (int64_t j = 0; j < n; j++) x[j] = scale * exp_nonpos(x[j] - shift);
 }

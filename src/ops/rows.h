@@ -10,6 +10,11 @@
 float fsdp_row_max(const float *x, int64_t n);
 /* sum_j e^(x_j - m) */
 float fsdp_row_sum_exp(const float *x, int64_t n, float m);
+/* x_j <- e^(x_j - m), in place, and their sum (m the row's max): one
+ * exponential per entry where sum_exp and exp_scaled take two */
+float fsdp_row_exp_sum(float *x, int64_t n, float m);
+/* x_j <- scale x_j */
+void fsdp_row_scale(float *x, int64_t n, float scale);
 /* x_j <- scale e^(x_j - shift), in place; shift >= every x_j (a max, a
  * log-sum-exp): e^y is computed for y <= 0, and is 0 below -87 */
 void fsdp_row_exp_scaled(float *x, int64_t n, float shift, float scale);
