@@ -24,7 +24,10 @@ local info
 function fsdp.init()
   if info then return info end
   local p = ffi.new("fsdp_proc_info")
-  check(C.fsdp_init(p), "fsdp.init")
+  local rc = C.fsdp_init(p)
+  if rc < 0 then -- the launcher or PMIx, never the caller's code: the message alone, no position
+    error(string.format("fsdp.init: %s (%s)", ffi.string(C.fsdp_last_error()), ffi.string(C.fsdp_status_name(rc))), 0)
+  end
   info = { rank = p.rank, size = p.size, local_rank = p.local_rank, local_size = p.local_size,
     node_rank = p.node_rank, num_nodes = p.num_nodes, singleton = p.singleton ~= 0,
     device_count = p.device_count, nspace = ffi.string(p.nspace) }

@@ -588,7 +588,10 @@ function M.run(r, where, args, break_at)
   if not ok then
     C.fsdp_stop_signals_watch(0)
     profile.abandon()
-    if fsdp.init().size == 1 then
+    -- (fsdp.init itself may be what failed: asked again, it would raise
+    -- again, from here, with a traceback hiding the message)
+    local booted, info = pcall(fsdp.init)
+    if booted and info.size == 1 then
       if owned.sharded and not owned.sharded.freed then pcall(owned.sharded.free, owned.sharded) end
       if owned.mesh then pcall(owned.mesh.free, owned.mesh) end
     end
