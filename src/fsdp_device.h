@@ -41,6 +41,9 @@ typedef struct fsdp_memory_stats {
 int fsdp_memory_get_stats(int device, fsdp_memory_stats *out);
 int fsdp_memory_reset_peak(int device);      /* both peaks := current */
 int fsdp_memory_empty_cache(int device);     /* cached blocks back to the device */
+/* The block a request of `bytes` takes from the pool (either device): what
+ * it really holds. Negative bytes: 0. */
+int64_t fsdp_memory_block_bytes(int64_t bytes);
 /* What the device has: CPU: MemAvailable and MemTotal of /proc/meminfo
  * (the whole machine, shared by its ranks); CUDA: cudaMemGetInfo. The
  * pool's cached bytes are free to this process but not counted here. */

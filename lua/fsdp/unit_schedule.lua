@@ -114,11 +114,15 @@ end
 -- Returns slots ({params = {...}, grads = {...}}), the replay's peak, and
 -- the reason when even those do not fit (peak nil).
 function M.pool_slots(a, prefetch, live)
+  -- each slot is as big as the allocator's block for it (what it holds
+  -- anyway): units within a block of each other (a tied-off head and the
+  -- embedding, 2 KiB apart) get slots of one size, any of which
+  -- fsdp_pool_acquire may hand out (the one already free, src/shard/pool.c)
   local function sizes(field)
     local v = {}
     for _, u in ipairs(a.units) do
       local b = tonumber(u.plan[field])
-      if b > 0 then v[#v + 1] = b end
+      if b > 0 then v[#v + 1] = tonumber(C.fsdp_memory_block_bytes(b)) end
     end
     table.sort(v, function(x, y) return x > y end)
     return v

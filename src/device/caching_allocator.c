@@ -104,6 +104,12 @@ static size_t block_of(size_t bytes, int *class_out) {
   return class_bytes(k);
 }
 
+int64_t fsdp_memory_block_bytes(int64_t bytes) {
+  if (bytes <= 0) return 0;
+  int k;
+  return (int64_t)block_of((size_t)bytes, &k);
+}
+
 /* ---- backends ---- */
 static int backend_alloc(int device, size_t bytes, void **out) {
   if (device == FSDP_CUDA) return fsdp_cuda()->alloc(bytes, out);

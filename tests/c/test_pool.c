@@ -3,10 +3,15 @@
  * fits, the lowest index among equals), deferral when none fits, the
  * bound, and that every slot is as big as asked (written to its last byte,
  * which AddressSanitizer checks). The reference: the expected slot of each
- * request, worked out by hand below. */
+ * request, worked out by hand below. And that of two free slots of one size
+ * a request takes the one whose last user has finished, not one still
+ * being read by a collective in flight. */
+#include <stdatomic.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "check.h"
+#include "device/device_impl.h"
 #include "fsdp.h"
 #include "shard/pool.h"
 
@@ -56,8 +61,50 @@ static void test_pool(void) {
   CHECK_FAILS(fsdp_pool_create(FSDP_CPU, 0, b, &p), FSDP_EINVAL, "at least 1");
 }
 
+/* a task that holds its stream until *gate is set */
+static int hold(void *gate) {
+  while (!atomic_load((_Atomic int *)gate)) usleep(1000);
+  return 0;
+}
+
+static void test_ready_slot(void) {
+  int64_t b[] = {256, 256};
+  fsdp_pool *p = NULL;
+  CHECK_OK(fsdp_pool_create(FSDP_CPU, 2, b, &p));
+  fsdp_stream *user = NULL, *busy = NULL;
+  CHECK_OK(fsdp_stream_create(FSDP_CPU, &user));
+  CHECK_OK(fsdp_stream_create(FSDP_CPU, &busy));
+  int slot[3];
+  void *buf[3];
+  CHECK_OK(fsdp_pool_acquire(p, 200, user, &slot[0], &buf[0]));
+  CHECK_OK(fsdp_pool_acquire(p, 200, user, &slot[1], &buf[1]));
+  CHECK(slot[0] == 0 && slot[1] == 1);
+  _Atomic int gate = 0;
+  CHECK_OK(fsdp_cpu_stream_enqueue(busy, hold, (void *)&gate, NULL));
+  CHECK_OK(fsdp_pool_give_back(p, slot[1], user)); /* finished */
+  CHECK_OK(fsdp_stream_synchronize(user));
+  CHECK_OK(fsdp_pool_give_back(p, slot[0], busy)); /* its reader still runs */
+  /* the pick alone says slot 0 (the lowest index among equals) */
+  CHECK_OK(fsdp_pool_acquire(p, 200, user, &slot[2], &buf[2]));
+  CHECK(slot[2] == 1 && buf[2] == buf[1]);
+  fsdp_event *e = NULL; /* the user goes on at once: it waits for nothing */
+  CHECK_OK(fsdp_event_create(FSDP_CPU, &e));
+  CHECK_OK(fsdp_event_record(e, user));
+  for (int i = 0; i < 200 && fsdp_event_query(e) == 0; i++) usleep(1000);
+  CHECK(fsdp_event_query(e) == 1);
+  atomic_store(&gate, 1);
+  CHECK_OK(fsdp_event_destroy(e));
+  CHECK_OK(fsdp_stream_synchronize(busy));
+  CHECK_OK(fsdp_pool_give_back(p, slot[2], user));
+  CHECK_OK(fsdp_stream_synchronize(user));
+  CHECK_OK(fsdp_pool_destroy(p));
+  CHECK_OK(fsdp_stream_destroy(user));
+  CHECK_OK(fsdp_stream_destroy(busy));
+}
+
 int main(void) {
   test_pick();
   test_pool();
+  test_ready_slot();
   return fsdp_test_summary("test_pool");
 }
