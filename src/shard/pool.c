@@ -111,8 +111,12 @@ int fsdp_pool_acquire(fsdp_pool *p, size_t bytes, fsdp_stream *user, int *slot, 
    * promises), take one whose last user has finished: on 2 CPU ranks
    * layers had waited 1-40 ms each for the previous layer's
    * reduce-scatter with an idle buffer beside it. */
-  for (int j = 0; j < p->nslots && fsdp_event_query(p->released[i]) == 0; j++)
-    if (j != i && !p->taken[j] && p->bytes[j] == p->bytes[i] && fsdp_event_query(p->released[j]) == 1) i = j;
+  if (fsdp_event_query(p->released[i]) == 0)
+    for (int j = 0; j < p->nslots; j++)
+      if (j != i && !p->taken[j] && p->bytes[j] == p->bytes[i] && fsdp_event_query(p->released[j]) == 1) {
+        i = j;
+        break;
+      }
   /* the new user may write only after the previous one finished */
   FSDP_CHECK(fsdp_stream_wait_event(user, p->released[i]));
   p->taken[i] = 1;

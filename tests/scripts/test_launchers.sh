@@ -20,20 +20,10 @@ fsdprun=$1
 root=$2
 fsdp=$(dirname "$fsdprun")/fsdp
 . "$(dirname "$0")/checks.sh"
-work=$(mktemp -d)
-cleanup() {
-  kill -9 $(jobs -p) 2>/dev/null
-  [ -f "$work/slurm/slurm.conf" ] && bash "$root/tests/scripts/slurm_cluster.sh" stop "$work/slurm"
-  rm -rf "$work"
-}
-trap cleanup EXIT
-quick="train.eval_every=0 data.seq=32 data.micro_batch=2 model.num_hidden_layers=1 train.log_every=1000"
+. "$(dirname "$0")/runs.sh"
 recipe=$root/recipes/tiny.lua
 # every rank of this test carries it, so that its processes can be found
 export FSDP_TEST_LAUNCH_MARK="launchers.$$"
-
-# the "loss" of every step record in a metrics file, one per line, as written
-losses() { sed -n 's/^{"step":\([0-9]*\),.*"loss":\([^,}]*\).*/\1 \2/p' "$1"; }
 
 # the ranks of this test alive now: "pid rank" lines
 ranks() {
@@ -120,8 +110,7 @@ else
   echo "skipped: mpirun (Open MPI's mpirun is not installed; scripts/setup_launchers.sh installs it)"
 fi
 
-if conf=$(bash "$root/tests/scripts/slurm_cluster.sh" start "$work/slurm" 2>"$work/slurm.err"); then
-  export SLURM_CONF=$conf
+if slurm_up; then
   launcher_cases srun srun --mpi=pmix --kill-on-bad-exit=1 -n 2
   # without PMIx (Slurm's default on many clusters) every task would train
   # alone as rank 0 of 1: each refuses, saying how to start it, no traceback
@@ -134,7 +123,7 @@ if conf=$(bash "$root/tests/scripts/slurm_cluster.sh" start "$work/slurm" 2>"$wo
   done
   unset SLURM_CONF
 else
-  echo "skipped: srun ($(tail -n 1 "$work/slurm.err"))"
+  echo "skipped: srun ($slurm_why)"
 fi
 
 prefix=$(ls -d "$root"/.deps/openmpi-*/ 2>/dev/null | tail -n 1)

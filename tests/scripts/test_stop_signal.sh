@@ -12,18 +12,8 @@ set -u
 fsdprun=$1
 root=$2
 . "$(dirname "$0")/checks.sh"
-work=$(mktemp -d)
-cleanup() {
-  kill -9 $(jobs -p) 2>/dev/null
-  [ -f "$work/slurm/slurm.conf" ] && bash "$root/tests/scripts/slurm_cluster.sh" stop "$work/slurm"
-  rm -rf "$work"
-}
-trap cleanup EXIT
-quick="train.eval_every=0 data.seq=32 data.micro_batch=2 model.num_hidden_layers=1 train.log_every=1000"
+. "$(dirname "$0")/runs.sh"
 steps=100000 # never reached: the schedule follows it, the signal ends the run
-
-# the "loss" of every step record in a metrics file, one per line, as written
-losses() { sed -n 's/^{"step":\([0-9]*\),.*"loss":\([^,}]*\).*/\1 \2/p' "$1"; }
 
 # the command that starts 2 ranks (stop_case's launcher)
 launch="$fsdprun -n 2 --timeout 120"
@@ -90,15 +80,14 @@ fi
 # Slurm: `scancel --signal` (and `sbatch --signal=USR1@T` ahead of a time
 # limit) signals the step's tasks; srun exits with their status. On a
 # one-node cluster of the test's own (tests/scripts/slurm_cluster.sh).
-if conf=$(bash "$root/tests/scripts/slurm_cluster.sh" start "$work/slurm" 2>"$work/slurm.err"); then
-  export SLURM_CONF=$conf
+if slurm_up; then
   launch="srun --mpi=pmix --kill-on-bad-exit=1 -n 2 $(dirname "$fsdprun")/fsdp"
   stop_case "SIGUSR1 by scancel (srun)" USR1 scancel 138
   stop_case "SIGTERM by scancel (srun)" TERM scancel 143
   launch="$fsdprun -n 2 --timeout 120"
   unset SLURM_CONF
 else
-  echo "skipped: SIGUSR1 and SIGTERM by scancel ($(tail -n 1 "$work/slurm.err"))"
+  echo "skipped: SIGUSR1 and SIGTERM by scancel ($slurm_why)"
 fi
 
 # a second, different signal right after the first: the ranks end at once
