@@ -16,11 +16,32 @@ local function policy_of(units)
     error(string.format("units = %s; expected a list of module kinds or a function(module, path, info) -> unit name",
       tostring(units)), 0)
   end
-  local kinds = {}
-  for _, k in ipairs(units or {}) do kinds[k] = true end
-  return function(m, path)
+  local kinds, seen = {}, {}
+  for i, k in ipairs(units or {}) do
+    if type(k) ~= "string" then
+      error(string.format("units[%d] = %s (a %s); expected a module kind such as \"Linear\" or \"LlamaDecoderLayer\"",
+        i, tostring(k), type(k)), 0)
+    end
+    kinds[k] = true
+  end
+  local function policy(m, path)
+    seen[m.kind] = true
     if kinds[m.kind] then return path end
   end
+  -- a kind no module has is a typo, not a wish for one big unit: name it
+  -- and the kinds the model has
+  local function check_matched()
+    for _, k in ipairs(units or {}) do
+      if not seen[k] then
+        local have = {}
+        for kind in pairs(seen) do have[#have + 1] = kind end
+        table.sort(have)
+        error(string.format("fully_shard: the units list names '%s', but no module of the model is one (its kinds: %s)",
+          k, table.concat(have, ", ")), 0)
+      end
+    end
+  end
+  return policy, check_matched
 end
 
 -- Options a policy may give a unit (its second return value)
@@ -65,7 +86,7 @@ end
 function M.assign(model, opts)
   opts = opts or {}
   local zero = opts.zero or 3
-  local policy = policy_of(opts.units)
+  local policy, check_matched = policy_of(opts.units)
   local default_offload = M.offload_mode(opts.offload)
   if not default_offload then
     error("fully_shard: offload = " .. tostring(opts.offload) .. "; expected true, false or {optimizer = true, params = true, " ..
@@ -175,6 +196,7 @@ function M.assign(model, opts)
       add(m, path, d and d.name or "root", d and d.opts)
     end
   end)
+  if check_matched then check_matched() end
   -- a module that shares another's parameters (tied embeddings: m.shares)
   -- runs in that module's unit, bound to the same buffers
   nn.walk(model, function(m, path)

@@ -133,6 +133,8 @@ do
     "fully_shard: zero = '3' (a string); expected 0, 1, 2 or 3", "zero as a string")
   fails(function() fsdp.fully_shard(mlp(), { shard = dp, units = 42 }) end,
     "fully_shard: units = 42; expected a list of module kinds or a function", "a policy that is neither")
+  fails(function() fsdp.fully_shard(mlp(), { shard = dp, units = { "Linear", "Linaer" } }) end,
+    "fully_shard: the units list names 'Linaer', but no module of the model is one (its kinds: ", "a kind the model lacks")
   local mm = fsdp.fully_shard(mlp(), { shard = dp })
   fails(function() mm:train_step({ batch(R, 1, 1) }, { lr = 1e-3, weight_decy = 0.1 }) end,
     "train_step: unknown option 'weight_decy' (expected loss, forward_loss, optimizer,", "a misspelt step option")

@@ -308,6 +308,10 @@ do
     "unit 'model.layers.0' (module 'model.layers.0'): zero = 5", "a bad zero level")
   bad(function(m, path) if path == "lm_head" then return 42 end end, "returned a number for module 'lm_head'", "not a name")
   bad("recipes/policies/nope.lua", "no such policy file", "a missing policy file")
+  -- a misspelt kind in a list would leave the whole model one unit, without a word
+  bad({ "LlamaDecoderLayr" }, "p.lua: fsdp.units: the units list names 'LlamaDecoderLayr', but no module of the model is one " ..
+    "(its kinds: Embedding, Linear, LlamaAttention, LlamaDecoderLayer,", "a kind the model lacks")
+  bad({ "Linear", true }, "fsdp.units: units[2] = true (a boolean); expected a module kind", "a list entry that is no kind")
   bad(function(m, path) if path == "model.embed_tokens" then return "embed", { zero = 0, offload = true } end end,
     "unit 'embed' (module 'model.embed_tokens'): offload needs zero >= 1", "offload at zero 0")
   bad(function(m, path) if path == "model.embed_tokens" then return "embed", { zero = 2, offload = { params = true } } end end,

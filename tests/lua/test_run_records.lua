@@ -178,6 +178,20 @@ do
   end
 end
 
+-- a full disk under the checkpoints (rank 0's `latest` is re-pointed
+-- through latest.tmp, here a link to /dev/full): the run stops, naming the
+-- recipe, the checkpoint and the cause once ("checkpoint: " not doubled)
+do
+  local ck = dir .. "/full-ck"
+  if R == 0 then os.execute(string.format("mkdir -p '%s' && ln -s /dev/full '%s/latest.tmp'", ck, ck)) end
+  world:barrier()
+  local ok, e = pcall(train.run, tiny(), "fullck.lua", args({ "train.steps=2", "checkpoint.every=1", "checkpoint.dir=" .. ck }))
+  e = tostring(e)
+  check(not ok and e:find("fullck.lua: checkpoint: saving " .. ck .. "/step-00000001", 1, true), "a full disk stops the run: " .. e)
+  check(not e:find("checkpoint: checkpoint:", 1, true), "the field is named once: " .. e)
+  if R == 0 then check(e:find("No space left on device", 1, true), "rank 0 says why: " .. e) end
+end
+
 if R == 0 then os.execute("rm -rf '" .. dir .. "'") end
 world_mesh:free()
 jit.flush() -- compiled traces hold constants (the last plans) alive
