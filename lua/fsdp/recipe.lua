@@ -56,7 +56,7 @@ local function fail(where, fmt, ...) error(where .. ": " .. string.format(fmt, .
 
 local function describe(kind)
   if type(kind) == "table" then return "one of '" .. table.concat(kind, "', '") .. "'" end
-  return ({ int = "an integer", number = "a finite number", string = "a string", boolean = "true or false", table = "a table" })[kind] or kind
+  return ({ int = "an integer (at most 2^53 in magnitude)", number = "a finite number", string = "a string", boolean = "true or false", table = "a table" })[kind] or kind
 end
 
 local function ok_kind(kind, v)
@@ -66,7 +66,9 @@ local function ok_kind(kind, v)
     return false
   end
   -- inf and nan are never meant (lr = inf trains NaN from the second step)
-  if kind == "int" then return type(v) == "number" and v % 1 == 0 and v == v and math.abs(v) ~= math.huge end
+  -- integers past 2^53 are not exact in a double (train.steps = 1e30 would
+  -- count steps that cannot be told apart)
+  if kind == "int" then return type(v) == "number" and v % 1 == 0 and math.abs(v) <= 2 ^ 53 end
   if kind == "number" then return type(v) == "number" and v == v and math.abs(v) ~= math.huge end
   return type(v) == kind
 end

@@ -31,6 +31,7 @@ do
   bad(function(x) x.fsdp.zero = 5 end, "fsdp.zero = 5; expected 0, 1, 2 or 3")
   bad(function(x) x.optimizer.name = "lion" end, "optimizer.name = lion; expected one of 'adamw', 'sgd'")
   bad(function(x) x.data.seq = "long" end, "data.seq = long; expected an integer")
+  bad(function(x) x.train.steps = 1e30 end, "train.steps = 1e+30; expected an integer (at most 2^53 in magnitude)")
   bad(function(x) x.train.loss_chunk_mb = -1 end, "train.loss_chunk_mb = -1; expected >= 0")
   bad(function(x) x.extra = {} end, "unknown section 'extra'")
   -- a mesh dimension the trainer does not use would train unsynchronised
