@@ -4,9 +4,12 @@ by tests/lua/hf_logits.lua: B*T ids, then the logits) and compares the
 logits. Passes when the largest difference is under 1e-4 of the largest
 logit (fp32 arithmetic against float64). Exit 77: torch or transformers
 missing.
-hf_transformers_logits.py --make DIR FROM: writes DIR with transformers'
-save_pretrained: a LlamaForCausalLM of FROM's config.json with random
-weights (seed 0), as a model from the Hub would come."""
+hf_transformers_logits.py --make DIR FROM [llama3]: writes DIR with
+transformers' save_pretrained: a LlamaForCausalLM of FROM's config.json with
+random weights (seed 0), as a model from the Hub would come; "llama3": with
+Llama 3.1's rotary scaling (rope_type llama3, rope_theta 500000; original
+context 64 so that it turns most rotary pairs at these 48 positions) and a
+head_dim (48) that is not hidden_size / heads (32)."""
 import sys
 
 try:
@@ -20,6 +23,13 @@ if sys.argv[1] == "--make":
     from transformers import LlamaConfig
     torch.manual_seed(0)
     cfg = LlamaConfig.from_pretrained(sys.argv[3])
+    if sys.argv[4:] == ["llama3"]:
+        cfg = LlamaConfig(hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+                          num_attention_heads=cfg.num_attention_heads, num_key_value_heads=cfg.num_key_value_heads,
+                          num_hidden_layers=cfg.num_hidden_layers, vocab_size=cfg.vocab_size, rms_norm_eps=cfg.rms_norm_eps,
+                          max_position_embeddings=cfg.max_position_embeddings, tie_word_embeddings=False, head_dim=48,
+                          rope_theta=500000.0, rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                             "high_freq_factor": 4.0, "original_max_position_embeddings": 64})
     m = LlamaForCausalLM(cfg)
     with torch.no_grad():  # the default init's norms are all ones: perturb them too
         for name, p in m.named_parameters():

@@ -45,4 +45,28 @@ check "our model imports transformers' folder" "[ -s '$work/ours.txt' ]" || cat 
 rc=$?
 grep -v "Loading weights" "$work/cmp.out"
 check "transformers' model imported: its logits equal ours" "[ $rc = 0 ]"
+# Llama 3.1's rotary scaling and a head_dim that is not hidden / heads, as
+# transformers writes them (rope_parameters): imported, our logits equal
+# theirs; exported again by us (rope_theta, rope_scaling and head_dim in our
+# config.json), transformers reads the same model. The control: the same
+# folder with the scaling taken out gives other logits (the check sees it).
+"$py" "$root/tests/scripts/hf_transformers_logits.py" --make "$work/llama3" "$work/fp32-untied" llama3 >"$work/make.out" 2>&1
+check "transformers writes a llama3-scaled model" "[ -f '$work/llama3/config.json' ]" || cat "$work/make.out"
+rm -f "$work/ours.txt"
+"$fsdp" "$root/tests/lua/hf_logits.lua" "$work/llama3" "$root" "$work/ours.txt" folder "$work/llama3-ours" >"$work/ours.out" 2>&1
+check "our model imports it, its architecture from config.json" "[ -s '$work/ours.txt' ]" || cat "$work/ours.out"
+for d in llama3 llama3-ours; do
+  "$py" "$root/tests/scripts/hf_transformers_logits.py" "$work/$d" "$work/ours.txt" >"$work/cmp.out" 2>&1
+  rc=$?
+  grep -v "Loading weights" "$work/cmp.out"
+  check "rope_type llama3, head_dim 48 ($d): transformers' logits equal ours" "[ $rc = 0 ]"
+done
+check "our export says head_dim 48 and rope_type llama3" \
+  "grep -q '\"head_dim\": *48' '$work/llama3-ours/config.json' && grep -q '\"rope_type\": *\"llama3\"' '$work/llama3-ours/config.json'"
+cp -r "$work/llama3" "$work/unscaled"
+"$py" -c "import json, sys; p = sys.argv[1]; c = json.load(open(p)); c['rope_parameters'] = {'rope_type': 'default', 'rope_theta': 500000.0}; c.pop('rope_scaling', None); json.dump(c, open(p, 'w'))" "$work/unscaled/config.json"
+"$py" "$root/tests/scripts/hf_transformers_logits.py" "$work/unscaled" "$work/ours.txt" >"$work/cmp.out" 2>&1
+rc=$?
+grep -v "Loading weights" "$work/cmp.out"
+check "control: without the scaling transformers' logits differ from ours" "[ $rc = 1 ]"
 finish test_hf_transformers
