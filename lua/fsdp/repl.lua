@@ -135,6 +135,10 @@ local function measured()
     check(C.fsdp_unit_memory_info(u.handle, m), "mem")
     for k in pairs(t) do t[k] = t[k] + tonumber(m[k]) end
   end
+  -- the shared scratch is the comms' (the reductions', and the shard
+  -- group's when separate), not any unit's
+  t.scratch = t.scratch + tonumber(C.fsdp_comm_scratch_bytes(s.reduce.handle))
+  if s.shard ~= s.reduce then t.scratch = t.scratch + tonumber(C.fsdp_comm_scratch_bytes(s.shard.handle)) end
   return t
 end
 

@@ -82,7 +82,7 @@ out, code = sh(fsdprun .. " -n 2 --repl recipes/tiny.lua --break-at 2 train.step
     "ok = a.data.begin == 0 and b.data['end'] == full:numel() and a.data['end'] == b.data.begin",
     "for i = 1, #a.data.values do ok = ok and a.data.values[i] == full:get(i - 1) end",
     "for i = 1, #b.data.values do ok = ok and b.data.values[i] == full:get(b.data.begin + i - 1) end",
-    "ok", "stats('model.norm.weight')", "error('boom')", "continue(2)", "step()", "" }, "\n"))
+    "ok", "stats('model.norm.weight')", "mem(0)", "error('boom')", "continue(2)", "step()", "" }, "\n"))
 check(code == 0, "the live run ends with status 0 when the prompt is left (" .. tostring(code) .. ")")
 has(out, "step 2/6", "trained to step 2")
 has(out, "fsdp: stopped after step 2", "then prompted")
@@ -91,6 +91,11 @@ has(out, "\n128\n", "gather(): 128 values")
 has(out, "tensor(256x128, fp32, cpu) [", "gather() returns the parameter's shape")
 has(out, "\ntrue\n", "the shards of rank 0 and 1 tile the gathered parameter")
 has(out, "model.norm.weight: min", "stats()")
+-- mem(): the live run's own bytes beside the plan's, equal for what is resident
+for _, row in ipairs({ "main params %(fp32%)", "optimizer state", "grads", "comm scratch" }) do
+  local planned, got = out:match("\n%s*" .. row .. "%s+([%d.]+ %a+)[^\n]-%s([%d.]+ %a+)\n")
+  check(planned and planned == got, string.format("mem() live: %s measured as planned (%s, %s)", row, tostring(planned), tostring(got)))
+end
 has(out, "boom", "an error is shown")
 has(out, "training 2 more steps", "continue(2)")
 has(out, "step 4/6", "trains step 4")
