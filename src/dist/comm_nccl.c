@@ -8,9 +8,12 @@
  * fp32 buffer and reduce-scatters that: NCCL reduces in its input type.
  * Waits are bounded: synchronize polls the stream and NCCL's asynchronous
  * error, and aborts the communicator after the comm's timeout instead of
- * hanging on a dead peer (so does destroy, through synchronize). Not
- * bounded: ncclCommInitRank itself, which waits for every member; the
- * PMIx fence just before it has seen them all alive. */
+ * hanging on a dead peer (so does destroy, through synchronize); after an
+ * abort nothing reaches NCCL with that communicator. Not bounded:
+ * ncclCommInitRank itself, which waits for every member; just before it
+ * every member says through one more fence whether it got this far
+ * (fsdp_comm_joined_everywhere), so that one that failed (no GPU, no id)
+ * makes all fail, named, instead of leaving them in it. */
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 #include <nccl.h>
@@ -42,6 +45,14 @@ static int nccl_check(ncclResult_t r, ncclComm_t comm, const char *call, const c
 }
 #define NC(c, call) nccl_check((call), ((nccl_comm *)(c)->impl)->comm, #call, (c)->name)
 
+/* after ncclCommAbort the ncclComm_t is gone: nothing may reach NCCL with it
+ * (a collective issued after a timeout, a deregistration at teardown) */
+static int live(fsdp_comm *c) {
+  if (((nccl_comm *)c->impl)->aborted)
+    return fsdp_fail(FSDP_ECOMM, "comm '%s': not issued: the communicator was aborted after an earlier failure", c->name);
+  return FSDP_OK;
+}
+
 static ncclDataType_t nccl_type(int dtype) {
   return dtype == FSDP_BF16 ? ncclBfloat16 : dtype == FSDP_FP16 ? ncclFloat16 : ncclFloat32;
 }
@@ -58,11 +69,13 @@ static int cuda_fail(cudaError_t e, fsdp_comm *c, const char *what) {
 }
 
 static int nccl_all_gather(fsdp_comm *c, void *out, const void *in, size_t count, int dtype) {
+  FSDP_CHECK(live(c));
   return NC(c, ncclAllGather(in, out, count, nccl_type(dtype), comm_of(c), stream_of(c)));
 }
 
 static int nccl_reduce_scatter(fsdp_comm *c, void *out, int out_dtype, const void *in, int in_dtype, size_t count,
                                int op) {
+  FSDP_CHECK(live(c));
   if (in_dtype == out_dtype)
     return NC(c, ncclReduceScatter(in, out, count, nccl_type(in_dtype), nccl_op(op), comm_of(c), stream_of(c)));
   size_t n = count * (size_t)c->size;
@@ -78,14 +91,17 @@ static int nccl_reduce_scatter(fsdp_comm *c, void *out, int out_dtype, const voi
 }
 
 static int nccl_all_reduce(fsdp_comm *c, void *out, const void *in, size_t count, int dtype, int op) {
+  FSDP_CHECK(live(c));
   return NC(c, ncclAllReduce(in, out, count, nccl_type(dtype), nccl_op(op), comm_of(c), stream_of(c)));
 }
 
 static int nccl_broadcast(fsdp_comm *c, void *buf, size_t count, int dtype, int root) {
+  FSDP_CHECK(live(c));
   return NC(c, ncclBroadcast(buf, buf, count, nccl_type(dtype), root, comm_of(c), stream_of(c)));
 }
 
 static int nccl_barrier(fsdp_comm *c) {
+  FSDP_CHECK(live(c));
   nccl_comm *nc = c->impl;
   return NC(c, ncclAllReduce(nc->scratch, nc->scratch, 1, ncclInt32, ncclSum, nc->comm, stream_of(c)));
 }
@@ -106,11 +122,13 @@ static int nccl_synchronize(fsdp_comm *c) {
     if (async != ncclSuccess && async != ncclInProgress) {
       int rc = nccl_check(async, nc->comm, "asynchronous error", c->name);
       ncclCommAbort(nc->comm);
+      nc->comm = NULL;
       nc->aborted = 1;
       return rc;
     }
     if (shm_now() > deadline) {
       ncclCommAbort(nc->comm);
+      nc->comm = NULL;
       nc->aborted = 1;
       return fsdp_fail(FSDP_ETIMEOUT,
                        "comm '%s': collectives did not finish within %.0f s (a peer died or is calling collectives "
@@ -164,6 +182,7 @@ typedef ncclResult_t (*window_register_fn)(ncclComm_t, void *, size_t, void **, 
 typedef ncclResult_t (*window_deregister_fn)(ncclComm_t, void *);
 
 static int nccl_register(fsdp_comm *c, void *buf, size_t bytes, int mode, void **handle) {
+  FSDP_CHECK(live(c));
   if (mode == FSDP_REG_BUFFER) return NC(c, ncclCommRegister(comm_of(c), buf, bytes, handle));
   window_register_fn reg = (window_register_fn)dlsym(RTLD_DEFAULT, "ncclCommWindowRegister");
   if (!reg)
@@ -174,6 +193,7 @@ static int nccl_register(fsdp_comm *c, void *buf, size_t bytes, int mode, void *
 }
 
 static void nccl_deregister(fsdp_comm *c, void *handle, int mode) {
+  if (((nccl_comm *)c->impl)->aborted) return; /* gone with the communicator */
   if (mode == FSDP_REG_BUFFER) {
     ncclCommDeregister(comm_of(c), handle);
     return;
@@ -215,6 +235,11 @@ int fsdp_comm_nccl_create(const comm_group_spec *spec, fsdp_comm **out) {
       rc = fsdp_fail(FSDP_ECOMM, "comm '%s': the NCCL id under '%s' from rank %d has %zu bytes, expected %zu",
                      spec->name, key, spec->members[0], len, sizeof id);
   }
+  /* ncclCommInitRank waits for every member with no bound: a member that
+   * failed above (no GPU, no id) would leave the others in it for ever.
+   * One more world fence first, as the CPU transport does, so that all of
+   * them fail at once, naming it. */
+  rc = fsdp_comm_joined_everywhere(spec, key, rc);
   if (rc == FSDP_OK) rc = nccl_check(ncclCommInitRank(&nc->comm, spec->size, id, spec->my_index), NULL,
                                      "ncclCommInitRank", spec->name);
   if (rc == FSDP_OK) {
