@@ -13,6 +13,9 @@ extern "C" {
 
 /* dst[i] = (float)src[i]; src_dtype is FSDP_BF16 or FSDP_FP16 (cast.cu) */
 int fsdp_kernel_cast_to_f32(float *dst, const void *src, int src_dtype, size_t n, void *stream);
+/* dst[r * cols + i] = (float)src[r * src_stride + i] for r < rows, i < cols */
+int fsdp_kernel_cast_rows_to_f32(float *dst, const void *src, int src_dtype, size_t rows, size_t cols,
+                                 size_t src_stride, void *stream);
 /* dst[i] += (float)src[i]; src_dtype FSDP_FP32 or FSDP_BF16 (elementwise.cu) */
 int fsdp_kernel_accumulate_f32(float *dst, const void *src, int src_dtype, size_t n, void *stream);
 /* dst[i] = src[i] rounded to dst_dtype (FSDP_FP32 or FSDP_BF16; bf16 ties away

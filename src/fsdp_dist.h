@@ -95,6 +95,11 @@ int fsdp_comm_synchronize(fsdp_comm *c);
 /* Seconds a collective may wait for its peers before failing (default 300,
  * or FSDP_COMM_TIMEOUT in the environment). */
 int fsdp_comm_set_timeout(fsdp_comm *c, double seconds);
+/* A bf16/fp16 -> fp32 reduce-scatter of count elements per rank over
+ * NCCL casts each rank's slice in chunks of this many elements (src/dist/
+ * comm_cast_chunks.c): its fp32 staging block is size x this (the planner
+ * counts it). */
+size_t fsdp_comm_cast_chunk(size_t count, int size);
 /* Bytes of the fp32 staging the FSDP units on this comm share (0: none). */
 int64_t fsdp_comm_scratch_bytes(const fsdp_comm *c);
 

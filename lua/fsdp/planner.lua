@@ -182,7 +182,7 @@ function M.plan(r, o)
     cfg = cfg, n_params = llama.num_params(cfg), units = {}, micro_batch = B, seq = T, grad_accum = K,
     checkpoint = f.checkpoint, recompute = f.recompute, prefetch = f.prefetch, max_live_units = f.max_live_units, assignment = a,
     mesh = type(o.mesh or r.mesh) == "string" and (o.mesh or r.mesh) or "custom", warnings = warnings }
-  local max_scratch, max_stage = 0, 0
+  local max_scratch, max_stage, max_nccl_stage = 0, 0, 0
   local resident = { params_full = 0, params_shard = 0, main_params = 0, optimizer = 0, grads_full = 0, grads_main = 0, scratch = 0,
     host_stage = 0, offloaded = 0 }
   local gpu = r.train.device == "cuda"
@@ -230,6 +230,13 @@ function M.plan(r, o)
       prefetch = u.prefetch or f.prefetch, reshard_after_forward = u.reshard_after_forward }
     max_scratch = math.max(max_scratch, tonumber(plan.reduce_scratch))
     max_stage = math.max(max_stage, tonumber(plan.gather_stage))
+    -- NCCL reduces in its input type: bf16 grads reduce-scattered into fp32
+    -- are cast into an fp32 block first, chunk by chunk (src/dist/
+    -- comm_cast_chunks.c), which the device's stream-ordered pool keeps.
+    -- Not with compact grads (reduced in bf16) nor the fp32 sums of zero 0-1
+    local casts = gpu and S > 1 and z >= 1 and f.param_dtype == "bf16" and f.reduce_dtype == "fp32" and
+      plan.grads_compact == 0 and (z >= 2 or plan.sums_fp32 == 0)
+    if casts then max_nccl_stage = math.max(max_nccl_stage, 4 * S * tonumber(C.fsdp_comm_cast_chunk(Su, S))) end
   end
   -- one fp32 staging shard per rank, shared by the units (their reductions
   -- run one after another on the shard group's stream)
@@ -249,6 +256,8 @@ function M.plan(r, o)
     end
     for _, n in pairs(per_module) do resident.staging = math.max(resident.staging, 8 * n) end
   end
+  if gpu then resident.staging = max_nccl_stage end
+  p.gpu = gpu
   p.resident = resident
   local bound = shard.pool_bound(a, f.max_live_units)
   local slots, peak, why = shard.pool_slots(a, f.prefetch, bound)
@@ -387,7 +396,9 @@ function M.memory_rows(p)
       bytes(p.host)) or "" },
   }
   if m.staging > 0 then -- after the host staging
-    table.insert(rows, 8, { "fp32 staging (CPU, bf16)", bytes(m.staging),
+    table.insert(rows, 8, p.gpu and { "fp32 staging (NCCL, bf16)", bytes(m.staging),
+      "resident: bf16 grads cast to fp32, a chunk of each rank's slice at a time, for the reduce-scatters" } or
+      { "fp32 staging (CPU, bf16)", bytes(m.staging),
       "resident: the running module's weights and grads in fp32 for the CPU ops, one pair for all" })
   end
   return rows

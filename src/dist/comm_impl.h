@@ -102,4 +102,18 @@ int fsdp_fence_missing(const char *nspace, int size, int me, uint32_t n, char *b
 void fsdp_peer_events_register(void);
 int fsdp_peer_left(void);
 
+/* comm_cast_chunks.c: a bf16/fp16 -> fp32 reduce-scatter of count
+ * elements per rank in chunks of `chunk` (fsdp_comm_cast_chunk) through a
+ * staging block of size x chunk fp32 elements. The transport's two steps,
+ * enqueued in order on its stream:
+ * cast rows x cols elements, rows src_stride apart, into dst (rows x cols,
+ * dense); reduce-scatter count fp32 elements per rank from in to out. */
+typedef struct comm_cast_steps {
+  void *ctx;
+  int (*cast_rows)(void *ctx, float *dst, const void *src, size_t rows, size_t cols, size_t src_stride);
+  int (*reduce_scatter)(void *ctx, float *out, const float *in, size_t count);
+} comm_cast_steps;
+int fsdp_comm_cast_reduce_scatter(size_t count, int size, size_t chunk, size_t in_elem_bytes, float *stage, float *out,
+                                  const void *in, const comm_cast_steps *steps);
+
 #endif

@@ -5,7 +5,8 @@
  * through the PMIx fence (the same rendezvous as the shared-memory
  * transport), the members read it and join with ncclCommInitRank.
  * bf16/fp16 in with fp32 out (fp32 accumulation) casts into a stream-ordered
- * fp32 buffer and reduce-scatters that: NCCL reduces in its input type.
+ * fp32 block and reduce-scatters that, chunk by chunk (comm_cast_chunks.c):
+ * NCCL reduces in its input type.
  * Waits are bounded: synchronize polls the stream and NCCL's asynchronous
  * error, and aborts the communicator after the comm's timeout instead of
  * hanging on a dead peer (so does destroy, through synchronize); after an
@@ -73,20 +74,39 @@ static int nccl_all_gather(fsdp_comm *c, void *out, const void *in, size_t count
   return NC(c, ncclAllGather(in, out, count, nccl_type(dtype), comm_of(c), stream_of(c)));
 }
 
+/* the two steps of a chunked bf16/fp16 -> fp32 reduce-scatter (comm_cast_chunks.c) */
+typedef struct cast_ctx {
+  fsdp_comm *c;
+  int in_dtype, op;
+} cast_ctx;
+
+static int cast_rows_step(void *ctx, float *dst, const void *src, size_t rows, size_t cols, size_t src_stride) {
+  cast_ctx *x = ctx;
+  cudaError_t e = (cudaError_t)fsdp_kernel_cast_rows_to_f32(dst, src, x->in_dtype, rows, cols, src_stride, stream_of(x->c));
+  return e == cudaSuccess ? FSDP_OK : cuda_fail(e, x->c, "cast to fp32");
+}
+
+static int reduce_scatter_step(void *ctx, float *out, const float *in, size_t count) {
+  cast_ctx *x = ctx;
+  return NC(x->c, ncclReduceScatter(in, out, count, ncclFloat32, nccl_op(x->op), comm_of(x->c), stream_of(x->c)));
+}
+
 static int nccl_reduce_scatter(fsdp_comm *c, void *out, int out_dtype, const void *in, int in_dtype, size_t count,
                                int op) {
   FSDP_CHECK(live(c));
   if (in_dtype == out_dtype)
     return NC(c, ncclReduceScatter(in, out, count, nccl_type(in_dtype), nccl_op(op), comm_of(c), stream_of(c)));
-  size_t n = count * (size_t)c->size;
+  /* NCCL reduces in its input type: fp32 sums need an fp32 input, cast in
+   * chunks through a bounded block (the device's pool keeps it) */
+  const size_t chunk = fsdp_comm_cast_chunk(count, c->size);
   float *tmp = NULL;
-  cudaError_t e = cudaMallocAsync((void **)&tmp, n * sizeof(float) + 1, stream_of(c));
-  if (e != cudaSuccess) return cuda_fail(e, c, "fp32 staging buffer for the reduce-scatter");
-  e = (cudaError_t)fsdp_kernel_cast_to_f32(tmp, in, in_dtype, n, stream_of(c));
-  int rc = e == cudaSuccess ? FSDP_OK : cuda_fail(e, c, "cast to fp32");
-  if (rc == FSDP_OK)
-    rc = NC(c, ncclReduceScatter(tmp, out, count, ncclFloat32, nccl_op(op), comm_of(c), stream_of(c)));
-  cudaFreeAsync(tmp, stream_of(c)); /* stream-ordered: freed after the collective */
+  cudaError_t e = cudaMallocAsync((void **)&tmp, chunk * (size_t)c->size * sizeof(float) + 1, stream_of(c));
+  if (e != cudaSuccess) return cuda_fail(e, c, "fp32 staging block for the reduce-scatter");
+  cast_ctx x = {c, in_dtype, op};
+  const comm_cast_steps steps = {&x, cast_rows_step, reduce_scatter_step};
+  int rc = fsdp_comm_cast_reduce_scatter(count, c->size, chunk, fsdp_dtype_size((fsdp_dtype)in_dtype), tmp, out, in,
+                                         &steps);
+  cudaFreeAsync(tmp, stream_of(c)); /* stream-ordered: freed after the collectives */
   return rc;
 }
 

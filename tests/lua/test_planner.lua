@@ -293,6 +293,26 @@ do
   check(C.fsdp_time_now() - t0 < 10, "planning 70B at 8-1024 ranks takes seconds")
 end
 
+-- GPUs, bf16 grads reduced into fp32 on 8 ranks: NCCL's input is cast to
+-- fp32 through a staging block of chunks (src/dist/comm_cast_chunks.c),
+-- 64 Mi fp32 elements here (Llama 3 8B's embedding: 65.7M per rank, in
+-- chunks of 8 Mi), not a copy of the whole unit (1.96 GiB); none when the
+-- grads reduce in bf16, nor on one rank, nor on CPU ranks (shm sums in fp32)
+do
+  local r = dofile(root .. "/recipes/llama3_8b.lua")
+  local function staging(over, world)
+    local x = dofile(root .. "/recipes/llama3_8b.lua")
+    for k, v in pairs(over) do x.fsdp[k] = v end
+    return planner.plan(x, { world = world or 8, where = "llama3_8b.lua" }).resident.staging
+  end
+  check(staging({}) == 4 * 8 * 8 * 2 ^ 20, string.format("8B on 8 GPUs: a 256 MiB fp32 block (%.1f MiB)", staging({}) / 2 ^ 20))
+  check(staging({ reduce_dtype = "bf16" }) == 0, "8B, bf16 reductions: no fp32 block")
+  check(staging({}, 1) == 0, "8B on one GPU: nothing to reduce")
+  r.train.device = "cpu"
+  local cpu = planner.plan(r, { world = 8, where = "llama3_8b.lua" })
+  check(cpu.resident.staging ~= 4 * 8 * 8 * 2 ^ 20, "CPU ranks: their own fp32 staging (the module pair), not NCCL's")
+end
+
 -- invalid policies, named by module path
 do
   local function bad(units, needle, what)
