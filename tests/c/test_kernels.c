@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../kernels/kernels.h"
 #include "base/bf16_split.h"
 #include "check.h"
 #include "fsdp.h"
@@ -534,6 +535,24 @@ static void test_optimizers_bf16_grads(void) {
   free(g), free(p), free(g16), free(hi), free(lo);
 }
 
+/* the strided cast of NCCL's chunked bf16 -> fp32 reduce-scatter
+ * (src/dist/comm_cast_chunks.c): rows x cols out of rows src_stride apart,
+ * exact; more rows than a grid's y holds (65535) once */
+static void test_cast_rows(size_t rows, size_t cols, size_t stride) {
+  size_t n = rows * stride;
+  float *h = rand_host((int64_t)n, 3.0f, FSDP_BF16);
+  void *src = up(h, (int64_t)n, FSDP_BF16);
+  float *dst = poisoned((int64_t)(rows * cols), FSDP_FP32);
+  CHECK(fsdp_kernel_cast_rows_to_f32(dst, src, FSDP_BF16, rows, cols, stride, NULL) == 0);
+  float *ref = malloc(sizeof(float) * rows * cols);
+  for (size_t r = 0; r < rows; r++)
+    for (size_t i = 0; i < cols; i++) ref[r * cols + i] = h[r * stride + i];
+  same_tol("cast rows to fp32", FSDP_FP32, dst, ref, (int64_t)(rows * cols), 0.0);
+  free(ref);
+  free(h);
+  fsdp_free(FSDP_CUDA, src);
+}
+
 int main(void) {
   if (!fsdp_device_available(FSDP_CUDA)) {
     printf("test_kernels: no CUDA device here; skipped\n");
@@ -556,6 +575,9 @@ int main(void) {
   test_attention(1, 512, 32, 8, 64);
   test_attention_choice();
   test_elementwise();
+  test_cast_rows(8, 1000, 3001);
+  test_cast_rows(3, 70000, 70000);
+  test_cast_rows(70000, 3, 5);
   test_cross_entropy();
   test_optimizers();
   test_optimizers_bf16_grads();
