@@ -24,6 +24,21 @@ local ffi, C, check = fsdp.ffi, fsdp.C, fsdp.check
 
 local M = {}
 
+-- The ranks of this node that share one GPU (its free memory and its peak
+-- are divided among them): local_size / visible GPUs when every local rank
+-- sees the node's GPUs (fsdprun, which binds none, or a launcher that sets
+-- no CUDA_VISIBLE_DEVICES), but 1 when another launcher gives each task
+-- its own (srun --gpus-per-task=1: one GPU visible, ndev = 1, while
+-- local_size is 8; dividing by 8 would refuse recipes that fit and print
+-- an MFU 8x too high). getenv: os.getenv (tests pass their own).
+function M.ranks_per_gpu(local_size, ndev, getenv)
+  getenv = getenv or os.getenv
+  if ndev >= local_size then return 1 end
+  local vis = getenv("CUDA_VISIBLE_DEVICES")
+  if vis and vis ~= "" and not getenv("FSDPRUN") then return 1 end
+  return math.ceil(local_size / ndev)
+end
+
 pcall(ffi.cdef, "int mkdir(const char *path, unsigned int mode); int isatty(int fd);")
 pcall(ffi.cdef, "int kill(int pid, int sig); int getpid(void); int usleep(unsigned int us);")
 
@@ -130,7 +145,7 @@ local function run(r, where, args, break_at, owned)
     end
     local ndev = C.fsdp_device_count(C.FSDP_CUDA)
     check(C.fsdp_device_set(C.FSDP_CUDA, info.local_rank % ndev), "select the GPU")
-    ranks_per_device = math.ceil(info.local_size / ndev)
+    ranks_per_device = M.ranks_per_gpu(info.local_size, ndev)
   end
 
   -- a mesh the world cannot hold is the recipe's mistake: named by its file, no trace

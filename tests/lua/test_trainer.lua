@@ -31,6 +31,15 @@ do
   bad(function(x) x.fsdp.zero = 5 end, "fsdp.zero = 5; expected 0, 1, 2 or 3")
   bad(function(x) x.optimizer.name = "lion" end, "optimizer.name = lion; expected one of 'adamw', 'sgd'")
   bad(function(x) x.data.seq = "long" end, "data.seq = long; expected an integer")
+  -- ranks per GPU: a GPU of its own per task under srun --gpus-per-task=1
+  local function env(t) return function(k) return t[k] end end
+  for _, c in ipairs({ { 8, 8, {}, 1, "8 ranks, 8 GPUs" }, { 16, 8, {}, 2, "16 ranks on 8 GPUs share them" },
+    { 8, 1, { CUDA_VISIBLE_DEVICES = "3" }, 1, "srun --gpus-per-task=1: one GPU each" },
+    { 8, 1, { CUDA_VISIBLE_DEVICES = "3", FSDPRUN = "1" }, 8, "fsdprun under CUDA_VISIBLE_DEVICES=3: one GPU for 8" },
+    { 8, 1, { CUDA_VISIBLE_DEVICES = "" }, 8, "an empty CUDA_VISIBLE_DEVICES binds nothing" } }) do
+    local got = train.ranks_per_gpu(c[1], c[2], env(c[3]))
+    check(got == c[4], string.format("ranks_per_gpu: %s: %d (got %s)", c[5], c[4], tostring(got)))
+  end
   bad(function(x) x.train.steps = 1e30 end, "train.steps = 1e+30; expected an integer (at most 2^53 in magnitude)")
   bad(function(x) x.train.loss_chunk_mb = -1 end, "train.loss_chunk_mb = -1; expected >= 0")
   bad(function(x) x.extra = {} end, "unknown section 'extra'")
