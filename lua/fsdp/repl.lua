@@ -228,19 +228,21 @@ end
 
 local function world_comm() return state.live.world end
 
+-- a host tensor summed over the world: on a GPU mesh the comm takes device
+-- tensors only, and fsdp.shard's helper goes through the device. A
+-- broadcast is a sum to which only the root adds (exact: small integers)
+local function sum_over_world(t) require("fsdp.shard").all_reduce_host(world_comm(), t, "sum") end
+
 -- rank 0's string (nil: end of input) on every rank
 local function broadcast_string(s)
-  local comm = world_comm()
-  local root = comm:rank() == 0
+  local root = world_comm():rank() == 0
   local n = tensor.new(1):fill(root and (s and #s or -1) or 0)
-  comm:broadcast(n, 0)
-  comm:synchronize()
+  sum_over_world(n)
   local len = n:get(0)
   if len < 0 then return nil end
   local t = tensor.new(math.max(len, 1)):fill(0)
   if root then for i = 1, len do t:set(i - 1, s:byte(i)) end end
-  comm:broadcast(t, 0)
-  comm:synchronize()
+  sum_over_world(t)
   local bytes = {}
   for i = 1, len do bytes[i] = string.char(t:get(i - 1)) end
   return table.concat(bytes)
@@ -305,16 +307,17 @@ function M.shard(r, name)
       end
     end
   end
-  local range = tensor.new(2):fill(0)
-  if me == r then range:set(0, lo); range:set(1, hi) end
-  local comm = world_comm()
-  comm:all_reduce(range, range, "sum")
-  comm:synchronize()
-  lo, hi = range:get(0), range:get(1)
+  -- offsets past 2^24 are not exact in fp32: each goes as two 20-bit halves
+  local range = tensor.new(4):fill(0)
+  if me == r then
+    range:set(0, math.floor(lo / 2 ^ 20)); range:set(1, lo % 2 ^ 20)
+    range:set(2, math.floor(hi / 2 ^ 20)); range:set(3, hi % 2 ^ 20)
+  end
+  sum_over_world(range)
+  lo, hi = range:get(0) * 2 ^ 20 + range:get(1), range:get(2) * 2 ^ 20 + range:get(3)
   local t = tensor.new(math.max(hi - lo, 1)):fill(0)
   if me == r and vals then t:copy_from(vals) end
-  comm:all_reduce(t, t, "sum")
-  comm:synchronize()
+  sum_over_world(t)
   local out = {}
   for i = 1, hi - lo do out[i] = t:get(i - 1) end
   local head = {}
