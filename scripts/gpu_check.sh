@@ -4,7 +4,7 @@
 # libfsdp.so and the CUDA backend libfsdp_cuda.so side by side):
 #   scripts/gpu_check.sh [BUILD_DIR] [OUT_DIR]
 # test_cuda, test_kernels, test_cuda_train, the planner against the GPU's
-# allocator (test_planner.lua cuda), the demo recipe on the GPU and on
+# allocator (test_planner.lua cuda), the live REPL on a GPU mesh, the demo recipe on the GPU and on
 # CPU ranks (TINY_STEPS, default 400), the optimizer-step and per-kernel
 # benchmarks (copy build/bench/bench_{adamw,kernels} along), the demo with
 # the optimizer offloaded; GPU_CHECK_BENCH=1 adds OpenBLAS's threads on the
@@ -53,6 +53,11 @@ for run in "cuda fp32 1" "cuda bf16 1" "cpu fp32 1"; do
   "$build/fsdprun" -n "$3" --rank0-only --host "$build/fsdp" recipes/tiny.lua train.device="$1" fsdp.param_dtype="$2" \
     train.steps="$steps" train.log_every=50 train.metrics="$out/tiny_$1_$2.jsonl" 2>&1 | tee "$out/tiny_$1_$2.log" || status=1
 done
+
+echo "== the live REPL on a GPU mesh (its sums go through the device)" | tee "$out/repl_cuda.log"
+printf 'units()\nshard(0, "model.norm.weight")\nmem(0)\n' | timeout 120 "$build/fsdprun" -n 1 --repl --host "$build/fsdp" \
+  recipes/tiny.lua train.device=cuda train.steps=2 2>&1 | tee -a "$out/repl_cuda.log"
+grep -q "rank 0 holds model.norm.weight elements \[0, 128)" "$out/repl_cuda.log" || { echo "FAILED: repl on cuda"; status=1; }
 
 echo "== the optimizer step: plain loop, CPU threads, CUDA kernel (bench/bench_adamw.c)" | tee "$out/bench_adamw.log"
 if [ -x "$build/bench/bench_adamw" ]; then
