@@ -207,7 +207,12 @@ function Comm:broadcast(t, root)
   hold(self, t)
 end
 
-function Comm:barrier() check(C.fsdp_comm_barrier(comm(self, "comm:barrier")), "comm:barrier") end
+-- Returns when every member has reached it (the C call only enqueues it,
+-- like the other collectives): "rank 0 prepares, the others wait" holds
+function Comm:barrier()
+  check(C.fsdp_comm_barrier(comm(self, "comm:barrier")), "comm:barrier")
+  self:synchronize()
+end
 function Comm:synchronize()
   local rc = C.fsdp_comm_synchronize(comm(self, "comm:synchronize"))
   self.inflight = nil
