@@ -44,8 +44,9 @@ void fsdp_clear_error(void);
 double fsdp_time_now(void);                /* monotonic seconds */
 /* The stop signals (SIGTERM, SIGINT, SIGHUP, SIGUSR1) recorded instead of
  * acted on while watched (on = 1; on = 0 restores the previous handlers);
- * a second one acts at once. fsdp_stop_signal: the first one received
- * since watching began, 0 if none (src/base/stop_signal.c). */
+ * a second one acts at once; on = 2 (the stop is saved, the process is
+ * ending) ignores them. fsdp_stop_signal: the first one received since
+ * watching began, 0 if none (src/base/stop_signal.c). */
 int fsdp_stop_signals_watch(int on);
 int fsdp_stop_signal(void);
 const char *fsdp_signal_name(int sig);     /* "SIGTERM", ...; "a signal" for others */

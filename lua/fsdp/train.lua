@@ -565,7 +565,10 @@ local function run(r, where, args, break_at, owned)
     prompt(math.min(last, steps))
   end
   committed(checkpoint.wait(sharded))
-  C.fsdp_stop_signals_watch(0)
+  -- stopped by a signal and saved: the launcher's SIGTERM to the ranks
+  -- still ending (srun -K after the first exited 138) is ignored, so the
+  -- job's status stays the first signal's
+  C.fsdp_stop_signals_watch(signalled and 2 or 0)
   if ck.export_hf and not signalled then
     local ok, e = pcall(hf.export, sharded, cfg, ck.export_hf, { dtype = ck.export_dtype, shard_bytes = ck.export_shard_mb * 1e6 })
     if not ok then error(where .. ": checkpoint.export_hf: " .. tostring(e), 0) end

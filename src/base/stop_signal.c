@@ -4,7 +4,11 @@
  * --signal=USR1@120) are only recorded while watched: the trainer reads
  * the record at the end of each step, agrees with the other ranks on it,
  * saves a checkpoint and stops. A second such signal ends the process at
- * once (the default action), as a user pressing Ctrl-C twice expects. */
+ * once (the default action), as a user pressing Ctrl-C twice expects; but
+ * once the stop is saved (watch mode 2, "finishing") later ones are
+ * ignored: the launcher's own SIGTERM to the tasks still running (srun
+ * --kill-on-bad-exit after the first task ended 138) must not turn a saved
+ * stop into a kill (exit 143 instead of 138). */
 #include <signal.h>
 #include <string.h>
 
@@ -16,8 +20,10 @@ enum { NWATCHED = (int)(sizeof watched / sizeof watched[0]) };
 static volatile sig_atomic_t pending;
 static struct sigaction saved[NWATCHED];
 static int watching;
+static volatile sig_atomic_t finishing;
 
 static void on_signal(int sig) {
+  if (finishing) return;
   if (pending) { /* the second: what the signal would have done unwatched */
     signal(sig, SIG_DFL);
     raise(sig);
@@ -27,6 +33,8 @@ static void on_signal(int sig) {
 }
 
 int fsdp_stop_signals_watch(int on) {
+  if (on < 0 || on > 2) return fsdp_fail(FSDP_EINVAL, "stop signals: watch mode %d (0, 1 or 2)", on);
+  finishing = on == 2;
   if (on && !watching) {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);

@@ -3,6 +3,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <stdlib.h>
@@ -223,7 +224,35 @@ static void test_rank_cores(void) {
   CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
 
+/* the stop signals, each case in a child (a wrong rule would kill it):
+ * the first is recorded; a second ends the process; once the stop is saved
+ * (mode 2) a later one is ignored and the first stays the record */
+static int stop_child(int finishing) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    if (fsdp_stop_signals_watch(1) != FSDP_OK) _exit(2);
+    raise(SIGUSR1);
+    if (fsdp_stop_signal() != SIGUSR1) _exit(3);
+    if (finishing && fsdp_stop_signals_watch(2) != FSDP_OK) _exit(4);
+    raise(SIGTERM);
+    _exit(fsdp_stop_signal() == SIGUSR1 ? 0 : 5);
+  }
+  int st = 0;
+  waitpid(pid, &st, 0);
+  return st;
+}
+
+static void test_stop_signals(void) {
+  int st = stop_child(1);
+  CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  st = stop_child(0);
+  CHECK(WIFSIGNALED(st) && WTERMSIG(st) == SIGTERM);
+  CHECK_FAILS(fsdp_stop_signals_watch(3), FSDP_EINVAL, "watch mode 3");
+  CHECK_OK(fsdp_stop_signals_watch(0));
+}
+
 int main(void) {
+  test_stop_signals();
   test_rank_cores();
   test_bf16();
   test_fp16();
