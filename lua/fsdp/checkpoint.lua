@@ -53,15 +53,19 @@ end
 local function agree(s, err, what, tail)
   local r, n = world(s)
   local t = tensor.new(n):fill(0)
-  if err then t:set(r, 1) end
+  if err then
+    t:set(r, 1)
+    err = tostring(err) -- (a check(..., what) inside already says what)
+    if err:sub(1, #what + 2) ~= what .. ": " then err = what .. ": " .. err end
+  end
   if err and n > 1 then -- said now: another rank's error may end the job before this rank's is shown
-    io.stderr:write(string.format("fsdp: rank %d: %s: %s\n", r, what, tostring(err)))
+    io.stderr:write(string.format("fsdp: rank %d: %s\n", r, err))
     io.stderr:flush()
   end
   all_reduce(s, t, "sum")
   for q = 0, n - 1 do
     if t:get(q) > 0 then
-      if err then error(what .. ": " .. tostring(err), 0) end
+      if err then error(err, 0) end
       error(string.format("%s: rank %d failed (its message says why); %s", what, q, tail or "nothing was changed"), 0)
     end
   end

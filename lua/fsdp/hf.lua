@@ -84,6 +84,14 @@ function M.export(s, cfg, dir, o)
   local tmp = dir:gsub("/+$", "") .. ".tmp"
   local what = "hf.export to " .. dir
   local err
+  -- a failed export leaves nothing behind: rank 0 removes the half-written
+  -- DIR.tmp (after agree, every rank is done writing into it)
+  local function agree_or_clean(e)
+    local ok2, failure = pcall(agree, s, e, what)
+    if ok2 then return end
+    if r == 0 then C.fsdp_fs_remove_tree(tmp) end
+    error(failure, 0)
+  end
   if r == 0 then -- the files at full size, headers in place
     local ok, e = pcall(function()
       check(C.fsdp_fs_remove_tree(tmp), what)
@@ -96,7 +104,7 @@ function M.export(s, cfg, dir, o)
     end)
     err = not ok and e or nil
   end
-  agree(s, err, what)
+  agree_or_clean(err)
   -- this rank's ranges, converted and written in place
   local ok, e = pcall(function()
     local touched = {}
@@ -121,7 +129,7 @@ function M.export(s, cfg, dir, o)
     end
     for path in pairs(touched) do check(C.fsdp_fs_fsync(path), what) end
   end)
-  agree(s, not ok and e or nil, what)
+  agree_or_clean(not ok and e or nil)
   if r == 0 then
     ok, e = pcall(function()
       local map = {}
@@ -135,7 +143,7 @@ function M.export(s, cfg, dir, o)
     end)
     err = not ok and e or nil
   end
-  agree(s, err, what)
+  agree_or_clean(err)
   return { files = #files, bytes = total }
 end
 

@@ -363,6 +363,37 @@ do
     "y.lua: model (with from_hf) has rms_norm_eps = 1e-06", "the trainer refuses a from_hf recipe that disagrees")
 end
 
+-- a full disk: the export fails on every rank, naming the file and the
+-- cause once, and leaves nothing behind (no DIR.tmp filling the disk);
+-- a 64 KiB tmpfs (root only: skipped where it cannot be mounted)
+do
+  local full = work .. "/full"
+  local mounted = 0
+  if R == 0 then
+    C.fsdp_fs_mkdirs(full)
+    mounted = os.execute("mount -t tmpfs -o size=64k tmpfs '" .. full .. "' 2>/dev/null") == 0 and 1 or 0
+  end
+  local t = fsdp.tensor(1):fill(mounted)
+  shard.all_reduce_host(group, t, "sum")
+  if t:get(0) == 1 then
+    local big, bcfg = model({ vocab_size = 1024 }) -- 0.3 MB of fp32
+    local ok, e = pcall(hf.export, big, bcfg, full .. "/hf", { dtype = "fp32" })
+    e = tostring(e)
+    check(not ok and e:find("hf.export to " .. full .. "/hf", 1, true), "a full disk: the export fails: " .. e)
+    local _, said = e:gsub("hf%.export to ", "")
+    check(said == 1, "the export is named once: " .. e)
+    if R == 0 then
+      check(e:find("No space left on device", 1, true), "rank 0 says why: " .. e)
+      check(C.fsdp_fs_list(full, nil, 0) == 0, "nothing is left on the full disk (no hf.tmp)")
+    end
+    big:free()
+    barrier()
+    if R == 0 then os.execute("umount '" .. full .. "'") end
+  elseif R == 0 then
+    print("test_hf: the full-disk export skipped (a tmpfs cannot be mounted here)")
+  end
+end
+
 dst:free()
 barrier()
 if R == 0 then C.fsdp_fs_remove_tree(work) end
