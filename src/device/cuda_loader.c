@@ -157,7 +157,19 @@ int fsdp_cuda_loaded(void) {
   return t && opened;
 }
 
-void fsdp_cuda_note_local_rank(int rank) { local_rank = rank; }
+void fsdp_cuda_note_local_rank(int rank) {
+  local_rank = rank;
+  /* CUDA was used before fsdp_init (a script's fsdp.tensor(..., "cuda") first):
+   * the backend opened without a local rank and stayed on GPU 0, which NCCL
+   * then refuses as a duplicate on every rank but one. Said, not changed:
+   * buffers may already live on GPU 0 */
+  if (!opened) return;
+  int n = table->available() ? table->device_count() : 0;
+  fsdp_clear_error(); /* (a CPU-only host's probe sets one) */
+  if (n > 0 && rank >= 0 && rank % n != 0)
+    fsdp_log(FSDP_LOG_WARN, "CUDA was used before fsdp.init(): local rank %d stays on GPU 0, not GPU %d (call fsdp.init() "
+             "before any CUDA work)", rank, rank % n);
+}
 
 void *fsdp_cuda_symbol(const char *name) {
   fsdp_cuda();
