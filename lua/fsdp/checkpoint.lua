@@ -55,8 +55,7 @@ local function agree(s, err, what, tail)
   local t = tensor.new(n):fill(0)
   if err then
     t:set(r, 1)
-    err = tostring(err) -- (a check(..., what) inside already says what)
-    if err:sub(1, #what + 2) ~= what .. ": " then err = what .. ": " .. err end
+    err = base.prefixed(what, err)
   end
   if err and n > 1 then -- said now: another rank's error may end the job before this rank's is shown
     io.stderr:write(string.format("fsdp: rank %d: %s\n", r, err))

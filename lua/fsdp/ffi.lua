@@ -120,6 +120,13 @@ end
 -- by dtype name, for tensors (int32 holds no NaN)
 M.readers = { fp32 = M.f32, fp64 = M.f64, bf16 = M.bf16, fp16 = M.fp16, int32 = function(p, i) return p[i or 0] end }
 
+-- "what: message", unless the message already begins so (an error raised
+-- by check(..., what) deeper down and caught on the way out)
+function M.prefixed(what, message)
+  message = tostring(message)
+  return message:sub(1, #what + 2) == what .. ": " and message or what .. ": " .. message
+end
+
 function M.check(rc, what)
   if rc < 0 then
     error(string.format("%s: %s (%s)", what, ffi.string(M.C.fsdp_last_error()),

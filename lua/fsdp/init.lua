@@ -11,7 +11,7 @@ local shard = require "fsdp.shard"
 local ffi, C, check = base.ffi, base.C, base.check
 
 local fsdp = {
-  C = C, ffi = ffi, check = check,
+  C = C, ffi = ffi, check = check, prefixed = base.prefixed,
   tensor = tensor.new, dtype = tensor.dtype, dtype_name = tensor.dtype_name,
   stream = stream.stream, event = stream.event, memcpy = stream.memcpy,
   mesh = mesh.new, show = pretty.show, render = pretty.render,

@@ -99,10 +99,7 @@ function M.fully_shard(model, opts)
   end
   s.micro_batches = mb
   local ok, a = pcall(M.assign, model, { units = opts.units, zero = zero, offload = opts.offload, hfsdp = s.hfsdp })
-  if not ok then
-    a = tostring(a)
-    error(a:match("^fully_shard: ") and a or "fully_shard: " .. a, 2)
-  end
+  if not ok then error(base.prefixed("fully_shard", a), 2) end
   s.units, s.unit_of, s.order, s.assignment = a.units, a.unit_of, a.order, a
   -- opts.comm_register: the buffers the collectives use, registered with the
   -- shard group's transport (NCCL user buffers or symmetric windows)

@@ -425,10 +425,7 @@ local function run(r, where, args, break_at, owned)
         seed = seed, lr = lr, world = info.size, zero = r.fsdp.zero, optimizer = o.name, param_dtype = r.fsdp.param_dtype,
         skipped = sharded.skipped or 0, model = where, run_id = run_id, seq = T, micro_batch = B,
         windows = train_loader.nwin } })
-    if not ok then
-      e = tostring(e) -- checkpoint.save's own messages already say "checkpoint: "
-      error(where .. ": " .. (e:match("^checkpoint: ") and e or "checkpoint: " .. e), 0)
-    end
+    if not ok then error(where .. ": " .. fsdp.prefixed("checkpoint", e), 0) end
     return e
   end
   local function committed(path) if path then say("checkpoint: %s", path) end end
