@@ -7,12 +7,6 @@
 #include "../src/fsdp_base.h"
 #include "kernels.h"
 
-template <typename T>
-__global__ void cast_to_f32(float *dst, const T *src, size_t n) {
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-    dst[i] = static_cast<float>(src[i]);
-}
-
 // rows x cols, row r read from src + r * src_stride, written densely:
 // a chunk of every rank's slice for a chunked reduce-scatter
 // (src/dist/comm_cast_chunks.c). Rows on the grid's y (grid-stride).
@@ -29,7 +23,7 @@ extern "C" int fsdp_kernel_cast_rows_to_f32(float *dst, const void *src, int src
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   unsigned threads = 256;
   size_t want = (cols + threads - 1) / threads;
-  dim3 grid(want > 1024u ? 1024u : static_cast<unsigned>(want), rows > 65535u ? 65535u : static_cast<unsigned>(rows));
+  dim3 grid(want > 4096u ? 4096u : static_cast<unsigned>(want), rows > 65535u ? 65535u : static_cast<unsigned>(rows));
   if (src_dtype == FSDP_BF16)
     cast_rows_to_f32<<<grid, threads, 0, s>>>(dst, static_cast<const __nv_bfloat16 *>(src), rows, cols, src_stride);
   else if (src_dtype == FSDP_FP16)
@@ -39,17 +33,7 @@ extern "C" int fsdp_kernel_cast_rows_to_f32(float *dst, const void *src, int src
   return static_cast<int>(cudaGetLastError());
 }
 
+// the contiguous cast: one row
 extern "C" int fsdp_kernel_cast_to_f32(float *dst, const void *src, int src_dtype, size_t n, void *stream) {
-  if (n == 0) return 0;
-  cudaStream_t s = static_cast<cudaStream_t>(stream);
-  unsigned threads = 256;
-  size_t want = (n + threads - 1) / threads;
-  unsigned blocks = want > 65535u ? 65535u : static_cast<unsigned>(want);
-  if (src_dtype == FSDP_BF16)
-    cast_to_f32<<<blocks, threads, 0, s>>>(dst, static_cast<const __nv_bfloat16 *>(src), n);
-  else if (src_dtype == FSDP_FP16)
-    cast_to_f32<<<blocks, threads, 0, s>>>(dst, static_cast<const __half *>(src), n);
-  else
-    return static_cast<int>(cudaErrorInvalidValue);
-  return static_cast<int>(cudaGetLastError());
+  return fsdp_kernel_cast_rows_to_f32(dst, src, src_dtype, 1, n, n, stream);
 }

@@ -181,7 +181,7 @@ function M.plan(r, o)
   local p = { where = where, world = W, shard = S, outer = R, hfsdp = hf, zero = f.zero, param_dtype = f.param_dtype,
     cfg = cfg, n_params = llama.num_params(cfg), units = {}, micro_batch = B, seq = T, grad_accum = K,
     checkpoint = f.checkpoint, recompute = f.recompute, prefetch = f.prefetch, max_live_units = f.max_live_units, assignment = a,
-    mesh = type(o.mesh or r.mesh) == "string" and (o.mesh or r.mesh) or "custom", warnings = warnings }
+    mesh = type(o.mesh or r.mesh) == "string" and (o.mesh or r.mesh) or "custom", warnings = warnings, device = r.train.device }
   local max_scratch, max_stage, max_nccl_stage = 0, 0, 0
   local resident = { params_full = 0, params_shard = 0, main_params = 0, optimizer = 0, grads_full = 0, grads_main = 0, scratch = 0,
     host_stage = 0, offloaded = 0 }
@@ -257,7 +257,6 @@ function M.plan(r, o)
     for _, n in pairs(per_module) do resident.staging = math.max(resident.staging, 8 * n) end
   end
   if gpu then resident.staging = max_nccl_stage end
-  p.gpu = gpu
   p.resident = resident
   local bound = shard.pool_bound(a, f.max_live_units)
   local slots, peak, why = shard.pool_slots(a, f.prefetch, bound)
@@ -396,7 +395,7 @@ function M.memory_rows(p)
       bytes(p.host)) or "" },
   }
   if m.staging > 0 then -- after the host staging
-    table.insert(rows, 8, p.gpu and { "fp32 staging (NCCL, bf16)", bytes(m.staging),
+    table.insert(rows, 8, p.device == "cuda" and { "fp32 staging (NCCL, bf16)", bytes(m.staging),
       "resident: bf16 grads cast to fp32, a chunk of each rank's slice at a time, for the reduce-scatters" } or
       { "fp32 staging (CPU, bf16)", bytes(m.staging),
       "resident: the running module's weights and grads in fp32 for the CPU ops, one pair for all" })
