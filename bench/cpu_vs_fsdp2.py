@@ -24,6 +24,7 @@ shapes = {
     "45M (vocab 32000)": (512, 1408, 4, 8, 4, 32000, 256, 2),
     "56M (8 layers, vocab 32000)": (512, 1408, 8, 8, 4, 32000, 256, 2),
     "45M at seq 2048 (attention-heavy)": (512, 1408, 4, 8, 4, 32000, 2048, 1),
+    "160M (hidden 1024, GEMM-heavy)": (1024, 2816, 8, 16, 8, 32000, 512, 2),
 }
 # steps at least, whatever STEPS says: the demo's steps take 0.2 s, and the
 # median of a few moves with the machine by +-15% (1.40x with 6 steps, 1.77x

@@ -33,6 +33,7 @@ static _Atomic int fixed;   /* 1: the environment fixed the count */
 static _Atomic int current; /* what OpenBLAS was last told */
 static _Atomic int sized_for = -1; /* the host's rank count share was worked out for */
 static _Atomic double flops_per_thread = MIN_FLOPS_PER_THREAD;
+static _Thread_local int on_one_thread; /* inside fsdp_parallel_gemms: this thread's GEMMs run on it */
 
 static void set_threads(int n) {
   if (atomic_exchange(&current, n) != n) openblas_set_num_threads(n);
@@ -66,7 +67,30 @@ int fsdp_blas_threads_for(int64_t m, int64_t n, int64_t k) {
 void fsdp_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
                 const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
   int threads = fsdp_blas_threads_for(m, n, k); /* (also learns whether the environment fixed the count) */
-  if (!atomic_load(&fixed)) set_threads(threads);
+  if (!atomic_load(&fixed) && !on_one_thread) set_threads(threads);
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, (int)m, (int)n,
               (int)k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
+}
+
+typedef struct items_job {
+  fsdp_range_fn fn;
+  void *arg;
+} items_job;
+
+static void items_on_one_thread(void *arg, int64_t lo, int64_t hi) {
+  items_job *j = arg;
+  on_one_thread = 1;
+  j->fn(j->arg, lo, hi);
+  on_one_thread = 0;
+}
+
+void fsdp_parallel_gemms(int64_t n, fsdp_range_fn fn, void *arg) {
+  share_now(); /* (learns whether the environment fixed the count) */
+  if (atomic_load(&fixed) || n < fsdp_cpu_threads() || fsdp_cpu_threads() < 2) {
+    fn(arg, 0, n);
+    return;
+  }
+  set_threads(1); /* OpenBLAS's count is global: one for all of them, before any starts */
+  items_job j = {fn, arg};
+  fsdp_parallel_for(n, 1, items_on_one_thread, &j);
 }

@@ -7,7 +7,9 @@
  * (T = 150, 200: full and partial blocks) against the analytic backward
  * only, within 1e-4 relative + 1e-5. Also: causality (a change at the last
  * position leaves earlier outputs bit-identical), GQA equal to MHA with the
- * kv heads repeated (1e-6), bad shapes rejected. */
+ * kv heads repeated (1e-6), bad shapes rejected. The heads are shared
+ * among CPU threads: every check runs with 3 of them, and one shape's
+ * outputs and grads must be bit-identical with 1, 2, 3 and 5 threads. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -171,7 +173,42 @@ static void gqa_is_repeat(void) {
   CHECK(ref_mismatches("gqa vs repeated", o1, want, B * T * H * D, 1e-6, 1e-7) == 0);
 }
 
+/* forward and backward with `threads` CPU threads, into out .. dv */
+static void with_threads(int threads, const float *q, const float *k, const float *v, const float *r, float *out,
+                         float *lse, float *dq, float *dk, float *dv, int B, int T, int H, int Hkv, int D) {
+  CHECK_OK(fsdp_cpu_threads_set(threads));
+  CHECK_OK(fsdp_attention_forward(out, lse, q, k, v, B, T, H, Hkv, D));
+  CHECK_OK(fsdp_attention_backward(dq, dk, dv, r, q, k, v, out, lse, B, T, H, Hkv, D));
+}
+
+/* the same bits for any thread count: each head computes as it would alone
+ * (threads that take a share of the heads, or GEMMs that take threads) */
+static void same_bits_any_threads(void) {
+  enum { B = 3, T = 130, H = 6, Hkv = 3, D = 16, NQ = B * T * H * D, NK = B * T * Hkv * D };
+  unsigned seed = 17;
+  float *q = malloc(4 * NQ), *k = malloc(4 * NK), *v = malloc(4 * NK), *r = malloc(4 * NQ);
+  ref_fill(q, NULL, NQ, &seed, 1.5);
+  ref_fill(k, NULL, NK, &seed, 1.5);
+  ref_fill(v, NULL, NK, &seed, 1.0);
+  ref_fill(r, NULL, NQ, &seed, 1.0);
+  float *o1 = ref_poisoned(NQ), *l1 = ref_poisoned(B * H * T), *q1 = ref_poisoned(NQ), *k1 = ref_poisoned(NK),
+        *v1 = ref_poisoned(NK);
+  with_threads(1, q, k, v, r, o1, l1, q1, k1, v1, B, T, H, Hkv, D);
+  static const int counts[] = {2, 3, 5};
+  for (size_t c = 0; c < sizeof counts / sizeof counts[0]; c++) {
+    float *o = ref_poisoned(NQ), *l = ref_poisoned(B * H * T), *gq = ref_poisoned(NQ), *gk = ref_poisoned(NK),
+          *gv = ref_poisoned(NK);
+    with_threads(counts[c], q, k, v, r, o, l, gq, gk, gv, B, T, H, Hkv, D);
+    CHECK(memcmp(o, o1, 4 * NQ) == 0 && memcmp(l, l1, 4 * B * H * T) == 0);
+    CHECK(memcmp(gq, q1, 4 * NQ) == 0 && memcmp(gk, k1, 4 * NK) == 0 && memcmp(gv, v1, 4 * NK) == 0);
+    free(o), free(l), free(gq), free(gk), free(gv);
+  }
+  free(q), free(k), free(v), free(r), free(o1), free(l1), free(q1), free(k1), free(v1);
+}
+
 int main(void) {
+  same_bits_any_threads();
+  CHECK_OK(fsdp_cpu_threads_set(3)); /* the reference checks with the heads shared among threads */
   run(1, 1, 1, 1, 4, 1, 1);
   run(2, 5, 4, 2, 6, 2, 1);
   run(1, 7, 6, 3, 8, 3, 1);

@@ -153,6 +153,9 @@ static void test_collectives(fsdp_comm *c) {
           if ((kind == ALL_GATHER || kind == BROADCAST) && op != FSDP_SUM) continue; /* no op */
           CHECK(run_one(c, kind, dtypes[d], op, sizes[k]) == 0);
         }
+  /* more than one staging block (64 Mi fp32 at one rank): the chunked cast
+   * of comm_cast_chunks.c through NCCL, its second chunk a short one */
+  CHECK(run_one(c, REDUCE_SCATTER_F32, FSDP_BF16, FSDP_SUM, fsdp_comm_cast_chunk((size_t)1 << 30, 1) + 1001) == 0);
 }
 
 /* The overlap pattern of docs/COLLECTIVES.md: a compute stream writes the
