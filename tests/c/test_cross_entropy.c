@@ -14,7 +14,9 @@
  *   the fp32 rounding of a - lse; the exponential alone is closer), the
  *   target's 1 / (1 + e^a) - 1 within 1.5e-7 absolute (it cancels); below
  *   -87 (e^a < 1.7e-38) within 1e-37 absolute; a NaN logit makes the loss
- *   NaN. */
+ *   NaN;
+ * - rows shared among CPU threads: every check above runs with 3 threads,
+ *   and 97 rows (some ignored) give the same bits with 1, 2, 3 and 7. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -138,7 +140,29 @@ static void exp_range(void) {
   CHECK(isnan(sum));
 }
 
+static void same_bits_any_threads(void) {
+  enum { R = 97, VB = 3001 };
+  unsigned seed = 11;
+  float *x = malloc(sizeof(float) * R * VB), *d1 = ref_poisoned(R * VB), *d = ref_poisoned(R * VB);
+  ref_fill(x, NULL, R * VB, &seed, 4);
+  int32_t t[R];
+  for (int i = 0; i < R; i++) t[i] = i % 10 == 3 ? IGN : (i * 7919) % VB;
+  double s1, s;
+  int64_t c1, c;
+  CHECK_OK(fsdp_cpu_threads_set(1));
+  CHECK_OK(fsdp_cross_entropy(&s1, &c1, d1, x, t, R, VB, IGN, 0.25f));
+  static const int counts[] = {2, 3, 7};
+  for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++) {
+    CHECK_OK(fsdp_cpu_threads_set(counts[k]));
+    CHECK_OK(fsdp_cross_entropy(&s, &c, d, x, t, R, VB, IGN, 0.25f));
+    CHECK(c == c1 && c1 == R - 10 && memcmp(&s, &s1, sizeof s) == 0 && memcmp(d, d1, sizeof(float) * R * VB) == 0);
+  }
+  free(x), free(d1), free(d);
+}
+
 int main(void) {
+  same_bits_any_threads();
+  CHECK_OK(fsdp_cpu_threads_set(3)); /* the checks below with rows shared among threads */
   small_vocab();
   large_vocab();
   exp_range();
