@@ -43,6 +43,9 @@ static const char *usage_text =
     "                     or the cores a launcher such as mpirun bound the rank to)\n"
     "  FSDP_BLAS_THREADS  OpenBLAS threads for every CPU GEMM (default: by its size, one per\n"
     "                     4 MFLOP (FSDP_BLAS_MFLOP_PER_THREAD), at most the rank's cores)\n"
+    "  OPENBLAS_THREAD_TIMEOUT  how long OpenBLAS's idle threads spin, 2^N cycles (default\n"
+    "                     here 4, set by fsdp for itself: short, so that they leave the cores\n"
+    "                     to the ops between GEMMs; OpenBLAS's own default is 28)\n"
     "  FSDP_ATTENTION     CUDA attention kernels: auto (cuDNN's fused attention where it\n"
     "                     takes the shape, else own), own (our tensor-core kernels for bf16\n"
     "                     with head_dim 64 or 128, else our fp32 ones), cudnn, tc, simple\n"
@@ -53,6 +56,21 @@ static const char *usage_text =
 
 static void set_default_env(const char *name, const char *value) {
   if (!getenv(name)) setenv(name, value, 1);
+}
+
+/* OpenBLAS's idle threads spin (sched_yield) for 2^28 cycles after each
+ * GEMM, holding the cores that the pool's threads want for the ops between
+ * GEMMs (a rank with several cores; bench/RESULTS.md: +15% for the demo on
+ * one rank of two cores). It reads how long once, as it loads, before main:
+ * so the host sets 2^4 and runs itself again, once. A value the user set is
+ * kept; where the exec fails, OpenBLAS's default stays. */
+static void short_blas_spin(char **argv) {
+  char self[4096];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (getenv("OPENBLAS_THREAD_TIMEOUT") || n <= 0 || n >= (ssize_t)sizeof self - 1) return;
+  self[n] = '\0'; /* the file itself, not the link: the process keeps its name (ps, pkill, /proc/PID/comm) */
+  setenv("OPENBLAS_THREAD_TIMEOUT", "4", 1);
+  execv(self, argv);
 }
 
 /* package.path gets the fsdp Lua directory first. */
@@ -307,6 +325,7 @@ static void finalize_at_exit(void) {
 }
 
 int main(int argc, char **argv) {
+  short_blas_spin(argv);
   atexit(finalize_at_exit); /* os.exit() from a job leaves through exit() too */
   if (argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
     fputs(usage_text, stdout);

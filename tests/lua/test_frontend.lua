@@ -222,6 +222,20 @@ if arg[1] then
   o, rc = host("", "os.exit(4)\nprint('not reached')\n")
   check(rc == "4" and not o:find("not reached", 1, true), "os.exit at the prompt")
 
+  -- OpenBLAS's idle threads spin 2^4 cycles (the host runs itself again with
+  -- OPENBLAS_THREAD_TIMEOUT=4, read as OpenBLAS loads), or what the user set
+  local ask = "-e 'local ffi = require \"ffi\"; ffi.cdef \"int openblas_thread_timeout(void);\" " ..
+    "print(\"timeout\", ffi.C.openblas_thread_timeout(), os.getenv(\"OPENBLAS_THREAD_TIMEOUT\"))'"
+  local function spin(env)  -- (this test's own host has the variable set: not inherited)
+    local f = io.popen("env -u OPENBLAS_THREAD_TIMEOUT " .. env .. " " .. arg[1] .. " " .. ask .. " 2>&1")
+    local out = f:read("*a"); f:close()
+    return out
+  end
+  o = spin("")
+  check(o == "timeout\t4\t4\n", "OpenBLAS's spin is 2^4 cycles: " .. o)
+  o = spin("OPENBLAS_THREAD_TIMEOUT=9")
+  check(o == "timeout\t9\t9\n", "a spin the user set is kept: " .. o)
+
   local dir = os.tmpname()
   local job = dir .. ".lua"
   local h = io.open(job, "w")
