@@ -25,6 +25,17 @@ recipe=$root/recipes/tiny.lua
 # every rank of this test carries it, so that its processes can be found
 export FSDP_TEST_LAUNCH_MARK="launchers.$$"
 
+# every process this test started (launchers, their daemons, ranks), whatever
+# its name: the cleanup after a failed check, so that nothing outlives the test
+marked() {
+  local p
+  for p in /proc/[0-9]*; do
+    case "$(cat "$p/comm" 2>/dev/null)" in tr | grep | xargs | kill | cat) continue ;; esac # (this pipeline)
+    { tr '\0' '\n' <"$p/environ"; } 2>/dev/null | grep -qx "FSDP_TEST_LAUNCH_MARK=$FSDP_TEST_LAUNCH_MARK" &&
+      echo "${p#/proc/}"
+  done
+}
+
 # the ranks of this test alive now: "pid rank" lines
 ranks() {
   local p env
@@ -91,7 +102,7 @@ launcher_cases() {
     tail -n 20 "$dir/kill.out"
   fi
   for _ in $(seq 50); do [ -z "$(ranks)" ] && break; sleep 0.1; done
-  ranks | awk '{ print $1 }' | xargs -r kill -9
+  marked | xargs -r kill -9 2>/dev/null
 
   timeout 60 "$@" "$fsdp" "$recipe" train.steps=abc >"$dir/error.out" 2>&1
   rc=$?
