@@ -25,12 +25,14 @@ recipe=$root/recipes/tiny.lua
 # every rank of this test carries it, so that its processes can be found
 export FSDP_TEST_LAUNCH_MARK="launchers.$$"
 
-# every process this test started (launchers, their daemons, ranks), whatever
-# its name: the cleanup after a failed check, so that nothing outlives the test
+# every process this test started (launchers, their daemons, ranks; not the
+# Slurm cluster's), whatever its name: the cleanup after the ranks were not
+# found by name, so that nothing outlives the test
 marked() {
   local p
   for p in /proc/[0-9]*; do
-    case "$(cat "$p/comm" 2>/dev/null)" in tr | grep | xargs | kill | cat) continue ;; esac # (this pipeline)
+    # (this pipeline; the Slurm cluster's daemons, stopped at the end)
+    case "$(cat "$p/comm" 2>/dev/null)" in tr | grep | xargs | kill | cat | slurm*) continue ;; esac
     { tr '\0' '\n' <"$p/environ"; } 2>/dev/null | grep -qx "FSDP_TEST_LAUNCH_MARK=$FSDP_TEST_LAUNCH_MARK" &&
       echo "${p#/proc/}"
   done
@@ -96,13 +98,14 @@ launcher_cases() {
       "[ $rc != 0 ] && [ $((SECONDS - t0)) -le 30 ]"
     for _ in $(seq 50); do [ -z "$(ranks)" ] && break; sleep 0.1; done
     check "$name: no rank of the job left running (found: $(ranks | tr '\n' ' '))" "[ -z \"\$(ranks)\" ]"
-  else
+  else # (the ranks were not found by name: whatever this test started goes)
     kill -9 $pid 2>/dev/null
     wait $pid 2>/dev/null
     tail -n 20 "$dir/kill.out"
+    marked | xargs -r kill -9 2>/dev/null
   fi
   for _ in $(seq 50); do [ -z "$(ranks)" ] && break; sleep 0.1; done
-  marked | xargs -r kill -9 2>/dev/null
+  ranks | awk '{ print $1 }' | xargs -r kill -9
 
   timeout 60 "$@" "$fsdp" "$recipe" train.steps=abc >"$dir/error.out" 2>&1
   rc=$?
