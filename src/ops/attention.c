@@ -45,6 +45,9 @@ static int check_dims(const char *op, int64_t B, int64_t T, int64_t H, int64_t H
  * more of the upper half but make GEMMs too thin to run at speed */
 enum { BLOCK = 64 };
 
+/* rows of a score block: a whole block, or all of a shorter sequence */
+static int64_t block_rows(int64_t T) { return T < BLOCK ? T : BLOCK; }
+
 /* one call's shapes and buffers, shared by the threads that take its heads */
 typedef struct attn_job {
   float *out, *lse_out, *dq, *dk, *dv;
@@ -56,7 +59,7 @@ typedef struct attn_job {
 /* forward of heads lo .. hi - 1 (item = b * H + h) */
 static void forward_heads(void *arg, int64_t lo, int64_t hi) {
   attn_job *j = arg;
-  const int64_t T = j->T, H = j->H, D = j->D, rows = T < BLOCK ? T : BLOCK;
+  const int64_t T = j->T, H = j->H, D = j->D, rows = block_rows(T);
   float *S = malloc(sizeof(float) * (size_t)rows * (size_t)(T + 1));
   if (!S) {
     atomic_store(&j->no_memory, 1);
@@ -102,7 +105,7 @@ int fsdp_attention_forward(float *out, float *lse, const float *q, const float *
   fsdp_parallel_gemms(B * H, forward_heads, &j);
   if (atomic_load(&j.no_memory))
     return fsdp_fail(FSDP_ENOMEM, "attention_forward: no memory for a %lld x %lld score block",
-                     (long long)(T < BLOCK ? T : BLOCK), (long long)T);
+                     (long long)block_rows(T), (long long)T);
   return FSDP_OK;
 }
 
@@ -110,7 +113,7 @@ int fsdp_attention_forward(float *out, float *lse, const float *q, const float *
  * query heads, one after another: they sum into the same dK, dV rows */
 static void backward_groups(void *arg, int64_t lo, int64_t hi) {
   attn_job *j = arg;
-  const int64_t T = j->T, H = j->H, Hkv = j->Hkv, D = j->D, rows = T < BLOCK ? T : BLOCK;
+  const int64_t T = j->T, H = j->H, Hkv = j->Hkv, D = j->D, rows = block_rows(T);
   float *P = malloc(sizeof(float) * (size_t)rows * (size_t)T * 2);
   if (!P) {
     atomic_store(&j->no_memory, 1);
@@ -168,6 +171,6 @@ int fsdp_attention_backward(float *dq, float *dk, float *dv, const float *dout, 
   fsdp_parallel_gemms(B * Hkv, backward_groups, &j);
   if (atomic_load(&j.no_memory))
     return fsdp_fail(FSDP_ENOMEM, "attention_backward: no memory for two %lld x %lld blocks",
-                     (long long)(T < BLOCK ? T : BLOCK), (long long)T);
+                     (long long)block_rows(T), (long long)T);
   return FSDP_OK;
 }

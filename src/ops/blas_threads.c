@@ -86,7 +86,8 @@ static void items_on_one_thread(void *arg, int64_t lo, int64_t hi) {
 
 void fsdp_parallel_gemms(int64_t n, fsdp_range_fn fn, void *arg) {
   share_now(); /* (learns whether the environment fixed the count) */
-  if (atomic_load(&fixed) || n < fsdp_cpu_threads() || fsdp_cpu_threads() < 2) {
+  const int threads = fsdp_cpu_threads();
+  if (atomic_load(&fixed) || n < threads || threads < 2) {
     fn(arg, 0, n);
     return;
   }
