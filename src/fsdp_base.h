@@ -42,6 +42,10 @@ const char *fsdp_last_error(void);
 const char *fsdp_status_name(int status);
 void fsdp_clear_error(void);
 double fsdp_time_now(void);                /* monotonic seconds */
+/* The clock this core runs at, measured now (Hz; 0 where it cannot be):
+ * the MFU's CPU peak where cpuinfo gives only the nominal clock
+ * (src/base/core_clock.c). Takes about 10 ms. */
+double fsdp_core_clock_hz(void);
 /* The stop signals (SIGTERM, SIGINT, SIGHUP, SIGUSR1) recorded instead of
  * acted on while watched (on = 1; on = 0 restores the previous handlers);
  * a second one acts at once; on = 2 (the stop is saved, the process is
