@@ -65,11 +65,18 @@ static int swiglu(const bcase *k) {
   return rc ? rc : fsdp_swiglu_backward(DX, DW, Y, X, W, k->a);
 }
 
+/* rmsnorm: a = rows, b = width; forward then backward (dw accumulates) */
+static int rmsnorm(const bcase *k) {
+  int rc = fsdp_rmsnorm_forward(Y, L, X, W, k->a, k->b, 1e-5f);
+  return rc ? rc : fsdp_rmsnorm_backward(DX, DW, Y, X, W, L, k->a, k->b);
+}
+
 #define LIN(name, n, i, o) {name, linear, n, i, o, 0, 0, 6.0 * (n) * (i) * (o)}
 #define ATT(name, b, t, h, hk, d) {name, attention, b, t, h, hk, d, 12.0 * (b) * (h) * (t) * (t) * (d)}
 #define ATTF(name, b, t, h, hk, d) {name, attention_forward, b, t, h, hk, d, 4.0 * (b) * (h) * (t) * (t) * (d)}
 #define CE(name, n, v) {name, cross_entropy, n, v, 0, 0, 0, 0}
 #define SWI(name, n) {name, swiglu, n, 0, 0, 0, 0, 0}
+#define NORM(name, n, d) {name, rmsnorm, n, d, 0, 0, 0, 0}
 
 static const bcase cases[] = {
     LIN("tiny linear 1024x128->128", 1024, 128, 128),
@@ -79,6 +86,7 @@ static const bcase cases[] = {
     ATT("tiny attention 8x128, 4/2 heads of 32", 8, 128, 4, 2, 32),
     CE("tiny cross_entropy 1024 rows x 256", 1024, 256),
     SWI("tiny swiglu 1024x352, fwd+bwd", 1024 * 352),
+    NORM("tiny rmsnorm 1024x128, fwd+bwd", 1024, 128),
     LIN("large linear 512x512->512", 512, 512, 512),
     LIN("large linear 512x512->1408", 512, 512, 1408),
     LIN("large linear 512x1408->512", 512, 1408, 512),
@@ -88,6 +96,8 @@ static const bcase cases[] = {
     ATT("long attention 1x2048, 8/4 heads of 64", 1, 2048, 8, 4, 64),
     ATTF("long attention 1x2048, forward", 1, 2048, 8, 4, 64),
     SWI("large swiglu 512x1408, fwd+bwd", 512 * 1408),
+    NORM("large rmsnorm 512x512, fwd+bwd", 512, 512),
+    NORM("long rmsnorm 2048x512, fwd+bwd", 2048, 512),
 };
 
 static int cmp(const void *a, const void *b) {
