@@ -2,19 +2,31 @@
 # Runs the GPU checks on a machine with a GPU, from a build made elsewhere
 # and carried along (scripts/gpu_bundle.sh makes build-gpu/ and .devlibs/:
 # libfsdp.so and the CUDA backend libfsdp_cuda.so side by side):
-#   scripts/gpu_check.sh [BUILD_DIR] [OUT_DIR]
-# test_cuda, test_kernels, test_cuda_train, the planner against the GPU's
-# allocator (test_planner.lua cuda), the live REPL on a GPU mesh, the demo recipe on the GPU and on
-# CPU ranks (TINY_STEPS, default 400), the optimizer-step and per-kernel
-# benchmarks (copy build/bench/bench_{adamw,kernels} along), the demo with
-# the optimizer offloaded; GPU_CHECK_BENCH=1 adds OpenBLAS's threads on the
-# host's CPU ranks (the size rule against one thread), the comparisons with
-# PyTorch FSDP2 (bench/llama_vs_fsdp2.sh, plain and --offload), a timeline
-# of one 1B step (train.profile), and our
-# attention kernels vs SDPA's cuDNN and flash backends
-# (bench/attention_vs_torch.py: speed and agreement at the 1B and 8B shapes);
-# GPU_CHECK_COLLECTIVES=1 adds the collective benchmarks and the multi-rank
-# CPU tests.
+#   [GPU_CHECK_STAGES="tests train vs_fsdp2 ..."] scripts/gpu_check.sh [BUILD_DIR] [OUT_DIR]
+# Stages, run in the order GPU_CHECK_STAGES lists them (a lent GPU has
+# minutes: put first what must not be missed); each stage's wall time and
+# status go to OUT/stages.txt as it ends, so a run cut off still says how
+# far it got:
+#   tests       test_cuda, test_kernels
+#   train       test_cuda_train (the Llama model on the GPU against the CPU ops)
+#   planner     the planner's bytes against the GPU's allocator (test_planner.lua cuda)
+#   demos       the demo recipe on the GPU (fp32, bf16) and on CPU ranks (TINY_STEPS, default 400)
+#   repl        the live REPL on a GPU mesh
+#   adamw       the optimizer-step benchmark (build/bench/bench_adamw)
+#   kernels     each kernel against the GEMM and copy ceilings (bench_kernels)
+#   offload     the demo with fsdp.offload = true, params, all
+#   blas        OpenBLAS's threads on the host's CPU ranks: the size rule against one thread
+#   vs_fsdp2    PyTorch FSDP2 against us on the 1B model (bench/llama_vs_fsdp2.sh; ours also
+#               with fsdp.recompute=mlp)
+#   vs_fsdp2_offload   the same for the 4.4B model, the optimizer offloaded
+#   timeline    one 1B step as a timeline (train.profile)
+#   offload_probe      the 4.4B model, param shards offloaded: start-up and 3 steps
+#   attention   our attention kernels vs SDPA's cuDNN and flash backends (bench/attention_vs_torch.py)
+#   collectives the collective benchmarks and the multi-rank CPU tests
+# Without GPU_CHECK_STAGES: tests train planner demos repl adamw kernels
+# offload, then with GPU_CHECK_BENCH=1 blas vs_fsdp2 vs_fsdp2_offload
+# timeline offload_probe attention, then with GPU_CHECK_COLLECTIVES=1
+# collectives.
 # Libraries the GPU machine lacks (PMIx, LuaJIT, ...) may sit in .devlibs/;
 # NCCL is taken from the system or from Python's nvidia-nccl package.
 set -uo pipefail
@@ -35,46 +47,68 @@ status=0
   echo "NCCL from: $nccl_dir"
 } | tee "$out/machine.txt"
 
-echo "== test_cuda" | tee "$out/test_cuda.log"
-"$build/tests/test_cuda" 2>&1 | tee -a "$out/test_cuda.log" || status=1
-echo "== test_kernels" | tee "$out/test_kernels.log"
-"$build/tests/test_kernels" 2>&1 | tee -a "$out/test_kernels.log" || status=1
+stage_tests() {
+  local rc=0
+  echo "== test_cuda" | tee "$out/test_cuda.log"
+  "$build/tests/test_cuda" 2>&1 | tee -a "$out/test_cuda.log" || rc=1
+  echo "== test_kernels" | tee "$out/test_kernels.log"
+  "$build/tests/test_kernels" 2>&1 | tee -a "$out/test_kernels.log" || rc=1
+  return $rc
+}
 
-echo "== the Llama model trained on the GPU vs the CPU ops (tests/lua/test_cuda_train.lua)"
-"$build/fsdprun" -n 1 --host "$build/fsdp" tests/lua/test_cuda_train.lua 2>&1 | tee "$out/test_cuda_train.log" || status=1
+stage_train() {
+  echo "== the Llama model trained on the GPU vs the CPU ops (tests/lua/test_cuda_train.lua)"
+  "$build/fsdprun" -n 1 --host "$build/fsdp" tests/lua/test_cuda_train.lua 2>&1 | tee "$out/test_cuda_train.log"
+}
 
-echo "== the planner's bytes against the GPU's allocator (tests/lua/test_planner.lua cuda)"
-"$build/fsdprun" -n 1 --host "$build/fsdp" tests/lua/test_planner.lua . cuda 2>&1 | tee "$out/test_planner_cuda.log" || status=1
+stage_planner() {
+  echo "== the planner's bytes against the GPU's allocator (tests/lua/test_planner.lua cuda)"
+  "$build/fsdprun" -n 1 --host "$build/fsdp" tests/lua/test_planner.lua . cuda 2>&1 | tee "$out/test_planner_cuda.log"
+}
 
-echo "== the demo recipe on one GPU (fp32, then bf16) and on CPU ranks of this machine, same global batch"
-steps=${TINY_STEPS:-400}
-for run in "cuda fp32 1" "cuda bf16 1" "cpu fp32 1"; do
-  set -- $run
-  "$build/fsdprun" -n "$3" --rank0-only --host "$build/fsdp" recipes/tiny.lua train.device="$1" fsdp.param_dtype="$2" \
-    train.steps="$steps" train.log_every=50 train.metrics="$out/tiny_$1_$2.jsonl" 2>&1 | tee "$out/tiny_$1_$2.log" || status=1
-done
+stage_demos() {
+  local rc=0 run
+  echo "== the demo recipe on one GPU (fp32, then bf16) and on CPU ranks of this machine, same global batch"
+  for run in "cuda fp32 1" "cuda bf16 1" "cpu fp32 1"; do
+    set -- $run
+    "$build/fsdprun" -n "$3" --rank0-only --host "$build/fsdp" recipes/tiny.lua train.device="$1" fsdp.param_dtype="$2" \
+      train.steps="$steps" train.log_every=50 train.metrics="$out/tiny_$1_$2.jsonl" 2>&1 | tee "$out/tiny_$1_$2.log" || rc=1
+  done
+  return $rc
+}
 
-echo "== the live REPL on a GPU mesh (its sums go through the device)" | tee "$out/repl_cuda.log"
-printf 'units()\nshard(0, "model.norm.weight")\nmem(0)\n' | timeout 120 "$build/fsdprun" -n 1 --repl --host "$build/fsdp" \
-  recipes/tiny.lua train.device=cuda train.steps=2 2>&1 | tee -a "$out/repl_cuda.log"
-grep -q "rank 0 holds model.norm.weight elements \[0, 128)" "$out/repl_cuda.log" || { echo "FAILED: repl on cuda"; status=1; }
+stage_repl() {
+  echo "== the live REPL on a GPU mesh (its sums go through the device)" | tee "$out/repl_cuda.log"
+  printf 'units()\nshard(0, "model.norm.weight")\nmem(0)\n' | timeout 120 "$build/fsdprun" -n 1 --repl --host "$build/fsdp" \
+    recipes/tiny.lua train.device=cuda train.steps=2 2>&1 | tee -a "$out/repl_cuda.log"
+  grep -q "rank 0 holds model.norm.weight elements \[0, 128)" "$out/repl_cuda.log" || { echo "FAILED: repl on cuda"; return 1; }
+}
 
-echo "== the optimizer step: plain loop, CPU threads, CUDA kernel (bench/bench_adamw.c)" | tee "$out/bench_adamw.log"
-if [ -x "$build/bench/bench_adamw" ]; then
-  "$build/bench/bench_adamw" 67108864 5 2>&1 | tee -a "$out/bench_adamw.log" || status=1
-fi
-echo "== each CUDA kernel vs the GPU's GEMM and copy ceilings (bench/bench_kernels.c)" | tee "$out/bench_kernels.log"
-if [ -x "$build/bench/bench_kernels" ]; then
-  "$build/bench/bench_kernels" 4096 10 2>&1 | tee -a "$out/bench_kernels.log" || status=1
-fi
-echo "== the demo recipe on one GPU with the optimizer offloaded, then the param shards, then grads too (fsdp.offload)"
-for o in true params all; do
-  timeout 300 "$build/fsdprun" -n 1 --rank0-only --host "$build/fsdp" recipes/tiny.lua train.device=cuda fsdp.offload=$o \
-    train.steps="$steps" train.log_every=50 train.metrics="$out/tiny_cuda_offload_$o.jsonl" 2>&1 |
-    tee "$out/tiny_cuda_offload_$o.log" || status=1
-done
+stage_adamw() {
+  echo "== the optimizer step: plain loop, CPU threads, CUDA kernel (bench/bench_adamw.c)" | tee "$out/bench_adamw.log"
+  [ -x "$build/bench/bench_adamw" ] || { echo "no $build/bench/bench_adamw"; return 1; }
+  "$build/bench/bench_adamw" 67108864 5 2>&1 | tee -a "$out/bench_adamw.log"
+}
 
-if [ "${GPU_CHECK_BENCH:-0}" = 1 ]; then
+stage_kernels() {
+  echo "== each CUDA kernel vs the GPU's GEMM and copy ceilings (bench/bench_kernels.c)" | tee "$out/bench_kernels.log"
+  [ -x "$build/bench/bench_kernels" ] || { echo "no $build/bench/bench_kernels"; return 1; }
+  "$build/bench/bench_kernels" 4096 10 2>&1 | tee -a "$out/bench_kernels.log"
+}
+
+stage_offload() {
+  local rc=0 o
+  echo "== the demo recipe on one GPU with the optimizer offloaded, then the param shards, then grads too (fsdp.offload)"
+  for o in true params all; do
+    timeout 300 "$build/fsdprun" -n 1 --rank0-only --host "$build/fsdp" recipes/tiny.lua train.device=cuda fsdp.offload=$o \
+      train.steps="$steps" train.log_every=50 train.metrics="$out/tiny_cuda_offload_$o.jsonl" 2>&1 |
+      tee "$out/tiny_cuda_offload_$o.log" || rc=1
+  done
+  return $rc
+}
+
+stage_blas() {
+  local n t line
   echo "== OpenBLAS threads on this host's CPU ranks: the size rule against one thread, 1 and 2 ranks (src/ops/blas_threads.c)" |
     tee "$out/blas_threads.txt"
   for n in 1 2; do
@@ -85,33 +119,73 @@ if [ "${GPU_CHECK_BENCH:-0}" = 1 ]; then
       echo "$n rank(s), BLAS threads: $t: $line" | tee -a "$out/blas_threads.txt"
     done
   done
-  echo "== this engine vs PyTorch FSDP2: the 1B model, then the 4.4B one with the optimizer offloaded"
-  OUT="$out" OURS_ALSO="fsdp.recompute=mlp" bash bench/llama_vs_fsdp2.sh "$build" 8 2>&1 | tail -8 | tee "$out/vs_fsdp2.txt" || status=1
-  OUT="$out" bash bench/llama_vs_fsdp2.sh "$build" 6 --offload 2>&1 | tail -6 | tee "$out/vs_fsdp2_offload.txt" || status=1
+}
+
+stage_vs_fsdp2() {
+  echo "== this engine vs PyTorch FSDP2: the 1B model (ours also with fsdp.recompute=mlp)"
+  OUT="$out" OURS_ALSO="fsdp.recompute=mlp" bash bench/llama_vs_fsdp2.sh "$build" 8 2>&1 | tail -8 | tee "$out/vs_fsdp2.txt"
+}
+
+stage_vs_fsdp2_offload() {
+  echo "== this engine vs PyTorch FSDP2: the 4.4B model with the optimizer offloaded"
+  OUT="$out" bash bench/llama_vs_fsdp2.sh "$build" 6 --offload 2>&1 | tail -6 | tee "$out/vs_fsdp2_offload.txt"
+}
+
+stage_timeline() {
   echo "== one step of the 1B model as a timeline (train.profile: where the device waits for the host)"
   "$build/fsdprun" -n 1 --rank0-only --host "$build/fsdp" bench/llama1b.lua train.steps=3 train.profile="$out/profile_llama1b.json" \
-    2>&1 | grep "profile:" | tee "$out/profile_llama1b.txt" || status=1
-  echo "== the 4.4B model with the param shards offloaded: start-up and 3 steps, stacks if no step comes (bench/offload_stall_probe.sh)"
-  bash bench/offload_stall_probe.sh "$build" "$out" params 2>&1 | tail -4 | tee "$out/offload_params_probe.txt" || status=1
-  echo "== our attention kernels vs PyTorch SDPA's cuDNN and flash backends (bench/attention_vs_torch.py)"
-  python3 bench/attention_vs_torch.py "$build" 2>&1 | tee "$out/attention_vs_torch.txt" || status=1
-fi
+    2>&1 | grep "profile:" | tee "$out/profile_llama1b.txt"
+}
 
-if [ "${GPU_CHECK_COLLECTIVES:-0}" = 1 ]; then
-for dt in fp32 bf16; do
-  echo "== bench_collectives --device cuda --dtype $dt (1 rank)"
-  "$build/fsdprun" -n 1 --no-prefix --host "$build/bench/bench_collectives" --device cuda --dtype $dt \
-    2>&1 | tee "$out/bench_cuda_$dt.txt" || status=1
-done
-echo "== CPU shared-memory collectives on this machine: 4 and 8 ranks"
-for n in 4 8; do
-  "$build/fsdprun" -n $n --no-prefix --host "$build/bench/bench_collectives" --max 67108864 \
-    2>&1 | tee "$out/bench_shm_np$n.txt" || status=1
-done
-echo "== test_collectives, 4 ranks"
-"$build/fsdprun" -n 4 --rank0-only --host "$build/tests/test_collectives" 2>&1 | tail -3 | tee "$out/test_collectives.log" || status=1
-echo "== units and fully_shard parity, 4 ranks"
-"$build/fsdprun" -n 4 --rank0-only --host "$build/tests/test_units" 2>&1 | tail -2 | tee "$out/test_units.log" || status=1
-"$build/fsdprun" -n 4 --rank0-only --host "$build/fsdp" tests/lua/test_fully_shard.lua 2>&1 | tail -2 | tee "$out/test_fully_shard.log" || status=1
+stage_offload_probe() {
+  echo "== the 4.4B model with the param shards offloaded: start-up and 3 steps, stacks if no step comes (bench/offload_stall_probe.sh)"
+  bash bench/offload_stall_probe.sh "$build" "$out" params 2>&1 | tail -4 | tee "$out/offload_params_probe.txt"
+}
+
+stage_attention() {
+  echo "== our attention kernels vs PyTorch SDPA's cuDNN and flash backends (bench/attention_vs_torch.py)"
+  python3 bench/attention_vs_torch.py "$build" 2>&1 | tee "$out/attention_vs_torch.txt"
+}
+
+stage_collectives() {
+  local rc=0 dt n
+  for dt in fp32 bf16; do
+    echo "== bench_collectives --device cuda --dtype $dt (1 rank)"
+    "$build/fsdprun" -n 1 --no-prefix --host "$build/bench/bench_collectives" --device cuda --dtype $dt \
+      2>&1 | tee "$out/bench_cuda_$dt.txt" || rc=1
+  done
+  echo "== CPU shared-memory collectives on this machine: 4 and 8 ranks"
+  for n in 4 8; do
+    "$build/fsdprun" -n $n --no-prefix --host "$build/bench/bench_collectives" --max 67108864 \
+      2>&1 | tee "$out/bench_shm_np$n.txt" || rc=1
+  done
+  echo "== test_collectives, 4 ranks"
+  "$build/fsdprun" -n 4 --rank0-only --host "$build/tests/test_collectives" 2>&1 | tail -3 | tee "$out/test_collectives.log" || rc=1
+  echo "== units and fully_shard parity, 4 ranks"
+  "$build/fsdprun" -n 4 --rank0-only --host "$build/tests/test_units" 2>&1 | tail -2 | tee "$out/test_units.log" || rc=1
+  "$build/fsdprun" -n 4 --rank0-only --host "$build/fsdp" tests/lua/test_fully_shard.lua 2>&1 | tail -2 | tee "$out/test_fully_shard.log" || rc=1
+  return $rc
+}
+
+steps=${TINY_STEPS:-400}
+stages=${GPU_CHECK_STAGES:-}
+if [ -z "$stages" ]; then
+  stages="tests train planner demos repl adamw kernels offload"
+  [ "${GPU_CHECK_BENCH:-0}" = 1 ] && stages="$stages blas vs_fsdp2 vs_fsdp2_offload timeline offload_probe attention"
+  [ "${GPU_CHECK_COLLECTIVES:-0}" = 1 ] && stages="$stages collectives"
 fi
+for st in $stages; do
+  if ! declare -F "stage_$st" >/dev/null; then
+    echo "gpu_check: no stage '$st' (see the list at the top of scripts/gpu_check.sh)" >&2
+    exit 2
+  fi
+done
+echo "stage seconds status" > "$out/stages.txt"
+for st in $stages; do
+  t0=$(date +%s)
+  "stage_$st"
+  rc=$?
+  [ $rc = 0 ] || status=1
+  echo "$st $(( $(date +%s) - t0 )) $rc" | tee -a "$out/stages.txt"
+done
 exit $status
