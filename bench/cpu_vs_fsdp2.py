@@ -62,8 +62,9 @@ def rss_kib(pid):
     return 0
 
 
-def run(cmd, marker, env=None):
-    """cmd's output and the largest resident set of a process whose command line holds marker"""
+def run(cmd, marker, env=None, finished=None):
+    """cmd's output and the largest resident set of a process whose command line holds marker; a failed
+    exit is an error unless finished(output) says the run had printed its result before it"""
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=root)
     peak = 0
     out = []
@@ -81,7 +82,9 @@ def run(cmd, marker, env=None):
         time.sleep(0.05)
     t.join()
     if p.returncode != 0:
-        sys.exit(f"cpu_vs_fsdp2: {' '.join(cmd)} failed ({p.returncode}):\n{out[0][-2000:]}")
+        if not (finished and finished(out[0])):
+            sys.exit(f"cpu_vs_fsdp2: {' '.join(cmd)} failed ({p.returncode}):\n{out[0][-2000:]}")
+        print(f"cpu_vs_fsdp2: {marker} exited {p.returncode} after printing its result (taken)", file=sys.stderr)
     return out[0], peak / 1024.0
 
 
@@ -106,7 +109,10 @@ def theirs(s, steps):
     env = dict(os.environ, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // ranks)), MASTER_PORT="29533")
     out, peak = run([py, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "bench/fsdp2_llama_cpu.py",
                      str(steps), str(B), str(T), str(h), str(inter), str(L), str(nh), str(kv), str(V), "0"],
-                    "fsdp2_llama_cpu.py", env)
+                    "fsdp2_llama_cpu.py", env, finished=lambda o: any(l.startswith("{") for l in o.splitlines()))
+    # torch 2.15's gloo sometimes aborts as the process group is destroyed ("terminate called
+    # without an active exception", seen on 2026-11-27 in 2 of 4 runs of the demo's shape), after
+    # rank 0 printed the steps' result: the measurement stands
     line = [l for l in out.splitlines() if l.startswith("{")][-1]
     return json.loads(line)["tokens_per_s"], peak
 
