@@ -8,7 +8,9 @@
 #    losses bit for bit as the uninterrupted run's (a checkpoint does not
 #    depend on its launcher);
 #  - a rank killed (SIGKILL) mid-run: the launcher ends the job with a
-#    non-zero status within 30 s, and no rank of it is left running;
+#    non-zero status within 30 s, and no rank of it is left running; under
+#    srun also without --kill-on-bad-exit (Slurm's default), where the
+#    surviving rank ends the job itself, naming the dead rank;
 #  - a recipe error: the ranks refuse it, naming the field, and the
 #    launcher exits non-zero;
 #  - srun without PMIx (--mpi=none, --mpi=pmi2): every task refuses to
@@ -54,31 +56,12 @@ ranks() {
 "$fsdprun" -n 2 --timeout 120 "$recipe" $quick train.steps=6 train.metrics="$work/ref.jsonl" >"$work/ref.out" 2>&1
 check "fsdprun: the reference run of 6 steps" "[ \$? = 0 ] && [ \$(losses '$work/ref.jsonl' | wc -l) = 6 ]"
 
-# launcher_cases NAME COMMAND...: the four checks with COMMAND starting 2 ranks
-launcher_cases() {
-  local name=$1
-  shift
-  local dir=$work/$name
-  mkdir -p "$dir"
-
-  timeout 120 "$@" "$fsdp" "$recipe" $quick train.steps=6 train.metrics="$dir/m.jsonl" >"$dir/train.out" 2>&1
-  local rc=$?
-  check "$name: trains 6 steps (exit $rc)" "[ $rc = 0 ]"
-  check "$name: the losses bit for bit as under fsdprun" \
-    "[ -s '$dir/m.jsonl' ] && [ \"\$(losses '$dir/m.jsonl')\" = \"\$(losses '$work/ref.jsonl')\" ]"
-  [ $rc = 0 ] || tail -n 20 "$dir/train.out"
-
-  timeout 120 "$@" "$fsdp" "$recipe" $quick train.steps=6 train.stop_after=3 checkpoint.dir="$dir/ck" \
-    train.metrics="$dir/r.jsonl" >"$dir/save.out" 2>&1
-  rc=$?
-  check "$name: stops after step 3 with a checkpoint (exit $rc)" "[ $rc = 0 ] && [ -f '$dir/ck/latest' ]"
-  "$fsdprun" -n 2 --timeout 120 "$recipe" $quick train.steps=6 checkpoint.dir="$dir/ck" train.resume=auto \
-    train.metrics="$dir/r.jsonl" >"$dir/resume.out" 2>&1
-  rc=$?
-  check "$name: its checkpoint resumed under fsdprun to step 6, bit for bit as uninterrupted (exit $rc)" \
-    "[ $rc = 0 ] && [ \"\$(losses '$dir/r.jsonl')\" = \"\$(losses '$work/ref.jsonl')\" ]"
-
-  # a rank killed once the run is past step 3
+# killed_rank_case NAME DIR COMMAND...: COMMAND starts 2 ranks; rank 1 is
+# SIGKILLed once the run is past step 3; the job must end non-zero within
+# 30 s and leave no rank running. Its output: DIR/kill.out
+killed_rank_case() {
+  local name=$1 dir=$2 rc
+  shift 2
   "$@" "$fsdp" "$recipe" $quick train.steps=100000 train.metrics="$dir/k.jsonl" >"$dir/kill.out" 2>&1 &
   local pid=$! victim="" _
   for _ in $(seq 300); do
@@ -106,6 +89,33 @@ launcher_cases() {
   fi
   for _ in $(seq 50); do [ -z "$(ranks)" ] && break; sleep 0.1; done
   ranks | awk '{ print $1 }' | xargs -r kill -9
+}
+
+# launcher_cases NAME COMMAND...: the four checks with COMMAND starting 2 ranks
+launcher_cases() {
+  local name=$1
+  shift
+  local dir=$work/$name
+  mkdir -p "$dir"
+
+  timeout 120 "$@" "$fsdp" "$recipe" $quick train.steps=6 train.metrics="$dir/m.jsonl" >"$dir/train.out" 2>&1
+  local rc=$?
+  check "$name: trains 6 steps (exit $rc)" "[ $rc = 0 ]"
+  check "$name: the losses bit for bit as under fsdprun" \
+    "[ -s '$dir/m.jsonl' ] && [ \"\$(losses '$dir/m.jsonl')\" = \"\$(losses '$work/ref.jsonl')\" ]"
+  [ $rc = 0 ] || tail -n 20 "$dir/train.out"
+
+  timeout 120 "$@" "$fsdp" "$recipe" $quick train.steps=6 train.stop_after=3 checkpoint.dir="$dir/ck" \
+    train.metrics="$dir/r.jsonl" >"$dir/save.out" 2>&1
+  rc=$?
+  check "$name: stops after step 3 with a checkpoint (exit $rc)" "[ $rc = 0 ] && [ -f '$dir/ck/latest' ]"
+  "$fsdprun" -n 2 --timeout 120 "$recipe" $quick train.steps=6 checkpoint.dir="$dir/ck" train.resume=auto \
+    train.metrics="$dir/r.jsonl" >"$dir/resume.out" 2>&1
+  rc=$?
+  check "$name: its checkpoint resumed under fsdprun to step 6, bit for bit as uninterrupted (exit $rc)" \
+    "[ $rc = 0 ] && [ \"\$(losses '$dir/r.jsonl')\" = \"\$(losses '$work/ref.jsonl')\" ]"
+
+  killed_rank_case "$name" "$dir" "$@"
 
   timeout 60 "$@" "$fsdp" "$recipe" train.steps=abc >"$dir/error.out" 2>&1
   rc=$?
@@ -126,6 +136,12 @@ fi
 
 if slurm_up; then
   launcher_cases srun srun --mpi=pmix --kill-on-bad-exit=1 -n 2
+  # Slurm's default leaves the other tasks of a step running when one dies:
+  # the surviving rank must notice by itself, and say which rank died
+  mkdir -p "$work/srun_survivor"
+  killed_rank_case "srun without --kill-on-bad-exit" "$work/srun_survivor" srun --mpi=pmix -n 2
+  check "srun without --kill-on-bad-exit: rank 0 names the dead rank" \
+    "grep -aq 'rank 0 of 2 aborts the job.*rank 1 (member 1, pid [0-9]*) died' '$work/srun_survivor/kill.out'"
   # without PMIx (Slurm's default on many clusters) every task would train
   # alone as rank 0 of 1: each refuses, saying how to start it, no traceback
   for m in none pmi2; do
