@@ -45,6 +45,9 @@ void fsdprun_wake(job *j) {
 void describe_end(const rank_proc *r, char *buf, size_t cap) {
   if (r->sig)
     snprintf(buf, cap, "was killed by signal %d (%s)", r->sig, strsignal(r->sig));
+  else if (r->never_joined)
+    snprintf(buf, cap, "exited with status 0 before it joined the job (it never reached fsdp_init, where the others "
+             "wait for it)");
   else
     snprintf(buf, cap, "exited with status %d", r->code);
 }

@@ -33,6 +33,8 @@ typedef struct rank_proc {
   _Atomic int64_t ended_ns; /* when it ended (monotonic ns), stamped by the watcher thread; 0: not yet */
   int exited;         /* seen by waitid */
   int code, sig;      /* exit status, or the signal that killed it (sig > 0) */
+  _Atomic int joined, finalized; /* PMIx_Init, PMIx_Finalize seen (the server's thread sets them) */
+  int never_joined;   /* exited 0 without PMIx_Init while joined ranks ran: a failure */
   out_stream out, err;
 } rank_proc;
 

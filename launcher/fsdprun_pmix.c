@@ -6,6 +6,7 @@
 #include <pmix.h>
 #include <pmix_server.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,14 +31,26 @@ static int ok(pmix_status_t rc) { return rc == PMIX_SUCCESS || rc == PMIX_OPERAT
 /* ---- module callbacks: they run on the library's progress thread, so they
  * only record, wake the main loop and return; never block. ---- */
 
+/* rank proc of this job, or NULL */
+static rank_proc *rank_of(const pmix_proc_t *proc) {
+  if (!the_job || !proc || strncmp(proc->nspace, the_job->nspace, PMIX_MAX_NSLEN) || proc->rank >= (pmix_rank_t)the_job->n)
+    return NULL;
+  return &the_job->ranks[proc->rank];
+}
+
 static pmix_status_t on_connected(const pmix_proc_t *proc, void *obj, pmix_op_cbfunc_t cb, void *cbdata) {
-  (void)proc, (void)obj;
+  (void)obj;
+  rank_proc *rp = rank_of(proc);
+  if (rp) atomic_store(&rp->joined, 1);
+  if (rp) fsdprun_wake(the_job); /* a rank that ended without joining may now leave this one waiting */
   if (cb) cb(PMIX_SUCCESS, cbdata); /* 4.2.2 passes a NULL callback here */
   return PMIX_SUCCESS;
 }
 
 static pmix_status_t on_finalized(const pmix_proc_t *proc, void *obj, pmix_op_cbfunc_t cb, void *cbdata) {
-  (void)proc, (void)obj;
+  (void)obj;
+  rank_proc *rp = rank_of(proc);
+  if (rp) atomic_store(&rp->finalized, 1);
   pthread_mutex_lock(&mu);
   finalized++;
   pthread_mutex_unlock(&mu);

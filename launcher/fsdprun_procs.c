@@ -331,6 +331,20 @@ int procs_running(const job *j) {
   return running;
 }
 
+/* A rank that ended with status 0 without ever calling PMIx_Init (a
+ * recipe that called os.exit before fsdp_init) while ranks that did are
+ * still running: they will wait for it at their first fence until the
+ * comm timeout. It fails the job now instead. (Not a rank that joined and
+ * left: its peers' fence fails at once, naming it.) */
+static int left_others_waiting(const job *j, int r) {
+  if (atomic_load(&j->ranks[r].joined)) return 0;
+  for (int o = 0; o < j->n; o++)
+    if (o != r && j->ranks[o].pid > 0 && !j->ranks[o].exited && atomic_load(&j->ranks[o].joined) &&
+        !atomic_load(&j->ranks[o].finalized))
+      return 1;
+  return 0;
+}
+
 int procs_reap(job *j, int *newly_failed, double *failed_at) {
   pid_t stray[64];
   for (int k = 0, ns = strays(j, stray, 64); k < ns; k++) waitpid(stray[k], NULL, WNOHANG);
@@ -339,7 +353,11 @@ int procs_reap(job *j, int *newly_failed, double *failed_at) {
   int64_t first = 0;
   for (int r = 0; r < j->n; r++) {
     rank_proc *rp = &j->ranks[r];
-    if (reap_one(j, r) && (rp->code || rp->sig)) {
+    int ended = reap_one(j, r);
+    /* (a rank that ended before any other joined fails once one has) */
+    if (rp->exited && !rp->code && !rp->sig && !rp->never_joined && left_others_waiting(j, r))
+      rp->never_joined = ended = 1;
+    if (ended && (rp->code || rp->sig || rp->never_joined)) {
       int64_t t = atomic_load(&rp->ended_ns);
       if (*newly_failed < 0 || t < first) *newly_failed = r, first = t;
     }

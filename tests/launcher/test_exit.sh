@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A rank that exits 3 ends the job: fsdprun exits 3 within 5 s naming
 # rank 2; the other ranks (sleeping, each with a child of its own) are
-# stopped; no process and no temp directory is left.
+# stopped; no process and no temp directory is left. So does a rank that
+# exits 0 before it joins the job while the others wait for it (exit 1).
 . "$(dirname "$0")/lib.sh"
 
 fail_case "rank 2 exits 3" 3 '^fsdprun: rank 2 exited with status 3; stopping the other 3 ranks$' 5000 \
@@ -18,6 +19,12 @@ fail_case "rank 0 exits 4" 4 '^fsdprun: rank 0 exited with status 4' 5000 \
 # only the launcher can end that job
 fail_case "rank 3 fails before PMIx_Init" 5 '^fsdprun: rank 3 exited with status 5' 5000 \
   -n 4 --host "$PROBE" --fail-early 5 --rank-to-fail 3 --marker $MARK
+
+# so does one that ends with status 0 before PMIx_Init (a recipe calling
+# os.exit on one rank): a failure, not a rank that finished early
+fail_case "rank 3 exits 0 before PMIx_Init" 1 \
+  '^fsdprun: rank 3 exited with status 0 before it joined the job \(it never reached fsdp_init' 5000 \
+  -n 4 --host "$PROBE" --fail-early 0 --rank-to-fail 3 --marker $MARK
 
 # ranks that ignore SIGTERM get SIGKILL when the grace period ends
 t0=$(ms)
