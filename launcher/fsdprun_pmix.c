@@ -24,7 +24,6 @@ static struct {
   double at; /* when it came: compared with the ranks' ends */
   char msg[512];
 } aborted;
-static int finalized;
 
 static int ok(pmix_status_t rc) { return rc == PMIX_SUCCESS || rc == PMIX_OPERATION_SUCCEEDED; }
 
@@ -41,8 +40,10 @@ static rank_proc *rank_of(const pmix_proc_t *proc) {
 static pmix_status_t on_connected(const pmix_proc_t *proc, void *obj, pmix_op_cbfunc_t cb, void *cbdata) {
   (void)obj;
   rank_proc *rp = rank_of(proc);
-  if (rp) atomic_store(&rp->joined, 1);
-  if (rp) fsdprun_wake(the_job); /* a rank that ended without joining may now leave this one waiting */
+  if (rp) {
+    atomic_store(&rp->joined, 1);
+    fsdprun_wake(the_job); /* a rank that ended without joining may now leave this one waiting */
+  }
   if (cb) cb(PMIX_SUCCESS, cbdata); /* 4.2.2 passes a NULL callback here */
   return PMIX_SUCCESS;
 }
@@ -51,9 +52,6 @@ static pmix_status_t on_finalized(const pmix_proc_t *proc, void *obj, pmix_op_cb
   (void)obj;
   rank_proc *rp = rank_of(proc);
   if (rp) atomic_store(&rp->finalized, 1);
-  pthread_mutex_lock(&mu);
-  finalized++;
-  pthread_mutex_unlock(&mu);
   if (cb) cb(PMIX_SUCCESS, cbdata);
   return PMIX_SUCCESS;
 }
@@ -118,10 +116,10 @@ int pmix_take_abort(int *rank, int *status, char *msg, size_t cap, double *at) {
 }
 
 int pmix_all_finalized(void) {
-  pthread_mutex_lock(&mu);
-  int all = the_job && finalized >= the_job->n;
-  pthread_mutex_unlock(&mu);
-  return all;
+  if (!the_job) return 0;
+  for (int r = 0; r < the_job->n; r++)
+    if (!atomic_load(&the_job->ranks[r].finalized)) return 0;
+  return 1;
 }
 
 /* ---- server life ---- */
