@@ -95,6 +95,21 @@ extern "C" int fsdp_cuda_attention_choice(fsdp_dtype dtype, int64_t batch, int64
   return k;
 }
 
+extern "C" int fsdp_cuda_attention_workspace(fsdp_dtype dtype, int64_t batch, int64_t seq, int64_t heads,
+                                             int64_t kv_heads, int64_t head_dim, int backward, int64_t *bytes) {
+  if (!bytes) return fsdp_fail(FSDP_EINVAL, "cuda attention workspace: NULL bytes");
+  *bytes = 0;
+  FSDP_CHECK(fsdp_attention_check_args(batch, seq, heads, kv_heads, head_dim, dtype, "cuda attention workspace"));
+  char why[384];
+  int k = choose(dtype, batch, seq, heads, kv_heads, head_dim, backward, nullptr, 0, "cuda attention workspace", why,
+                 sizeof why);
+  if (k == FSDP_ATTN_CUDNN) { // our own kernels take nothing from the allocator
+    const int64_t ws = fsdp_attention_cudnn_workspace(batch, seq, heads, kv_heads, head_dim, backward);
+    *bytes = ws > 0 ? ws : 0;
+  }
+  return k;
+}
+
 extern "C" int fsdp_cuda_attention_forward(void *out, float *lse, const void *q, const void *k, const void *v,
                                            int64_t batch, int64_t seq, int64_t heads, int64_t kv_heads,
                                            int64_t head_dim, fsdp_dtype dtype, fsdp_stream *s) {

@@ -278,6 +278,15 @@ extern "C" int fsdp_attention_cudnn_applies(int64_t B, int64_t T, int64_t H, int
   return 0;
 }
 
+extern "C" int64_t fsdp_attention_cudnn_workspace(int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
+                                                  int backward) {
+  std::lock_guard<std::mutex> lock(g_lock);
+  cudnnHandle_t h = nullptr;
+  std::string why;
+  const Plan *p = plan_for(Shape{B, T, H, Hkv, D}, backward != 0, &h, &why);
+  return p ? p->workspace : -1;
+}
+
 extern "C" int fsdp_attention_cudnn_forward(void *out, float *lse, const void *q, const void *k, const void *v,
                                             int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, void *stream) {
   std::unordered_map<int64_t, void *> pack{{UID_Q, const_cast<void *>(q)},

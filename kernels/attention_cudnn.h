@@ -27,6 +27,9 @@ int fsdp_attention_cudnn_forward(void *out, float *lse, const void *q, const voi
 int fsdp_attention_cudnn_backward(void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
                                   const void *v, const void *out, const float *lse, int64_t B, int64_t T, int64_t H,
                                   int64_t Hkv, int64_t D, void *stream);
+/* The bytes a call of this shape takes from fsdp_alloc while it runs (its
+ * plan's workspace), or -1 where cuDNN does not take the shape. */
+int64_t fsdp_attention_cudnn_workspace(int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, int backward);
 /* "cuDNN 9.19.0 (frontend 1.32.0)", or why there is none */
 const char *fsdp_attention_cudnn_version(void);
 

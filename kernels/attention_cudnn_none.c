@@ -27,4 +27,8 @@ int fsdp_attention_cudnn_backward(void *dq, void *dk, void *dv, const void *dout
   return fsdp_fail(FSDP_EUNSUPPORTED, "cuDNN attention backward: %s", NOT_BUILT);
 }
 
+int64_t fsdp_attention_cudnn_workspace(int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, int backward) {
+  return -1;
+}
+
 const char *fsdp_attention_cudnn_version(void) { return "no cuDNN (not built)"; }

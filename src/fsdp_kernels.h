@@ -60,6 +60,14 @@ int fsdp_cuda_attention_impl_set(int which);
  * backward: 0 forward, 1 backward. Builds cuDNN's plan if needed. */
 int fsdp_cuda_attention_choice(fsdp_dtype dtype, int64_t batch, int64_t seq, int64_t heads, int64_t kv_heads,
                                int64_t head_dim, int backward, char *desc, size_t desc_len);
+/* The device bytes a call of this shape takes from fsdp_alloc while it
+ * runs, in *bytes: cuDNN's workspace where cuDNN runs it (its
+ * deterministic backward holds fp32 partial sums of dq per block of keys:
+ * about 1 GiB for 32 heads of 64 at sequence 4096), 0 for our kernels.
+ * Returns the family, as fsdp_cuda_attention_choice does; fsdp.planner
+ * counts the bytes in the activation peak. */
+int fsdp_cuda_attention_workspace(fsdp_dtype dtype, int64_t batch, int64_t seq, int64_t heads, int64_t kv_heads,
+                                  int64_t head_dim, int backward, int64_t *bytes);
 int fsdp_cuda_attention_forward(void *out, float *lse, const void *q, const void *k, const void *v, int64_t batch,
                                 int64_t seq, int64_t heads, int64_t kv_heads, int64_t head_dim, fsdp_dtype dtype,
                                 fsdp_stream *s);

@@ -37,6 +37,18 @@ int main(void) {
     if (h) dlclose(h);
   }
 
+  /* the bytes a call takes from the allocator: none for our kernels; on a
+   * GPU with cuDNN, its deterministic backward's partial sums of dq per
+   * block of 128 keys at least (the planner's estimate, lua/fsdp/planner.lua) */
+  int64_t ws = -1;
+  CHECK(fsdp_cuda_attention_workspace(FSDP_FP32, 1, 64, 4, 2, 64, 1, &ws) == FSDP_ATTN_SIMPLE && ws == 0);
+  k = fsdp_cuda_attention_workspace(FSDP_BF16, 1, 512, 4, 2, 64, 1, &ws);
+  printf("bf16, 512 tokens, 4 heads of 64, backward: family %d, workspace %lld bytes\n", k, (long long)ws);
+  if (k == FSDP_ATTN_CUDNN && !getenv("FSDP_CUDNN_DETERMINISTIC")) CHECK(ws >= 4 * 512 * 64 * 4 * (512 / 128));
+  else CHECK(k == FSDP_ATTN_CUDNN || ws == 0);
+  CHECK_FAILS(fsdp_cuda_attention_workspace(FSDP_BF16, 1, 64, 4, 2, 64, 1, NULL), FSDP_EINVAL, "NULL bytes");
+  CHECK_FAILS(fsdp_cuda_attention_workspace(FSDP_BF16, 1, 64, 3, 2, 64, 1, &ws), FSDP_EINVAL, "kv heads");
+
   /* a family asked for where it cannot run fails with the reason */
   CHECK(fsdp_cuda_attention_impl_set(FSDP_ATTN_CUDNN) == FSDP_ATTN_AUTO);
   CHECK_FAILS(fsdp_cuda_attention_choice(FSDP_FP32, 1, 64, 4, 2, 64, 1, desc, sizeof desc), FSDP_EUNSUPPORTED,
