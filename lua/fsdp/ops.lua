@@ -96,11 +96,20 @@ function M.rope_tables(seq, hd, theta, scaling, device)
       original_max_position_embeddings = scaling.original_max_position_embeddings })
   end
   check(C.fsdp_rope_table(cos:ptr(), sin:ptr(), seq, hd, theta, sc), "rope table")
-  if device == "cuda" then
-    cos = tensor.new({ seq, hd }, "fp32", "cuda"):copy_from(cos)
-    sin = tensor.new({ seq, hd }, "fp32", "cuda"):copy_from(sin)
+  if device == "cuda" then -- (the host tables freed at once: nobody's scope owns them)
+    local hc, hs = cos, sin
+    cos = tensor.new({ seq, hd }, "fp32", "cuda"):copy_from(hc)
+    sin = tensor.new({ seq, hd }, "fp32", "cuda"):copy_from(hs)
+    hc:free()
+    hs:free()
   end
   return { cos = cos, sin = sin, seq = seq, device = device }
+end
+
+-- (lasting state, nobody's activation: its owner frees it when done)
+function M.rope_tables_free(t)
+  t.cos:free()
+  t.sin:free()
 end
 
 function M.rope(x, t, B, T, heads, hd, backward)
@@ -137,6 +146,19 @@ function M.attention_choice(dtype, B, T, nh, nkv, hd)
   local id = dtype == "bf16" and C.FSDP_BF16 or C.FSDP_FP32
   check(CU().fsdp_cuda_attention_choice(id, B, T, nh, nkv, hd, 0, desc, 512), "attention choice")
   return ffi.string(desc)
+end
+
+-- the device bytes the attention kernels of a step of this shape take from
+-- the allocator while they run: { forward = n, backward = n } (cuDNN's
+-- workspaces; 0 for our own kernels). Builds cuDNN's plans if need be.
+function M.attention_workspace(dtype, B, T, nh, nkv, hd)
+  local id = dtype == "bf16" and C.FSDP_BF16 or C.FSDP_FP32
+  local n, out = ffi.new("int64_t[1]"), {}
+  for dir, backward in pairs({ forward = 0, backward = 1 }) do
+    check(CU().fsdp_cuda_attention_workspace(id, B, T, nh, nkv, hd, backward, n), "attention workspace")
+    out[dir] = tonumber(n[0])
+  end
+  return out
 end
 
 function M.swiglu_forward(y, g, u)

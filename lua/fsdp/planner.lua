@@ -96,7 +96,12 @@ end
 -- the MLP's part is gone: dout, dq, dk, dv and the projections' outputs,
 -- whichever point is largest; light: n1 is made again only after the
 -- attention kernel's gradients, one hidden less at that point).
-local function activations(cfg, B, T, ck, es, chunk_bytes, recompute)
+-- On GPUs, ws: the attention kernels' workspaces (bytes, { forward,
+-- backward }), taken from the allocator while the kernel runs: backward's
+-- at the point where dout, dq, dk and dv exist; forward's bounded by the
+-- saved set at the head. Each chunk of the loss leaves 16 bytes on the
+-- device (its sums, read after the step: ops.cross_entropy), k of them.
+local function activations(cfg, B, T, ck, es, chunk_bytes, recompute, ws, k)
   local h, I, L, V = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, cfg.vocab_size
   local q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
   local light, mlp = recompute ~= "none", recompute == "mlp"
@@ -109,7 +114,9 @@ local function activations(cfg, B, T, ck, es, chunk_bytes, recompute)
   local live = (L + 2) * h * es + 4 -- per token: layer inputs and the last output, final norm (+ rstd)
   for i = 1, L do if not ckpt(i) then live = live + kept end end
   local rows = chunk_bytes > 0 and llama.loss_rows(N, V, es, chunk_bytes) or N
+  local sums = ws and 16 * math.ceil(N / rows) * k or 0
   local peak = N * (live + h * es) + rows * V * es -- the head: its input's gradient and (a chunk of) the logits
+  if ws then peak = math.max(peak, N * live + ws.forward) end
   live = live - h * es - 4 -- final norm and the last layer's output freed
   local attn = math.max(2 * q + 2 * kv + h, q + 2 * kv + 2 * h, q + kv + 3 * h)
   local inside = math.max(I * es, (attn - 3 * I - 2 * h) * es - 4)
@@ -119,13 +126,32 @@ local function activations(cfg, B, T, ck, es, chunk_bytes, recompute)
   end
   -- "mlp": gate and up are not in the layer's set, but made with n2 first
   local inside_kept = mlp and math.max((4 * I + h) * es, attn * es - 4) or inside
+  -- the attention backward's kernel: the first of the attention points
+  local kern = light and 2 * q + 2 * kv - h or 2 * q + 2 * kv
+  local kern_inside = (kern - (light and 2 * I or 3 * I + 2 * h)) * es - 4
+  local kern_kept = mlp and kern * es - 4 or kern_inside
   for i = L, 1, -1 do
     local again = ckpt(i) and layer or 0 -- recomputed
     local within = ckpt(i) and inside or inside_kept
     peak = math.max(peak, N * (live + again + math.max(within, again > 0 and h * es or 0)))
+    if ws then peak = math.max(peak, N * (live + again + (ckpt(i) and kern_inside or kern_kept)) + ws.backward) end
     live = live - (ckpt(i) and 0 or kept) - h * es -- its activations and its input freed
   end
-  return peak, rows
+  return peak + sums, rows
+end
+
+-- cuDNN's attention workspaces where no GPU can be asked (`fsdp plan` on a
+-- laptop): its deterministic backward (FSDP_CUDNN_DETERMINISTIC, the
+-- default) keeps fp32 partial sums of dq for each block of 128 keys, plus
+-- one dq in fp32 and a float per row and head; the one with atomics only
+-- the last two. Measured on an H200 with cuDNN 9.19: 1056.5 MiB for Llama
+-- 3.2 1B's attention at sequence 4096, this formula's value to 256 bytes.
+-- Our own kernels (fp32 params) take none.
+function M.attention_workspace_estimate(cfg, B, T, param_dtype, deterministic)
+  if param_dtype ~= "bf16" then return { forward = 0, backward = 0 } end
+  local H, D = cfg.num_attention_heads, cfg.head_dim
+  local blocks = deterministic and math.ceil(T / 128) or 0
+  return { forward = 0, backward = B * H * T * D * 4 * (blocks + 1) + B * H * T * 4 }
 end
 
 -- The plan of recipe r (a table, checked here) on o.world ranks.
@@ -263,12 +289,27 @@ function M.plan(r, o)
   if not peak then error(where .. ": the schedule does not fit its buffer pools: " .. why, 0) end
   p.pools = { bound = bound, slots = slots, params = shard.sum(slots.params), grads = shard.sum(slots.grads),
     peak_params = peak.params, peak_grads = peak.grads }
+  -- the attention kernels' workspaces: as this GPU's cuDNN plans them
+  -- (o.attention_workspace, from ops.attention_workspace), else estimated
+  local ws = nil
+  if gpu then
+    ws = o.attention_workspace
+    p.attention_workspace_from = ws and "cuDNN's plan on this GPU" or "estimated: no GPU asked"
+    ws = ws or M.attention_workspace_estimate(cfg, B, T, f.param_dtype, os.getenv("FSDP_CUDNN_DETERMINISTIC") ~= "0")
+    p.attention_workspace = ws
+  end
   p.activations, p.loss_rows = activations(cfg, B, T, f.checkpoint, gpu and ces or 4, r.train.loss_chunk_mb * 2 ^ 20,
-    f.recompute)
+    f.recompute, ws, K)
+  -- lasting from the first step: rope's cos and sin tables (fp32, seq x head_dim)
+  resident.rope = 2 * T * cfg.head_dim * 4
+  -- on GPUs each unit's grad-norm sums: a double and a count (src/shard/unit.c)
+  resident.norm_sums = gpu and 16 * #a.units or 0
+  -- the step's batches: ids and targets, int32 (on GPUs their device copies)
+  p.batches = K * B * T * 8
   local sum = 0
   for k, v in pairs(resident) do if k ~= "offloaded" then sum = sum + v end end
   p.resident_total = sum
-  p.transient = p.pools.params + p.pools.grads + p.activations
+  p.transient = p.pools.params + p.pools.grads + p.activations + p.batches
   p.peak = sum + p.transient
   p.host = resident.offloaded          -- of the peak, what lives in host memory
   p.device_peak = p.peak - p.host
@@ -389,8 +430,12 @@ function M.memory_rows(p)
     { "host staging (offload)", bytes(m.host_stage), "resident, host" },
     { "unit buffer pools", bytes(p.pools.params + p.pools.grads), string.format("params %s, grads %s; live at once: %d params, %d grads",
       slot_list(p.pools.slots.params), slot_list(p.pools.slots.grads), p.pools.peak_params, p.pools.peak_grads) },
-    { "activations", bytes(p.activations), string.format("micro-batch %d x %d, checkpoint %s, recompute %s, logits %s",
-      p.micro_batch, p.seq, tostring(p.checkpoint), p.recompute, p.loss_rows < p.micro_batch * p.seq and string.format("in chunks of %d rows", p.loss_rows) or "whole") },
+    { "activations", bytes(p.activations), string.format("micro-batch %d x %d, checkpoint %s, recompute %s, logits %s%s",
+      p.micro_batch, p.seq, tostring(p.checkpoint), p.recompute, p.loss_rows < p.micro_batch * p.seq and string.format("in chunks of %d rows", p.loss_rows) or "whole",
+      p.attention_workspace and string.format("; attention workspace %s (%s)", bytes(p.attention_workspace.backward),
+        p.attention_workspace_from) or "") },
+    { "rope tables, batches", bytes(m.rope + m.norm_sums + p.batches), string.format("resident: rope's tables %s%s; the step's ids " ..
+      "and targets %s", bytes(m.rope), m.norm_sums > 0 and ", the units' grad-norm sums " .. bytes(m.norm_sums) or "", bytes(p.batches)) },
     { "peak", bytes(p.peak), p.host > 0 and string.format("%s on the device, %s in host memory (offload)", bytes(p.device_peak),
       bytes(p.host)) or "" },
   }

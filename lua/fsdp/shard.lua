@@ -185,6 +185,7 @@ function Sharded:free()
     self.staging.g:free()
     self.staging = nil
   end
+  if self.model.release then self.model:release() end
   self.freed = true
   self.ppool, self.gpool = nil, nil
 end

@@ -126,8 +126,10 @@ local function run(r, where, args, break_at, owned)
   local B, T = r.data.micro_batch, r.data.seq
   local ranks_per_device = info.local_size
   local the_plan -- fsdp.planner, as `fsdp plan` prints it
-  local function planned()
-    the_plan = the_plan or planner.plan(r, { world = info.size, where = where, strict = true })
+  local function planned() -- (on a GPU: once it is selected, which cuDNN's plans need)
+    the_plan = the_plan or planner.plan(r, { world = info.size, where = where, strict = true,
+      attention_workspace = device == "cuda" and ops.attention_workspace(r.fsdp.param_dtype, B, T, cfg.num_attention_heads,
+        cfg.num_key_value_heads, cfg.head_dim) or nil })
     return the_plan.need
   end
   if device == "cuda" then

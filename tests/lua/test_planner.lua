@@ -30,6 +30,7 @@ local fsdp = require "fsdp"
 local planner = require "fsdp.planner"
 local recipe = require "fsdp.recipe"
 local llama = require "fsdp.models.llama"
+local ops = require "fsdp.ops"
 local train = require "fsdp.train"
 local ffi, C = fsdp.ffi, fsdp.C
 
@@ -58,10 +59,13 @@ end
 
 -- the trainer's way: the plan, then the model sharded by the same policy
 local function build(r)
-  local p = planner.plan(r, { world = W, where = "tiny.lua" })
   local mcfg = {}
   for k, v in pairs(r.model) do mcfg[k] = v end
   local cfg = llama.config(mcfg)
+  -- on a GPU: the attention workspaces of this GPU's cuDNN plans
+  local ws = device == "cuda" and ops.attention_workspace(r.fsdp.param_dtype, r.data.micro_batch, r.data.seq,
+    cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim) or nil
+  local p = planner.plan(r, { world = W, where = "tiny.lua", attention_workspace = ws })
   local mesh = fsdp.mesh(r.mesh, { device = device })
   local names = {}
   for _, d in ipairs(mesh:dims()) do names[d.name or d[1]] = true end
@@ -83,7 +87,7 @@ local function measured(fn)
   fn()
   local st = fsdp.memory_stats(device)
   collectgarbage("restart")
-  return st.peak - base, st.allocated - base
+  return st.peak - base, st.allocated - base, base
 end
 
 -- measure: returns the allocator's peak during the step above its start
@@ -107,14 +111,23 @@ local function one_step(s, cfg, r, measure)
       forward_loss = chunk > 0 and llama.forward_loss(chunk) or nil })
   end
   if not measure then return step() end
-  return (measured(step))
+  local peak, _, base = measured(step)
+  return peak, base
 end
 
 local fields = { "params_full", "params_shard", "main_params", "optimizer", "grads_full", "grads_main", "scratch", "offloaded" }
 local function compare(label, over)
   local r = tiny(over)
+  collectgarbage()
+  collectgarbage()
+  local before = fsdp.memory_stats(device).allocated
   local p, s, cfg = build(r)
   check(#p.units == #s.units, label .. ": unit count")
+  if device == "cuda" then
+    local e = planner.attention_workspace_estimate(cfg, r.data.micro_batch, r.data.seq, r.fsdp.param_dtype, true)
+    print(string.format("%s: attention workspace forward %d, backward %d bytes (the estimate without a GPU: %d)", label,
+      p.attention_workspace.forward, p.attention_workspace.backward, e.backward))
+  end
   local m, bad = ffi.new("fsdp_unit_memory"), {}
   for i, u in ipairs(s.units) do
     C.fsdp_unit_memory_info(u.handle, m)
@@ -135,8 +148,13 @@ local function compare(label, over)
   check(staged == p.resident.staging, string.format("%s: the fp32 staging: planned %d bytes, allocated %d", label,
     p.resident.staging, staged))
   -- again, measured: the first step made the lasting state (optimizer, rope tables)
-  local act = one_step(s, cfg, r, true)
+  local act, base = one_step(s, cfg, r, true)
   check(act == p.activations, string.format("%s: activations: planned %d bytes, measured %d", label, p.activations, act))
+  -- what stays between steps (the pools too), with the step's batches made: all but the
+  -- GPU's fp32 cast block (stream-ordered, outside the allocator's count)
+  local lasting = p.resident_total + p.pools.params + p.pools.grads - (device == "cuda" and p.resident.staging or 0) + p.batches
+  check(base - before == lasting, string.format("%s: resident bytes and batches: planned %d, allocated %d", label, lasting,
+    base - before))
   local pp = s.ppool ~= nil and C.fsdp_pool_peak(s.ppool) or 0
   local gp = s.gpool ~= nil and C.fsdp_pool_peak(s.gpool) or 0
   check(pp == p.pools.peak_params and gp == p.pools.peak_grads and s.live_bound == p.pools.bound,
@@ -157,6 +175,8 @@ if device == "cuda" then -- the GPU's bytes: the benchmark's settings in small, 
   compare("cuda, bf16, a big tied embedding, zero 3", { ["model.vocab_size"] = 4096, ["model.tie_word_embeddings"] = true,
     ["fsdp.param_dtype"] = "bf16" })
   compare("cuda, bf16, zero 3, recompute mlp", { ["fsdp.param_dtype"] = "bf16", ["fsdp.recompute"] = "mlp" })
+  compare("cuda, bf16, zero 3, recompute none", { ["fsdp.param_dtype"] = "bf16", ["fsdp.recompute"] = "none" })
+  compare("cuda, bf16, checkpoint every 2nd layer", { ["fsdp.param_dtype"] = "bf16", ["fsdp.checkpoint"] = 2 })
   compare("cuda, bf16, zero 2, 2 micro-batches", { ["fsdp.param_dtype"] = "bf16", ["fsdp.zero"] = 2, ["train.grad_accum"] = 2 })
   compare("cuda, fp32, zero 3, checkpoint full", { ["fsdp.checkpoint"] = "full" })
   T.finish() -- (exits)

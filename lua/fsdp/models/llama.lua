@@ -338,9 +338,19 @@ function M.model(cfg, opts)
   if cfg.tie_word_embeddings then -- the head computes with the embedding's weight (HF's tying)
     head.params, head.shares = {}, model.children[1]
   end
-  return setmetatable({ cfg = cfg, params = {},
+  return setmetatable({ cfg = cfg, params = {}, rope = rope,
     children = { model, head },
     child_names = { "model", "lm_head" } }, CausalLM)
+end
+
+-- frees the rope tables the layers share (made again if the model runs
+-- on): fsdp.fully_shard's free calls it, so a freed model leaves no device
+-- memory for the collector to find some time later
+function CausalLM:release()
+  for device, t in pairs(self.rope) do
+    ops.rope_tables_free(t)
+    self.rope[device] = nil
+  end
 end
 
 -- the modules in forward order: embedding, layers, final norm (and head)
