@@ -142,16 +142,18 @@ end
 
 -- cuDNN's attention workspaces where no GPU can be asked (`fsdp plan` on a
 -- laptop): its deterministic backward (FSDP_CUDNN_DETERMINISTIC, the
--- default) keeps fp32 partial sums of dq for each block of 128 keys, plus
--- one dq in fp32 and a float per row and head; the one with atomics only
--- the last two. Measured on an H200 with cuDNN 9.19: 1056.5 MiB for Llama
--- 3.2 1B's attention at sequence 4096, this formula's value to 256 bytes.
--- Our own kernels (fp32 params) take none.
+-- default) keeps fp32 partial sums of dq for each block of 128 keys (the
+-- sequence padded to whole blocks), and either backward one dq in fp32 and
+-- a float per row and head, 256 bytes besides (their alignment). Measured on
+-- an H200 with cuDNN 9.19 (bench/RESULTS.md, 2026-11-27), to the byte: Llama
+-- 3.2 1B's attention at sequence 4096, 1107820800 bytes; 4 heads of 32 at
+-- 2 x 32 tokens, 165120; each forward 256. Our own kernels (fp32) take none.
 function M.attention_workspace_estimate(cfg, B, T, param_dtype, deterministic)
   if param_dtype ~= "bf16" then return { forward = 0, backward = 0 } end
   local H, D = cfg.num_attention_heads, cfg.head_dim
-  local blocks = deterministic and math.ceil(T / 128) or 0
-  return { forward = 0, backward = B * H * T * D * 4 * (blocks + 1) + B * H * T * 4 }
+  local blocks = math.ceil(T / 128)
+  local partial = deterministic and B * H * blocks * 128 * D * 4 * blocks or 0
+  return { forward = 256, backward = partial + B * H * T * D * 4 + B * H * T * 4 + 256 }
 end
 
 -- The plan of recipe r (a table, checked here) on o.world ranks.

@@ -364,8 +364,12 @@ local function run(r, where, args, break_at, owned)
     type(r.mesh) == "string" and r.mesh or "custom", r.fsdp.zero, r.fsdp.param_dtype, tokens_step, B, T, K, dp,
     planner.gib(need.total))
   if device == "cuda" then
-    say("attention: %s", ops.attention_choice(r.fsdp.param_dtype, B, T, cfg.num_attention_heads,
-      cfg.num_key_value_heads, cfg.head_dim))
+    -- cuDNN's deterministic backward holds partial sums growing with seq^2: say what it costs
+    local ws = the_plan.attention_workspace.backward
+    say("attention: %s%s", ops.attention_choice(r.fsdp.param_dtype, B, T, cfg.num_attention_heads,
+      cfg.num_key_value_heads, cfg.head_dim), ws >= 2 ^ 20 and string.format("; its backward's workspace %.2f GiB (in the plan%s)",
+      ws / 2 ^ 30, os.getenv("FSDP_CUDNN_DETERMINISTIC") ~= "0" and "; deterministic: FSDP_CUDNN_DETERMINISTIC=0 takes less" or "")
+      or "")
   end
   say("fsdp: MFU peak: %s; GEMM rate measured now: %sFLOP/s per rank (gemm_frac in the metrics)", the_peak.what,
     human(gemm_rate))

@@ -31,6 +31,7 @@ local planner = require "fsdp.planner"
 local recipe = require "fsdp.recipe"
 local llama = require "fsdp.models.llama"
 local ops = require "fsdp.ops"
+local hf_config = require "fsdp.hf_config"
 local train = require "fsdp.train"
 local ffi, C = fsdp.ffi, fsdp.C
 
@@ -180,6 +181,20 @@ if device == "cuda" then -- the GPU's bytes: the benchmark's settings in small, 
   compare("cuda, bf16, zero 2, 2 micro-batches", { ["fsdp.param_dtype"] = "bf16", ["fsdp.zero"] = 2, ["train.grad_accum"] = 2 })
   compare("cuda, fp32, zero 3, checkpoint full", { ["fsdp.checkpoint"] = "full" })
   T.finish() -- (exits)
+end
+-- cuDNN's attention workspaces as `fsdp plan` estimates them without a GPU,
+-- against what cuDNN 9.19's plans asked for on an H200 (bench/RESULTS.md,
+-- 2026-11-27): Llama 3.2 1B's shape at 4096 tokens, the tiny model at 2 x 32
+do
+  local llama1b = hf_config.model(dofile(root .. "/bench/llama1b.lua").model, "llama1b.lua")
+  local e = planner.attention_workspace_estimate(llama1b, 1, 4096, "bf16", true)
+  check(e.backward == 1107820800 and e.forward == 256, "cuDNN's workspace estimate, 1B at 4096: " .. e.backward)
+  e = planner.attention_workspace_estimate(hf_config.model(dofile(root .. "/recipes/tiny.lua").model, "tiny.lua"), 2, 32,
+    "bf16", true)
+  check(e.backward == 165120, "cuDNN's workspace estimate, tiny at 2 x 32: " .. e.backward)
+  check(planner.attention_workspace_estimate(llama1b, 1, 4096, "fp32", true).backward == 0, "no workspace for fp32")
+  -- without determinism, no partial sums: far less
+  check(planner.attention_workspace_estimate(llama1b, 1, 4096, "bf16", false).backward < 40 * 2 ^ 20, "atomics' workspace")
 end
 for zero = 0, 3 do compare("zero " .. zero, { ["fsdp.zero"] = zero }) end
 do -- a tied embedding larger than a layer (Llama 3.2 1B's shape in small):
