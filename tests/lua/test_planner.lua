@@ -111,8 +111,19 @@ local function one_step(s, cfg, r, measure)
     s:train_step(batches, { lr = 1e-3, loss = function(logits, b, scale) return llama.loss(logits, b.y, scale, nil, b.y_dev) end,
       forward_loss = chunk > 0 and llama.forward_loss(chunk) or nil })
   end
-  if not measure then return step() end
+  -- the batches freed here, not whenever the collector finds them: the next
+  -- configuration's bytes kept between steps are measured to the byte
+  local function free_batches()
+    for _, b in ipairs(batches) do
+      for _, t in pairs(b) do t:free() end
+    end
+  end
+  if not measure then
+    step()
+    return free_batches()
+  end
   local peak, _, base = measured(step)
+  free_batches()
   return peak, base
 end
 
