@@ -63,6 +63,12 @@ __device__ __forceinline__ float ld(const float *p, int64_t i) { return p[i]; }
 __device__ __forceinline__ float ld(const __nv_bfloat16 *p, int64_t i) { return __bfloat162float(p[i]); }
 __device__ __forceinline__ void st(float *p, int64_t i, float v) { p[i] = v; }
 __device__ __forceinline__ void st(__nv_bfloat16 *p, int64_t i, float v) { p[i] = __float2bfloat16_rn(v); }
+// what the kernels' shared sources (vec16.cuh) take from their includer:
+// bit casts and bf16 rounding; a misaligned 16-byte access faults here by itself
+__device__ __forceinline__ float f32_of_bits(unsigned u) { return __uint_as_float(u); }
+__device__ __forceinline__ unsigned bits_of_f32(float v) { return __float_as_uint(v); }
+__device__ __forceinline__ unsigned bf16_bits(float v) { return __bfloat16_as_ushort(__float2bfloat16_rn(v)); }
+#define FSDP_VEC_ALIGNED(p)
 // a param's compute copy: bf16 ties away from zero, as on the CPU (base/bf16_split.h says why)
 __device__ __forceinline__ void st_param(float *p, int64_t i, float v) { p[i] = v; }
 __device__ __forceinline__ void st_param(__nv_bfloat16 *p, int64_t i, float v) {

@@ -8,11 +8,7 @@
 
 using namespace fsdpk;
 
-__device__ __forceinline__ float f32_of_bits(unsigned u) { return __uint_as_float(u); }
-__device__ __forceinline__ unsigned bits_of_f32(float v) { return __float_as_uint(v); }
-__device__ __forceinline__ unsigned bf16_bits(float v) { return __bfloat16_as_ushort(__float2bfloat16_rn(v)); }
 #define FSDP_CE_SHARED(name) extern __shared__ __align__(16) unsigned char name[]
-#define FSDP_CE_ALIGNED(p)
 #include "cross_entropy.cuh"
 
 extern "C" int fsdp_cuda_cross_entropy(double *loss_sum, int64_t *count, void *dlogits, const void *logits,

@@ -1,41 +1,28 @@
 // elementwise.cu: the CUDA twins of residual.c (add, scale_add) and
 // swiglu.c, and the casts the units use between fp32 shards and compute
-// buffers. Memory bound: one grid-stride pass, fp32 arithmetic.
+// buffers. Memory bound: one grid-stride pass, fp32 arithmetic; add,
+// scale-add and SwiGLU 16 bytes at a time (their source is elementwise.cuh, also run on
+// the CPU by tests/emu/test_elementwise_emu.cpp).
 #include "common.cuh"
 
 using namespace fsdpk;
 
-template <typename T>
-__global__ void add_kernel(T *y, const T *a, const T *b, int64_t n) {
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-    st(y, i, ld(a, i) + ld(b, i));
+#include "elementwise.cuh"
+
+using namespace fsdp_ew;
+
+// 1 when every pointer is 16-byte aligned: the kernels of elementwise.cuh
+// then move whole vectors
+static int vec16(std::initializer_list<const void *> ptrs) {
+  for (const void *p : ptrs)
+    if (reinterpret_cast<uintptr_t>(p) & 15u) return 0;
+  return 1;
 }
 
+// threads for n elements, each moving 16 bytes where vec
 template <typename T>
-__global__ void scale_add_kernel(T *y, float alpha, const T *x, int64_t n) {
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-    st(y, i, ld(y, i) + alpha * ld(x, i));
-}
-
-__device__ __forceinline__ float sigmoid(float g) { return 1.0f / (1.0f + __expf(-g)); }
-
-template <typename T>
-__global__ void swiglu_fwd(T *y, const T *gate, const T *up, int64_t n) {
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-    float g = ld(gate, i);
-    st(y, i, g * sigmoid(g) * ld(up, i));
-  }
-}
-
-template <typename T>
-__global__ void swiglu_bwd(T *dgate, T *dup, const T *dy, const T *gate, const T *up, int64_t n) {
-  // each element's gate and up are read before its gradients are written:
-  // dgate, dup may be gate, up (in place)
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-    float g = ld(gate, i), u = ld(up, i), d = ld(dy, i), sg = sigmoid(g);
-    st(dup, i, d * g * sg);
-    st(dgate, i, d * u * sg * (1.0f + g * (1.0f - sg)));
-  }
+static unsigned blocks_vec(int64_t n, int vec) {
+  return blocks_for(vec ? (n + Vec<T>::n - 1) / Vec<T>::n : n, 256);
 }
 
 static int args_ok(int64_t n, int32_t dtype, const char *what) {
@@ -47,8 +34,9 @@ extern "C" int fsdp_cuda_add(void *y, const void *a, const void *b, int64_t n, f
   FSDP_CHECK(args_ok(n, dtype, "cuda add"));
   if (n == 0) return FSDP_OK;
   FSDP_NEED_PTRS("cuda add", y, a, b);
-  FSDP_DISPATCH(dtype, T, add_kernel<T><<<blocks_for(n, 256), 256, 0, stream_of(s)>>>(
-                              (T *)y, (const T *)a, (const T *)b, n));
+  const int v = vec16({y, a, b});
+  FSDP_DISPATCH(dtype, T, binary_kernel<T><<<blocks_vec<T>(n, v), 256, 0, stream_of(s)>>>(
+                              (T *)y, (const T *)a, (const T *)b, n, v, AddOp()));
   return launched("cuda add");
 }
 
@@ -56,7 +44,9 @@ extern "C" int fsdp_cuda_scale_add(void *y, float alpha, const void *x, int64_t 
   FSDP_CHECK(args_ok(n, dtype, "cuda scale_add"));
   if (n == 0) return FSDP_OK;
   FSDP_NEED_PTRS("cuda scale_add", y, x);
-  FSDP_DISPATCH(dtype, T, scale_add_kernel<T><<<blocks_for(n, 256), 256, 0, stream_of(s)>>>((T *)y, alpha, (const T *)x, n));
+  const int v = vec16({y, x});
+  FSDP_DISPATCH(dtype, T, binary_kernel<T><<<blocks_vec<T>(n, v), 256, 0, stream_of(s)>>>(
+                              (T *)y, (const T *)y, (const T *)x, n, v, ScaleAddOp{alpha}));
   return launched("cuda scale_add");
 }
 
@@ -65,7 +55,9 @@ extern "C" int fsdp_cuda_swiglu_forward(void *y, const void *gate, const void *u
   FSDP_CHECK(args_ok(n, dtype, "cuda swiglu"));
   if (n == 0) return FSDP_OK;
   FSDP_NEED_PTRS("cuda swiglu", y, gate, up);
-  FSDP_DISPATCH(dtype, T, swiglu_fwd<T><<<blocks_for(n, 256), 256, 0, stream_of(s)>>>((T *)y, (const T *)gate, (const T *)up, n));
+  const int v = vec16({y, gate, up});
+  FSDP_DISPATCH(dtype, T, binary_kernel<T><<<blocks_vec<T>(n, v), 256, 0, stream_of(s)>>>(
+                              (T *)y, (const T *)gate, (const T *)up, n, v, SwiGLUOp()));
   return launched("cuda swiglu forward");
 }
 
@@ -74,8 +66,9 @@ extern "C" int fsdp_cuda_swiglu_backward(void *dgate, void *dup, const void *dy,
   FSDP_CHECK(args_ok(n, dtype, "cuda swiglu backward"));
   if (n == 0) return FSDP_OK;
   FSDP_NEED_PTRS("cuda swiglu backward", dgate, dup, dy, gate, up);
-  FSDP_DISPATCH(dtype, T, swiglu_bwd<T><<<blocks_for(n, 256), 256, 0, stream_of(s)>>>(
-                              (T *)dgate, (T *)dup, (const T *)dy, (const T *)gate, (const T *)up, n));
+  const int v = vec16({dgate, dup, dy, gate, up});
+  FSDP_DISPATCH(dtype, T, swiglu_bwd_kernel<T><<<blocks_vec<T>(n, v), 256, 0, stream_of(s)>>>(
+                              (T *)dgate, (T *)dup, (const T *)dy, (const T *)gate, (const T *)up, n, v));
   return launched("cuda swiglu backward");
 }
 

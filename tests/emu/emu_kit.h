@@ -5,6 +5,7 @@
 #define FSDP_TESTS_EMU_KIT_H
 
 #include <cstdio>
+#include <cstring>
 
 #include "../../src/base/bf16_split.h"
 #include "cuda_emu.h"
@@ -16,6 +17,19 @@ static inline void st(__nv_bfloat16 *p, int64_t i, float v) { p[i] = __float2bfl
 /* a param's compute copy (kernels/common.cuh): bf16 ties away from zero */
 static inline void st_param(float *p, int64_t i, float v) { p[i] = v; }
 static inline void st_param(__nv_bfloat16 *p, int64_t i, float v) { p[i].x = fsdp_bf16_round_away(v); }
+
+/* the bit casts and bf16 rounding that kernels/vec16.cuh takes from its includer */
+static inline float f32_of_bits(unsigned u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+static inline unsigned bits_of_f32(float v) {
+  unsigned u;
+  std::memcpy(&u, &v, 4);
+  return u;
+}
+static inline unsigned bf16_bits(float v) { return fsdp_bf16_round(v); }
 
 /* uniform in [-1, 1), from seed s */
 static inline float rnd(uint32_t &s) {

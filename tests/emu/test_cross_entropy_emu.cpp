@@ -15,17 +15,6 @@
 
 #include "emu_kit.h"
 
-static inline float f32_of_bits(unsigned u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-static inline unsigned bits_of_f32(float v) {
-  unsigned u;
-  std::memcpy(&u, &v, 4);
-  return u;
-}
-static inline unsigned bf16_bits(float v) { return fsdp_bf16_round(v); }
 /* one thread of a block adds (the emulation runs blocks one after another) */
 static inline void atomicAdd(double *p, double v) { *p += v; }
 static inline void atomicAdd(unsigned long long *p, unsigned long long v) { *p += v; }
@@ -33,7 +22,7 @@ static inline void atomicAdd(unsigned long long *p, unsigned long long v) { *p +
 /* a 16-byte access the GPU would fault on */
 #include <atomic>
 static std::atomic<long> misaligned;
-#define FSDP_CE_ALIGNED(p) (void)((uintptr_t)(p) % 16 ? misaligned++ : 0)
+#define FSDP_VEC_ALIGNED(p) (void)((uintptr_t)(p) % 16 ? misaligned++ : 0)
 
 #include "../../kernels/cross_entropy.cuh"
 
