@@ -532,6 +532,7 @@ function M.json(p)
     param_dtype = p.param_dtype, parameters = p.n_params, micro_batches = p.grad_accum, resident = p.resident,
     split_main_units = p.split_units or 0,
     pools = p.pools, activations = p.activations, checkpoint = p.checkpoint, recompute = p.recompute, peak = p.peak, comm = p.comm,
+    attention_workspace = p.attention_workspace, attention_workspace_from = p.attention_workspace_from, batches = p.batches,
     units = json.array(units) })
 end
 
