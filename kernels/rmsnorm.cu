@@ -1,5 +1,6 @@
 // rmsnorm.cu: the CUDA twin of rmsnorm.c. One block per row for y and dx
-// (fp32 sums); dw by column blocks over chunks of rows, each chunk's fp32
+// (fp32 sums, 16-byte loads: rmsnorm.cuh, also run on the CPU by
+// tests/emu/test_rmsnorm_emu.cpp); dw by column blocks over chunks of rows, each chunk's fp32
 // partial sum into a scratch row, then summed per column in fp32 and added
 // to dw once (bf16 atomics would round after every chunk; deterministic).
 #include "common.cuh"
@@ -9,34 +10,20 @@ using namespace fsdpk;
 
 using namespace fsdp_sums;
 
-template <typename T>
-__global__ void rmsnorm_fwd(T *y, float *rstd, const T *x, const T *w, int64_t dim, float eps) {
-  int64_t row = blockIdx.x;
-  const T *xr = x + row * dim;
-  float ss = 0;
-  for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) {
-    float v = ld(xr, j);
-    ss += v * v;
-  }
-  ss = block_reduce(ss, Sum());
-  float r = rsqrtf(ss / (float)dim + eps);
-  if (threadIdx.x == 0 && rstd) rstd[row] = r;
-  for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) st(y, row * dim + j, ld(w, j) * (ld(xr, j) * r));
-}
+#define FSDP_RMS_SHARED(name) extern __shared__ __align__(16) unsigned char name[]
+#include "rmsnorm.cuh"
 
-// dx = r (w dy) - r^3 x mean(w dy x)
-template <typename T>
-__global__ void rmsnorm_bwd_dx(T *dx, const T *dy, const T *x, const T *w, const float *rstd, int64_t dim) {
-  int64_t row = blockIdx.x;
-  const T *xr = x + row * dim, *dyr = dy + row * dim;
-  float r = rstd[row], dot = 0;
-  for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) dot += ld(w, j) * ld(dyr, j) * ld(xr, j);
-  dot = block_reduce(dot, Sum()) / (float)dim;
-  for (int64_t j = threadIdx.x; j < dim; j += blockDim.x)
-    st(dx, row * dim + j, r * ld(w, j) * ld(dyr, j) - r * r * r * ld(xr, j) * dot);
-}
+using namespace fsdp_rms;
 
-static unsigned row_threads(int64_t dim) { return dim >= 1024 ? 1024u : dim >= 256 ? 256u : 64u; }
+// 1 when the rows' elements go 16 bytes at a time: every buffer 16-byte
+// aligned and dim a whole number of vectors (then every row starts aligned)
+template <typename T>
+static int rows_vec(int64_t dim, std::initializer_list<const void *> ptrs) {
+  if (dim % Vec<T>::n) return 0;
+  for (const void *p : ptrs)
+    if (reinterpret_cast<uintptr_t>(p) & 15u) return 0;
+  return 1;
+}
 
 extern "C" int fsdp_cuda_rmsnorm_forward(void *y, float *rstd, const void *x, const void *w, int64_t n, int64_t dim, float eps,
                                          fsdp_dtype dtype, fsdp_stream *s) {
@@ -44,8 +31,11 @@ extern "C" int fsdp_cuda_rmsnorm_forward(void *y, float *rstd, const void *x, co
   FSDP_CHECK(check_dtype(dtype, "cuda rmsnorm"));
   if (n == 0) return FSDP_OK;
   FSDP_NEED_PTRS("cuda rmsnorm", y, rstd, x, w);
-  FSDP_DISPATCH(dtype, T, rmsnorm_fwd<T><<<(unsigned)n, row_threads(dim), 0, stream_of(s)>>>(
-                              (T *)y, rstd, (const T *)x, (const T *)w, dim, eps));
+  FSDP_DISPATCH(dtype, T, {
+    const int v = rows_vec<T>(dim, {y, x, w});
+    rmsnorm_fwd_kernel<T><<<(unsigned)n, row_threads(dim, v, Vec<T>::n), 32 * sizeof(float), stream_of(s)>>>(
+        (T *)y, rstd, (const T *)x, (const T *)w, dim, eps, v);
+  });
   return launched("cuda rmsnorm forward");
 }
 
@@ -58,8 +48,11 @@ extern "C" int fsdp_cuda_rmsnorm_backward(void *dx, void *dw, const void *dy, co
   if (n == 0) return FSDP_OK;
   FSDP_NEED_PTRS("cuda rmsnorm backward", dx, dy, x, w); /* dw: optional */
   cudaStream_t st_ = stream_of(s);
-  FSDP_DISPATCH(dtype, T, rmsnorm_bwd_dx<T><<<(unsigned)n, row_threads(dim), 0, st_>>>(
-                              (T *)dx, (const T *)dy, (const T *)x, (const T *)w, rstd, dim));
+  FSDP_DISPATCH(dtype, T, {
+    const int v = rows_vec<T>(dim, {dx, dy, x, w});
+    rmsnorm_bwd_dx_kernel<T><<<(unsigned)n, row_threads(dim, v, Vec<T>::n), 32 * sizeof(float), st_>>>(
+        (T *)dx, (const T *)dy, (const T *)x, (const T *)w, rstd, dim, v);
+  });
   if (dw) {
     int64_t chunks = (n + DW_ROWS - 1) / DW_ROWS;
     float *part = nullptr;
