@@ -36,7 +36,8 @@ done | awk '/=>/ && $3 ~ /^\// {print $1, $3}' | sort -u |
   grep -v -E '^(libc\.|libm\.|libdl|libpthread|librt|ld-linux|libstdc\+\+|libgcc_s|libcuda\.|libnccl|libcublas|libcudnn|libcudart|libfsdp)' |
   while read -r name path; do cp -L "$path" ".devlibs/$name"; done
 du -sh build-gpu .devlibs
-# the stages in the order a lent GPU's few minutes should spend them
+# the stages in the order a lent GPU's few minutes should spend them: the
+# kernels written since the last GPU run checked and timed first
 echo "gpu_bundle: carry [\"build-gpu\", \".devlibs\"]; on the GPU machine:"
-echo "  GPU_CHECK_STAGES=\"tests train vs_fsdp2 planner timeline adamw kernels repl demos offload\" TINY_STEPS=100 \\"
+echo "  GPU_CHECK_STAGES=\"tests train kernels vs_fsdp2 planner timeline offload_probe adamw repl demos offload\" TINY_STEPS=100 \\"
 echo "    bash scripts/gpu_check.sh build-gpu \$OUT"
