@@ -69,6 +69,13 @@ __device__ __forceinline__ float f32_of_bits(unsigned u) { return __uint_as_floa
 __device__ __forceinline__ unsigned bits_of_f32(float v) { return __float_as_uint(v); }
 __device__ __forceinline__ unsigned bf16_bits(float v) { return __bfloat16_as_ushort(__float2bfloat16_rn(v)); }
 #define FSDP_VEC_ALIGNED(p)
+// 1 when every pointer is 16-byte aligned: the kernels of the shared
+// sources may then move whole 16-byte vectors
+static inline int aligned16(std::initializer_list<const void *> ptrs) {
+  for (const void *p : ptrs)
+    if (reinterpret_cast<uintptr_t>(p) & 15u) return 0;
+  return 1;
+}
 // a param's compute copy: bf16 ties away from zero, as on the CPU (base/bf16_split.h says why)
 __device__ __forceinline__ void st_param(float *p, int64_t i, float v) { p[i] = v; }
 __device__ __forceinline__ void st_param(__nv_bfloat16 *p, int64_t i, float v) {

@@ -11,14 +11,6 @@ using namespace fsdpk;
 
 using namespace fsdp_ew;
 
-// 1 when every pointer is 16-byte aligned: the kernels of elementwise.cuh
-// then move whole vectors
-static int vec16(std::initializer_list<const void *> ptrs) {
-  for (const void *p : ptrs)
-    if (reinterpret_cast<uintptr_t>(p) & 15u) return 0;
-  return 1;
-}
-
 // threads for n elements, each moving 16 bytes where vec
 template <typename T>
 static unsigned blocks_vec(int64_t n, int vec) {
@@ -34,7 +26,7 @@ extern "C" int fsdp_cuda_add(void *y, const void *a, const void *b, int64_t n, f
   FSDP_CHECK(args_ok(n, dtype, "cuda add"));
   if (n == 0) return FSDP_OK;
   FSDP_NEED_PTRS("cuda add", y, a, b);
-  const int v = vec16({y, a, b});
+  const int v = aligned16({y, a, b});
   FSDP_DISPATCH(dtype, T, binary_kernel<T><<<blocks_vec<T>(n, v), 256, 0, stream_of(s)>>>(
                               (T *)y, (const T *)a, (const T *)b, n, v, AddOp()));
   return launched("cuda add");
@@ -44,7 +36,7 @@ extern "C" int fsdp_cuda_scale_add(void *y, float alpha, const void *x, int64_t 
   FSDP_CHECK(args_ok(n, dtype, "cuda scale_add"));
   if (n == 0) return FSDP_OK;
   FSDP_NEED_PTRS("cuda scale_add", y, x);
-  const int v = vec16({y, x});
+  const int v = aligned16({y, x});
   FSDP_DISPATCH(dtype, T, binary_kernel<T><<<blocks_vec<T>(n, v), 256, 0, stream_of(s)>>>(
                               (T *)y, (const T *)y, (const T *)x, n, v, ScaleAddOp{alpha}));
   return launched("cuda scale_add");
@@ -55,7 +47,7 @@ extern "C" int fsdp_cuda_swiglu_forward(void *y, const void *gate, const void *u
   FSDP_CHECK(args_ok(n, dtype, "cuda swiglu"));
   if (n == 0) return FSDP_OK;
   FSDP_NEED_PTRS("cuda swiglu", y, gate, up);
-  const int v = vec16({y, gate, up});
+  const int v = aligned16({y, gate, up});
   FSDP_DISPATCH(dtype, T, binary_kernel<T><<<blocks_vec<T>(n, v), 256, 0, stream_of(s)>>>(
                               (T *)y, (const T *)gate, (const T *)up, n, v, SwiGLUOp()));
   return launched("cuda swiglu forward");
@@ -66,7 +58,7 @@ extern "C" int fsdp_cuda_swiglu_backward(void *dgate, void *dup, const void *dy,
   FSDP_CHECK(args_ok(n, dtype, "cuda swiglu backward"));
   if (n == 0) return FSDP_OK;
   FSDP_NEED_PTRS("cuda swiglu backward", dgate, dup, dy, gate, up);
-  const int v = vec16({dgate, dup, dy, gate, up});
+  const int v = aligned16({dgate, dup, dy, gate, up});
   FSDP_DISPATCH(dtype, T, swiglu_bwd_kernel<T><<<blocks_vec<T>(n, v), 256, 0, stream_of(s)>>>(
                               (T *)dgate, (T *)dup, (const T *)dy, (const T *)gate, (const T *)up, n, v));
   return launched("cuda swiglu backward");

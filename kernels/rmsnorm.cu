@@ -19,10 +19,7 @@ using namespace fsdp_rms;
 // aligned and dim a whole number of vectors (then every row starts aligned)
 template <typename T>
 static int rows_vec(int64_t dim, std::initializer_list<const void *> ptrs) {
-  if (dim % Vec<T>::n) return 0;
-  for (const void *p : ptrs)
-    if (reinterpret_cast<uintptr_t>(p) & 15u) return 0;
-  return 1;
+  return dim % Vec<T>::n == 0 && aligned16(ptrs);
 }
 
 extern "C" int fsdp_cuda_rmsnorm_forward(void *y, float *rstd, const void *x, const void *w, int64_t n, int64_t dim, float eps,
