@@ -95,6 +95,7 @@ static const bcase cases[] = {
     CE("large cross_entropy 512 rows x 32000", 512, 32000),
     ATT("long attention 1x2048, 8/4 heads of 64", 1, 2048, 8, 4, 64),
     ATTF("long attention 1x2048, forward", 1, 2048, 8, 4, 64),
+    ATT("grouped attention 1x1024, 16/4 heads of 64", 1, 1024, 16, 4, 64),
     SWI("large swiglu 512x1408, fwd+bwd", 512 * 1408),
     NORM("large rmsnorm 512x512, fwd+bwd", 512, 512),
     NORM("long rmsnorm 2048x512, fwd+bwd", 2048, 512),

@@ -17,13 +17,17 @@
  * do about T^2 / 2 + T BLOCK / 2 of the T^2 score products (0.53x at
  * T = 1024, 0.75x at T = 128), and the scratch is [BLOCK, T] per block
  * instead of [T, T].
- * Threads: the forward's (batch, head) pairs, and the backward's (batch,
- * kv head) groups (a group's query heads sum into the same dK, dV rows),
- * are shared among the rank's CPU threads, each GEMM then on one thread
- * (fsdp_parallel_gemms); each pair computes as it would alone on one
- * thread, so the bits are the same for any number of threads sharing the
- * heads (a run whose heads stay on one thread, their GEMMs threaded, may
- * differ in the last bits: OpenBLAS's threads split a GEMM otherwise). */
+ * The query heads of a kv group read the same K and V, so their blocks
+ * go to the GEMMs stacked, up to STACK_ROWS rows (4 heads of 64 rows at
+ * Llama's grouping): one GEMM of 256 rows instead of four of 64, each
+ * through K and V once (the rows are packed; a head's rows are strided).
+ * Threads: the forward's (batch, stack of heads) items, and the backward's
+ * (batch, kv head) groups (a group's query heads sum into the same dK, dV
+ * rows), are shared among the rank's CPU threads, each GEMM then on one
+ * thread (fsdp_parallel_gemms); each item computes as it would alone on
+ * one thread, so the bits are the same for any number of threads sharing
+ * the heads (a run whose heads stay on one thread, their GEMMs threaded,
+ * may differ in the last bits: OpenBLAS's threads split a GEMM otherwise). */
 #include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -43,10 +47,36 @@ static int check_dims(const char *op, int64_t B, int64_t T, int64_t H, int64_t H
 
 /* query rows per block: measured (bench/RESULTS.md); smaller blocks skip
  * more of the upper half but make GEMMs too thin to run at speed */
-enum { BLOCK = 64 };
+enum { BLOCK = 64, STACK_ROWS = 256 };
 
 /* rows of a score block: a whole block, or all of a shorter sequence */
 static int64_t block_rows(int64_t T) { return T < BLOCK ? T : BLOCK; }
+
+/* query heads of one kv group stacked into one GEMM: their blocks share
+ * K and V, so G heads of BLOCK rows are one GEMM of G BLOCK rows, the
+ * shape OpenBLAS runs fastest, up to STACK_ROWS rows (the scratch grows
+ * with it) */
+static int64_t stack_heads(int64_t G, int64_t rows) {
+  int64_t s = STACK_ROWS / rows;
+  return s < 1 ? 1 : s < G ? s : G;
+}
+
+/* rows i0 .. i0 + bq - 1 of heads h0 .. h0 + nh - 1, from a [T, H, D]
+ * tensor at x = the first row of head h0 (leading dimension ld), packed
+ * head after head into dst [nh bq, D] */
+static void gather_rows(float *dst, const float *x, int64_t nh, int64_t bq, int64_t D, int64_t ld) {
+  for (int64_t hh = 0; hh < nh; hh++)
+    for (int64_t r = 0; r < bq; r++) memcpy(dst + (hh * bq + r) * D, x + r * ld + hh * D, sizeof(float) * (size_t)D);
+}
+
+/* the inverse: dst's rows <- src's, each times scale[row] (none: 1) */
+static void scatter_rows(float *x, const float *src, const float *scale, int64_t nh, int64_t bq, int64_t D, int64_t ld) {
+  for (int64_t s = 0; s < nh * bq; s++) {
+    float *row = x + (s % bq) * ld + (s / bq) * D;
+    const float *in = src + s * D, f = scale ? scale[s] : 1.0f;
+    for (int64_t c = 0; c < D; c++) row[c] = in[c] * f;
+  }
+}
 
 /* one call's shapes and buffers, shared by the threads that take its heads */
 typedef struct attn_job {
@@ -56,40 +86,43 @@ typedef struct attn_job {
   atomic_int no_memory; /* a thread found no memory for its scratch */
 } attn_job;
 
-/* forward of heads lo .. hi - 1 (item = b * H + h) */
+/* forward of head stacks lo .. hi - 1 (item = (b * Hkv + kv head) *
+ * stacks + stack: a stack is up to stack_heads query heads of the group) */
 static void forward_heads(void *arg, int64_t lo, int64_t hi) {
   attn_job *j = arg;
-  const int64_t T = j->T, H = j->H, D = j->D, rows = block_rows(T);
-  float *S = malloc(sizeof(float) * (size_t)rows * (size_t)(T + 1));
+  const int64_t T = j->T, H = j->H, Hkv = j->Hkv, D = j->D, G = H / Hkv, rows = block_rows(T);
+  const int64_t gs = stack_heads(G, rows), stacks = (G + gs - 1) / gs, sr = gs * rows;
+  float *S = malloc(sizeof(float) * (size_t)sr * (size_t)(T + 2 * D + 1));
   if (!S) {
     atomic_store(&j->no_memory, 1);
     return;
   }
-  float *inv = S + rows * T; /* 1 / each row's sum */
+  float *Qs = S + sr * T, *Os = Qs + sr * D, *inv = Os + sr * D; /* inv: 1 / each row's sum */
   const float scale = 1.0f / sqrtf((float)D);
-  const int64_t G = H / j->Hkv, ldq = H * D, ldk = j->Hkv * D;
+  const int64_t ldq = H * D, ldk = Hkv * D;
   const int d = (int)D;
   for (int64_t item = lo; item < hi; item++) {
-    const int64_t b = item / H, h = item % H;
-    const float *qh = j->q + b * T * ldq + h * D, *kh = j->k + b * T * ldk + (h / G) * D,
-                *vh = j->v + b * T * ldk + (h / G) * D;
-    float *L = j->lse_out + (b * H + h) * T;
+    const int64_t b = item / (Hkv * stacks), g = item / stacks % Hkv, h0 = g * G + item % stacks * gs;
+    const int64_t nh = g * G + G - h0 < gs ? g * G + G - h0 : gs;
+    const float *kh = j->k + b * T * ldk + g * D, *vh = j->v + b * T * ldk + g * D;
     for (int64_t i0 = 0; i0 < T; i0 += BLOCK) {
       const int64_t i1 = i0 + BLOCK < T ? i0 + BLOCK : T; /* rows i0 .. i1 - 1 see keys 0 .. i1 - 1 */
-      const int bq = (int)(i1 - i0), n = (int)i1;
-      fsdp_sgemm(0, 1, bq, n, d, scale, qh + i0 * ldq, ldq, kh, ldk, 0.0f, S, n);
-      for (int64_t i = i0; i < i1; i++) { /* e^(S_ij - max_i) for j <= i, else 0; their sum */
-        float *row = S + (i - i0) * n;
-        const float m = fsdp_row_max(row, i + 1), sum = fsdp_row_exp_sum(row, i + 1, m);
-        L[i] = m + logf(sum);
-        inv[i - i0] = 1.0f / sum;
+      const int64_t bq = i1 - i0, rowoff = b * T * ldq + i0 * ldq + h0 * D;
+      const int m = (int)(nh * bq), n = (int)i1;
+      gather_rows(Qs, j->q + rowoff, nh, bq, D, ldq);
+      fsdp_sgemm(0, 1, m, n, d, scale, Qs, D, kh, ldk, 0.0f, S, n);
+      for (int64_t s = 0; s < m; s++) { /* e^(S_ij - max_i) for j <= i, else 0; their sum */
+        const int64_t i = i0 + s % bq;
+        float *row = S + s * n;
+        const float mx = fsdp_row_max(row, i + 1), sum = fsdp_row_exp_sum(row, i + 1, mx);
+        j->lse_out[(b * H + h0 + s / bq) * T + i] = mx + logf(sum);
+        inv[s] = 1.0f / sum;
         memset(row + i + 1, 0, sizeof(float) * (size_t)(n - i - 1));
       }
       /* O = P V with P's rows normalised after the product: D values a
        * row instead of i + 1 */
-      float *oh = j->out + b * T * ldq + i0 * ldq + h * D;
-      fsdp_sgemm(0, 0, bq, d, n, 1.0f, S, n, vh, ldk, 0.0f, oh, ldq);
-      for (int64_t i = 0; i < bq; i++) fsdp_row_scale(oh + i * ldq, D, inv[i]);
+      fsdp_sgemm(0, 0, m, d, n, 1.0f, S, n, vh, ldk, 0.0f, Os, d);
+      scatter_rows(j->out + rowoff, Os, inv, nh, bq, D, ldq);
     }
   }
   free(S);
@@ -102,56 +135,65 @@ int fsdp_attention_forward(float *out, float *lse, const float *q, const float *
   if (!out || !lse || !q || !k || !v) return fsdp_fail(FSDP_EINVAL, "attention_forward: NULL buffer");
   attn_job j = {.out = out, .lse_out = lse, .q = q, .k = k, .v = v, .B = B, .T = T, .H = H, .Hkv = Hkv, .D = D};
   atomic_init(&j.no_memory, 0);
-  fsdp_parallel_gemms(B * H, forward_heads, &j);
+  const int64_t G = H / Hkv, gs = stack_heads(G, block_rows(T));
+  fsdp_parallel_gemms(B * Hkv * ((G + gs - 1) / gs), forward_heads, &j);
   if (atomic_load(&j.no_memory))
     return fsdp_fail(FSDP_ENOMEM, "attention_forward: no memory for a %lld x %lld score block",
-                     (long long)block_rows(T), (long long)T);
+                     (long long)(gs * block_rows(T)), (long long)T);
   return FSDP_OK;
 }
 
 /* backward of kv heads lo .. hi - 1 (item = b * Hkv + kv head) with their
- * query heads, one after another: they sum into the same dK, dV rows */
+ * query heads, a stack at a time: they sum into the same dK, dV rows */
 static void backward_groups(void *arg, int64_t lo, int64_t hi) {
   attn_job *j = arg;
-  const int64_t T = j->T, H = j->H, Hkv = j->Hkv, D = j->D, rows = block_rows(T);
-  float *P = malloc(sizeof(float) * (size_t)rows * (size_t)T * 2);
+  const int64_t T = j->T, H = j->H, Hkv = j->Hkv, D = j->D, G = H / Hkv, rows = block_rows(T);
+  const int64_t gs = stack_heads(G, rows), sr = gs * rows;
+  float *P = malloc(sizeof(float) * (size_t)sr * (size_t)(2 * T + 3 * D + 1));
   if (!P) {
     atomic_store(&j->no_memory, 1);
     return;
   }
-  float *dP = P + rows * T;
+  float *dP = P + sr * T, *Qs = dP + sr * T, *dOs = Qs + sr * D, *dQs = dOs + sr * D, *Di = dQs + sr * D;
   const float scale = 1.0f / sqrtf((float)D);
-  const int64_t G = H / Hkv, ldq = H * D, ldk = Hkv * D;
+  const int64_t ldq = H * D, ldk = Hkv * D;
   const int d = (int)D;
   for (int64_t item = lo; item < hi; item++) {
-    const int64_t b = item / Hkv, ko = b * T * ldk + (item % Hkv) * D;
+    const int64_t b = item / Hkv, g = item % Hkv, ko = b * T * ldk + g * D;
     const float *kh = j->k + ko, *vh = j->v + ko;
     for (int64_t t = 0; t < T; t++) { /* this group's dK, dV rows: sums start at 0 */
       memset(j->dk + ko + t * ldk, 0, sizeof(float) * (size_t)D);
       memset(j->dv + ko + t * ldk, 0, sizeof(float) * (size_t)D);
     }
-    for (int64_t h = (item % Hkv) * G; h < (item % Hkv + 1) * G; h++) {
-      const int64_t qo = b * T * ldq + h * D;
-      const float *qh = j->q + qo, *doh = j->dout + qo, *oh = j->o + qo;
-      const float *L = j->lse + (b * H + h) * T;
+    for (int64_t h0 = g * G; h0 < g * G + G; h0 += gs) {
+      const int64_t nh = g * G + G - h0 < gs ? g * G + G - h0 : gs;
       for (int64_t i0 = 0; i0 < T; i0 += BLOCK) {
-        const int64_t i1 = i0 + BLOCK < T ? i0 + BLOCK : T, bo = i0 * ldq;
-        const int bq = (int)(i1 - i0), n = (int)i1;
-        fsdp_sgemm(0, 1, bq, n, d, scale, qh + bo, ldq, kh, ldk, 0.0f, P, n);
-        fsdp_sgemm(0, 1, bq, n, d, 1.0f, doh + bo, ldq, vh, ldk, 0.0f, dP, n);
-        for (int64_t i = i0; i < i1; i++) {
-          float *p = P + (i - i0) * n, *dp = dP + (i - i0) * n;
-          double di = 0; /* rowsum(dO * O) = sum_j P_ij dP_ij */
-          for (int64_t c = 0; c < D; c++) di += (double)doh[i * ldq + c] * oh[i * ldq + c];
-          fsdp_row_exp_scaled(p, i + 1, L[i], 1.0f);
-          fsdp_row_softmax_grad(dp, p, i + 1, (float)di);
+        const int64_t i1 = i0 + BLOCK < T ? i0 + BLOCK : T, bq = i1 - i0, rowoff = b * T * ldq + i0 * ldq + h0 * D;
+        const int m = (int)(nh * bq), n = (int)i1;
+        gather_rows(Qs, j->q + rowoff, nh, bq, D, ldq);
+        gather_rows(dOs, j->dout + rowoff, nh, bq, D, ldq);
+        for (int64_t s = 0; s < m; s++) { /* rowsum(dO * O) = sum_j P_ij dP_ij */
+          const float *o = j->o + rowoff + (s % bq) * ldq + (s / bq) * D;
+          double di = 0;
+          for (int64_t c = 0; c < D; c++) di += (double)dOs[s * D + c] * o[c];
+          Di[s] = (float)di;
+        }
+        fsdp_sgemm(0, 1, m, n, d, scale, Qs, D, kh, ldk, 0.0f, P, n);
+        fsdp_sgemm(0, 1, m, n, d, 1.0f, dOs, D, vh, ldk, 0.0f, dP, n);
+        for (int64_t s = 0; s < m; s++) {
+          const int64_t i = i0 + s % bq;
+          float *p = P + s * n, *dp = dP + s * n;
+          fsdp_row_exp_scaled(p, i + 1, j->lse[(b * H + h0 + s / bq) * T + i], 1.0f);
+          fsdp_row_softmax_grad(dp, p, i + 1, Di[s]);
           memset(p + i + 1, 0, sizeof(float) * (size_t)(n - i - 1));
           memset(dp + i + 1, 0, sizeof(float) * (size_t)(n - i - 1));
         }
-        /* dQ rows i0 .. i1 - 1; dK, dV rows 0 .. i1 - 1 gather this block's share */
-        fsdp_sgemm(0, 0, bq, d, n, scale, dP, n, kh, ldk, 0.0f, j->dq + qo + bo, ldq);
-        fsdp_sgemm(1, 0, n, d, bq, scale, dP, n, qh + bo, ldq, 1.0f, j->dk + ko, ldk);
-        fsdp_sgemm(1, 0, n, d, bq, 1.0f, P, n, doh + bo, ldq, 1.0f, j->dv + ko, ldk);
+        /* dQ rows i0 .. i1 - 1 of the stack's heads; dK, dV rows 0 .. i1 - 1
+         * gather this block's share */
+        fsdp_sgemm(0, 0, m, d, n, scale, dP, n, kh, ldk, 0.0f, dQs, d);
+        scatter_rows(j->dq + rowoff, dQs, NULL, nh, bq, D, ldq);
+        fsdp_sgemm(1, 0, n, d, m, scale, dP, n, Qs, D, 1.0f, j->dk + ko, ldk);
+        fsdp_sgemm(1, 0, n, d, m, 1.0f, P, n, dOs, D, 1.0f, j->dv + ko, ldk);
       }
     }
   }
@@ -171,6 +213,6 @@ int fsdp_attention_backward(float *dq, float *dk, float *dv, const float *dout, 
   fsdp_parallel_gemms(B * Hkv, backward_groups, &j);
   if (atomic_load(&j.no_memory))
     return fsdp_fail(FSDP_ENOMEM, "attention_backward: no memory for two %lld x %lld blocks",
-                     (long long)block_rows(T), (long long)T);
+                     (long long)(stack_heads(H / Hkv, block_rows(T)) * block_rows(T)), (long long)T);
   return FSDP_OK;
 }

@@ -5,11 +5,13 @@
  * backward (which itself matches the central differences within 1e-6
  * relative + 1e-8); sequences longer than the op's block of query rows
  * (T = 150, 200: full and partial blocks) against the analytic backward
- * only, within 1e-4 relative + 1e-5. Also: causality (a change at the last
+ * only, within 1e-4 relative + 1e-5; groups whose query heads fill more
+ * than one stack of GEMM rows, the last one partial, the same way. Also: causality (a change at the last
  * position leaves earlier outputs bit-identical), GQA equal to MHA with the
  * kv heads repeated (1e-6), bad shapes rejected. The heads are shared
  * among CPU threads: every check runs with 3 of them, and one shape's
- * outputs and grads must be bit-identical with 1, 2, 3 and 5 threads. */
+ * outputs and grads (groups of 6 heads: two stacks) must be bit-identical
+ * with 1, 2, 3 and 5 threads. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -184,7 +186,7 @@ static void with_threads(int threads, const float *q, const float *k, const floa
 /* the same bits for any thread count: each head computes as it would alone
  * (threads that take a share of the heads, or GEMMs that take threads) */
 static void same_bits_any_threads(void) {
-  enum { B = 3, T = 130, H = 6, Hkv = 3, D = 16, NQ = B * T * H * D, NK = B * T * Hkv * D };
+  enum { B = 3, T = 130, H = 12, Hkv = 2, D = 16, NQ = B * T * H * D, NK = B * T * Hkv * D };
   unsigned seed = 17;
   float *q = malloc(4 * NQ), *k = malloc(4 * NK), *v = malloc(4 * NK), *r = malloc(4 * NQ);
   ref_fill(q, NULL, NQ, &seed, 1.5);
@@ -216,6 +218,8 @@ int main(void) {
   run(1, 16, 2, 2, 4, 5, 1);
   run(1, 150, 4, 2, 8, 6, 0); /* blocks of query rows: full and partial */
   run(2, 200, 2, 1, 5, 7, 0);
+  run(1, 130, 6, 1, 4, 8, 0);  /* a group of 6 heads in stacks of 4 and 2 (64-row blocks) */
+  run(2, 9, 40, 1, 3, 9, 0);   /* 40 heads of 9 rows: stacks of 28 and 12 */
   gqa_is_repeat();
   float x = 0;
   CHECK_FAILS(fsdp_attention_forward(&x, &x, &x, &x, &x, 1, 1, 4, 3, 2), FSDP_EINVAL, "multiple of kv_heads");
