@@ -49,18 +49,21 @@ static int check_dims(const char *op, int64_t B, int64_t T, int64_t H, int64_t H
  * more of the upper half but make GEMMs too thin to run at speed */
 enum { BLOCK = 64, STACK_ROWS = 256, STACK_FLOATS = 1 << 22 };
 
+static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
 /* rows of a score block: a whole block, or all of a shorter sequence */
-static int64_t block_rows(int64_t T) { return T < BLOCK ? T : BLOCK; }
+static int64_t block_rows(int64_t T) { return min64(T, BLOCK); }
 
 /* query heads of one kv group stacked into one GEMM: their blocks share
  * K and V, so G heads of BLOCK rows are one GEMM of G BLOCK rows, the
  * shape OpenBLAS runs fastest, up to STACK_ROWS rows; the scores grow
  * with the stack, so long sequences stack fewer heads (16 MiB a buffer
  * beyond one head's block) */
-static int64_t stack_heads(int64_t G, int64_t rows, int64_t T) {
-  int64_t s = STACK_ROWS / rows;
+static int64_t stack_heads(int64_t G, int64_t T) {
+  const int64_t rows = block_rows(T);
+  int64_t s = STACK_ROWS / rows; /* at least 4: rows <= BLOCK */
   while (s > 1 && s * rows * T > STACK_FLOATS) s--;
-  return s < 1 ? 1 : s < G ? s : G;
+  return min64(s, G);
 }
 
 /* rows i0 .. i0 + bq - 1 of heads h0 .. h0 + nh - 1, from a [T, H, D]
@@ -93,7 +96,7 @@ typedef struct attn_job {
 static void forward_heads(void *arg, int64_t lo, int64_t hi) {
   attn_job *j = arg;
   const int64_t T = j->T, H = j->H, Hkv = j->Hkv, D = j->D, G = H / Hkv, rows = block_rows(T);
-  const int64_t gs = stack_heads(G, rows, T), stacks = (G + gs - 1) / gs, sr = gs * rows;
+  const int64_t gs = stack_heads(G, T), stacks = (G + gs - 1) / gs, sr = gs * rows;
   float *S = malloc(sizeof(float) * (size_t)sr * (size_t)(T + 2 * D + 1));
   if (!S) {
     atomic_store(&j->no_memory, 1);
@@ -105,10 +108,10 @@ static void forward_heads(void *arg, int64_t lo, int64_t hi) {
   const int d = (int)D;
   for (int64_t item = lo; item < hi; item++) {
     const int64_t b = item / (Hkv * stacks), g = item / stacks % Hkv, h0 = g * G + item % stacks * gs;
-    const int64_t nh = g * G + G - h0 < gs ? g * G + G - h0 : gs;
+    const int64_t nh = min64(gs, g * G + G - h0);
     const float *kh = j->k + b * T * ldk + g * D, *vh = j->v + b * T * ldk + g * D;
     for (int64_t i0 = 0; i0 < T; i0 += BLOCK) {
-      const int64_t i1 = i0 + BLOCK < T ? i0 + BLOCK : T; /* rows i0 .. i1 - 1 see keys 0 .. i1 - 1 */
+      const int64_t i1 = min64(i0 + BLOCK, T); /* rows i0 .. i1 - 1 see keys 0 .. i1 - 1 */
       const int64_t bq = i1 - i0, rowoff = b * T * ldq + i0 * ldq + h0 * D;
       const int m = (int)(nh * bq), n = (int)i1;
       gather_rows(Qs, j->q + rowoff, nh, bq, D, ldq);
@@ -137,7 +140,7 @@ int fsdp_attention_forward(float *out, float *lse, const float *q, const float *
   if (!out || !lse || !q || !k || !v) return fsdp_fail(FSDP_EINVAL, "attention_forward: NULL buffer");
   attn_job j = {.out = out, .lse_out = lse, .q = q, .k = k, .v = v, .B = B, .T = T, .H = H, .Hkv = Hkv, .D = D};
   atomic_init(&j.no_memory, 0);
-  const int64_t G = H / Hkv, gs = stack_heads(G, block_rows(T), T);
+  const int64_t G = H / Hkv, gs = stack_heads(G, T);
   fsdp_parallel_gemms(B * Hkv * ((G + gs - 1) / gs), forward_heads, &j);
   if (atomic_load(&j.no_memory))
     return fsdp_fail(FSDP_ENOMEM, "attention_forward: no memory for a %lld x %lld score block",
@@ -150,7 +153,7 @@ int fsdp_attention_forward(float *out, float *lse, const float *q, const float *
 static void backward_groups(void *arg, int64_t lo, int64_t hi) {
   attn_job *j = arg;
   const int64_t T = j->T, H = j->H, Hkv = j->Hkv, D = j->D, G = H / Hkv, rows = block_rows(T);
-  const int64_t gs = stack_heads(G, rows, T), sr = gs * rows;
+  const int64_t gs = stack_heads(G, T), sr = gs * rows;
   float *P = malloc(sizeof(float) * (size_t)sr * (size_t)(2 * T + 3 * D + 1));
   if (!P) {
     atomic_store(&j->no_memory, 1);
@@ -168,9 +171,9 @@ static void backward_groups(void *arg, int64_t lo, int64_t hi) {
       memset(j->dv + ko + t * ldk, 0, sizeof(float) * (size_t)D);
     }
     for (int64_t h0 = g * G; h0 < g * G + G; h0 += gs) {
-      const int64_t nh = g * G + G - h0 < gs ? g * G + G - h0 : gs;
+      const int64_t nh = min64(gs, g * G + G - h0);
       for (int64_t i0 = 0; i0 < T; i0 += BLOCK) {
-        const int64_t i1 = i0 + BLOCK < T ? i0 + BLOCK : T, bq = i1 - i0, rowoff = b * T * ldq + i0 * ldq + h0 * D;
+        const int64_t i1 = min64(i0 + BLOCK, T), bq = i1 - i0, rowoff = b * T * ldq + i0 * ldq + h0 * D;
         const int m = (int)(nh * bq), n = (int)i1;
         gather_rows(Qs, j->q + rowoff, nh, bq, D, ldq);
         gather_rows(dOs, j->dout + rowoff, nh, bq, D, ldq);
@@ -215,6 +218,6 @@ int fsdp_attention_backward(float *dq, float *dk, float *dv, const float *dout, 
   fsdp_parallel_gemms(B * Hkv, backward_groups, &j);
   if (atomic_load(&j.no_memory))
     return fsdp_fail(FSDP_ENOMEM, "attention_backward: no memory for two %lld x %lld blocks",
-                     (long long)(stack_heads(H / Hkv, block_rows(T), T) * block_rows(T)), (long long)T);
+                     (long long)(stack_heads(H / Hkv, T) * block_rows(T)), (long long)T);
   return FSDP_OK;
 }
