@@ -104,7 +104,7 @@ static const char *option_value(char **argv, int argc, int *i, char *name, size_
   snprintf(name, cap, "%s", a);
   if (!strcmp(a, "-n") || !strcmp(a, "--np") || !strcmp(a, "--host") || !strcmp(a, "--grace") ||
       !strcmp(a, "--timeout") || !strcmp(a, "--slots") || !strcmp(a, "--max-restarts") ||
-      !strcmp(a, "--heartbeat-timeout"))
+      !strcmp(a, "--heartbeat-timeout") || !strcmp(a, "--ranks-per-gpu"))
     return ++*i < argc ? argv[*i] : NULL;
   if (!strncmp(a, "-n", 2) && a[2]) { /* -n4 */
     snprintf(name, cap, "-n");
@@ -136,6 +136,17 @@ static int count_gpus(void) {
 static int check_slots(void) {
   char why[64] = "--slots";
   int slots = J.slots;
+  if (J.ranks_per_gpu) {
+    int gpus = count_gpus();
+    if (gpus == 0)
+      return usage_error("--ranks-per-gpu %d: this host shows no GPU (CUDA_VISIBLE_DEVICES, /dev/nvidiaN); the mode "
+                         "puts several GPU ranks on each GPU there is",
+                         J.ranks_per_gpu);
+    if (!slots) {
+      slots = gpus * J.ranks_per_gpu;
+      snprintf(why, sizeof why, "%d GPU%s x --ranks-per-gpu %d", gpus, gpus == 1 ? "" : "s", J.ranks_per_gpu);
+    }
+  }
   if (!slots) {
     int gpus = count_gpus();
     cpu_set_t set;
@@ -148,6 +159,20 @@ static int check_slots(void) {
               "slots (or --slots N)",
               J.n, slots, slots == 1 ? "" : "s", why);
   return 1;
+}
+
+/* The fsdp rank host: where the build put it, else beside this fsdprun
+ * (a build carried to another machine, an install moved elsewhere). */
+static const char *rank_host(void) {
+  static char beside[4096];
+  if (access(FSDP_HOST_PATH, X_OK) == 0) return FSDP_HOST_PATH;
+  ssize_t n = readlink("/proc/self/exe", beside, sizeof beside - 8);
+  if (n <= 0) return FSDP_HOST_PATH;
+  beside[n] = 0;
+  char *slash = strrchr(beside, '/');
+  if (!slash) return FSDP_HOST_PATH;
+  strcpy(slash + 1, "fsdp");
+  return access(beside, X_OK) == 0 ? beside : FSDP_HOST_PATH;
 }
 
 static int parse_args(int argc, char **argv) {
@@ -196,6 +221,12 @@ static int parse_args(int argc, char **argv) {
       if (!val || end == val || *end || n < 0 || n > 1000)
         return usage_error("--max-restarts expects a number from 0 to 1000, got '%s'", val ? val : "");
       J.max_restarts = (int)n;
+    } else if (!strcmp(name, "--ranks-per-gpu")) {
+      char *end;
+      long n = val ? strtol(val, &end, 10) : 0;
+      if (!val || end == val || *end || n < 1 || n > 64)
+        return usage_error("--ranks-per-gpu expects a number of ranks per GPU from 1 to 64, got '%s'", val ? val : "");
+      J.ranks_per_gpu = (int)n;
     } else if (!strcmp(name, "--oversubscribe") && !val) {
       J.oversubscribe = 1;
     } else if (!strcmp(name, "--no-prefix") && !val) {
@@ -231,7 +262,7 @@ static int parse_args(int argc, char **argv) {
       fprintf(stderr, "fsdprun: %s %s\n", argv[i], errno == ENOENT ? "not found" : strerror(errno));
       return 2;
     }
-    host = FSDP_HOST_PATH;
+    host = rank_host();
     J.recipe = 1;
   }
   char *path = find_program(host);
@@ -321,6 +352,12 @@ int main(int argc, char **argv) {
   int rc = parse_args(argc, argv);
   if (rc) return rc;
   if (restart_setup(&J, argv) < 0) return 1;
+  if (J.ranks_per_gpu && J.attempt == 0)
+    fprintf(stderr,
+            "fsdprun: test mode --ranks-per-gpu %d: %d ranks share the GPUs, each rank its own NCCL host (NCCL_HOSTID), "
+            "NCCL's traffic over sockets on the loopback: for checking multi-rank GPU code on few GPUs, far slower than "
+            "real GPU ranks (docs/LAUNCH.md)\n",
+            J.ranks_per_gpu, J.n);
   J.ranks = calloc((size_t)J.n, sizeof *J.ranks);
   if (!J.ranks || pipe2(J.wake_fd, O_CLOEXEC | O_NONBLOCK) < 0 || setup_signals() < 0) {
     fprintf(stderr, "fsdprun: cannot set up: %s\n", strerror(errno));
@@ -329,6 +366,7 @@ int main(int argc, char **argv) {
   J.failed_rank = -1;
   for (int r = 0; r < J.n; r++) J.ranks[r].out.fd = J.ranks[r].err.fd = J.ranks[r].pidfd = -1;
   snprintf(J.nspace, sizeof J.nspace, "fsdprun-%d", (int)getpid());
+  J.job_id = (long)getpid();
   procs_become_subreaper(); /* descendants that leave the ranks' group stay ours */
   if (make_tmpdir() < 0) return 1;
   if (heartbeat_open(&J) < 0) quick_exit_code(1);

@@ -51,6 +51,8 @@ typedef struct job {
   int slots;          /* --slots, else 0: the host's GPUs, or its cores */
   double heartbeat_timeout; /* --heartbeat-timeout SECONDS, 0: not watched */
   int oversubscribe;  /* --oversubscribe or FSDPRUN_OVERSUBSCRIBE=1: more ranks than slots */
+  int ranks_per_gpu;  /* --ranks-per-gpu N (a test mode): N ranks on each GPU, each its own NCCL host; 0: off */
+  long job_id;        /* fsdprun's pid: tells this job's NCCL host ids from another's */
   /* state */
   double start;       /* monotonic seconds when fsdprun started: --timeout counts from here */
   int spawned;        /* ranks started so far (fewer than n when --timeout or a signal came first) */

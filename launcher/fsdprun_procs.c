@@ -38,30 +38,55 @@ static void *watch_ends(void *arg); /* the thread that stamps the ranks' ends */
  * settings other than PMIX_MCA_*) must not leak into a rank: setup_fork
  * provides the right ones. */
 static int inherited(const char *kv) {
-  if (!strncmp(kv, "FSDPRUN=", 8) || !strncmp(kv, "FSDPRUN_TTY=", 12) ||
+  if (!strncmp(kv, "FSDPRUN=", 8) || !strncmp(kv, "FSDPRUN_TTY=", 12) || !strncmp(kv, "FSDPRUN_RANKS_PER_GPU=", 22) ||
       !strncmp(kv, FSDP_HEARTBEAT_ENV "=", sizeof FSDP_HEARTBEAT_ENV))
     return 0;
   return strncmp(kv, "PMIX_", 5) || !strncmp(kv, "PMIX_MCA_", 9);
+}
+
+/* NCCL settings the --ranks-per-gpu mode gives each rank when the user's
+ * environment has none: sockets on the loopback, no InfiniBand, no
+ * multi-node NVLink (one GPU is no fabric). NCCL_HOSTID is always the
+ * mode's own: it is what makes NCCL take each rank for a host of its own
+ * (two ranks with one host id on one GPU: "Duplicate GPU detected"). */
+static const char *const emulated_nccl_env[] = {"NCCL_SOCKET_IFNAME=lo", "NCCL_IB_DISABLE=1", "NCCL_MNNVL_ENABLE=0",
+                                                "NCCL_NET=Socket"};
+
+static int in_environ(const char *kv) {
+  size_t n = (size_t)(strchr(kv, '=') - kv) + 1;
+  for (char **e = environ; *e; e++)
+    if (!strncmp(*e, kv, n)) return 1;
+  return 0;
 }
 
 /* environ (filtered) + the rank's PMIx variables + FSDPRUN=1 +
  * FSDPRUN_TTY=1 when fsdprun's stdout is a terminal (the ranks' is a pipe:
  * this tells rank 0 it may draw a progress bar), built before
  * fork: after fork only async-signal-safe calls are allowed (the PMIx
- * progress thread may hold the malloc lock). Pointers are borrowed. */
-static char **rank_envp(const job *j, char **pmix_env) {
-  static char break_at[48];
+ * progress thread may hold the malloc lock). Pointers are borrowed (the
+ * static buffers hold one rank's values until its fork). */
+static char **rank_envp(const job *j, int rank, char **pmix_env) {
+  static char break_at[48], per_gpu[48], host_id[64];
   size_t n = 0, k = 0;
   for (char **e = environ; *e; e++) n++;
   for (char **e = pmix_env; *e; e++) n++;
-  char **envp = calloc(n + 6, sizeof *envp);
+  size_t extra = sizeof emulated_nccl_env / sizeof *emulated_nccl_env;
+  char **envp = calloc(n + 8 + extra, sizeof *envp);
   if (!envp) return NULL;
   for (char **e = environ; *e; e++)
-    if (inherited(*e)) envp[k++] = *e;
+    if (inherited(*e) && !(j->ranks_per_gpu && !strncmp(*e, "NCCL_HOSTID=", 12))) envp[k++] = *e;
   for (char **e = pmix_env; *e; e++) envp[k++] = *e;
   envp[k++] = "FSDPRUN=1";
   if (isatty(1)) envp[k++] = "FSDPRUN_TTY=1";
   if (j->heartbeat) envp[k++] = (char *)j->heartbeat_env;
+  if (j->ranks_per_gpu) { /* the trainer reads FSDPRUN_RANKS_PER_GPU: ranks sharing a GPU are meant */
+    snprintf(per_gpu, sizeof per_gpu, "FSDPRUN_RANKS_PER_GPU=%d", j->ranks_per_gpu);
+    snprintf(host_id, sizeof host_id, "NCCL_HOSTID=fsdprun-%ld-rank%d", j->job_id, rank);
+    envp[k++] = per_gpu;
+    envp[k++] = host_id;
+    for (size_t i = 0; i < extra; i++)
+      if (!in_environ(emulated_nccl_env[i])) envp[k++] = (char *)emulated_nccl_env[i];
+  }
   if (j->repl) { /* the trainer's prompt (lua/fsdp/repl.lua) */
     envp[k++] = "FSDP_REPL=1";
     if (j->break_at >= 0) {
@@ -110,7 +135,7 @@ static int spawn_one(job *j, int r, int null_fd) {
   char **pmix_env = NULL, **envp = NULL;
   int out[2] = {-1, -1}, err[2] = {-1, -1}, rc = -1;
   if (pmix_rank_env(j, r, &pmix_env) < 0) goto done;
-  if (!(envp = rank_envp(j, pmix_env))) goto done;
+  if (!(envp = rank_envp(j, r, pmix_env))) goto done;
   if (pipe2(out, O_CLOEXEC) < 0 || pipe2(err, O_CLOEXEC) < 0) {
     fprintf(stderr, "fsdprun: cannot make pipes for rank %d: %s%s\n", r, strerror(errno),
             errno == EMFILE ? " (too many ranks for `ulimit -n`?)" : "");

@@ -39,6 +39,18 @@ function M.ranks_per_gpu(local_size, ndev, getenv)
   return math.ceil(local_size / ndev)
 end
 
+-- Ranks sharing a GPU are refused before NCCL sees them (it would refuse
+-- them at the first group, "Duplicate GPU detected"), unless fsdprun's
+-- --ranks-per-gpu test mode gave each its own NCCL host id. nil: allowed.
+function M.gpu_sharing_refusal(per_gpu, local_size, ndev, getenv)
+  getenv = getenv or os.getenv
+  if per_gpu <= 1 or getenv("FSDPRUN_RANKS_PER_GPU") then return nil end
+  return string.format("%d ranks on this node and %d GPU%s visible: %d ranks would share a GPU, which NCCL refuses. " ..
+    "Start at most %d rank%s per node (or one GPU per task: srun --gpus-per-task=1); to check multi-rank GPU code on " ..
+    "fewer GPUs (a test, not for speed), fsdprun --ranks-per-gpu %d", local_size, ndev, ndev == 1 and "" or "s", per_gpu,
+    ndev, ndev == 1 and "" or "s", per_gpu)
+end
+
 pcall(ffi.cdef, "int mkdir(const char *path, unsigned int mode); int isatty(int fd);")
 pcall(ffi.cdef, "int kill(int pid, int sig); int getpid(void); int usleep(unsigned int us);")
 
@@ -148,6 +160,8 @@ local function run(r, where, args, break_at, owned)
     local ndev = C.fsdp_device_count(C.FSDP_CUDA)
     check(C.fsdp_device_set(C.FSDP_CUDA, info.local_rank % ndev), "select the GPU")
     ranks_per_device = M.ranks_per_gpu(info.local_size, ndev)
+    local why = M.gpu_sharing_refusal(ranks_per_device, info.local_size, ndev)
+    if why then error(where .. ": train.device = 'cuda': " .. why, 0) end
   end
 
   -- a mesh the world cannot hold is the recipe's mistake: named by its file, no trace
@@ -436,6 +450,7 @@ local function run(r, where, args, break_at, owned)
   end
   local function committed(path) if path then say("checkpoint: %s", path) end end
   local t_start, tokens_done, first_loss, last_loss = C.fsdp_time_now(), 0, nil, nil
+  local run_peak, sharing_test = 0, os.getenv("FSDPRUN_RANKS_PER_GPU") ~= nil
   local t_steady, steady_tokens, losses, bad_in_row = nil, 0, {}, 0
   local steady_from = start + 1
   if start > steps then say("nothing to train: %s holds step %d and train.steps = %d", resumed, start - 1, steps) end
@@ -517,6 +532,7 @@ local function run(r, where, args, break_at, owned)
     local mfu = the_peak.flops and rank_flops / the_peak.flops or nil
     local mstats = fsdp.memory_stats(device)
     local mem = mstats.peak
+    run_peak = math.max(run_peak, mem)
     if warn then say("step %d: %s", step, warn) end
     if step % r.train.log_every == 0 or step == last then
       local elapsed = C.fsdp_time_now() - t_start
@@ -584,6 +600,12 @@ local function run(r, where, args, break_at, owned)
       duration(wall), first_loss, last_loss, human(steady), human(tokens_done) .. " tokens", info.size)
   end
   if metrics then metrics:close() end
+  if sharing_test and first_loss then -- every rank: fsdprun --ranks-per-gpu checks each one's bytes against its plan
+    local plan = on_gpu and need.device or need.total
+    print(string.format("fsdp: rank %d memory: peak %d bytes, planned %d bytes per rank on the %s (%+.2f%%)", R, run_peak,
+      plan, device, 100 * (run_peak - plan) / plan))
+    io.stdout:flush()
+  end
   if signalled then -- rank 0 says so before any rank exits (fsdprun would stop the others at the first exit)
     if R == 0 then
       local s = signalled

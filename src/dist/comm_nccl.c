@@ -41,8 +41,12 @@ typedef struct nccl_comm {
 static int nccl_check(ncclResult_t r, ncclComm_t comm, const char *call, const char *name) {
   if (r == ncclSuccess || r == ncclInProgress) return FSDP_OK;
   const char *detail = comm ? ncclGetLastError(comm) : ncclGetLastError(NULL);
-  return fsdp_fail(FSDP_ECOMM, "comm '%s': %s: %s%s%s", name, call, ncclGetErrorString(r),
-                   detail && detail[0] ? ": " : "", detail ? detail : "");
+  int shared = detail && strstr(detail, "Duplicate GPU");
+  return fsdp_fail(FSDP_ECOMM, "comm '%s': %s: %s%s%s%s", name, call, ncclGetErrorString(r),
+                   detail && detail[0] ? ": " : "", detail ? detail : "",
+                   shared ? " (ranks of one node share a GPU: start one rank per GPU, or test with fsdprun "
+                            "--ranks-per-gpu N)"
+                          : "");
 }
 #define NC(c, call) nccl_check((call), ((nccl_comm *)(c)->impl)->comm, #call, (c)->name)
 
@@ -242,6 +246,12 @@ int fsdp_comm_nccl_create(const comm_group_spec *spec, fsdp_comm **out) {
   ncclUniqueId id;
   memset(&id, 0, sizeof id);
   if (rc == FSDP_OK && !fsdp_cuda_available()) rc = FSDP_EUNSUPPORTED; /* message set by the probe */
+  /* Two or three communicators are live at once (the reductions' channel,
+   * HSDP's outer group), fed from different streams: NCCL launches their
+   * kernels in the host's order only when asked to, else two ranks may
+   * start them in different orders and wait on each other for ever. A
+   * user's own setting wins. */
+  setenv("NCCL_LAUNCH_ORDER_IMPLICIT", "1", 0);
   if (rc == FSDP_OK && spec->my_index == 0) {
     rc = nccl_check(ncclGetUniqueId(&id), NULL, "ncclGetUniqueId", spec->name);
     if (rc == FSDP_OK) rc = fsdp_kv_put(key, &id, sizeof id);

@@ -6,7 +6,7 @@
 "$LAUNCHER" --help >"$work/out" 2>"$work/err"
 rc=$?
 check "--help: exit 0 (got $rc), on stdout" "[ $rc = 0 ] && [ -s '$work/out' ] && [ ! -s '$work/err' ]"
-for word in -n --np --host --no-prefix --rank0-only --grace --timeout --help --version \
+for word in -n --np --host --ranks-per-gpu NCCL_HOSTID --no-prefix --rank0-only --grace --timeout --help --version \
   FSDPRUN_HOST TMPDIR FSDPRUN=1 'Exit status' 124 143 \
   'srun --mpi=pmix' 'srun --mpi=list' prterun --allow-run-as-root singleton; do
   check "--help mentions '$word'" "grep -q -- '$word' '$work/out'"

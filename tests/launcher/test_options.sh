@@ -45,4 +45,26 @@ check "--host (found in PATH) wins over FSDPRUN_HOST" "[ '$out' = 'from the comm
 out=$("$LAUNCHER" -n 1 --no-prefix --host /bin/echo --no-prefix -n 3 2>&1)
 check "after --host PROGRAM, options belong to PROGRAM" "[ '$out' = '--no-prefix -n 3' ]"
 
+# --ranks-per-gpu N: a test mode that puts N GPU ranks on each GPU
+opt_case "--ranks-per-gpu 0" "--ranks-per-gpu expects a number of ranks per GPU from 1 to 64, got '0'" \
+  -n 2 --ranks-per-gpu 0 "$job"
+opt_case "--ranks-per-gpu x" "--ranks-per-gpu expects a number of ranks per GPU from 1 to 64, got 'x'" \
+  -n 2 --ranks-per-gpu x "$job"
+CUDA_VISIBLE_DEVICES= opt_case "--ranks-per-gpu on a host with no GPU" \
+  "--ranks-per-gpu 2: this host shows no GPU" -n 2 --ranks-per-gpu 2 "$job"
+FSDPRUN_OVERSUBSCRIBE= CUDA_VISIBLE_DEVICES=0 opt_case "--ranks-per-gpu 2 on 1 GPU: 3 ranks are more than its slots" \
+  "3 ranks, but this host has 2 slots \(1 GPU x --ranks-per-gpu 2\)" -n 3 --ranks-per-gpu 2 "$job"
+show='echo "$NCCL_HOSTID $NCCL_SOCKET_IFNAME $NCCL_IB_DISABLE $NCCL_NET $NCCL_MNNVL_ENABLE $FSDPRUN_RANKS_PER_GPU"'
+out=$(CUDA_VISIBLE_DEVICES=0,1 NCCL_HOSTID=outer NCCL_SOCKET_IFNAME=eth7 "$LAUNCHER" -n 4 --ranks-per-gpu 2 \
+  --host /bin/sh -c "$show" 2>"$work/err")
+check "--ranks-per-gpu 2 on 2 GPUs: 4 ranks run" "[ \$(wc -l <<<'$out') = 4 ]"
+for r in 0 1 2 3; do
+  check "--ranks-per-gpu: rank $r is its own NCCL host, on sockets (the user's interface kept)" \
+    "grep -q '^\[$r\] fsdprun-[0-9]*-rank$r eth7 1 Socket 0 2\$' <<<'$out'"
+done
+check "--ranks-per-gpu: the job's first line says the test mode is on" \
+  "head -1 '$work/err' | grep -q '^fsdprun: test mode --ranks-per-gpu 2: 4 ranks share the GPUs'"
+out=$(CUDA_VISIBLE_DEVICES=0 NCCL_HOSTID=outer "$LAUNCHER" -n 1 --no-prefix --host /bin/sh -c "$show" 2>&1)
+check "without --ranks-per-gpu the ranks get no NCCL settings (the user's pass through)" "[ '$out' = 'outer     ' ]"
+
 finish

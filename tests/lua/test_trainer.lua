@@ -40,6 +40,14 @@ do
     local got = train.ranks_per_gpu(c[1], c[2], env(c[3]))
     check(got == c[4], string.format("ranks_per_gpu: %s: %d (got %s)", c[5], c[4], tostring(got)))
   end
+  -- ranks sharing a GPU: refused at once (NCCL would refuse them at the
+  -- first group), unless fsdprun's --ranks-per-gpu test mode is on
+  check(train.gpu_sharing_refusal(1, 8, 8, env({})) == nil, "one rank per GPU: allowed")
+  local why = train.gpu_sharing_refusal(2, 16, 8, env({})) or ""
+  check(why:find("16 ranks on this node and 8 GPUs visible: 2 ranks would share a GPU, which NCCL refuses", 1, true) and
+    why:find("fsdprun --ranks-per-gpu 2", 1, true), "two ranks per GPU: refused, naming the counts and the test mode: " .. why)
+  check(train.gpu_sharing_refusal(4, 4, 1, env({ FSDPRUN_RANKS_PER_GPU = "4" })) == nil,
+    "four ranks on one GPU under fsdprun --ranks-per-gpu 4: allowed")
   bad(function(x) x.train.steps = 1e30 end, "train.steps = 1e+30; expected an integer (at most 2^53 in magnitude)")
   bad(function(x) x.train.loss_chunk_mb = -1 end, "train.loss_chunk_mb = -1; expected >= 0")
   bad(function(x) x.extra = {} end, "unknown section 'extra'")
