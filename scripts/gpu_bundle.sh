@@ -39,5 +39,5 @@ du -sh build-gpu .devlibs
 # the stages in the order a lent GPU's few minutes should spend them: the
 # kernels written since the last GPU run checked and timed first
 echo "gpu_bundle: carry [\"build-gpu\", \".devlibs\"]; on the GPU machine:"
-echo "  GPU_CHECK_STAGES=\"tests train kernels vs_fsdp2 planner timeline offload_probe adamw repl demos offload\" TINY_STEPS=100 \\"
+echo "  GPU_CHECK_STAGES=\"tests multirank kernels train vs_fsdp2 planner timeline adamw repl demos offload offload_probe\" TINY_STEPS=100 \\"
 echo "    bash scripts/gpu_check.sh build-gpu \$OUT"

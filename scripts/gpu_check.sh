@@ -8,6 +8,9 @@
 # status go to OUT/stages.txt as it ends, so a run cut off still says how
 # far it got:
 #   tests       test_cuda, test_kernels
+#   multirank   2 and 4 GPU ranks on the GPU at hand (fsdprun --ranks-per-gpu):
+#               the matrix of scripts/multirank_check.sh against 1 GPU rank and
+#               CPU ranks, checkpoints across worlds, a killed rank, the REPL
 #   train       test_cuda_train (the Llama model on the GPU against the CPU ops)
 #   planner     the planner's bytes against the GPU's allocator (test_planner.lua cuda)
 #   demos       the demo recipe on the GPU (fp32, bf16) and on CPU ranks (TINY_STEPS, default 400)
@@ -23,7 +26,7 @@
 #   offload_probe      the 4.4B model, param shards offloaded: start-up and 3 steps
 #   attention   our attention kernels vs SDPA's cuDNN and flash backends (bench/attention_vs_torch.py)
 #   collectives the collective benchmarks and the multi-rank CPU tests
-# Without GPU_CHECK_STAGES: tests train planner demos repl adamw kernels
+# Without GPU_CHECK_STAGES: tests multirank train planner demos repl adamw kernels
 # offload, then with GPU_CHECK_BENCH=1 blas vs_fsdp2 vs_fsdp2_offload
 # timeline offload_probe attention, then with GPU_CHECK_COLLECTIVES=1
 # collectives.
@@ -54,6 +57,11 @@ stage_tests() {
   echo "== test_kernels" | tee "$out/test_kernels.log"
   "$build/tests/test_kernels" 2>&1 | tee -a "$out/test_kernels.log" || rc=1
   return $rc
+}
+
+stage_multirank() {
+  echo "== several GPU ranks on this GPU (scripts/multirank_check.sh, fsdprun --ranks-per-gpu)"
+  bash scripts/multirank_check.sh "$build" "$out" gpu 2>&1 | tee "$out/multirank.txt"
 }
 
 stage_train() {
@@ -170,7 +178,7 @@ stage_collectives() {
 steps=${TINY_STEPS:-400}
 stages=${GPU_CHECK_STAGES:-}
 if [ -z "$stages" ]; then
-  stages="tests train planner demos repl adamw kernels offload"
+  stages="tests multirank train planner demos repl adamw kernels offload"
   [ "${GPU_CHECK_BENCH:-0}" = 1 ] && stages="$stages blas vs_fsdp2 vs_fsdp2_offload timeline offload_probe attention"
   [ "${GPU_CHECK_COLLECTIVES:-0}" = 1 ] && stages="$stages collectives"
 fi

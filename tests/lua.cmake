@@ -139,3 +139,11 @@ set_tests_properties(lua_resume_faults PROPERTIES LABELS multirank TIMEOUT 120 R
 add_test(NAME heartbeat
          COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_heartbeat.sh $<TARGET_FILE:fsdprun> ${CMAKE_SOURCE_DIR})
 set_tests_properties(heartbeat PROPERTIES LABELS multirank TIMEOUT 120 RUN_SERIAL ON)
+# the CPU half of the multi-rank matrix (scripts/multirank_check.sh; its GPU
+# half runs on a lent GPU, scripts/gpu_check.sh multirank): a sample of the
+# cases on 2 and 4 CPU ranks against 1, within the stated bounds, and the
+# planted mistakes caught
+add_test(NAME multirank_cpu
+         COMMAND bash ${CMAKE_SOURCE_DIR}/scripts/multirank_check.sh ${CMAKE_BINARY_DIR} ${CMAKE_CURRENT_BINARY_DIR}/multirank_cpu cpu)
+set_tests_properties(multirank_cpu PROPERTIES LABELS multirank TIMEOUT 300 RUN_SERIAL ON
+  ENVIRONMENT "MULTIRANK_CASES=z1_fp32_2 z3_bf16_2 hsdp_fp32_4 hfsdp_fp32_4 live1_4 offload_all_2 accum_4 planted_lr_2 planted_wd_4 planted_lr_bf16_2")

@@ -10,3 +10,20 @@ finish() {
   echo "$1: $passed passed, $failed failed"
   [ "$failed" = 0 ]
 }
+
+# fixed_recipe DIR ROOT: DIR/fixed.lua, the tiny recipe (ROOT/recipes/tiny.lua)
+# trained on DIR/text.txt: fixed data, not the recipe's corpus (this
+# repository's sources, which change with every commit, and with them any
+# drift measured on them): 64 KiB of words drawn by a Park-Miller generator
+# (exact in awk's doubles).
+fixed_recipe() {
+  awk 'BEGIN { split("the shard of a unit is gathered before its forward and reduced after backward while next layer", w, " ")
+    s = 12345; n = 0
+    while (n < 65536) { s = (s * 16807) % 2147483647; t = w[s % 16 + 1] (s % 11 == 0 ? ".\n" : " "); printf "%s", t; n += length(t) } }' \
+    >"$1/text.txt"
+  cat >"$1/fixed.lua" <<EOF
+local r = dofile("$2/recipes/tiny.lua")
+r.data.corpus = { root = "$1", include = { "text.txt" } }
+return r
+EOF
+}

@@ -26,18 +26,7 @@ steps=16
 # position (either moves the loss by more than 1e-2).
 RESHARD_TOL=1e-5
 
-# Fixed data, not the tiny recipe's corpus (this repository's sources, which
-# change with every commit and with them the drift above): 64 KiB of words
-# drawn by a Park-Miller generator (exact in awk's doubles).
-awk 'BEGIN { split("the shard of a unit is gathered before its forward and reduced after backward while next layer", w, " ")
-  s = 12345; n = 0
-  while (n < 65536) { s = (s * 16807) % 2147483647; t = w[s % 16 + 1] (s % 11 == 0 ? ".\n" : " "); printf "%s", t; n += length(t) } }' \
-  >"$work/text.txt"
-cat >"$work/fixed.lua" <<EOF
-local r = dofile("$root/recipes/tiny.lua")
-r.data.corpus = { root = "$work", include = { "text.txt" } }
-return r
-EOF
+fixed_recipe "$work" "$root" # fixed text, not the repository's changing sources
 common="train.eval_every=0 train.log_every=1 data.seq=32 data.micro_batch=2 model.num_hidden_layers=2
   train.global_batch_tokens=256 schedule.warmup=4 train.steps=$steps"
 
