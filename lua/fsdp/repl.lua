@@ -296,6 +296,7 @@ function M.shard(r, name)
   find_param(state.plan, name)
   -- rank r's held range of the parameter: its element range, then the values
   local lo, hi, vals = 0, 0, nil
+  require("fsdp.checkpoint").settle(s) -- every rank: rank r alone reading would settle only its units
   if me == r then
     for _, u in ipairs(s.units) do
       for _, pc in ipairs(require("fsdp.checkpoint").pieces(u, 0)) do

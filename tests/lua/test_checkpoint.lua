@@ -10,6 +10,8 @@
 --     the resumed run repeats the killed run's losses bit for bit
 --   * bf16 params (zero 3), SGD with momentum (zero 0) and the offloaded
 --     optimizer (zero 3): bit for bit
+--   * 8 ranks, zero 2 offloaded, a unit that is padding on half of them:
+--     saved every step, exported, resumed bit for bit
 -- then, in this process (one rank): corruptions rejected with their
 -- messages and the model left as it was, `latest` skipping a damaged
 -- checkpoint, and the Hugging Face export read back: fp32 equal to the
@@ -183,6 +185,37 @@ if not quick then
     runs_ok(name .. ": resumed run", run(2, a2))
     same(losses(work .. "/" .. name .. "1.jsonl"), losses(work .. "/" .. name .. "2.jsonl"), 4, 6, name .. ": resumed = straight")
   end
+end
+
+-- 6b. a save right after an offloaded step at ZeRO 2, on 8 ranks, with
+-- the final norm (128 elements) a unit of its own: ranks 4-7 hold only its
+-- padding. Each unit's pending step gathers its new params as it settles;
+-- the save used to settle only the units a rank saves pieces of, so ranks
+-- 4-7 issued the norm's gather later, against another collective ("rank 4
+-- called all_gather(count=4096) but rank 0 called all_gather(count=32)").
+-- Now every rank settles every unit first: the saves, the export and the
+-- resume go through, bit for bit.
+do
+  local policy = work .. "/norm_unit.lua"
+  local f = assert(io.open(policy, "w"))
+  f:write([[return function(m, path)
+  local i = path:match("^model%.layers%.(%d+)$")
+  if i then return "layers." .. i end
+  if path == "model.embed_tokens" then return "embed" end
+  if path == "model.norm" then return "norm" end
+  if path == "lm_head" then return "head" end
+end
+]])
+  f:close()
+  local dir = work .. "/ck-norm-unit"
+  local both = { "fsdp.units=" .. policy, "fsdp.zero=2", "fsdp.offload=true", "train.global_batch_tokens=1024",
+    "train.steps=3" }
+  local a1 = T.joined(both, { "checkpoint.dir=" .. dir, "checkpoint.every=1", "checkpoint.export_hf=" .. work .. "/hf-norm-unit",
+    "train.metrics=" .. work .. "/norm1.jsonl" })
+  local a2 = T.joined(both, { "train.resume=" .. dir .. "/step-00000002", "train.metrics=" .. work .. "/norm2.jsonl" })
+  runs_ok("8 ranks, zero 2 offloaded, a unit of padding on half the ranks: saving every step and exporting", run(8, a1))
+  runs_ok("8 ranks, zero 2 offloaded: resumed from step 2", run(8, a2))
+  same(losses(work .. "/norm1.jsonl"), losses(work .. "/norm2.jsonl"), 3, 3, "a unit of padding on half the ranks: resumed = straight")
 end
 
 -- 7. in this process, one rank
