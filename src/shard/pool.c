@@ -74,7 +74,12 @@ void fsdp_pool_retain(fsdp_pool *p) {
 void fsdp_pool_release(fsdp_pool *p) {
   if (!p || __atomic_sub_fetch(&p->refs, 1, __ATOMIC_ACQ_REL) > 0) return;
   for (int i = 0; i < p->nslots; i++) {
-    if (p->released && p->released[i]) fsdp_event_destroy(p->released[i]); /* waits for its last user */
+    if (p->released && p->released[i]) {
+      /* a CUDA event's destruction does not wait: the slot's last
+       * collective may still read a buffer about to be deregistered */
+      if (p->comm) fsdp_event_synchronize(p->released[i]);
+      fsdp_event_destroy(p->released[i]);
+    }
     if (p->reg) fsdp_comm_deregister(p->comm, p->reg[i]);
     if (p->buf && p->buf[i]) {
       if (p->comm) fsdp_comm_mem_free(p->comm, p->mode, p->buf[i]);
@@ -110,8 +115,10 @@ int fsdp_pool_acquire(fsdp_pool *p, size_t bytes, fsdp_stream *user, int *slot, 
    * (the planner's replay counts sizes, so any of them keeps its
    * promises), take one whose last user has finished: on 2 CPU ranks
    * layers had waited 1-40 ms each for the previous layer's
-   * reduce-scatter with an idle buffer beside it. */
-  if (fsdp_event_query(p->released[i]) == 0)
+   * reduce-scatter with an idle buffer beside it. Not for NCCL windows:
+   * every rank must use the same window, and which buffer is idle depends
+   * on each rank's timing. */
+  if (p->mode != FSDP_REG_WINDOW && fsdp_event_query(p->released[i]) == 0)
     for (int j = 0; j < p->nslots; j++)
       if (j != i && !p->taken[j] && p->bytes[j] == p->bytes[i] && fsdp_event_query(p->released[j]) == 1) {
         i = j;

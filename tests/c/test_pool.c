@@ -5,7 +5,7 @@
  * which AddressSanitizer checks). The reference: the expected slot of each
  * request, worked out by hand below. And that of two free slots of one size
  * a request takes the one whose last user has finished, not one still
- * being read by a collective in flight. */
+ * being read by a collective in flight, unless the slots are NCCL windows. */
 #include <stdatomic.h>
 #include <string.h>
 #include <unistd.h>
@@ -102,9 +102,54 @@ static void test_ready_slot(void) {
   CHECK_OK(fsdp_stream_destroy(busy));
 }
 
+/* A pool registered in window mode keeps to the pick, even when another
+ * slot of that size is idle: NCCL's symmetric windows need the same
+ * window on every rank, and which slot is idle depends on each rank's
+ * timing, so the swap above would let one rank's collective write another
+ * unit's slot on its peers. (On CPU ranks registration costs nothing, so a
+ * singleton's comm shows the choice.) */
+static void test_window_slot(void) {
+  fsdp_proc_info info;
+  CHECK_OK(fsdp_init(&info));
+  const char *names[] = {"dp"};
+  int64_t sizes[] = {1};
+  fsdp_mesh *m = NULL;
+  fsdp_comm *c = NULL;
+  CHECK_OK(fsdp_mesh_create(1, names, sizes, FSDP_CPU, &m));
+  CHECK_OK(fsdp_mesh_group(m, "dp", &c));
+  int64_t b[] = {256, 256};
+  fsdp_pool *p = NULL;
+  CHECK_OK(fsdp_pool_create(FSDP_CPU, 2, b, &p));
+  CHECK_OK(fsdp_pool_register(p, c, FSDP_REG_WINDOW));
+  fsdp_stream *user = NULL, *busy = NULL;
+  CHECK_OK(fsdp_stream_create(FSDP_CPU, &user));
+  CHECK_OK(fsdp_stream_create(FSDP_CPU, &busy));
+  int slot[3];
+  void *buf[3];
+  CHECK_OK(fsdp_pool_acquire(p, 200, user, &slot[0], &buf[0]));
+  CHECK_OK(fsdp_pool_acquire(p, 200, user, &slot[1], &buf[1]));
+  _Atomic int gate = 0;
+  CHECK_OK(fsdp_cpu_stream_enqueue(busy, hold, (void *)&gate, NULL));
+  CHECK_OK(fsdp_pool_give_back(p, slot[1], user));
+  CHECK_OK(fsdp_stream_synchronize(user));
+  CHECK_OK(fsdp_pool_give_back(p, slot[0], busy)); /* its reader still runs */
+  CHECK_OK(fsdp_pool_acquire(p, 200, user, &slot[2], &buf[2]));
+  CHECK(slot[2] == 0 && buf[2] == buf[0]); /* the pick, whatever is idle */
+  atomic_store(&gate, 1);
+  CHECK_OK(fsdp_pool_give_back(p, slot[2], user));
+  CHECK_OK(fsdp_stream_synchronize(user));
+  CHECK_OK(fsdp_stream_synchronize(busy));
+  CHECK_OK(fsdp_pool_destroy(p));
+  CHECK_OK(fsdp_stream_destroy(user));
+  CHECK_OK(fsdp_stream_destroy(busy));
+  CHECK_OK(fsdp_mesh_destroy(m));
+  CHECK_OK(fsdp_finalize());
+}
+
 int main(void) {
   test_pick();
   test_pool();
   test_ready_slot();
+  test_window_slot();
   return fsdp_test_summary("test_pool");
 }
