@@ -18,6 +18,7 @@
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 #include <nccl.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,7 +37,38 @@ typedef struct nccl_comm {
   ncclComm_t comm;
   int *scratch; /* device int for the barrier */
   int aborted;
+  struct nccl_comm *next; /* this rank's live communicators (abort_all) */
 } nccl_comm;
+
+/* Every communicator of this rank: when one fails, the others (channel 1,
+ * HSDP's outer group) would spin on the same dead peer for ever. */
+static pthread_mutex_t live_lock = PTHREAD_MUTEX_INITIALIZER;
+static nccl_comm *live_comms;
+
+static void track(nccl_comm *nc, int on) {
+  pthread_mutex_lock(&live_lock);
+  nccl_comm **p = &live_comms;
+  while (*p && *p != nc) p = &(*p)->next;
+  if (on && !*p) {
+    nc->next = live_comms;
+    live_comms = nc;
+  } else if (!on && *p) {
+    *p = nc->next;
+  }
+  pthread_mutex_unlock(&live_lock);
+}
+
+/* After ncclCommAbort nothing may reach NCCL with that communicator. */
+static void abort_all(void) {
+  pthread_mutex_lock(&live_lock);
+  for (nccl_comm *nc = live_comms; nc; nc = nc->next)
+    if (nc->comm && !nc->aborted) {
+      ncclCommAbort(nc->comm);
+      nc->comm = NULL;
+      nc->aborted = 1;
+    }
+  pthread_mutex_unlock(&live_lock);
+}
 
 static int nccl_check(ncclResult_t r, ncclComm_t comm, const char *call, const char *name) {
   if (r == ncclSuccess || r == ncclInProgress) return FSDP_OK;
@@ -145,15 +177,21 @@ static int nccl_synchronize(fsdp_comm *c) {
     ncclCommGetAsyncError(nc->comm, &async);
     if (async != ncclSuccess && async != ncclInProgress) {
       int rc = nccl_check(async, nc->comm, "asynchronous error", c->name);
-      ncclCommAbort(nc->comm);
-      nc->comm = NULL;
-      nc->aborted = 1;
+      abort_all();
       return rc;
     }
+    /* PMIx says a rank ended: within a node NCCL raises no error for a
+     * dead peer, and its collectives will never come */
+    int gone = fsdp_peer_left();
+    if (gone >= 0) {
+      abort_all();
+      return fsdp_fail(FSDP_ECOMM,
+                       "comm '%s': rank %d left the job while this rank waited for the comm's collectives; every "
+                       "NCCL communicator of this rank was aborted",
+                       c->name, gone);
+    }
     if (shm_now() > deadline) {
-      ncclCommAbort(nc->comm);
-      nc->comm = NULL;
-      nc->aborted = 1;
+      abort_all();
       return fsdp_fail(FSDP_ETIMEOUT,
                        "comm '%s': collectives did not finish within %.0f s (a peer died or is calling collectives "
                        "in another order); the communicator was aborted", c->name, c->timeout_s);
@@ -166,6 +204,7 @@ static int nccl_synchronize(fsdp_comm *c) {
 static void nccl_destroy(fsdp_comm *c) {
   nccl_comm *nc = c->impl;
   if (nc) {
+    track(nc, 0);
     if (nc->comm) {
       if (!nc->aborted && nccl_synchronize(c) == FSDP_OK)
         ncclCommDestroy(nc->comm);
@@ -277,6 +316,7 @@ int fsdp_comm_nccl_create(const comm_group_spec *spec, fsdp_comm **out) {
     if (e == cudaSuccess) e = cudaMemset(nc->scratch, 0, sizeof(int));
     if (e != cudaSuccess) rc = cuda_fail(e, c, "barrier scratch");
   }
+  if (rc == FSDP_OK) track(nc, 1);
   if (rc == FSDP_OK) keep_pool_cache();
   if (rc == FSDP_OK) rc = fsdp_cuda_stream_create(&c->stream);
   if (rc < 0) {
