@@ -4,7 +4,8 @@
 #   scripts/multirank_check.sh BUILD OUT gpu   GPU ranks sharing the GPUs
 #       (fsdprun --ranks-per-gpu N), each case against the same job on 1 GPU
 #       rank and on N CPU ranks; each rank's peak bytes against its plan;
-#       then checkpoints across worlds, a killed rank under --max-restarts,
+#       then checkpoints across worlds, a killed rank (under --max-restarts
+#       and not), a stopped rank (SIGSTOP, --heartbeat-timeout),
 #       one 4-rank step's timeline and the REPL on a 2-rank GPU mesh
 #   scripts/multirank_check.sh BUILD OUT cpu   the CPU half: each case on N
 #       CPU ranks against 1 CPU rank (no GPU needed; part of the suite)
@@ -193,6 +194,14 @@ if [ "$mode" = gpu ] && [ -z "${MULTIRANK_CASES:-}" ] && [ -z "${broken:-}" ]; t
   FSDP_TEST_KILL_AT=0:1:10 run killed_norestart 4 cuda fsdp.zero=3
   check "rank 1 of 4 GPU ranks killed at step 10: the job fails (status $rc) in $secs s, naming rank 1" \
     "[ $rc != 0 ] && grep -q 'rank 1 was killed by signal 9' '$work/killed_norestart.log'"
+  # ---- a rank stopped (SIGSTOP) at step 10: alive, silent, its peers
+  # waiting in NCCL; fsdprun --heartbeat-timeout 3 ends the job, naming it
+  launch_opts=(--heartbeat-timeout 3 --grace 2)
+  FSDP_TEST_STALL=1:10:stop run stopped 4 cuda fsdp.zero=3
+  launch_opts=()
+  check "rank 1 of 4 GPU ranks stopped (SIGSTOP) at step 10: the job ends (status $rc) in $secs s, naming it alone" \
+    "[ $rc = 1 ] && grep -Eq '^fsdprun: rank 1 sent no heartbeat for [0-9]+ s \(last at step 10\)' '$work/stopped.log' &&
+     [ \$(grep -c 'sent no heartbeat' '$work/stopped.log') = 1 ]"
   # ---- one 4-rank step's timeline (train.profile): the overlap
   run profile4 4 cuda fsdp.zero=3 train.steps=4 train.profile="$work/profile4.json"
   check "a 4-rank step's timeline (status $rc): $(grep -h 'profile:' "$work/profile4.log" | head -3 | tr '\n' ' ')" "[ $rc = 0 ]"
