@@ -43,6 +43,11 @@ static const char *usage_text =
     "                     or the cores a launcher such as mpirun bound the rank to)\n"
     "  FSDP_BLAS_THREADS  OpenBLAS threads for every CPU GEMM (default: by its size, one per\n"
     "                     4 MFLOP (FSDP_BLAS_MFLOP_PER_THREAD), at most the rank's cores)\n"
+    "  OPENBLAS_CORETYPE  OpenBLAS's kernels (Haswell, SkylakeX, ...). Unset, fsdp keeps\n"
+    "                     OpenBLAS's choice unless it is below the CPU's features (an\n"
+    "                     OpenBLAS older than the CPU falls back to SSE3 kernels): then it\n"
+    "                     sets the one the features call for, checks its results once, and\n"
+    "                     a training run's first lines say which kernels run\n"
     "  OPENBLAS_THREAD_TIMEOUT  how long OpenBLAS's idle threads spin, 2^N cycles (default\n"
     "                     here 4, set by fsdp for itself: short, so that they leave the cores\n"
     "                     to the ops between GEMMs; OpenBLAS's own default is 28)\n"
@@ -58,19 +63,44 @@ static void set_default_env(const char *name, const char *value) {
   if (!getenv(name)) setenv(name, value, 1);
 }
 
-/* OpenBLAS's idle threads spin (sched_yield) for 2^28 cycles after each
- * GEMM, holding the cores that the pool's threads want for the ops between
- * GEMMs (a rank with several cores; bench/RESULTS.md: +15% for the demo on
- * one rank of two cores). It reads how long once, as it loads, before main:
- * so the host sets 2^4 and runs itself again, once. A value the user set is
- * kept; where the exec fails, OpenBLAS's default stays. */
-static void short_blas_spin(char **argv) {
+/* OpenBLAS reads its settings once, as it loads, before main: the host
+ * sets them and runs itself again, once.
+ * - Its idle threads spin (sched_yield) for 2^28 cycles after each GEMM,
+ *   holding the cores that the pool's threads want for the ops between
+ *   GEMMs (a rank with several cores; bench/RESULTS.md: +15% for the demo
+ *   on one rank of two cores): OPENBLAS_THREAD_TIMEOUT=4.
+ * - An OpenBLAS older than the CPU runs its oldest kernels on it (SSE3 on
+ *   an AVX-512 Xeon: 5x slower GEMMs): OPENBLAS_CORETYPE from the CPU's
+ *   features (src/ops/blas_core.c), FSDP_BLAS_CORE_FROM saying what
+ *   OpenBLAS had picked, and the new kernels checked once after the run
+ *   again (blas_checked).
+ * A value the user set is kept; where the exec fails, OpenBLAS's own stay. */
+static void blas_settings(char **argv) {
   char self[4096];
   ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-  if (getenv("OPENBLAS_THREAD_TIMEOUT") || n <= 0 || n >= (ssize_t)sizeof self - 1) return;
+  if (n <= 0 || n >= (ssize_t)sizeof self - 1) return;
   self[n] = '\0'; /* the file itself, not the link: the process keeps its name (ps, pkill, /proc/PID/comm) */
-  setenv("OPENBLAS_THREAD_TIMEOUT", "4", 1);
-  execv(self, argv);
+  int again = 0;
+  if (!getenv("OPENBLAS_THREAD_TIMEOUT")) {
+    setenv("OPENBLAS_THREAD_TIMEOUT", "4", 1);
+    again = 1;
+  }
+  const char *core = fsdp_blas_core_choice();
+  if (core) {
+    setenv("FSDP_BLAS_CORE_FROM", fsdp_blas_core(), 1);
+    setenv("OPENBLAS_CORETYPE", core, 1);
+    again = 1;
+  }
+  if (again) execv(self, argv);
+  if (core) unsetenv("FSDP_BLAS_CORE_FROM"); /* not run again: OpenBLAS's own kernels stay */
+}
+
+/* Kernels chosen by blas_settings compute right, or the host refuses to
+ * run on them, saying which and what to set. */
+static int blas_checked(void) {
+  if (!getenv("FSDP_BLAS_CORE_FROM") || fsdp_blas_verify() == FSDP_OK) return 1;
+  fprintf(stderr, "fsdp: %s\n", fsdp_last_error());
+  return 0;
 }
 
 /* package.path gets the fsdp Lua directory first. */
@@ -325,7 +355,8 @@ static void finalize_at_exit(void) {
 }
 
 int main(int argc, char **argv) {
-  short_blas_spin(argv);
+  blas_settings(argv);
+  if (!blas_checked()) return 1;
   atexit(finalize_at_exit); /* os.exit() from a job leaves through exit() too */
   if (argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
     fputs(usage_text, stdout);

@@ -46,6 +46,10 @@ double fsdp_time_now(void);                /* monotonic seconds */
  * the MFU's CPU peak where cpuinfo gives only the nominal clock
  * (src/base/core_clock.c). Takes about 10 ms. */
 double fsdp_core_clock_hz(void);
+/* The clock two timed chains agree on (register adds, 64-bit multiplies;
+ * Hz), the faster of the two; 0 when they differ by more than 10% or one
+ * reads above 7 GHz: then one of them is no clock on this core. */
+double fsdp_core_clock_pick(double by_add, double by_mul);
 /* The stop signals (SIGTERM, SIGINT, SIGHUP, SIGUSR1) recorded instead of
  * acted on while watched (on = 1; on = 0 restores the previous handlers);
  * a second one acts at once; on = 2 (the stop is saved, the process is

@@ -65,6 +65,23 @@ int fsdp_scale_add(float *y, float alpha, const float *x, int64_t n);
 int fsdp_cross_entropy(double *loss_sum, int64_t *count, float *dlogits, const float *logits, const int32_t *targets,
                        int64_t n, int64_t vocab, int32_t ignore_index, float grad_scale);
 
+/* ---- which OpenBLAS kernels the CPU GEMMs run on (src/ops/blas_core.c) - */
+/* The core OpenBLAS runs ("Haswell", "Prescott", ...). */
+const char *fsdp_blas_core(void);
+/* The core this CPU's features call for, where OpenBLAS chose a lower one
+ * and no OPENBLAS_CORETYPE is set; NULL: keep OpenBLAS's. */
+const char *fsdp_blas_core_choice(void);
+/* The core for these features: AVX-512 (F/BW/DQ/VL) SkylakeX, AVX2 + FMA
+ * Haswell, AVX Sandybridge, else NULL. */
+const char *fsdp_blas_core_for_features(int avx, int avx2_fma, int avx512);
+/* 0 (SSE) to 3 (AVX-512); -1 for a core it does not rank. */
+int fsdp_blas_core_level(const char *core);
+/* One line: the kernels in use and who chose them. */
+const char *fsdp_blas_core_note(void);
+/* A GEMM on the kernels in use against float64; FSDP_EINVAL, with a
+ * message naming the kernels, when they compute wrong results. */
+int fsdp_blas_verify(void);
+
 #ifdef __cplusplus
 }
 #endif

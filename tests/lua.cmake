@@ -147,3 +147,8 @@ add_test(NAME multirank_cpu
          COMMAND bash ${CMAKE_SOURCE_DIR}/scripts/multirank_check.sh ${CMAKE_BINARY_DIR} ${CMAKE_CURRENT_BINARY_DIR}/multirank_cpu cpu)
 set_tests_properties(multirank_cpu PROPERTIES LABELS multirank TIMEOUT 300 RUN_SERIAL ON
   ENVIRONMENT "MULTIRANK_CASES=z1_fp32_2 z3_bf16_2 hsdp_fp32_4 hfsdp_fp32_4 live1_4 offload_all_2 accum_4 planted_lr_2 planted_wd_4 planted_lr_bf16_2")
+# OpenBLAS's kernels: chosen by the CPU's features where OpenBLAS falls back
+# to SSE3 ones, checked against float64, a core the user set kept
+# (tests/scripts/test_blas_core.sh)
+add_test(NAME blas_core COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_blas_core.sh $<TARGET_FILE:fsdp-host>)
+set_tests_properties(blas_core PROPERTIES LABELS unit TIMEOUT 60)

@@ -385,8 +385,8 @@ local function run(r, where, args, break_at, owned)
       ws / 2 ^ 30, os.getenv("FSDP_CUDNN_DETERMINISTIC") ~= "0" and "; deterministic: FSDP_CUDNN_DETERMINISTIC=0 takes less" or "")
       or "")
   end
-  say("fsdp: MFU peak: %s; GEMM rate measured now: %sFLOP/s per rank (gemm_frac in the metrics)", the_peak.what,
-    human(gemm_rate))
+  say("fsdp: MFU peak: %s; GEMM rate measured now: %sFLOP/s per rank (gemm_frac in the metrics)%s", the_peak.what,
+    human(gemm_rate), device == "cpu" and "; " .. ffi.string(C.fsdp_blas_core_note()) or "")
 
   local metrics
   if R == 0 and r.train.metrics then
