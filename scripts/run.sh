@@ -8,4 +8,11 @@ scripts/build.sh build
 if [ $# -eq 0 ]; then
   set -- -n 2 recipes/tiny.lua
 fi
-exec build/fsdprun "$@"
+# how long it took, and on what, so that a run can be compared with the
+# README's (measured on one host) and with another machine's
+t0=$(date +%s)
+rc=0
+build/fsdprun "$@" || rc=$?
+cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo 2>/dev/null | head -1)
+echo "run.sh: $(( $(date +%s) - t0 )) s on $(nproc) cores of ${cpu:-an unnamed CPU} (exit status $rc)" >&2
+exit $rc

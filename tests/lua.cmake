@@ -152,3 +152,8 @@ set_tests_properties(multirank_cpu PROPERTIES LABELS multirank TIMEOUT 300 RUN_S
 # (tests/scripts/test_blas_core.sh)
 add_test(NAME blas_core COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_blas_core.sh $<TARGET_FILE:fsdp-host>)
 set_tests_properties(blas_core PROPERTIES LABELS unit TIMEOUT 60)
+# the README's and docs' CPU launch commands run on a 2-core machine
+# (tests/scripts/test_doc_commands.sh)
+add_test(NAME doc_commands
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_doc_commands.sh $<TARGET_FILE:fsdprun> ${CMAKE_SOURCE_DIR})
+set_tests_properties(doc_commands PROPERTIES LABELS multirank TIMEOUT 300 RUN_SERIAL ON)

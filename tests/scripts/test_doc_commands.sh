@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# test_doc_commands.sh FSDPRUN ROOT: the launch commands the README and
+# docs/ show for the CPU demos run on the machine the README describes (2
+# cores, no GPU): every `fsdprun -n N` / `scripts/run.sh -n N` of
+# recipes/tiny.lua or a recipes/demo_*.lua starts at most 2 ranks or says
+# --oversubscribe (fsdprun refuses more ranks than cores; the 8B and 70B
+# recipes' commands are for GPU machines); the README's own commands run,
+# recipes cut to 2 steps.
+set -u
+fsdprun=$1
+root=$2
+. "$(dirname "$0")/checks.sh"
+unset FSDPRUN_OVERSUBSCRIBE # (a suite's setting would hide the refusal)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+cd "$root" || exit 1
+
+# every documented launch: file:line: command
+grep -noE '(scripts/run\.sh|fsdprun) -n ?[0-9]+[^`#|]*' README.md docs/*.md |
+  grep -E 'recipes/(tiny|demo_[a-z_]*)\.lua' >"$work/cmds"
+check "the docs show launch commands ($(wc -l <"$work/cmds") found)" "[ -s '$work/cmds' ]"
+while IFS= read -r line; do
+  n=$(sed -E 's/.* -n ?([0-9]+).*/\1/' <<<"$line")
+  check "at most 2 ranks, or --oversubscribe: $line" "[ $n -le 2 ] || grep -q -- '--oversubscribe' <<<'$line'"
+done <"$work/cmds"
+
+# the README's commands that start a job, as a reader would type them (the
+# build's fsdprun for scripts/run.sh, which builds first); --repl waits for
+# a person and job.lua is a placeholder
+grep -oE '(scripts/run\.sh|build/fsdprun) -n ?[0-9]+ [^`#|]*' README.md | grep -v -e '--repl' -e 'job\.lua' |
+  sed -E 's/ +$//' | sort -u >"$work/readme"
+while IFS= read -r cmd; do
+  set -- $cmd
+  shift
+  extra=()
+  grep -q 'recipes/tiny.lua' <<<"$cmd" && extra=(train.steps=2 train.eval_every=0 train.metrics="$work/m.jsonl")
+  timeout 120 "$fsdprun" "$@" "${extra[@]}" >"$work/out" 2>&1
+  rc=$?
+  check "README: '$cmd' runs here (status $rc)" "[ $rc = 0 ]"
+  [ $rc = 0 ] || tail -3 "$work/out"
+done <"$work/readme"
+finish test_doc_commands
