@@ -4,9 +4,10 @@
 # on top, throughput (tokens/s) below. Needs gnuplot (Debian: gnuplot-nox;
 # scripts/setup.sh installs it).
 #   scripts/plot_metrics.sh runs/tiny/metrics.jsonl runs/tiny/metrics.png
+#   scripts/plot_metrics.sh runs/tiny/metrics.jsonl -    (as text, on the terminal)
 set -euo pipefail
 if [ $# -ne 2 ]; then
-  echo "usage: scripts/plot_metrics.sh METRICS.jsonl OUT.png" >&2
+  echo "usage: scripts/plot_metrics.sh METRICS.jsonl OUT.png|-" >&2
   exit 2
 fi
 in=$1 out=$2
@@ -21,20 +22,29 @@ field loss >"$tmp/loss"
 field val_loss >"$tmp/val"
 field tokens_per_s >"$tmp/tps"
 [ -s "$tmp/loss" ] || { echo "plot_metrics: $in has no \"loss\" lines (is it a trainer metrics file?)" >&2; exit 1; }
+# the loss plot's series: the training curve, and the validation points
+# where the run evaluated (gnuplot refuses an empty data file)
+series="\"$tmp/loss\" using 1:2 with lines lw 2 title \"train\""
+[ -s "$tmp/val" ] && series="$series, \"$tmp/val\" using 1:2 with linespoints pt 7 lw 2 title \"validation\""
+if [ "$out" = - ]; then # a terminal: text
+  terminal='set terminal dumb size 100,40'
+  output=''
+else
+  terminal='set terminal pngcairo size 900,700 noenhanced'
+  output="set output \"$out\""
+fi
 cat >"$tmp/plot.gp" <<GP
-set terminal pngcairo size 900,700 noenhanced
-set output "$out"
+$terminal
+$output
 set multiplot layout 2,1 title "$(basename "$in")"
 set grid
+set key below
 set xlabel "step"
 set ylabel "loss"
-plot "$tmp/loss" using 1:2 with lines lw 2 title "train", \
-     "$tmp/val" using 1:2 with linespoints pt 7 lw 2 title "validation"
+plot $series
 set ylabel "tokens/s"
 plot "$tmp/tps" using 1:2 with lines lw 2 title "throughput"
 unset multiplot
 GP
-# gnuplot refuses an empty data file: drop the validation series if none
-[ -s "$tmp/val" ] || sed -i 's|, \\$||; /"validation"/d' "$tmp/plot.gp"
 gnuplot "$tmp/plot.gp"
-echo "plot_metrics: wrote $out"
+[ "$out" = - ] || echo "plot_metrics: wrote $out"
