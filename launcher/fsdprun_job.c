@@ -57,11 +57,13 @@ static const char *others(int n, char *buf, size_t cap) {
 /* The exit code never reads as success, and fits in 8 bits. */
 static int failure_code(int status) { return status & 0xff ? status & 0xff : 1; }
 
-static void stop(sup *s, int code) {
+/* sig: what the ranks get: the stop signal fsdprun itself got (a rank
+ * says which stopped it: Ctrl-C is SIGINT), else SIGTERM */
+static void stop(sup *s, int code, int sig) {
   s->code = code;
   s->stopping = 1;
   s->kill_at = now() + s->j->grace;
-  procs_signal(s->j, SIGTERM);
+  procs_signal(s->j, sig);
 }
 
 /* A rank failed (how: `what`; by_sig: the signal it ended by, or exited
@@ -71,7 +73,7 @@ static void stop_failed(sup *s, int code, int rank, const char *what, int by_sig
   j->failed_rank = rank;
   j->failed_sig = by_sig;
   snprintf(j->failure, sizeof j->failure, "%s", what);
-  stop(s, code);
+  stop(s, code, SIGTERM);
   if (j->grace > FAILED_GRACE) s->kill_at = now() + FAILED_GRACE;
 }
 
@@ -109,7 +111,7 @@ static void on_signal(sup *s, int sig) {
     s->running = procs_running(s->j); /* a signal while starting comes before the first reap */
     fprintf(stderr, "fsdprun: got signal %d (%s); stopping %d rank%s\n", sig, strsignal(sig), s->running,
             s->running == 1 ? "" : "s");
-    stop(s, 128 + sig);
+    stop(s, 128 + sig, sig);
   } else if (!s->killed) { /* asked again: no more grace */
     fprintf(stderr, "fsdprun: got signal %d again; killing the ranks\n", sig);
     kill_now(s);
@@ -214,7 +216,7 @@ int job_supervise(job *j) {
   if (!fds || !who) {
     free(fds);
     free(who);
-    stop(&s, 1);
+    stop(&s, 1, SIGTERM);
     kill_now(&s);
     return 1;
   }
@@ -228,13 +230,13 @@ int job_supervise(job *j) {
         snprintf(starting, sizeof starting, " while starting the ranks (%d of %d started)", j->spawned, j->n);
       fprintf(stderr, "fsdprun: the job ran past --timeout %g s%s; stopping %d rank%s\n", j->timeout, starting,
               s.running, s.running == 1 ? "" : "s");
-      stop(&s, 124);
+      stop(&s, 124, SIGTERM);
     }
     if (s.running == 0 && !s.stopping) {
       /* The ranks are done. Anything still in their group is an orphan
        * (it may hold the pipes open): end it like a failed rank, but the
        * job's exit code stays 0. */
-      stop(&s, 0);
+      stop(&s, 0, SIGTERM);
     }
     if (s.stopping && !s.killed && now() >= s.kill_at) kill_now(&s);
     int open_pipes = io_open_streams(j);
@@ -262,7 +264,7 @@ int job_supervise(job *j) {
     int rc = poll(fds, nfd, poll_ms(&s));
     if (rc < 0 && errno != EINTR) { /* cannot watch the job: end it, then wait without poll */
       fprintf(stderr, "fsdprun: poll: %s\n", strerror(errno));
-      if (!s.stopping) stop(&s, 1);
+      if (!s.stopping) stop(&s, 1, SIGTERM);
       if (!s.killed) kill_now(&s);
       usleep(100000);
       continue;

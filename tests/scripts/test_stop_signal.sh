@@ -47,6 +47,8 @@ stop_case() {
   local n
   n=$(sed -n 's/.*stopped by SIG[A-Z0-9]* after step \([0-9]*\); checkpoint saved at .*/\1/p' "$dir/out" | head -1)
   check "$name: says it stopped after a step and saved" "[ -n '$n' ]"
+  [ "$target" = scancel ] || [ "$name" = "SIGTERM to mpirun" ] ||
+    check "$name: names SIG$sig as what stopped it" "grep -q 'stopped by SIG$sig after step' '$dir/out'"
   [ -n "$n" ] || { tail -5 "$dir/out"; return; }
   local ck
   ck=$(printf '%s/ck/step-%08d' "$dir" "$n")
@@ -63,6 +65,7 @@ stop_case() {
 }
 
 stop_case "SIGTERM to fsdprun" TERM launcher 143
+stop_case "SIGINT to fsdprun (Ctrl-C)" INT launcher 130
 stop_case "SIGTERM to the ranks" TERM ranks 143
 stop_case "SIGUSR1 to the ranks" USR1 ranks 138
 if command -v mpirun >/dev/null && mpirun --version 2>/dev/null | grep -q "Open MPI"; then
