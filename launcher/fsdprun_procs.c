@@ -115,6 +115,12 @@ static void child_exec(job *j, int rank, char **envp, int in_fd, int out_w, int 
   memset(&dfl, 0, sizeof dfl);
   dfl.sa_handler = SIG_DFL;
   sigaction(SIGPIPE, &dfl, NULL);
+  /* the stop signals too: fsdprun passes the one it got on (a background
+   * job's shell had SIGINT ignored, which would leave a rank deaf to it) */
+  sigaction(SIGINT, &dfl, NULL);
+  sigaction(SIGTERM, &dfl, NULL);
+  sigaction(SIGHUP, &dfl, NULL);
+  sigaction(SIGUSR1, &dfl, NULL);
   sigset_t none;
   sigemptyset(&none);
   sigprocmask(SIG_SETMASK, &none, NULL);
