@@ -24,7 +24,9 @@ start() { # dir
   $launch "$root/recipes/tiny.lua" $quick train.steps=$steps checkpoint.dir="$1/ck" \
     train.metrics="$1/m.jsonl" >"$1/out" 2>&1 &
   pid=$!
-  for _ in $(seq 200); do
+  # (up to 60 s: a Slurm step can wait for the node while the job scancel
+  # ended before it is still completing; the suite once saw 10 s pass)
+  for _ in $(seq 1200); do
     [ "$(wc -l 2>/dev/null <"$1/m.jsonl" || echo 0)" -ge 4 ] && return 0
     sleep 0.05
   done
