@@ -503,12 +503,31 @@ function M.rank_rows(p)
   return rows
 end
 
+-- "zero 3", or for a policy that mixes levels "zero 0, 2 and 3 (by unit:
+-- 1 at 0, 2 at 2, 4 at 3)": the recipe's fsdp.zero alone would misstate it
+function M.zero_text(p)
+  local count, levels = {}, {}
+  for _, u in ipairs(p.units) do
+    if not count[u.zero] then levels[#levels + 1] = u.zero end
+    count[u.zero] = (count[u.zero] or 0) + 1
+  end
+  if #levels <= 1 then return "zero " .. tostring(levels[1] or p.zero) end
+  table.sort(levels)
+  local names, by = {}, {}
+  for i, z in ipairs(levels) do
+    names[i] = tostring(z)
+    by[i] = string.format("%d at %d", count[z], z)
+  end
+  return string.format("zero %s and %s (by unit: %s)", table.concat(names, ", ", 1, #names - 1), names[#names],
+    table.concat(by, ", "))
+end
+
 function M.render(p)
   local out = {}
   for _, w in ipairs(p.warnings or {}) do out[#out + 1] = "warning: " .. w end
-  out[#out + 1] = string.format("plan: %s on %d ranks (mesh %s: dp_shard %d x dp_outer %d%s), zero %d, %s params; %s parameters " ..
+  out[#out + 1] = string.format("plan: %s on %d ranks (mesh %s: dp_shard %d x dp_outer %d%s), %s, %s params; %s parameters " ..
     "in %d units; %d micro-batch%s of %d x %d per step", p.where, p.world, p.mesh, p.shard, p.outer, p.hfsdp and ", hfsdp" or "",
-    p.zero, p.param_dtype, human(p.n_params), #p.units, p.grad_accum, p.grad_accum == 1 and "" or "es", p.micro_batch, p.seq)
+    M.zero_text(p), p.param_dtype, human(p.n_params), #p.units, p.grad_accum, p.grad_accum == 1 and "" or "es", p.micro_batch, p.seq)
   out[#out + 1] = "memory per rank (every rank holds the same bytes):"
   out[#out + 1] = M.table(M.memory_rows(p))
   out[#out + 1] = string.format("communication per rank per step (bytes sent, ring algorithms): all-gather %s, reduce-scatter %s, all-reduce %s",

@@ -373,9 +373,9 @@ local function run(r, where, args, break_at, owned)
     cpu = device ~= "cuda" and not r.train.peak_tflops and peak.this_cpu() or nil })
   local gemm_rate = peak.gemm_rate(fsdp, device, r.fsdp.param_dtype)
   local tokens_step = B * T * K * dp
-  say("fsdp: %s parameters in %d units over %d ranks (mesh %s, zero %d, %s params); %d tokens per step (%d x %d x %d " ..
+  say("fsdp: %s parameters in %d units over %d ranks (mesh %s, %s, %s params); %d tokens per step (%d x %d x %d " ..
     "micro-batches x %d ranks); planned %.2f GiB per rank", human(n_params), #sharded.units, info.size,
-    type(r.mesh) == "string" and r.mesh or "custom", r.fsdp.zero, r.fsdp.param_dtype, tokens_step, B, T, K, dp,
+    type(r.mesh) == "string" and r.mesh or "custom", planner.zero_text(the_plan), r.fsdp.param_dtype, tokens_step, B, T, K, dp,
     planner.gib(need.total))
   if device == "cuda" then
     -- cuDNN's deterministic backward holds partial sums growing with seq^2: say what it costs

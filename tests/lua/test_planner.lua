@@ -255,6 +255,15 @@ compare("a narrow MLP (intermediate 32)", { ["model.intermediate_size"] = 32 })
 compare("a narrow MLP, checkpoint full", { ["model.intermediate_size"] = 32, ["fsdp.checkpoint"] = "full" })
 compare("a wide MLP, 8 heads of 16, checkpoint every 3rd", { ["model.intermediate_size"] = 1024,
   ["model.num_attention_heads"] = 8, ["model.num_key_value_heads"] = 8, ["fsdp.checkpoint"] = 3 })
+-- the header names the ZeRO levels the units have, not the recipe's alone:
+-- a policy that mixes them read "zero 3"
+do
+  local mixed = planner.render(planner.plan(tiny({ ["fsdp.units"] = root .. "/recipes/policies/zero_by_size.lua" }),
+    { world = W }))
+  check(mixed:find(", zero 2 and 3 (by unit: 2 at 2, 4 at 3), ", 1, true), "a policy mixing ZeRO 2 and 3: the header says so")
+  local one = planner.render(planner.plan(tiny({ ["fsdp.zero"] = 1 }), { world = W }))
+  check(one:find(", zero 1, ", 1, true), "one level: 'zero 1'")
+end
 -- evaluation frees each layer's activations once the next has run
 do
   local r = tiny({ ["fsdp.zero"] = 3 })
