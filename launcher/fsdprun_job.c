@@ -94,10 +94,18 @@ static void on_rank_failed(sup *s, int r) {
 
 static void on_abort(sup *s, int r, int status, const char *msg) {
   char tail[64];
-  /* the first line: the rank printed the whole message (a traceback) itself */
+  /* the whole message, once: an fsdp rank under fsdprun leaves it to us
+   * (src/dist/boot.c); its first line on ours, the rest (a traceback)
+   * below it, indented */
   int len = (int)strcspn(msg, "\n");
-  fprintf(stderr, "fsdprun: rank %d called PMIx_Abort with status %d%s%.*s%s%s\n", r, status, msg[0] ? ": " : "", len,
-          msg, msg[len] ? " (...)" : "", others(s->running - 1, tail, sizeof tail));
+  fprintf(stderr, "fsdprun: rank %d called PMIx_Abort with status %d%s%.*s%s\n", r, status, msg[0] ? ": " : "", len, msg,
+          others(s->running - 1, tail, sizeof tail));
+  for (const char *line = msg + len; *line;) {
+    line++; /* past the newline */
+    int n = (int)strcspn(line, "\n");
+    if (n || line[n]) fprintf(stderr, "  %.*s\n", n, line);
+    line += n;
+  }
   char what[64];
   snprintf(what, sizeof what, "called PMIx_Abort with status %d", status);
   stop_failed(s, failure_code(status), r, what, 0);

@@ -94,6 +94,26 @@ function M.apply_overrides(r, args, where)
   return r
 end
 
+-- Whether a and b are one edit apart: a letter added, removed, changed, or
+-- two neighbours swapped ("stpes" for "steps").
+local function one_edit(a, b)
+  if a == b or math.abs(#a - #b) > 1 then return false end
+  local i = 1
+  while i <= #a and i <= #b and a:sub(i, i) == b:sub(i, i) do i = i + 1 end
+  local ra, rb = a:sub(i), b:sub(i)
+  return ra:sub(2) == rb:sub(2) or ra:sub(2) == rb or ra == rb:sub(2) or
+    (#ra >= 2 and ra:sub(1, 1) == rb:sub(2, 2) and ra:sub(2, 2) == rb:sub(1, 1) and ra:sub(3) == rb:sub(3))
+end
+
+-- " (did you mean 'x'?)" when exactly one of names is one edit from name
+function M.did_you_mean(name, names)
+  local near = {}
+  for _, n in ipairs(names) do
+    if one_edit(tostring(name), n) then near[#near + 1] = n end
+  end
+  return #near == 1 and string.format(" (did you mean '%s'?)", near[1]) or ""
+end
+
 -- t's fields against schema (unknown ones and kinds refused, naming
 -- prefix.field), defaults filled in
 local function check_fields(t, schema, prefix, where)
@@ -103,7 +123,8 @@ local function check_fields(t, schema, prefix, where)
       local names = {}
       for n in pairs(schema) do names[#names + 1] = n end
       table.sort(names)
-      fail(where, "%s.%s: unknown field (%s has: %s)", prefix, tostring(k), prefix, table.concat(names, ", "))
+      fail(where, "%s.%s: unknown field%s (%s has: %s)", prefix, tostring(k), M.did_you_mean(k, names), prefix,
+        table.concat(names, ", "))
     end
     if not ok_kind(f[1], v) then fail(where, "%s.%s = %s; expected %s", prefix, k, tostring(v), describe(f[1])) end
   end
@@ -153,7 +174,9 @@ function M.check(r, where)
   local known = {}
   for _, s in ipairs(sections) do known[s] = true end
   for k in pairs(r) do
-    if not known[k] then fail(where, "unknown section '%s' (expected %s)", tostring(k), table.concat(sections, ", ")) end
+    if not known[k] then
+      fail(where, "unknown section '%s'%s (expected %s)", tostring(k), M.did_you_mean(k, sections), table.concat(sections, ", "))
+    end
   end
   if r.model == nil then fail(where, "the model section is missing (e.g. model = {preset = 'llama3_8b'})") end
   if type(r.model) ~= "table" then fail(where, "model must be a table, got %s", type(r.model)) end

@@ -219,10 +219,13 @@ int fsdp_kv_get(int rank, const char *key, void *data, size_t cap, size_t *len) 
 int fsdp_abort(int status, const char *message) {
   const char *msg = message ? message : "fsdp_abort";
   if (boot.initialized && !boot.info.singleton) {
-    /* said here: mpirun, srun and prterun do not print PMIx_Abort's message */
-    fprintf(stderr, "fsdp: rank %d of %d aborts the job (status %d): %s\n", boot.info.rank, boot.info.size, status,
-            msg);
-    fflush(stderr);
+    /* said here: mpirun, srun and prterun do not print PMIx_Abort's
+     * message; fsdprun does (all of it), and once is enough */
+    if (!getenv("FSDPRUN")) {
+      fprintf(stderr, "fsdp: rank %d of %d aborts the job (status %d): %s\n", boot.info.rank, boot.info.size, status,
+              msg);
+      fflush(stderr);
+    }
     pmix_status_t rc = PMIx_Abort(status, msg, NULL, 0);
     if (rc == PMIX_SUCCESS) return FSDP_OK; /* the launcher tears the job down */
   }

@@ -27,7 +27,16 @@ do
     mod(x)
     fails(function() recipe.check(x, "recipes/x.lua") end, needle, "recipe error")
   end
-  bad(function(x) x.train.stpes = 3 end, "recipes/x.lua: train.stpes: unknown field")
+  bad(function(x) x.train.stpes = 3 end, "recipes/x.lua: train.stpes: unknown field (did you mean 'steps'?) (train has:")
+  bad(function(x) x.fsdp.zer = 3 end, "fsdp.zer: unknown field (did you mean 'zero'?)")
+  bad(function(x) x.optimizer.lrr = 3 end, "optimizer.lrr: unknown field (did you mean 'lr'?)")
+  bad(function(x) x.trian = {} end, "unknown section 'trian' (did you mean 'train'?)")
+  bad(function(x) x.train.stepsize = 3 end, "train.stepsize: unknown field (train has:") -- far from any: no guess
+  do -- two candidates one edit away: no guess either
+    check(recipe.did_you_mean("lr", { "la", "lb" }) == "", "two names one edit away: no guess")
+    check(recipe.did_you_mean("beta", { "beta1", "beta2" }) == "", "beta: beta1 or beta2: no guess")
+    check(recipe.did_you_mean("eps", { "eps" }) == "", "the name itself: no guess")
+  end
   bad(function(x) x.fsdp.zero = 5 end, "fsdp.zero = 5; expected 0, 1, 2 or 3")
   bad(function(x) x.optimizer.name = "lion" end, "optimizer.name = lion; expected one of 'adamw', 'sgd'")
   bad(function(x) x.data.seq = "long" end, "data.seq = long; expected an integer")
