@@ -503,6 +503,50 @@ function M.rank_rows(p)
   return rows
 end
 
+local function copy(t)
+  if type(t) ~= "table" then return t end
+  local c = {}
+  for k, v in pairs(t) do c[k] = copy(v) end
+  return c
+end
+
+-- What would make recipe r fit when its plan does not: each single change
+-- that lowers the planned bytes per rank (the device's part on a GPU,
+-- o.device_only), with the figure it gives, smallest first. o: the plan's
+-- options (world, where, mesh). Changes the recipe already has, and ones
+-- that plan no lower (bf16 on CPU ranks, which compute in fp32), are left
+-- out. Returns { {change = "fsdp.zero = 3", bytes = n}, ... }.
+function M.advice(r, o, device_only)
+  local function need(x, world)
+    local ok, p = pcall(M.plan, x, { world = world or o.world, where = o.where, mesh = world and "dp_shard=-1" or o.mesh })
+    if not ok then return nil end
+    return device_only and p.need.device or p.need.total
+  end
+  local base = need(r)
+  local f, d = r.fsdp, r.data
+  local tries = {}
+  local function try(change, args, world)
+    local x = require("fsdp.recipe").apply_overrides(copy(r), args, o.where)
+    local n = need(x, world)
+    if n and base and n < base then tries[#tries + 1] = { change = change, bytes = n } end
+  end
+  if f.zero ~= 3 then try("fsdp.zero = 3", { "fsdp.zero=3" }) end
+  if f.checkpoint ~= "full" then try("fsdp.checkpoint = 'full'", { "fsdp.checkpoint=full" }) end
+  if f.recompute ~= "mlp" then try("fsdp.recompute = 'mlp'", { "fsdp.recompute=mlp" }) end
+  if f.param_dtype ~= "bf16" then try("fsdp.param_dtype = 'bf16'", { "fsdp.param_dtype=bf16" }) end
+  if device_only and f.offload ~= "all" then try("fsdp.offload = 'all'", { "fsdp.offload=all" }) end
+  if d.micro_batch > 1 then
+    local mb = math.floor(d.micro_batch / 2)
+    local args = { "data.micro_batch=" .. mb }
+    if r.train.global_batch_tokens then args[2] = "train.global_batch_tokens=" .. r.train.global_batch_tokens end
+    try(string.format("data.micro_batch = %d", mb), args)
+  end
+  if d.seq >= 64 then try(string.format("data.seq = %d", d.seq / 2), { "data.seq=" .. math.floor(d.seq / 2) }) end
+  if (o.world or 1) * 2 <= M.max_world then try(string.format("%d ranks", 2 * (o.world or 1)), {}, 2 * (o.world or 1)) end
+  table.sort(tries, function(a, b) return a.bytes < b.bytes end)
+  return tries
+end
+
 -- "zero 3", or for a policy that mixes levels "zero 0, 2 and 3 (by unit:
 -- 1 at 0, 2 at 2, 4 at 3)": the recipe's fsdp.zero alone would misstate it
 function M.zero_text(p)

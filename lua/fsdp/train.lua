@@ -208,13 +208,18 @@ local function run(r, where, args, break_at, owned)
   local have = free_gib(on_gpu and C.FSDP_CUDA or C.FSDP_CPU, ranks_per_device)
   local want = on_gpu and need.device or need.total
   if want > have then
+    -- only changes that lower the plan, each with what it plans
+    local tips = {}
+    for _, a in ipairs(planner.advice(r, { world = info.size, where = where }, on_gpu)) do
+      tips[#tips + 1] = string.format("%s: %.2f GiB%s", a.change, planner.gib(a.bytes), a.bytes <= have and " (fits)" or "")
+    end
     error(string.format("%s: this recipe needs %.2f GiB per rank%s (params %.2f, grads %.2f, optimizer %.2f, unit buffers %.2f, " ..
-      "activations %.2f), and this %s has %.2f GiB free for each of its %d ranks. Lower data.micro_batch or data.seq, " ..
-      "use fsdp.zero = 3, fsdp.checkpoint = 'full', fsdp.param_dtype = 'bf16'%s, or more ranks.", where, planner.gib(want),
+      "activations %.2f), and this %s has %.2f GiB free for each of its %d ranks. %s", where, planner.gib(want),
       on_gpu and need.host > 0 and string.format(" on the GPU (and %.2f GiB offloaded to host memory)", planner.gib(need.host)) or "",
       planner.gib(need.params), planner.gib(need.grads), planner.gib(need.optimizer), planner.gib(need.unit_buffers),
       planner.gib(need.activations), on_gpu and "GPU" or "machine", planner.gib(have), ranks_per_device,
-      on_gpu and ", fsdp.offload = true" or ""), 0)
+      #tips > 0 and "Each of these alone plans less per rank: " .. table.concat(tips, "; ") .. "." or
+        "No single change of the recipe plans less: use more machines, or a smaller model."), 0)
   end
   if on_gpu and need.host > 0 then
     local host = free_gib(C.FSDP_CPU, info.local_size)

@@ -255,6 +255,33 @@ compare("a narrow MLP (intermediate 32)", { ["model.intermediate_size"] = 32 })
 compare("a narrow MLP, checkpoint full", { ["model.intermediate_size"] = 32, ["fsdp.checkpoint"] = "full" })
 compare("a wide MLP, 8 heads of 16, checkpoint every 3rd", { ["model.intermediate_size"] = 1024,
   ["model.num_attention_heads"] = 8, ["model.num_key_value_heads"] = 8, ["fsdp.checkpoint"] = 3 })
+-- a recipe that does not fit: advice names only changes that lower the
+-- plan, each with its figure (the README's 8B with 2 layers on 2 CPU ranks
+-- was told to set zero 3 and checkpoint 'full', which it had, and bf16,
+-- which plans the same on CPU ranks)
+do
+  local r8 = recipe.check({ model = { preset = "llama3_8b", num_hidden_layers = 2 }, mesh = "dp_shard=-1",
+    fsdp = { zero = 3, checkpoint = "full", param_dtype = "fp32" }, data = { corpus = { include = { "docs/*.md" } }, seq = 128,
+    micro_batch = 4 } }, "r8.lua")
+  local base = planner.plan(r8, { world = 2, where = "r8.lua" }).need.total
+  local adv = planner.advice(r8, { world = 2, where = "r8.lua" }, false)
+  local said = {}
+  for i, a in ipairs(adv) do
+    said[#said + 1] = a.change
+    check(a.bytes < base, string.format("advice '%s' plans less: %.2f < %.2f GiB", a.change, a.bytes / 2 ^ 30, base / 2 ^ 30))
+    check(i == 1 or adv[i - 1].bytes <= a.bytes, "advice smallest first")
+  end
+  local text = table.concat(said, "; ")
+  check(adv[1] and adv[1].change == "4 ranks", "the 8B's first advice on 2 CPU ranks: 4 ranks (" .. text .. ")")
+  check(not text:find("zero") and not text:find("checkpoint") and not text:find("bf16"),
+    "nothing it already has, nor bf16 on CPU ranks: " .. text)
+  r8.train.device = "cuda"
+  local gpu = planner.advice(r8, { world = 2, where = "r8.lua" }, true)
+  local g = {}
+  for _, a in ipairs(gpu) do g[#g + 1] = a.change end
+  check(table.concat(g, "; "):find("fsdp.offload = 'all'", 1, true) and table.concat(g, "; "):find("bf16", 1, true),
+    "on GPUs: offload and bf16 lower the device's part: " .. table.concat(g, "; "))
+end
 -- the header names the ZeRO levels the units have, not the recipe's alone:
 -- a policy that mixes them read "zero 3"
 do

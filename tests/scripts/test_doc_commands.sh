@@ -5,7 +5,7 @@
 # recipes/tiny.lua or a recipes/demo_*.lua starts at most 2 ranks or says
 # --oversubscribe (fsdprun refuses more ranks than cores; the 8B and 70B
 # recipes' commands are for GPU machines); the README's own commands run,
-# recipes cut to 2 steps.
+# recipes cut to 2 steps, and so does its example recipe (3 steps).
 set -u
 fsdprun=$1
 root=$2
@@ -39,4 +39,13 @@ while IFS= read -r cmd; do
   check "README: '$cmd' runs here (status $rc)" "[ $rc = 0 ]"
   [ $rc = 0 ] || tail -3 "$work/out"
 done <"$work/readme"
+# the README's example recipe trains here too (3 steps)
+awk '/A file that returns a table is a recipe/ { on = 1 } on && /^```lua/ { inb = 1; next } inb && /^```/ { exit } inb' \
+  README.md >"$work/readme_recipe.lua"
+check "the README's example recipe found ($(wc -l <"$work/readme_recipe.lua") lines)" "grep -q '^return {' '$work/readme_recipe.lua'"
+timeout 200 "$fsdprun" -n 2 "$work/readme_recipe.lua" train.steps=3 train.eval_every=0 train.metrics="$work/r.jsonl" \
+  >"$work/out" 2>&1
+rc=$?
+check "README: its example recipe trains 3 steps on 2 ranks here (status $rc)" "[ $rc = 0 ] && grep -q '^\[0\] done: 3 steps' '$work/out'"
+[ $rc = 0 ] || tail -3 "$work/out"
 finish test_doc_commands
