@@ -31,14 +31,31 @@ static void write_all(const job *j, int fd, const char *p, size_t n) {
   }
 }
 
+/* A line redrawn in place on the terminal: "\r\033[K" and the text, no
+ * newline (a training run's progress line between its log lines; rank 0
+ * draws it only when fsdprun's stdout is a terminal, FSDPRUN_TTY=1). It is
+ * passed on as it comes, prefixed, and the next line shown replaces it. */
+static const char redraw[] = "\r\033[K";
+static int bar_open; /* a redrawn line is on the terminal, without its newline */
+
 /* One write per line, so lines of different ranks never interleave. */
 static void emit(job *j, int rank, int is_err, const char *line, size_t len) {
   if (j->rank0_only && rank != 0 && !is_err) return;
   char stack[4096];
-  size_t need = len + 32;
+  size_t need = len + 32 + sizeof redraw;
   char *buf = need <= sizeof stack ? stack : malloc(need);
   if (!buf) return;
-  size_t at = j->prefix ? (size_t)snprintf(buf, 32, "[%d] ", rank) : 0;
+  size_t at = 0;
+  if (bar_open) { /* the line replaces the redrawn one */
+    memcpy(buf, redraw, sizeof redraw - 1);
+    at = sizeof redraw - 1;
+    bar_open = 0;
+  }
+  if (len >= sizeof redraw - 1 && !memcmp(line, redraw, sizeof redraw - 1)) { /* (a log line after a redraw) */
+    line += sizeof redraw - 1;
+    len -= sizeof redraw - 1;
+  }
+  at += j->prefix ? (size_t)snprintf(buf + at, 32, "[%d] ", rank) : 0;
   memcpy(buf + at, line, len);
   at += len;
   if (!len || line[len - 1] != '\n') buf[at++] = '\n'; /* a partial last line */
@@ -62,6 +79,21 @@ static void emit_lines(job *j, int rank, int is_err, out_stream *s) {
     }
   memmove(s->buf, s->buf + start, s->len - start);
   s->len -= start;
+  /* what is left, a redrawn line (stdout at a terminal): its last state now */
+  if (!is_err && s->len > sizeof redraw - 1 && !memcmp(s->buf, redraw, sizeof redraw - 1) && isatty(1) &&
+      (!j->rank0_only || rank == 0)) {
+    size_t from = 0;
+    for (size_t i = 0; i + sizeof redraw - 1 <= s->len; i++)
+      if (!memcmp(s->buf + i, redraw, sizeof redraw - 1)) from = i + sizeof redraw - 1;
+    char buf[MAX_LINE + 64];
+    size_t at = sizeof redraw - 1;
+    memcpy(buf, redraw, at);
+    at += j->prefix ? (size_t)snprintf(buf + at, 32, "[%d] ", rank) : 0;
+    memcpy(buf + at, s->buf + from, s->len - from);
+    write_all(j, 1, buf, at + s->len - from);
+    bar_open = 1;
+    s->len = 0;
+  }
 }
 
 static void close_stream(job *j, int rank, int is_err, out_stream *s) {

@@ -157,3 +157,8 @@ set_tests_properties(blas_core PROPERTIES LABELS unit TIMEOUT 60)
 add_test(NAME doc_commands
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_doc_commands.sh $<TARGET_FILE:fsdprun> ${CMAKE_SOURCE_DIR})
 set_tests_properties(doc_commands PROPERTIES LABELS multirank TIMEOUT 300 RUN_SERIAL ON)
+# the progress line at a terminal moves every step, through fsdprun
+# (tests/scripts/test_progress.sh; skipped without script(1))
+add_test(NAME progress
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_progress.sh $<TARGET_FILE:fsdprun> ${CMAKE_SOURCE_DIR})
+set_tests_properties(progress PROPERTIES LABELS multirank TIMEOUT 120 RUN_SERIAL ON SKIP_RETURN_CODE 77)

@@ -51,6 +51,18 @@ function M.gpu_sharing_refusal(per_gpu, local_size, ndev, getenv)
     ndev, ndev == 1 and "" or "s", per_gpu)
 end
 
+-- A warmup as long as the run: the learning rate never reaches
+-- optimizer.lr (a short test of a long recipe, or a mistake): say so, with
+-- the rate it does reach. nil when the warmup ends inside the run.
+function M.warmup_warning(r)
+  local w, steps = r.schedule.warmup, r.train.steps
+  if w < steps or steps < 1 then return nil end
+  local o = r.optimizer
+  local top = schedule.lr(steps, steps, { lr = o.lr, warmup = w, decay = r.schedule.decay, min_lr_ratio = r.schedule.min_lr_ratio })
+  return string.format("schedule.warmup = %d is not below train.steps = %d: the learning rate rises to %.3g at the last " ..
+    "step and never reaches optimizer.lr = %.3g", w, steps, top, o.lr)
+end
+
 pcall(ffi.cdef, "int mkdir(const char *path, unsigned int mode); int isatty(int fd);")
 pcall(ffi.cdef, "int kill(int pid, int sig); int getpid(void); int usleep(unsigned int us);")
 
@@ -128,7 +140,15 @@ local function run(r, where, args, break_at, owned)
   local R = info.rank
   local first_resume = restarts.first_resume(r, args)
   r = recipe.check(recipe.apply_overrides(r, args, where), where)
-  local say = function(...) if R == 0 then print(string.format(...)) io.stdout:flush() end end
+  -- bar_open: the progress line is drawn on the terminal without its
+  -- newline (a step between log lines); a line said now replaces it
+  local bar_open = false
+  local say = function(...)
+    if R ~= 0 then return end
+    if bar_open then io.stdout:write("\r\27[K") bar_open = false end
+    print(string.format(...))
+    io.stdout:flush()
+  end
 
   local device = r.train.device
   local cfg = hf_config.model(r.model, where)
@@ -443,6 +463,8 @@ local function run(r, where, args, break_at, owned)
 
   local tty = R == 0 and fsdp.on_terminal(info)
   local steps = r.train.steps
+  local warmup_note = M.warmup_warning(r)
+  if warmup_note then say("fsdp: warning: %s", warmup_note) end
   local function save(step, lr, async)
     if async == nil then async = ck.async end
     local ok, e = pcall(checkpoint.save, sharded, ck.dir, { step = step, optimizer = o.name, async = async,
@@ -539,7 +561,10 @@ local function run(r, where, args, break_at, owned)
     local mem = mstats.peak
     run_peak = math.max(run_peak, mem)
     if warn then say("step %d: %s", step, warn) end
-    if step % r.train.log_every == 0 or step == last then
+    local logged = step % r.train.log_every == 0 or step == last
+    -- on a terminal the progress line moves every step (redrawn in place),
+    -- and stays as a line of the log every log_every steps
+    if logged or tty then
       local elapsed = C.fsdp_time_now() - t_start
       local eta = elapsed / (step - start + 1) * (last - step)
       local bar = ""
@@ -548,10 +573,17 @@ local function run(r, where, args, break_at, owned)
         local f = math.floor(w * step / steps)
         bar = "[" .. string.rep("#", f) .. string.rep(".", w - f) .. "] "
       end
-      say("%sstep %d/%d | loss %.4f | lr %.2e | gnorm %.3f | %s tok/s | %.3f s | mfu %s | mem %.0f MiB%s | eta %s%s%s",
-        bar, step, steps, loss, lr, norm, human(tps), dt, mfu and string.format("%.1f%%", 100 * mfu) or "n/a", mem / 2 ^ 20,
-        sharded.host_step_s and string.format(" | host step %.3f s", sharded.host_step_s) or "", duration(eta),
+      local line = string.format("%sstep %d/%d | loss %.4f | lr %.2e | gnorm %.3f | %s tok/s | %.3f s | mfu %s | mem %.0f MiB%s | " ..
+        "eta %s%s%s", bar, step, steps, loss, lr, norm, human(tps), dt, mfu and string.format("%.1f%%", 100 * mfu) or "n/a",
+        mem / 2 ^ 20, sharded.host_step_s and string.format(" | host step %.3f s", sharded.host_step_s) or "", duration(eta),
         restarts.suffix(restart), metrics and metrics.failed and " | metrics NOT written" or "")
+      if logged then
+        say("%s", line)
+      else -- (tty: rank 0)
+        io.stdout:write("\r\27[K", line)
+        io.stdout:flush()
+        bar_open = true
+      end
     end
     record({ step = step, loss = loss, lr = lr, grad_norm = norm, tokens_per_s = tps, step_time_s = dt, mfu = mfu,
       gemm_frac = rank_flops / gemm_rate, mem_bytes = mem, mem_reserved_bytes = mstats.peak_reserved, tokens = tokens_done,

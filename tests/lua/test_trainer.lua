@@ -49,6 +49,16 @@ do
     local got = train.ranks_per_gpu(c[1], c[2], env(c[3]))
     check(got == c[4], string.format("ranks_per_gpu: %s: %d (got %s)", c[5], c[4], tostring(got)))
   end
+  -- a warmup as long as the run is said, with the rate reached
+  do
+    local x = tiny()
+    x.train.steps, x.schedule.warmup, x.optimizer.lr = 4, 10, 1e-3
+    local w = train.warmup_warning(recipe.check(x, "x.lua")) or ""
+    check(w:find("schedule.warmup = 10 is not below train.steps = 4: the learning rate rises to 0.0004 at the last step " ..
+      "and never reaches optimizer.lr = 0.001", 1, true), "warmup past the run: said: " .. w)
+    x.train.steps = 11
+    check(train.warmup_warning(recipe.check(x, "x.lua")) == nil, "warmup inside the run: nothing said")
+  end
   -- ranks sharing a GPU: refused at once (NCCL would refuse them at the
   -- first group), unless fsdprun's --ranks-per-gpu test mode is on
   check(train.gpu_sharing_refusal(1, 8, 8, env({})) == nil, "one rank per GPU: allowed")
