@@ -4,8 +4,7 @@
 -- reduction, full activation checkpointing, on GPU ranks:
 --   fsdprun -n 8 recipes/llama3_8b.lua data.token_file=/data/fineweb_train.bin
 -- Data: pre-tokenised Llama 3 token files (llm.c format, uint32 ids).
--- Until the CUDA backend trains units (the CUDA issue), running it stops
--- with a message saying so; the planner and the REPL already read it.
+-- Its plan per GPU: `fsdp plan recipes/llama3_8b.lua --world 8 train.device=cuda`.
 return {
   model = { preset = "llama3_8b" },
   mesh = "dp_shard=-1",

@@ -2,14 +2,13 @@
 -- SwiGLU 28672, vocab 128256, rope theta 500000), 70.55B parameters.
 -- ZeRO-3 over every GPU, bf16 params, fp32 gradient reduction, full
 -- activation checkpointing; 4M-token global batches of 8192-token sequences.
--- On 4 nodes of 8 80 GB GPUs the optimizer state does not fit next to the
--- rest (77.4 GiB per GPU, over the 90% of free memory the pre-flight check
--- allows), so it is offloaded: 52.8 GiB per GPU and 37 GiB of host memory
--- per rank (`fsdp plan recipes/llama70b.lua --world 32`); from 8 nodes on,
--- fsdp.offload=false fits (58.9 GiB at 64 GPUs). On 2 nodes,
--- fsdp.offload=all moves the param and grad shards to the host too: 40.7 GiB
--- per GPU and 74 GiB of host memory per rank (`... --world 16
--- fsdp.offload=all`).
+-- The optimizer state is offloaded to host memory (fsdp.offload = true):
+-- on 4 nodes of 8 80 GB GPUs that leaves the most room for longer sequences
+-- and larger micro-batches; fsdp.offload=false plans within a few GiB of
+-- what the pre-flight check allows there, and fits easily from 8 nodes on.
+-- What each choice plans per GPU and in host memory, at 16 to 64 GPUs:
+-- docs/PLANNING.md (the suite holds those figures to the planner), or
+-- `fsdp plan recipes/llama70b.lua --world 32 train.device=cuda`.
 --   srun --mpi=pmix -N 4 --ntasks-per-node 8 fsdp recipes/llama70b.lua data.token_file=/data/train.bin
 return {
   model = { preset = "llama3_70b" },

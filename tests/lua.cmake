@@ -162,3 +162,7 @@ set_tests_properties(doc_commands PROPERTIES LABELS multirank TIMEOUT 300 RUN_SE
 add_test(NAME progress
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_progress.sh $<TARGET_FILE:fsdprun> ${CMAKE_SOURCE_DIR})
 set_tests_properties(progress PROPERTIES LABELS multirank TIMEOUT 120 RUN_SERIAL ON SKIP_RETURN_CODE 77)
+# the planner's figures the docs quote are the planner's
+# (tests/scripts/test_doc_figures.sh)
+add_test(NAME doc_figures COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_doc_figures.sh $<TARGET_FILE:fsdp-host> ${CMAKE_SOURCE_DIR})
+set_tests_properties(doc_figures PROPERTIES LABELS unit TIMEOUT 120)

@@ -5,7 +5,8 @@
 # recipes/tiny.lua or a recipes/demo_*.lua starts at most 2 ranks or says
 # --oversubscribe (fsdprun refuses more ranks than cores; the 8B and 70B
 # recipes' commands are for GPU machines); the README's own commands run,
-# recipes cut to 2 steps, and so does its example recipe (3 steps).
+# recipes cut to 2 steps, and so does its example recipe (3 steps); every
+# code block that is a whole job runs as written.
 set -u
 fsdprun=$1
 root=$2
@@ -48,4 +49,21 @@ timeout 200 "$fsdprun" -n 2 "$work/readme_recipe.lua" train.steps=3 train.eval_e
 rc=$?
 check "README: its example recipe trains 3 steps on 2 ranks here (status $rc)" "[ $rc = 0 ] && grep -q '^\[0\] done: 3 steps' '$work/out'"
 [ $rc = 0 ] || tail -3 "$work/out"
+# every code block of the README and docs/ that is a whole job (it starts
+# with `local fsdp = require "fsdp"`) runs on 2 ranks as it is written
+for f in README.md docs/*.md; do
+  awk -v out="$work/job" -v f="$(basename "$f" .md)" '
+    /^```lua/ { on = 1; n++; buf = ""; next }
+    /^```/ { if (on && buf ~ /^local fsdp = require "fsdp"/) { file = out "." f "." n ".lua"; printf "%s", buf > file; close(file) } on = 0; next }
+    on { buf = buf $0 "\n" }' "$f"
+done
+jobs=$(ls "$work"/job.*.lua 2>/dev/null)
+check "the docs hold whole jobs ($(wc -w <<<"$jobs") found)" "[ -n \"\$jobs\" ]"
+for j in $jobs; do
+  name=$(basename "$j" .lua)
+  timeout 120 "$fsdprun" -n 2 "$j" >"$work/out" 2>&1
+  rc=$?
+  check "${name#job.} (block ${name##*.}): runs on 2 ranks as written (status $rc)" "[ $rc = 0 ]"
+  [ $rc = 0 ] || tail -3 "$work/out"
+done
 finish test_doc_commands
