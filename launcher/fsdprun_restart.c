@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/signalfd.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "fsdprun.h"
@@ -20,6 +21,7 @@
 #define STATE_ENV "FSDPRUN_RESTART_STATE" /* "ATTEMPT START": fsdprun to itself */
 #define BACKOFF_CAP 30.0
 #define RESUME_ARG "train.resume=auto"
+#define REFUSED 78 /* a rank refused the job for its configuration (sysexits' EX_CONFIG; lua/fsdp/train.lua) */
 
 static char **first_argv; /* fsdprun's own arguments, to exec again */
 
@@ -34,6 +36,17 @@ int restart_setup(job *j, char **argv) {
       j->start = start;
     }
     unsetenv(STATE_ENV); /* not for the ranks */
+  }
+  /* this job's id, the same across restarts (a checkpoint directory's lock
+   * record names it: a restart finds its own previous attempt there), new
+   * at the first start whatever the environment says */
+  if (j->attempt == 0) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    char id[64];
+    snprintf(id, sizeof id, "%lx.%llx", (unsigned long)getpid(),
+             (unsigned long long)ts.tv_sec * 1000000ull + (unsigned long long)ts.tv_nsec / 1000);
+    if (setenv("FSDPRUN_JOB_ID", id, 1) < 0) return -1;
   }
   if (j->max_restarts == 0 && j->attempt == 0) return 0;
   /* the ranks inherit fsdprun's environment */
@@ -84,6 +97,11 @@ static int wait_watching(job *j, double seconds) {
 void restart_if_due(job *j, int code) {
   if (code == 0 || j->failed_rank < 0 || j->stop_signal || j->attempt >= j->max_restarts || stopped_on_purpose(j))
     return;
+  if (code == REFUSED) { /* the job's configuration: the same again, or worse, another run's history resumed */
+    fprintf(stderr, "fsdprun: rank %d refused the job (status %d: its recipe, arguments or checkpoint.dir); not restarting\n",
+            j->failed_rank, REFUSED);
+    return;
+  }
   int k = j->attempt + 1;
   double wait = backoff(k);
   fprintf(stderr, "fsdprun: restart %d of %d in %g s (rank %d %s)%s\n", k, j->max_restarts, wait, j->failed_rank,

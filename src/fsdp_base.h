@@ -26,7 +26,8 @@ enum {
   FSDP_EDEVICE = -8,     /* the device runtime reported an error */
   FSDP_ESTATE = -9,      /* call out of order (e.g. before fsdp_init) */
   FSDP_ELAUNCH = -10,    /* the launcher (PMIx) failed */
-  FSDP_ECORRUPT = -11    /* a file's contents are malformed or damaged */
+  FSDP_ECORRUPT = -11,   /* a file's contents are malformed or damaged */
+  FSDP_EBUSY = -12       /* held by another process (a directory's lock) */
 };
 
 /* ---- dtypes, devices, reductions ------------------------------------- */

@@ -50,6 +50,19 @@ int fsdp_fs_stat(const char *path, int64_t *bytes, int *is_dir);
  * bytes needed (0 for a missing dir); call again with more when above cap */
 int64_t fsdp_fs_list(const char *dir, char *buf, int64_t cap);
 
+/* ---- one job per directory (src/io/dir_lock.c) ------------------------ */
+/* An exclusive advisory lock (fcntl) on path, created when missing, held
+ * until fsdp_dir_lock_release or the process ends (the kernel releases it:
+ * a crash leaves none). *fd: its descriptor. FSDP_EBUSY when another process
+ * holds it: holder (cap bytes; may be NULL) gets the file's text, what the
+ * holder wrote there. */
+int fsdp_dir_lock_take(const char *path, int *fd, char *holder, size_t cap);
+/* The file's text (what its last holder wrote), NUL-terminated in buf. */
+int fsdp_dir_lock_read(int fd, char *buf, size_t cap);
+/* Replaces the file's text, durably (fsync). */
+int fsdp_dir_lock_write(int fd, const char *text);
+int fsdp_dir_lock_release(int fd);
+
 /* ---- checkpoints (src/io/ckpt_writer.c, ckpt_reader.c; docs/CHECKPOINTS.md) */
 typedef struct fsdp_ckpt_writer fsdp_ckpt_writer;
 /* Writes segments bufs[i] (bytes[i] each) into a new file at path, each at a

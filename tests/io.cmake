@@ -15,3 +15,8 @@ add_test(NAME hf_transformers
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_hf_transformers.sh $<TARGET_FILE:fsdprun> $<TARGET_FILE:fsdp-host>
                  ${CMAKE_SOURCE_DIR})
 set_tests_properties(hf_transformers PROPERTIES LABELS multirank TIMEOUT 180 RUN_SERIAL ON SKIP_RETURN_CODE 77)
+# one job per checkpoint directory: the advisory lock between processes,
+# a killed holder leaving none (tests/c/test_dir_lock.c)
+fsdp_c_test(test_dir_lock)
+add_test(NAME dir_lock COMMAND test_dir_lock)
+set_tests_properties(dir_lock PROPERTIES LABELS unit TIMEOUT 60)

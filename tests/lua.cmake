@@ -166,3 +166,9 @@ set_tests_properties(progress PROPERTIES LABELS multirank TIMEOUT 120 RUN_SERIAL
 # (tests/scripts/test_doc_figures.sh)
 add_test(NAME doc_figures COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_doc_figures.sh $<TARGET_FILE:fsdp-host> ${CMAKE_SOURCE_DIR})
 set_tests_properties(doc_figures PROPERTIES LABELS unit TIMEOUT 120)
+# restarts that never override a refusal, a stop during evaluation, one job
+# per checkpoint directory, a full metrics disk at a resume; each with and
+# without --max-restarts (tests/scripts/test_run_guard.sh)
+add_test(NAME run_guard
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_run_guard.sh $<TARGET_FILE:fsdprun> ${CMAKE_SOURCE_DIR})
+set_tests_properties(run_guard PROPERTIES LABELS multirank TIMEOUT 400 RUN_SERIAL ON)

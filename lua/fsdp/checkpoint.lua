@@ -81,7 +81,23 @@ local function agree(s, err, what, tail)
   end
 end
 
-M.world, M.agree = world, agree
+-- Rank 0's text (up to 2047 bytes), on every rank: the others pass nil.
+-- Collective: one all-reduce.
+local function share_text(s, text)
+  local cap = 2048
+  local mine = {}
+  if text then
+    text = text:sub(1, cap - 1)
+    mine[0] = #text
+    for i = 1, #text do mine[i] = text:byte(i) end
+  end
+  local got = share_ints(s, cap, mine)
+  local out = {}
+  for i = 1, got(0) do out[i] = string.char(got(i)) end
+  return table.concat(out)
+end
+
+M.world, M.agree, M.share_text = world, agree, share_text
 
 -- ---- non-finite values in loaded weights ----
 -- A NaN or infinity in the weights a run starts from would skip every step

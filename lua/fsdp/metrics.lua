@@ -17,6 +17,8 @@
 -- * A failed write (a full disk) does not stop training: the first one is
 --   reported (the caller says so on the step line), and the file is not
 --   written again: at most its last record is cut, never one in the middle.
+--   Nor does one at a resume (rewriting the kept records): the run goes on
+--   without metrics, saying so.
 local M = {}
 local Metrics = {}
 Metrics.__index = Metrics
@@ -86,15 +88,24 @@ local function keep_through(path, last, where)
 end
 
 -- Opens the metrics file: truncated for a fresh run, continued after the
--- kept records for a resumed one (opts.resumed_at). Errors name the field.
+-- kept records for a resumed one (opts.resumed_at). A fresh run that cannot
+-- write it is refused (errors name the field). A resumed one goes on
+-- without it, as a run whose write failed mid-way does: recovering from a
+-- fault must not hang on a full metrics disk (every restart would fail
+-- the same way); self.failed says why, for the caller to warn once.
 function M.open(path, opts)
   opts = opts or {}
   local where = opts.where or "recipe"
   local dropped = 0
-  if opts.resumed_at then dropped = keep_through(path, opts.resumed_at, where) end
-  local f, err = io.open(path, opts.resumed_at and "ab" or "wb")
-  if not f then error(string.format("%s: train.metrics: cannot write %s (%s)", where, path, tostring(err)), 0) end
-  return setmetatable({ f = f, path = path, dropped = dropped, failed = nil }, Metrics)
+  local ok, err = true, nil
+  if opts.resumed_at then ok, err = pcall(function() dropped = keep_through(path, opts.resumed_at, where) end) end
+  local f
+  if ok then f, err = io.open(path, opts.resumed_at and "ab" or "wb") end
+  if not f and not opts.resumed_at then
+    error(string.format("%s: train.metrics: cannot write %s (%s)", where, path, tostring(err)), 0)
+  end
+  return setmetatable({ f = f, path = path, dropped = dropped,
+    failed = not f and tostring(err):gsub("^" .. where:gsub("%p", "%%%0") .. ": train%.metrics: ", "") or nil }, Metrics)
 end
 
 -- Writes one record; false (and self.failed, the reason) once a write has

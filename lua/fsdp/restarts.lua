@@ -5,7 +5,9 @@
 -- restarts are on (or this is one); otherwise nothing changes.
 --
 -- FSDP_TEST_KILL_AT = "ATTEMPT:RANK:STEP[,...]": the tests' way to fail a
--- rank: in that attempt, that rank SIGKILLs itself as step STEP begins.
+-- rank: in that attempt, that rank SIGKILLs itself as step STEP begins
+-- (STEP 0: once its run is recorded in checkpoint.dir, before a
+-- checkpoint.overwrite removes the old checkpoints).
 local ffi = require "ffi"
 
 local M = {}
@@ -23,17 +25,17 @@ function M.suffix(cur)
   return cur and string.format(" | restart %d/%d", cur.attempt, cur.max) or ""
 end
 
--- The checkpoint the first attempt began from, where it named one: fsdprun
--- appends train.resume=auto to a restart's arguments (their last), which
--- finds nothing until the run has saved in checkpoint.dir; until then a
--- restart begins from that checkpoint again (the trainer), not from step 1.
--- recipe: the recipe's table before the arguments apply; args: its arguments.
-function M.first_resume(recipe, args)
+-- On a restart by fsdprun (attempt >= 1, train.resume=auto its appended last
+-- argument): true and what the first attempt's train.resume was (nil, "auto"
+-- or a path): a restart continues its own run (fsdp.dir_lock's record),
+-- and where that run never saved, begins as the first attempt did.
+-- Otherwise false.
+function M.original_resume(recipe, args)
   local cur = M.current()
-  if not cur or cur.attempt < 1 or args[#args] ~= "train.resume=auto" then return nil end
+  if not cur or cur.attempt < 1 or args[#args] ~= "train.resume=auto" then return false end
   local v = type(recipe.train) == "table" and recipe.train.resume or nil
   for i = 1, #args - 1 do v = args[i]:match("^train%.resume=(.*)$") or v end
-  return v ~= "auto" and v or nil
+  return true, v
 end
 
 local kills

@@ -530,11 +530,36 @@ end
 -- reduction): the mean of lossfn(y, batch) over batches and data-parallel
 -- ranks (opt.forward_loss(model, ctx, batch, 1): the model's own forward
 -- and loss instead, as in train_step). The last unit is resharded afterwards.
+-- Whether a stop signal (fsdp_stop_signal) reached any rank: every rank
+-- learns the same (one small all-reduce over the world). The signal this
+-- rank got, -1 for another rank's, or nil.
+function Sharded:stop_agreed()
+  local f = tensor.new(1)
+  f:set(0, C.fsdp_stop_signal() > 0 and 1 or 0)
+  all_reduce_host(self.shard, f, "sum")
+  if self.outer then all_reduce_host(self.outer, f, "sum") end
+  if f:get(0) == 0 then return nil end
+  return C.fsdp_stop_signal() > 0 and C.fsdp_stop_signal() or -1
+end
+
+-- The loss over batches, averaged over them and the data-parallel ranks.
+-- opt.stop_every = n: every n batches the ranks agree whether a stop signal
+-- came (a long evaluation must not outlast a scheduler's grace period):
+-- then it ends there, self.stop_signal is set as train_step sets it, and
+-- the second result is the number of batches evaluated.
 function Sharded:evaluate(batches, lossfn, opt)
   live(self, "evaluate")
   local total, parts = 0, {}
   local ctx = setmetatable({ s = self, no_grad = true }, Ctx) -- nothing is saved: activations go as they are used
+  local every, done = opt and opt.stop_every, #batches
   for k, b in ipairs(batches) do
+    if every and k > 1 and (k - 1) % every == 0 then
+      local sig = self:stop_agreed()
+      if sig then
+        self.stop_signal, done = sig, k - 1
+        break
+      end
+    end
     parts[k] = autograd.scope(function()
       if opt and opt.forward_loss then return opt.forward_loss(self.model, ctx, b, 1) end
       local y = self.model:forward(ctx, b.x)
@@ -542,7 +567,7 @@ function Sharded:evaluate(batches, lossfn, opt)
       return loss, type(loss) == "table" and y or nil -- (a deferred loss may still read y: it outlives the scope)
     end)
   end
-  for k = 1, #batches do total = total + ops.value(parts[k]) / #batches end
+  for k = 1, done do total = total + ops.value(parts[k]) / done end
   if ctx.cur and ctx.cur.zero == 3 then reshard(ctx.cur, self) end
   for _, u in ipairs(self.units) do
     if u.gathered then -- prefetched, not used: let its gather land first
@@ -554,7 +579,7 @@ function Sharded:evaluate(batches, lossfn, opt)
   l:set(0, total)
   all_reduce_host(self.shard, l, "avg")
   if self.outer then all_reduce_host(self.outer, l, "avg") end
-  return l:get(0)
+  return l:get(0), done
 end
 
 -- The full values of a parameter (a Lua table), gathered if need be.

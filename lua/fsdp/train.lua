@@ -18,6 +18,7 @@ local peak = require "fsdp.peak"
 local metrics_file = require "fsdp.metrics"
 local autograd = require "fsdp.autograd"
 local restarts = require "fsdp.restarts"
+local dir_lock = require "fsdp.dir_lock"
 local profile = require "fsdp.profile"
 local nn = require "fsdp.nn"
 local ffi, C, check = fsdp.ffi, fsdp.C, fsdp.check
@@ -138,7 +139,7 @@ end
 local function run(r, where, args, break_at, owned)
   local info = fsdp.init()
   local R = info.rank
-  local first_resume = restarts.first_resume(r, args)
+  local appended, original_resume = restarts.original_resume(r, args)
   r = recipe.check(recipe.apply_overrides(r, args, where), where)
   -- bar_open: the progress line is drawn on the terminal without its
   -- newline (a step between log lines); a line said now replaces it
@@ -293,8 +294,40 @@ local function run(r, where, args, break_at, owned)
   -- (checkpoint.init_hf, by default model.from_hf's folder), else the meta init's
   local ck, o = r.checkpoint, r.optimizer
   local start, consumed, resumed, saved = 1, 0, nil, nil
+  -- one job per checkpoint.dir (fsdp.dir_lock: a second is refused, naming
+  -- the first); a restart continues the run its previous attempt recorded
+  -- there, and only that run
+  local lock, mine = nil, nil
+  if ck.dir then
+    local okw, ew = pcall(checkpoint.check_writable, ck.dir, R)
+    if not okw then error(string.format("%s: checkpoint.dir: %s; nothing was trained", where, tostring(ew)), 0) end
+    lock = dir_lock.take(sharded, ck.dir, where)
+    owned.lock = lock
+    local prev, job = lock.previous, os.getenv("FSDPRUN_JOB_ID")
+    if appended and prev and job and prev.job == job and prev.run then mine = prev.run end
+  end
   local auto, cands = r.train.resume == "auto", { r.train.resume }
-  if auto then
+  if appended and mine then -- fsdprun's train.resume=auto: this run's newest checkpoint, never another run's
+    local own = {}
+    for _, path in ipairs((checkpoint.candidates(ck.dir))) do
+      local ok, m = pcall(checkpoint.meta, path)
+      if ok and m.run_id == mine then own[#own + 1] = path end
+    end
+    if #own > 0 then
+      cands = own
+    elseif original_resume and original_resume ~= "auto" then
+      say("resume: run %s saved nothing in %s yet: this restart begins from %s, as the first attempt did", mine, ck.dir,
+        original_resume)
+      auto, cands = false, { original_resume }
+    else
+      say("resume: run %s saved nothing in %s yet: this restart begins at step 1, as the first attempt did", mine, ck.dir)
+      auto, cands = false, {}
+    end
+  elseif appended then -- the first attempt recorded no run: begin as it did
+    say("resume: the first attempt recorded no run%s: this restart begins as it did", ck.dir and " in " .. ck.dir or "")
+    auto, cands = original_resume == "auto", { original_resume }
+  end
+  if auto and not (appended and mine) then
     local why
     cands, why = checkpoint.candidates(ck.dir)
     if why then say("resume: skipped %s", why) end
@@ -305,10 +338,7 @@ local function run(r, where, args, break_at, owned)
         "another checkpoint.dir (or remove %s/latest)", where, ck.dir, named, checkpoint.exists(ck.dir .. "/" .. named) and
         "does not open" or "does not exist", ck.dir, ck.dir, named, ck.dir), 0)
     end
-    if #cands == 0 and first_resume then -- a restart before this run saved: where the first attempt began
-      say("resume: no checkpoint in %s yet: this restart begins from %s, as the first attempt did", ck.dir, first_resume)
-      auto, cands = false, { first_resume }
-    elseif #cands == 0 then
+    if #cands == 0 then
       say("resume: no checkpoint in %s yet: starting at step 1", ck.dir)
     end
   end
@@ -355,12 +385,14 @@ local function run(r, where, args, break_at, owned)
     error(string.format("%s: train.resume=auto: every checkpoint in %s is damaged (see above). Restore one, or start over " ..
       "in another checkpoint.dir", where, ck.dir), 0)
   end
-  if ck.dir then
-    local okw, ew = pcall(checkpoint.check_writable, ck.dir, R)
-    if not okw then error(string.format("%s: checkpoint.dir: %s; nothing was trained", where, tostring(ew)), 0) end
+  if not saved then -- a new history (a restart's whose run saved nothing yet: that run's id again)
+    run_id = mine or checkpoint.new_run_id(sharded)
   end
-  if not saved then -- a new history
-    run_id = checkpoint.new_run_id(sharded)
+  -- the run this job now writes, before any checkpoint is removed: a restart
+  -- after a failure from here on continues this run and no other
+  dir_lock.record(lock, { run = run_id, attempt = restart and restart.attempt or 0 })
+  restarts.test_kill(restart, R, 0) -- (FSDP_TEST_KILL_AT step 0: a rank dies here, before the old checkpoints go)
+  if not saved then
     if ck.dir and ck.overwrite then -- starting over: rank 0 removes the directory's checkpoints, the others wait
       if R == 0 then
         local ok, gone = pcall(checkpoint.clear, ck.dir)
@@ -418,7 +450,11 @@ local function run(r, where, args, break_at, owned)
     local dir = r.train.metrics:match("^(.*)/[^/]*$")
     if dir then mkdir_p(dir) end
     metrics = metrics_file.open(r.train.metrics, { resumed_at = resumed and start - 1 or nil, where = where })
-    if metrics.dropped > 0 then
+    if metrics.failed then -- (a resumed run: it goes on without them, as after a failed write mid-run)
+      metrics.warned = true
+      io.stderr:write(string.format("fsdp: warning: train.metrics: %s; this resumed run goes on without metrics\n",
+        metrics.failed))
+    elseif metrics.dropped > 0 then
       say("metrics: %s continues after step %d (%d records of steps after the checkpoint dropped)", r.train.metrics,
         start - 1, metrics.dropped)
     end
@@ -457,7 +493,7 @@ local function run(r, where, args, break_at, owned)
       local batches = {}
       for i = 1, r.train.eval_batches do batches[i] = next_batch(vl) end
       return sharded:evaluate(batches, function(logits, b) return (llama.loss(logits, b.y, 0, nil, b.y_dev)) end,
-        { forward_loss = forward_loss })
+        { forward_loss = forward_loss, stop_every = 4 })
     end)
   end
 
@@ -528,6 +564,7 @@ local function run(r, where, args, break_at, owned)
     end
   end
   C.fsdp_stop_signals_watch(1)
+  owned.training = true -- from here a failure is a fault, not the job's configuration
   for step = start, stopped and -1 or last do
     C.fsdp_heartbeat(step) -- fsdprun --heartbeat-timeout: alive, at this step
     stall_hook(R, step)
@@ -598,9 +635,16 @@ local function run(r, where, args, break_at, owned)
         step - bad_in_row + 1, step, step, warn, r.train.max_bad_steps), 0)
     end
     if r.train.eval_every > 0 and (step % r.train.eval_every == 0 or step == last) then
-      local vloss = evaluate()
-      say("eval step %d | val_loss %.4f", step, vloss)
-      record({ step = step, val_loss = vloss })
+      local vloss, evaluated = evaluate()
+      if sharded.stop_signal then -- a stop during the evaluation: it ends here, and the step is saved below
+        say("eval step %d | stopped by a signal after %d of %d batches: no val_loss recorded; %s", step, evaluated,
+          r.train.eval_batches, ck.dir and string.format("saving step %d now (if the grace period runs out first, " ..
+          "nothing is saved and train.resume=auto goes on from %s)", step, checkpoint.latest_name(ck.dir) or "no checkpoint yet")
+          or "nothing to save (no checkpoint.dir)")
+      else
+        say("eval step %d | val_loss %.4f", step, vloss)
+        record({ step = step, val_loss = vloss })
+      end
     end
     committed(checkpoint.poll(sharded))
     -- a stop signal (SIGTERM, SIGINT, SIGHUP, SIGUSR1) on any rank: every
@@ -653,6 +697,7 @@ local function run(r, where, args, break_at, owned)
     end
     mesh:group("world"):barrier()
   end
+  dir_lock.release(lock)
   sharded:free()
   mesh:free()
   return { first_loss = first_loss, last_loss = last_loss, losses = losses, tokens_per_s = steady, peak = the_peak,
@@ -665,12 +710,13 @@ end
 -- ranks a failed run leaves them: freeing drains the comm streams, which
 -- could wait out FSDP_COMM_TIMEOUT for a peer that is not coming, and the
 -- job ends anyway.
-function M.run(r, where, args, break_at)
-  local owned = {}
+function M.run(r, where, args, break_at, owned)
+  owned = owned or {}
   local ok, out = pcall(run, r, where, args, break_at, owned)
   if not ok then
     C.fsdp_stop_signals_watch(0)
     profile.abandon()
+    dir_lock.release(owned.lock)
     -- (fsdp.init itself may be what failed: asked again, it would raise
     -- again, from here, with a traceback hiding the message)
     local booted, info = pcall(fsdp.init)
@@ -681,6 +727,38 @@ function M.run(r, where, args, break_at)
     error(out, 0)
   end
   return out
+end
+
+-- A job refused for its own configuration (the recipe, its arguments, its
+-- checkpoint.dir) ends with this status, sysexits' EX_CONFIG: fsdprun
+-- --max-restarts never restarts it (a restart would add train.resume=auto
+-- and could continue another run's history), and a scheduler can tell it
+-- from a fault.
+M.REFUSED = 78
+
+-- Whether an error before the first step is the job's configuration: the
+-- trainer's own refusals name the recipe file first; a peer, a collective
+-- or a device that failed (a fault a restart may get past) is not one.
+function M.is_refusal(msg, where)
+  msg = tostring(msg)
+  if msg:sub(1, #where + 2) ~= where .. ": " then return false end
+  for _, fault in ipairs({ "left the job", "collective", "comm '", "timed out", "did not finish within", "FSDP_ECOMM",
+    "FSDP_ETIMEOUT", "FSDP_EDEVICE", "out of memory", "FSDP_ENOMEM" }) do
+    if msg:find(fault, 1, true) then return false end
+  end
+  return true
+end
+
+local function refuse(msg)
+  local booted, info = pcall(fsdp.init)
+  io.stdout:flush()
+  if booted and info.size > 1 then
+    fsdp.abort(M.REFUSED, msg) -- (returns: the launcher ends the job)
+    os.exit(M.REFUSED)
+  end
+  io.stderr:write("fsdp: ", msg, "\n")
+  io.stderr:flush()
+  os.exit(M.REFUSED)
 end
 
 -- `fsdp RECIPE.lua args...`: the rank host calls this when a file returns a table
@@ -701,7 +779,12 @@ function M.main(r, path, ...)
     end
     i = i + 1
   end
-  local out = M.run(r, path, args, break_at)
+  local owned = {}
+  local ok, out = pcall(M.run, r, path, args, break_at, owned)
+  if not ok then
+    if not owned.training and M.is_refusal(out, path) then refuse(tostring(out)) end
+    error(out, 0)
+  end
   local s = out.signalled
   if s then -- the status a process ended by that signal would have (rank 0 has said what was kept)
     io.stdout:flush()

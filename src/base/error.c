@@ -58,6 +58,7 @@ const char *fsdp_status_name(int status) {
     case FSDP_ESTATE: return "FSDP_ESTATE";
     case FSDP_ELAUNCH: return "FSDP_ELAUNCH";
     case FSDP_ECORRUPT: return "FSDP_ECORRUPT";
+    case FSDP_EBUSY: return "FSDP_EBUSY";
     default: return "FSDP_E?";
   }
 }

@@ -169,7 +169,7 @@ runs_ok("resume after the kill", ok, out)
 check(out:find("resumed from " .. ckF .. "/step-00000004", 1, true) ~= nil, "resumed from step 4")
 same(F1, losses(work .. "/F2.jsonl"), 5, 8, "the resumed run repeats the killed run's steps 5-8")
 local left = ckpt.list(ckF)
-check(table.concat(left, ",") == "latest,step-00000008", "keep_last = 1 leaves the newest, and no leftovers: " .. table.concat(left, ","))
+check(table.concat(left, ",") == ".fsdp-lock,latest,step-00000008", "keep_last = 1 leaves the newest (and the job lock's record), and no leftovers: " .. table.concat(left, ","))
 
 -- 6. bf16 params (the compute copy re-cast from the fp32 main params),
 -- SGD's momentum at zero 0, and the offloaded optimizer (saved while its

@@ -241,7 +241,7 @@ do
   local names = ckpt.list(ow)
   local new_id = ok and ckpt.meta(ow .. "/step-00000003").run_id
   check(ok and out:find("removed 2 checkpoint(s) from " .. ow, 1, true) and new_id and new_id ~= old_id
-    and table.concat(names, ",") == "latest,step-00000001,step-00000002,step-00000003"
+    and table.concat(names, ",") == ".fsdp-lock,latest,step-00000001,step-00000002,step-00000003"
     and ckpt.read_text(ow .. "/latest") == "step-00000003\n",
     "checkpoint.overwrite=true removes the old run's checkpoints and starts over: " .. table.concat(names, ",") .. "\n" .. out)
   -- a save that stopped between its rename and latest: resume=auto takes

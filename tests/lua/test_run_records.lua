@@ -54,7 +54,7 @@ do
   local function bad(over, needle)
     fails(function() recipe.check(recipe.apply_overrides(tiny(), over, "r.lua"), "r.lua") end, needle, table.concat(over, " "))
   end
-  bad({ "data.corpus.inclde=x" }, "r.lua: data.corpus.inclde: unknown field (data.corpus has: include, root, val_fraction)")
+  bad({ "data.corpus.inclde=x" }, "r.lua: data.corpus.inclde: unknown field (did you mean 'include'?) (data.corpus has: include, root, val_fraction)")
   bad({ "optimizer.lr=inf" }, "optimizer.lr = inf; expected a finite number")
   bad({ "optimizer.lr=nan" }, "optimizer.lr = nan; expected a finite number")
   bad({ "schedule.min_lr_ratio=-5" }, "schedule.min_lr_ratio = -5; expected [0, 1]")
