@@ -99,6 +99,21 @@ end
 
 M.world, M.agree, M.share_text = world, agree, share_text
 
+-- In a long phase that each rank runs alone (reading or writing its pieces):
+-- raises when a stop signal came to this rank. The phase's agreement then
+-- fails on every rank, and the caller asks the ranks (Sharded:stop_agreed)
+-- whether a stop was the cause.
+local test_stop = os.getenv("FSDP_TEST_STOP_IN") -- the tests: "load" or "export": each rank signals itself there, once
+pcall(ffi.cdef, "int raise(int sig);")
+function M.stop_check(phase, key)
+  if test_stop and test_stop == key then
+    test_stop = nil
+    ffi.C.raise(15) -- SIGTERM, recorded by the stop-signal watch
+  end
+  local sig = C.fsdp_stop_signal()
+  if sig > 0 then error(string.format("%s stopped by %s", phase, ffi.string(C.fsdp_signal_name(sig))), 0) end
+end
+
 -- ---- non-finite values in loaded weights ----
 -- A NaN or infinity in the weights a run starts from would skip every step
 -- and end "successfully". Each rank scans what it reads (one vectorised
@@ -599,6 +614,7 @@ function M.load(s, path, o)
       for k = 1, #states do bufs[k] = tensor.new(math.max(n, 1)):fill(0) end -- padding stays zero
       staged[#staged + 1] = { unit = u, bufs = bufs, n = n }
       for _, pc in ipairs(pieces(u, 0)) do
+        M.stop_check("the checkpoint's load", "load")
         for k, st in ipairs(states) do
           local at = bufs[k]:ptr() + pc.off
           local rc = C.fsdp_ckpt_read(h, pc.name, st, pc.begin, pc["end"], at)

@@ -111,6 +111,7 @@ function M.export(s, cfg, dir, o)
     local touched = {}
     for _, u in ipairs(s.units) do
       for _, pc in ipairs(ckpt.pieces(u, 1)) do
+        ckpt.stop_check("the export", "export")
         local name = pc.name
         local len = pc["end"] - pc.begin
         local vals = tensor.new(len)

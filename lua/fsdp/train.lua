@@ -306,6 +306,9 @@ local function run(r, where, args, break_at, owned)
     local prev, job = lock.previous, os.getenv("FSDPRUN_JOB_ID")
     if appended and prev and job and prev.job == job and prev.run then mine = prev.run end
   end
+  -- stop signals are recorded from here on: one during a long checkpoint
+  -- load ends it cleanly, one later stops the run after its first step
+  C.fsdp_stop_signals_watch(1)
   local auto, cands = r.train.resume == "auto", { r.train.resume }
   if appended and mine then -- fsdprun's train.resume=auto: this run's newest checkpoint, never another run's
     local own = {}
@@ -363,6 +366,20 @@ local function run(r, where, args, break_at, owned)
     if not ok3 then error(where .. ": train.resume: " .. tostring(at), 0) end
     local meta, why, mine
     ok, meta, why, mine = pcall(checkpoint.load, sharded, resumed, { optimizer = o.name, skip_damaged = auto })
+    local sig = not ok and sharded:stop_agreed() -- (the load failed on every rank: a stop signal, or not)
+    if sig then -- stopped while loading: nothing trained, nothing to save; the checkpoint is as it was
+      if R == 0 then
+        io.stderr:write(string.format("fsdp: stopped by %s during the load of %s: nothing trained or saved; a resume " ..
+          "loads it again\n", sig > 0 and ffi.string(C.fsdp_signal_name(sig)) or "a signal to another rank", resumed))
+        io.stderr:flush()
+      end
+      mesh:group("world"):barrier()
+      C.fsdp_stop_signals_watch(0)
+      dir_lock.release(lock)
+      sharded:free()
+      mesh:free()
+      return { losses = {}, signalled = { signal = sig, step = 0 } }
+    end
     if not ok then error(where .. ": train.resume: " .. tostring(meta), 0) end
     if meta then
       start, consumed = (meta.step or 0) + 1, at
@@ -511,7 +528,13 @@ local function run(r, where, args, break_at, owned)
     if not ok then error(where .. ": " .. fsdp.prefixed("checkpoint", e), 0) end
     return e
   end
-  local function committed(path) if path then say("checkpoint: %s", path) end end
+  local last_saved -- the newest checkpoint this run committed
+  local function committed(path)
+    if path then
+      last_saved = path
+      say("checkpoint: %s", path)
+    end
+  end
   local t_start, tokens_done, first_loss, last_loss = C.fsdp_time_now(), 0, nil, nil
   local run_peak, sharing_test = 0, os.getenv("FSDPRUN_RANKS_PER_GPU") ~= nil
   local t_steady, steady_tokens, losses, bad_in_row = nil, 0, {}, 0
@@ -668,12 +691,21 @@ local function run(r, where, args, break_at, owned)
   -- stopped by a signal and saved: the launcher's SIGTERM to the ranks
   -- still ending (srun -K after the first exited 138) is ignored, so the
   -- job's status stays the first signal's
-  C.fsdp_stop_signals_watch(signalled and 2 or 0)
+  -- (still watched during an export: a stop there ends it cleanly)
+  C.fsdp_stop_signals_watch(signalled and 2 or 1)
   if ck.export_hf and not signalled then
     local ok, e = pcall(hf.export, sharded, cfg, ck.export_hf, { dtype = ck.export_dtype, shard_bytes = ck.export_shard_mb * 1e6 })
-    if not ok then error(where .. ": checkpoint.export_hf: " .. tostring(e), 0) end
-    say("exported %s (%d files, %s bytes, %s) for Hugging Face", ck.export_hf, e.files, human(e.bytes), ck.export_dtype)
+    local sig = not ok and sharded:stop_agreed() -- (the export failed on every rank: a stop signal, or not)
+    if sig then -- stopped during the export: nothing half-written is left, the run is in its checkpoint
+      signalled = { signal = sig, step = last, saved = last_saved, note = string.format("during the export to %s: " ..
+        "nothing exported (%s.tmp removed)", ck.export_hf, ck.export_hf:gsub("/+$", "")) }
+    elseif not ok then
+      error(where .. ": checkpoint.export_hf: " .. tostring(e), 0)
+    else
+      say("exported %s (%d files, %s bytes, %s) for Hugging Face", ck.export_hf, e.files, human(e.bytes), ck.export_dtype)
+    end
   end
+  C.fsdp_stop_signals_watch(signalled and 2 or 0)
   local wall = C.fsdp_time_now() - t_start
   local steady = t_steady and steady_tokens / (C.fsdp_time_now() - t_steady) or tokens_done / wall
   if first_loss then
@@ -690,9 +722,10 @@ local function run(r, where, args, break_at, owned)
   if signalled then -- rank 0 says so before any rank exits (fsdprun would stop the others at the first exit)
     if R == 0 then
       local s = signalled
-      io.stderr:write(string.format("fsdp: stopped by %s after step %d; %s\n", s.signal > 0 and
-        ffi.string(C.fsdp_signal_name(s.signal)) or "a signal to another rank", s.step, s.saved and "checkpoint saved at " ..
-        s.saved .. " (train.resume=auto continues from it)" or "nothing saved (no checkpoint.dir)"))
+      io.stderr:write(string.format("fsdp: stopped by %s after step %d%s; %s\n", s.signal > 0 and
+        ffi.string(C.fsdp_signal_name(s.signal)) or "a signal to another rank", s.step, s.note and " " .. s.note or "",
+        s.saved and "checkpoint saved at " .. s.saved .. " (train.resume=auto continues from it)" or
+        "nothing saved (no checkpoint.dir)"))
       io.stderr:flush()
     end
     mesh:group("world"):barrier()

@@ -12,7 +12,9 @@
 #     the first job's process; the first goes on;
 #   * SIGTERM during a long evaluation (--grace 10): the evaluation ends at
 #     the next check, the step is saved, exit 143; resumed, the losses go on
-#     bit for bit as an uninterrupted run's;
+#     bit for bit as an uninterrupted run's; during the export, nothing
+#     half-written is left and the run is in its checkpoint; during a
+#     checkpoint's load, the directory stays as it was;
 #   * a resume whose metrics rewrite fails (a full disk: /dev/full): the run
 #     goes on without metrics, saying so, instead of failing every restart.
 set -u
@@ -108,6 +110,23 @@ for restarts in 0 1; do
   run "$work/ev3.out" -n 2 "$recipe" $q train.steps=9 train.eval_every=0 train.metrics="$work/evref.jsonl"
   check "$tag: ... resumed, steps 1-9 bit for bit as uninterrupted" \
     "[ \"\$(losses '$work/ev.jsonl')\" = \"\$(losses '$work/evref.jsonl')\" ] && [ \$(losses '$work/ev.jsonl' | wc -l) = 9 ]"
+
+  # ---- a stop during the export (each rank signals itself as it begins:
+  # FSDP_TEST_STOP_IN), and during a checkpoint's load
+  rm -rf "$work/xp" "$work/xp.hf" "$work/xp.hf.tmp"
+  FSDP_TEST_STOP_IN=export run "$work/xp.out" -n 2 "${opt[@]}" "$recipe" $q train.steps=4 checkpoint.dir="$work/xp" \
+    checkpoint.export_hf="$work/xp.hf"
+  check "$tag: a stop during the export: exit 143 (got $rc), not restarted" "[ $rc = 143 ] && ! grep -q 'restart 1 of' '$work/xp.out'"
+  check "$tag: ... nothing half-written left, the run saved, and said so" \
+    "[ ! -e '$work/xp.hf' ] && [ ! -e '$work/xp.hf.tmp' ] && [ -d '$work/xp/step-00000004' ] &&
+     grep -q 'stopped by SIGTERM after step 4 during the export to $work/xp.hf: nothing exported ($work/xp.hf.tmp removed); checkpoint saved at $work/xp/step-00000004' '$work/xp.out'"
+  sums "$work/xp" >"$work/xp.sums"
+  FSDP_TEST_STOP_IN=load run "$work/ld.out" -n 2 "${opt[@]}" "$recipe" $q train.steps=8 checkpoint.dir="$work/xp" \
+    train.resume=auto
+  check "$tag: a stop during a checkpoint's load: exit 143 (got $rc), not restarted, said so" \
+    "[ $rc = 143 ] && ! grep -q 'restart 1 of' '$work/ld.out' &&
+     grep -q 'stopped by SIGTERM during the load of $work/xp/step-00000004: nothing trained or saved' '$work/ld.out'"
+  check "$tag: ... the checkpoint directory as it was" "sums '$work/xp' | cmp -s - '$work/xp.sums'"
 
   # ---- a full disk for the metrics rewrite at the resume
   rm -rf "$work/md" "$work/md.jsonl"*
