@@ -122,7 +122,7 @@ launcher_cases() {
   check "$name: train.steps=abc refused (exit $rc, not 0 and no timeout)" "[ $rc != 0 ] && [ $rc != 124 ]"
   # (the first rank's abort may end the other before it prints: prterun)
   check "$name: a rank names the field" \
-    "grep -aq 'rank [01] of 2 aborts the job (status 1): .*train.steps = abc; expected an integer' '$dir/error.out'"
+    "grep -aq 'rank [01] of 2 aborts the job (status 78): .*train.steps = abc; expected an integer' '$dir/error.out'"
 }
 
 root_flag=()
