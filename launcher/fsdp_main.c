@@ -187,9 +187,9 @@ static void set_arg_table(lua_State *L, char **argv, int argc, int script_index)
 static int run_file(lua_State *L, const char *file, int argc, char **argv, int script_index) {
   set_arg_table(L, argv, argc, script_index);
   current_file = file;
-  if (luaL_loadfile(L, file)) {
+  if (luaL_loadfile(L, file)) { /* the job's own file cannot be read or parsed: its configuration (EX_CONFIG), never restarted */
     fprintf(stderr, "fsdp: %s\n", lua_tostring(L, -1));
-    return 1;
+    return 78;
   }
   int nargs = argc - script_index - 1;
   for (int i = script_index + 1; i < argc; i++) lua_pushstring(L, argv[i]);

@@ -60,6 +60,11 @@ for restarts in 0 1; do
     "[ $rc = 78 ] && ! grep -q 'restart 1 of' '$work/r2.out' && ! grep -q 'nothing to train' '$work/r2.out'"
   check "$tag: the other run's checkpoints and latest unchanged" "sums '$work/other' | cmp -s - '$work/other.sums'"
 
+  printf 'return { model = {\n' >"$work/broken.lua" # a recipe that does not parse
+  run "$work/r3.out" -n 2 "${opt[@]}" "$work/broken.lua"
+  check "$tag: a recipe file that does not parse: refused with 78 (got $rc), never restarted" \
+    "[ $rc = 78 ] && ! grep -q 'restart 1 of' '$work/r3.out' && grep -q 'broken.lua' '$work/r3.out'"
+
   # ---- overwrite, rank 0 killed before the old checkpoints go
   rm -rf "$work/ow"
   cp -r "$work/other" "$work/ow"
