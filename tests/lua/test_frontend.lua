@@ -256,7 +256,9 @@ if arg[1] then
   o, rc = host(job)
   check(rc == "0" and o:find("warning: " .. job .. " returned a number, not a table", 1, true), "a file returning 42: " .. o)
   o, rc = host(dir .. ".missing.lua")
-  check(rc == "1" and o:find("cannot open", 1, true), "a missing job file: " .. o)
+  -- the job's own file missing (or not parsing): its configuration, status
+  -- 78, which fsdprun --max-restarts never restarts
+  check(rc == "78" and o:find("cannot open", 1, true), "a missing job file: status 78 (got " .. tostring(rc) .. "): " .. o)
   os.remove(job); os.remove(dir)
   o, rc = host("-e \"print(require('fsdp').init().size, arg[1])\" z")
   check(rc == "0" and o == "1\tz\n", "-e runs code with arg: " .. o)
