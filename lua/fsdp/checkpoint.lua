@@ -16,17 +16,6 @@ local ffi, C, check = base.ffi, base.C, base.check
 
 local M = {}
 
--- Settles every unit, on every rank, in the units' order: a unit whose
--- offloaded step is still pending gathers its new params as it settles
--- (ZeRO 1 and 2), a collective. Reading a rank's own pieces settles only
--- the units it holds pieces of, and a rank holding none of a small unit
--- (padding only) would issue that gather later, against another
--- collective: a hang on NCCL, a refusal on CPU ranks. Call it on every rank
--- before reading or writing units' state rank by rank.
-function M.settle(s)
-  for _, u in ipairs(s.units) do check(C.fsdp_unit_synchronize(u.handle), "unit '" .. u.name .. "': synchronize") end
-end
-
 -- the states each optimizer keeps, in the unit's state-kind order
 M.states = { adamw = { "param", "exp_avg", "exp_avg_sq" }, sgd = { "param", "momentum" } }
 
@@ -385,7 +374,12 @@ function M.save(s, dir, o)
     err = not ok and e or nil
   end
   agree(s, err, "checkpoint: saving " .. final)
-  M.settle(s)
+  -- every rank settles every unit first, in order: a unit whose offloaded
+  -- step is pending gathers its new params as it settles (ZeRO 1 and 2), a
+  -- collective; reading only its own pieces, a rank that holds none of a
+  -- small unit (padding alone) would issue that gather later, against
+  -- another collective (a hang on NCCL)
+  s:synchronize()
   -- this rank's segments, staged in host memory (training may go on)
   local list, by_name = catalogue(s)
   local segs, total = {}, 0

@@ -105,7 +105,7 @@ function M.export(s, cfg, dir, o)
     err = not ok and e or nil
   end
   agree_or_clean(err)
-  ckpt.settle(s) -- every rank, before the owners read their pieces
+  s:synchronize() -- every rank, every unit, before the owners read their pieces (checkpoint.save says why)
   -- this rank's ranges, converted and written in place
   local ok, e = pcall(function()
     local touched = {}

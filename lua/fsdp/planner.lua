@@ -503,13 +503,6 @@ function M.rank_rows(p)
   return rows
 end
 
-local function copy(t)
-  if type(t) ~= "table" then return t end
-  local c = {}
-  for k, v in pairs(t) do c[k] = copy(v) end
-  return c
-end
-
 -- What would make recipe r fit when its plan does not: each single change
 -- that lowers the planned bytes per rank (the device's part on a GPU,
 -- o.device_only), with the figure it gives, smallest first. o: the plan's
@@ -526,7 +519,7 @@ function M.advice(r, o, device_only)
   local f, d = r.fsdp, r.data
   local tries = {}
   local function try(change, args, world)
-    local x = require("fsdp.recipe").apply_overrides(copy(r), args, o.where)
+    local x = recipe.apply_overrides(recipe.copy(r), args, o.where)
     local n = need(x, world)
     if n and base and n < base then tries[#tries + 1] = { change = change, bytes = n } end
   end

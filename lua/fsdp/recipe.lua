@@ -52,6 +52,15 @@ M.corpus_schema = { root = { "string", nil }, include = { "table", nil }, val_fr
 
 local sections = { "model", "mesh", "fsdp", "optimizer", "schedule", "data", "train", "checkpoint" }
 
+-- A recipe table copied all the way down (functions and other values
+-- shared), so that overrides applied to the copy leave the original as it is.
+function M.copy(v)
+  if type(v) ~= "table" then return v end
+  local c = {}
+  for k, x in pairs(v) do c[k] = M.copy(x) end
+  return c
+end
+
 local function fail(where, fmt, ...) error(where .. ": " .. string.format(fmt, ...), 0) end
 
 local function describe(kind)

@@ -30,13 +30,6 @@ local state = {} -- recipe (raw table), where, plan, world, mesh; live: the run
 local Text = { __tostring = function(t) return t.text end }
 local function text(s, data) return setmetatable({ text = s, data = data }, Text) end
 
-local function deep_copy(v)
-  if type(v) ~= "table" then return v end
-  local c = {}
-  for k, x in pairs(v) do c[k] = deep_copy(x) end
-  return c
-end
-
 local function need_plan(p)
   p = p or state.plan
   if not p then error("no recipe loaded: start `fsdp repl RECIPE.lua [--world W]`, or pass a plan made by plan{...}", 3) end
@@ -166,7 +159,7 @@ local plan_keys = { zero = "fsdp", units = "fsdp", prefetch = "fsdp", max_live_u
 function M.plan(o)
   o = o or {}
   if not state.recipe then error("plan{}: no recipe loaded (fsdp repl RECIPE.lua)", 2) end
-  local r = deep_copy(state.recipe)
+  local r = recipe.copy(state.recipe)
   for k, v in pairs(o) do
     if k ~= "world" and k ~= "mesh" then
       local sec, field = tostring(k):match("^([%a_]+)%.([%w_]+)$")
@@ -215,8 +208,8 @@ function M.setup(args)
   install(false)
   if not o.path then return 0 end
   local path, r = o.path, recipe.load(o.path, o.over)
-  state.recipe, state.where = deep_copy(r), path
-  state.plan = planner.plan(deep_copy(r), { world = state.world, mesh = state.mesh, where = path })
+  state.recipe, state.where = recipe.copy(r), path
+  state.plan = planner.plan(recipe.copy(r), { world = state.world, mesh = state.mesh, where = path })
   if ffi.C.isatty(0) == 1 then
     print(string.format("%s on %d ranks: %d units, %s per rank at peak; help() lists the helpers", path, state.world,
       #state.plan.units, planner.bytes(state.plan.peak)))
@@ -296,7 +289,7 @@ function M.shard(r, name)
   find_param(state.plan, name)
   -- rank r's held range of the parameter: its element range, then the values
   local lo, hi, vals = 0, 0, nil
-  require("fsdp.checkpoint").settle(s) -- every rank: rank r alone reading would settle only its units
+  s:synchronize() -- every rank, every unit: rank r alone reading would settle only its units (checkpoint.save says why)
   if me == r then
     for _, u in ipairs(s.units) do
       for _, pc in ipairs(require("fsdp.checkpoint").pieces(u, 0)) do
@@ -360,8 +353,8 @@ function M.quit() state.live.quit = true end
 function M.live(live)
   state.live = live
   if not state.plan then
-    state.recipe, state.where, state.world = deep_copy(live.recipe), live.where, live.size
-    state.plan = planner.plan(deep_copy(live.recipe), { world = live.size, where = live.where })
+    state.recipe, state.where, state.world = recipe.copy(live.recipe), live.where, live.size
+    state.plan = planner.plan(recipe.copy(live.recipe), { world = live.size, where = live.where })
   end
   install(true)
   live.resume, live.quit = nil, nil

@@ -67,10 +67,12 @@ static int hold(void *gate) {
   return 0;
 }
 
-static void test_ready_slot(void) {
+/* window: NULL, or a comm to register the pool with in window mode */
+static void ready_slot_case(fsdp_comm *window) {
   int64_t b[] = {256, 256};
   fsdp_pool *p = NULL;
   CHECK_OK(fsdp_pool_create(FSDP_CPU, 2, b, &p));
+  if (window) CHECK_OK(fsdp_pool_register(p, window, FSDP_REG_WINDOW));
   fsdp_stream *user = NULL, *busy = NULL;
   CHECK_OK(fsdp_stream_create(FSDP_CPU, &user));
   CHECK_OK(fsdp_stream_create(FSDP_CPU, &busy));
@@ -86,14 +88,18 @@ static void test_ready_slot(void) {
   CHECK_OK(fsdp_pool_give_back(p, slot[0], busy)); /* its reader still runs */
   /* the pick alone says slot 0 (the lowest index among equals) */
   CHECK_OK(fsdp_pool_acquire(p, 200, user, &slot[2], &buf[2]));
-  CHECK(slot[2] == 1 && buf[2] == buf[1]);
-  fsdp_event *e = NULL; /* the user goes on at once: it waits for nothing */
-  CHECK_OK(fsdp_event_create(FSDP_CPU, &e));
-  CHECK_OK(fsdp_event_record(e, user));
-  for (int i = 0; i < 200 && fsdp_event_query(e) == 0; i++) usleep(1000);
-  CHECK(fsdp_event_query(e) == 1);
+  if (window) {
+    CHECK(slot[2] == 0 && buf[2] == buf[0]); /* the pick, whatever is idle */
+  } else {
+    CHECK(slot[2] == 1 && buf[2] == buf[1]);
+    fsdp_event *e = NULL; /* the user goes on at once: it waits for nothing */
+    CHECK_OK(fsdp_event_create(FSDP_CPU, &e));
+    CHECK_OK(fsdp_event_record(e, user));
+    for (int i = 0; i < 200 && fsdp_event_query(e) == 0; i++) usleep(1000);
+    CHECK(fsdp_event_query(e) == 1);
+    CHECK_OK(fsdp_event_destroy(e));
+  }
   atomic_store(&gate, 1);
-  CHECK_OK(fsdp_event_destroy(e));
   CHECK_OK(fsdp_stream_synchronize(busy));
   CHECK_OK(fsdp_pool_give_back(p, slot[2], user));
   CHECK_OK(fsdp_stream_synchronize(user));
@@ -101,6 +107,8 @@ static void test_ready_slot(void) {
   CHECK_OK(fsdp_stream_destroy(user));
   CHECK_OK(fsdp_stream_destroy(busy));
 }
+
+static void test_ready_slot(void) { ready_slot_case(NULL); }
 
 /* A pool registered in window mode keeps to the pick, even when another
  * slot of that size is idle: NCCL's symmetric windows need the same
@@ -117,31 +125,7 @@ static void test_window_slot(void) {
   fsdp_comm *c = NULL;
   CHECK_OK(fsdp_mesh_create(1, names, sizes, FSDP_CPU, &m));
   CHECK_OK(fsdp_mesh_group(m, "dp", &c));
-  int64_t b[] = {256, 256};
-  fsdp_pool *p = NULL;
-  CHECK_OK(fsdp_pool_create(FSDP_CPU, 2, b, &p));
-  CHECK_OK(fsdp_pool_register(p, c, FSDP_REG_WINDOW));
-  fsdp_stream *user = NULL, *busy = NULL;
-  CHECK_OK(fsdp_stream_create(FSDP_CPU, &user));
-  CHECK_OK(fsdp_stream_create(FSDP_CPU, &busy));
-  int slot[3];
-  void *buf[3];
-  CHECK_OK(fsdp_pool_acquire(p, 200, user, &slot[0], &buf[0]));
-  CHECK_OK(fsdp_pool_acquire(p, 200, user, &slot[1], &buf[1]));
-  _Atomic int gate = 0;
-  CHECK_OK(fsdp_cpu_stream_enqueue(busy, hold, (void *)&gate, NULL));
-  CHECK_OK(fsdp_pool_give_back(p, slot[1], user));
-  CHECK_OK(fsdp_stream_synchronize(user));
-  CHECK_OK(fsdp_pool_give_back(p, slot[0], busy)); /* its reader still runs */
-  CHECK_OK(fsdp_pool_acquire(p, 200, user, &slot[2], &buf[2]));
-  CHECK(slot[2] == 0 && buf[2] == buf[0]); /* the pick, whatever is idle */
-  atomic_store(&gate, 1);
-  CHECK_OK(fsdp_pool_give_back(p, slot[2], user));
-  CHECK_OK(fsdp_stream_synchronize(user));
-  CHECK_OK(fsdp_stream_synchronize(busy));
-  CHECK_OK(fsdp_pool_destroy(p));
-  CHECK_OK(fsdp_stream_destroy(user));
-  CHECK_OK(fsdp_stream_destroy(busy));
+  ready_slot_case(c);
   CHECK_OK(fsdp_mesh_destroy(m));
   CHECK_OK(fsdp_finalize());
 }
