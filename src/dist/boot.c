@@ -227,6 +227,15 @@ int fsdp_abort(int status, const char *message) {
       fflush(stderr);
     }
     pmix_status_t rc = PMIx_Abort(status, msg, NULL, 0);
+    if (rc == PMIX_SUCCESS && getenv("FSDPRUN")) {
+      /* fsdprun prints the message of the first abort it takes, then ends
+       * every rank. Exiting now could end this rank before another rank's
+       * abort is taken, and fsdprun would then name this rank's exit, with
+       * no message at all (this rank printed none): wait to be ended
+       * (SIGTERM, at its default action), at most 10 s. */
+      fsdp_stop_signals_watch(0);
+      for (int i = 0; i < 1000; i++) usleep(10000);
+    }
     if (rc == PMIX_SUCCESS) return FSDP_OK; /* the launcher tears the job down */
   }
   /* Alone, the job is this process: the caller asked for the end. */
