@@ -74,6 +74,10 @@ int fsdp_cuda_attention_forward(void *out, float *lse, const void *q, const void
 int fsdp_cuda_attention_backward(void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
                                  const void *v, const void *out, const float *lse, int64_t batch, int64_t seq,
                                  int64_t heads, int64_t kv_heads, int64_t head_dim, fsdp_dtype dtype, fsdp_stream *s);
+/* generation's attention against a KV cache, as fsdp_attention_cached (fsdp_ops.h); head_dim <= 512 */
+int fsdp_cuda_attention_cached(void *out, const void *q, const void *k_cache, const void *v_cache, int64_t batch,
+                               int64_t tq, int64_t pos, int64_t cap, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                               fsdp_dtype dtype, fsdp_stream *s);
 int fsdp_cuda_swiglu_forward(void *y, const void *gate, const void *up, int64_t n, fsdp_dtype dtype, fsdp_stream *s);
 int fsdp_cuda_swiglu_backward(void *dgate, void *dup, const void *dy, const void *gate, const void *up, int64_t n,
                               fsdp_dtype dtype, fsdp_stream *s);

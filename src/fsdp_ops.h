@@ -52,6 +52,11 @@ int fsdp_attention_forward(float *out, float *lse, const float *q, const float *
 int fsdp_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
                             const float *v, const float *out, const float *lse, int64_t batch, int64_t seq, int64_t heads,
                             int64_t kv_heads, int64_t head_dim);
+/* generation: the queries of positions pos .. pos + tq - 1 (q, out [B, tq, H, D]) against
+ * a KV cache (k_cache, v_cache [B, cap, Hkv, D]) that already holds positions 0 .. pos + tq - 1;
+ * each query sees the keys up to its own position (src/ops/attention_cached.c) */
+int fsdp_attention_cached(float *out, const float *q, const float *k_cache, const float *v_cache, int64_t batch,
+                          int64_t tq, int64_t pos, int64_t cap, int64_t heads, int64_t kv_heads, int64_t head_dim);
 /* y = silu(gate) * up */
 int fsdp_swiglu_forward(float *y, const float *gate, const float *up, int64_t n);
 /* dgate, dup overwritten */
