@@ -21,6 +21,9 @@ static const char *usage_text =
     "                                    owner(p, i), rank(r), mem(r), plan{...}, diff(a, b))\n"
     "       fsdp plan RECIPE.lua [--world W] [--mesh SPEC] [--json] [section.field=value ...]\n"
     "                                    per-rank memory and communication, no allocation\n"
+    "       fsdp generate SOURCE [--prompt TEXT] [--max-new-tokens N] [--temperature T] ...\n"
+    "                                    text from a checkpoint or a Hugging Face folder\n"
+    "                                    (fsdp generate --help)\n"
     "       fsdp --help | --version\n"
     "\n"
     "Ranks are normally started by the launcher: `fsdprun -n 4 FILE.lua`. Started\n"
@@ -387,6 +390,8 @@ int main(int argc, char **argv) {
     }
   } else if (argc > 1 && !strcmp(argv[1], "plan")) {
     rc = run_module(L, "fsdp.planner", "cli", argc, argv, 2);
+  } else if (argc > 1 && !strcmp(argv[1], "generate")) {
+    rc = run_module(L, "fsdp.generate", "cli", argc, argv, 2);
   } else if (argc > 1 && strcmp(argv[1], "repl")) {
     if (argv[1][0] == '-') {
       fprintf(stderr, "fsdp: unknown option '%s' (fsdp --help)\n", argv[1]);

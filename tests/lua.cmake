@@ -172,3 +172,9 @@ set_tests_properties(doc_figures PROPERTIES LABELS unit TIMEOUT 120)
 add_test(NAME run_guard
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_run_guard.sh $<TARGET_FILE:fsdprun> ${CMAKE_SOURCE_DIR})
 set_tests_properties(run_guard PROPERTIES LABELS multirank TIMEOUT 400 RUN_SERIAL ON)
+
+# generation (lua/fsdp/generate.lua, sample.lua): greedy and sampled tokens
+# with the KV cache against the reference without it, stopping, refusals,
+# the sampler's draws against float64 probabilities
+add_test(NAME lua_generate COMMAND fsdp-host ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_generate.lua ${CMAKE_SOURCE_DIR})
+set_tests_properties(lua_generate PROPERTIES LABELS unit TIMEOUT 60)

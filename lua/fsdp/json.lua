@@ -2,7 +2,8 @@
 -- (checkpoint indexes, Hugging Face config.json and safetensors indexes).
 -- Objects get their keys sorted, so the same table always gives the same
 -- bytes (the checkpoint index is checksummed). Arrays are tables with
--- consecutive integer keys from 1; json.array{} marks an empty array.
+-- consecutive integer keys from 1; json.array{} marks an empty array;
+-- json.null writes null.
 -- Integers print exactly up to 2^53; other numbers with 17 digits;
 -- json.float(x) prints x as a float however it reads (8 -> 8.0, 1e-5 ->
 -- 1e-05, the shortest text that reads back as x), for readers that check
@@ -12,6 +13,10 @@ local M = {}
 
 local array_mark = setmetatable({}, { __mode = "k" })
 function M.array(t) array_mark[t] = true; return t end
+
+-- json.null: a value that writes as null where a reader wants the key
+-- present (a tokenizer.json's optional parts)
+M.null = setmetatable({}, { __tostring = function() return "json.null" end })
 
 local float_mt = {}
 function M.float(x)
@@ -53,7 +58,7 @@ local function encode(v, out)
   if ty == "string" then out[#out + 1] = str(v)
   elseif ty == "number" then out[#out + 1] = num(v)
   elseif ty == "boolean" then out[#out + 1] = tostring(v)
-  elseif ty == "nil" then out[#out + 1] = "null"
+  elseif ty == "nil" or v == M.null then out[#out + 1] = "null"
   elseif ty == "table" and getmetatable(v) == float_mt then out[#out + 1] = float_text(v[1])
   elseif ty == "table" then
     if is_array(v) then

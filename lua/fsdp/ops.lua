@@ -122,6 +122,16 @@ function M.rope(x, t, B, T, heads, hd, backward)
   check(f(xp, cp, sp, B, T, heads, hd), "rope")
 end
 
+-- the rotation of positions pos .. pos + T - 1 (generation: the tables'
+-- rows from pos on; the tables must hold pos + T rows)
+function M.rope_at(x, t, pos, B, T, heads, hd)
+  if pos + T > t.seq then error(string.format("rope: positions up to %d with tables of %d", pos + T, t.seq), 2) end
+  local xp, cp, sp = ptrs("rope", x, t.cos, t.sin)
+  cp, sp = cp + pos * hd, sp + pos * hd
+  if on_cuda(x) then return check(CU().fsdp_cuda_rope_forward(xp, cp, sp, B, T, heads, hd, x.dtype_id, S()), "rope") end
+  check(C.fsdp_rope_forward(xp, cp, sp, B, T, heads, hd), "rope")
+end
+
 function M.attention_forward(out, lse, q, k, v, B, T, nh, nkv, hd)
   local op, lp, qp, kp, vp = ptrs("attention", out, lse, q, k, v)
   if on_cuda(out) then
@@ -137,6 +147,18 @@ function M.attention_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, nh, nkv
       "attention backward")
   end
   check(C.fsdp_attention_backward(dqp, dkp, dvp, dop, qp, kp, vp, op, lp, B, T, nh, nkv, hd), "attention backward")
+end
+
+-- generation: the queries q [B, tq, nh*hd] of positions pos .. pos + tq - 1
+-- against the KV cache kc, vc [B, cap, nkv*hd] that holds positions up to
+-- theirs (fsdp_attention_cached)
+function M.attention_cached(out, q, kc, vc, B, tq, pos, cap, nh, nkv, hd)
+  local op, qp, kp, vp = ptrs("attention_cached", out, q, kc, vc)
+  if on_cuda(out) then
+    return check(CU().fsdp_cuda_attention_cached(op, qp, kp, vp, B, tq, pos, cap, nh, nkv, hd, out.dtype_id, S()),
+      "attention_cached")
+  end
+  check(C.fsdp_attention_cached(op, qp, kp, vp, B, tq, pos, cap, nh, nkv, hd), "attention_cached")
 end
 
 -- which CUDA attention kernels a step of this shape runs, as a line for the

@@ -542,6 +542,30 @@ function Sharded:stop_agreed()
   return C.fsdp_stop_signal() > 0 and C.fsdp_stop_signal() or -1
 end
 
+-- after forwards without grads: the last unit resharded (ZeRO 3), and any
+-- prefetched but unused unit's gather landed and resharded
+local function forward_done(s, ctx, what)
+  if ctx.cur and ctx.cur.zero == 3 then reshard(ctx.cur, s) end
+  for _, u in ipairs(s.units) do
+    if u.gathered then
+      check(C.fsdp_unit_wait(u.handle, s.cs), what)
+      reshard(u, s)
+    end
+  end
+end
+
+-- fn(model, ctx) without grads, the units gathered as its modules run
+-- (generation: ctx.kv is kv, the KV cache that fsdp.models.llama's
+-- attention fills and reads); returns fn's results (tensors move to the
+-- caller). Not collective beyond what the forward itself gathers.
+function Sharded:infer(fn, kv)
+  live(self, "infer")
+  local ctx = setmetatable({ s = self, no_grad = true, kv = kv }, Ctx)
+  local a, b = autograd.scope(fn, self.model, ctx)
+  forward_done(self, ctx, "infer")
+  return a, b
+end
+
 -- The loss over batches, averaged over them and the data-parallel ranks.
 -- opt.stop_every = n: every n batches the ranks agree whether a stop signal
 -- came (a long evaluation must not outlast a scheduler's grace period):
@@ -568,13 +592,7 @@ function Sharded:evaluate(batches, lossfn, opt)
     end)
   end
   for k = 1, done do total = total + ops.value(parts[k]) / done end
-  if ctx.cur and ctx.cur.zero == 3 then reshard(ctx.cur, self) end
-  for _, u in ipairs(self.units) do
-    if u.gathered then -- prefetched, not used: let its gather land first
-      check(C.fsdp_unit_wait(u.handle, self.cs), "evaluate")
-      reshard(u, self)
-    end
-  end
+  forward_done(self, ctx, "evaluate")
   local l = tensor.new(1)
   l:set(0, total)
   all_reduce_host(self.shard, l, "avg")

@@ -175,8 +175,45 @@ function Attention:tables(seq, device)
   return t
 end
 
+-- Generation (ctx.kv, fsdp.generate): the new positions' keys and values
+-- go into the layer's cache, and the queries attend to every cached
+-- position up to theirs. kv = {pos = first new position, cap = positions
+-- the caches hold, layers = {[attention] = {k, v}}}; nothing is saved.
+function Attention:forward_cached(ctx, x, phase)
+  local cfg, ch, kv = self.cfg, self.children, ctx.kv
+  local B, T = x.shape[1], x.shape[2]
+  local nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+  local pos, cap = kv.pos, kv.cap
+  if pos + T > cap then
+    error(string.format("LlamaAttention: positions up to %d do not fit the KV cache of %d", pos + T, cap), 2)
+  end
+  local q = nn.call(ctx, ch[1], phase, x)
+  local k = nn.call(ctx, ch[2], phase, x)
+  local v = nn.call(ctx, ch[3], phase, x)
+  local t = self:tables(cap, x.device)
+  ops.rope_at(q, t, pos, B, T, nh, hd)
+  ops.rope_at(k, t, pos, B, T, nkv, hd)
+  local c = kv.layers[self]
+  if not c then -- lasting state, nobody's activation: freed by the generator
+    local w = nkv * hd
+    c = autograd.untracked(function()
+      return { k = ops.like(k, { B, cap, w }), v = ops.like(v, { B, cap, w }) }
+    end)
+    kv.layers[self] = c
+  end
+  local w, stream = nkv * hd, x.device == "cuda" and ops.compute_stream() or nil
+  for b = 0, B - 1 do -- this sequence's new rows, after its cached ones (views: nobody's)
+    c.k:view((b * cap + pos) * w, { T * w }):copy_from(k:view(b * T * w, { T * w }), stream)
+    c.v:view((b * cap + pos) * w, { T * w }):copy_from(v:view(b * T * w, { T * w }), stream)
+  end
+  local out = ops.like(q)
+  ops.attention_cached(out, q, c.k, c.v, B, T, pos, cap, nh, nkv, hd)
+  return nn.call(ctx, ch[4], phase, out)
+end
+
 function Attention:forward(ctx, x, phase)
   phase = phase or "forward"
+  if ctx.kv then return self:forward_cached(ctx, x, phase) end
   local cfg, ch = self.cfg, self.children
   local B, T = x.shape[1], x.shape[2]
   local nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
@@ -364,6 +401,19 @@ function CausalLM:forward(ctx, ids)
   local mods = trunk(self)
   mods[4] = self.children[2]
   return nn.forward_chain(ctx, mods, ids)
+end
+
+-- The logits of the last position only, {B = 1, vocab} (generation: the
+-- head runs on one row, not on every prompt position)
+function CausalLM:forward_last(ctx, ids)
+  ctx = ctx or nn.plain
+  if ids.shape[1] ~= 1 then error("llama forward_last: one sequence at a time (batch " .. ids.shape[1] .. ")", 2) end
+  local h = self.cfg.hidden_size
+  return autograd.scope(function()
+    local nf = nn.forward_chain(ctx, trunk(self), ids)
+    local T = nf:numel() / h
+    return nn.call(ctx, self.children[2], "forward", nf:view((T - 1) * h, { 1, h }))
+  end)
 end
 
 -- How many targets count (not ignore_index), each checked against the vocabulary.
