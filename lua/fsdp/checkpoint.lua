@@ -328,7 +328,9 @@ end
 
 -- o: step (integer, names the directory), optimizer ("adamw" | "sgd"),
 -- meta (a table of numbers and strings saved in the index: the trainer's
--- step, data position, seed...), async (default false), keep_last (0: all).
+-- step, data position, seed...), async (default false), keep_last (0: all),
+-- files ({name = bytes}: written into the checkpoint's hf/ folder, the
+-- model's config.json and tokenizer files, for fsdp generate and exports).
 -- With meta.run_id, a checkpoint of another run is never replaced (nor
 -- `latest` moved away from one): the save fails, changing nothing.
 -- Before training: dir can be made and written by this rank (a file made
@@ -370,6 +372,10 @@ function M.save(s, dir, o)
         if e:match("^%.tmp%-") then check(C.fsdp_fs_remove_tree(dir .. "/" .. e), "checkpoint: clean up") end
       end
       check(C.fsdp_fs_mkdirs(tmp), "checkpoint: directory")
+      if o.files then -- the model's config.json and tokenizer, committed with the weights
+        check(C.fsdp_fs_mkdirs(tmp .. "/hf"), "checkpoint: directory")
+        for name, bytes in pairs(o.files) do write_text(tmp .. "/hf/" .. name, bytes) end
+      end
     end)
     err = not ok and e or nil
   end

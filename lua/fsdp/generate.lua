@@ -86,7 +86,8 @@ local function tokenizer(dir, files, vocab)
     if ok ~= 0 and ok ~= true then error(string.format("%s/tokenizer.json: %s failed: %s", dir, sub, err:gsub("%s+$", "")), 0) end
     return out
   end
-  if files["tokenizer.json"] then
+  local bytes = vocab <= 256 and (files["tokenizer.json"] == nil or files["tokenizer.json"] == hf_files.byte_tokenizer())
+  if files["tokenizer.json"] and not bytes then
     return {
       name = dir .. "/tokenizer.json",
       encode = function(text)
@@ -97,7 +98,7 @@ local function tokenizer(dir, files, vocab)
       decode = function(ids) return run("decode", table.concat(ids, " ")) end,
     }
   end
-  if vocab <= 256 then
+  if bytes then -- (the byte-level tokenizer.json says the same: ids are bytes)
     return {
       name = "bytes",
       encode = function(text)

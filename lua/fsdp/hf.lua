@@ -1,9 +1,10 @@
 -- fsdp.hf: Hugging Face interchange for Llama models (docs/CHECKPOINTS.md).
---   hf.export(s, cfg, dir, {dtype = "bf16" | "fp32", shard_bytes = 5e9})
+--   hf.export(s, cfg, dir, {dtype = "bf16" | "fp32", shard_bytes = 5e9, files = {name = bytes}})
 --   hf.import(s, cfg, dir, {seq = 4096, quiet = false})  -> {notes = {...}}
 -- export writes model-0000k-of-0000n.safetensors, model.safetensors.index.json
 -- and config.json with Hugging Face's Llama tensor names (fsdp uses the same
--- names, shapes and rotary convention, so no tensor is permuted). Each rank
+-- names, shapes and rotary convention, so no tensor is permuted), and
+-- o.files (the tokenizer's files, generation_config.json). Each rank
 -- writes its own element ranges straight into the files at their offsets:
 -- no rank ever holds more than its shard. import reads, on each rank, only
 -- the ranges it holds. Both are collective over the model's ranks. import
@@ -140,6 +141,9 @@ function M.export(s, cfg, dir, o)
       check(C.fsdp_fs_write_atomic(tmp .. "/model.safetensors.index.json", idx, #idx), what)
       local cj = hf_config.encode(cfg, dtype)
       check(C.fsdp_fs_write_atomic(tmp .. "/config.json", cj, #cj), what)
+      for name, bytes in pairs(o.files or {}) do -- the tokenizer and generation_config.json (fsdp.hf_files)
+        if name ~= "config.json" then check(C.fsdp_fs_write_atomic(tmp .. "/" .. name, bytes, #bytes), what) end
+      end
       check(C.fsdp_fs_remove_tree(dir), what)
       check(C.fsdp_fs_rename(tmp, dir), what)
     end)

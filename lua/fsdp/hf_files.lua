@@ -83,6 +83,31 @@ function M.byte_files(max_len)
     ["generation_config.json"] = json.encode({ do_sample = false }) }
 end
 
+-- What a run carries into its checkpoints and export, and where it came
+-- from (a sentence for the log): the files of the folder the model came
+-- from (from_hf: model.from_hf or checkpoint.init_hf), else of the
+-- checkpoint it resumed (resumed: that checkpoint's path), else of the
+-- tokenizer folder its token file was prepared with (tokenizer_dir), else
+-- byte-level files for a model of 256 ids trained on bytes (o.bytes); nil
+-- when none applies.
+function M.carried(o)
+  local function any(f) return next(f) ~= nil end
+  if o.from_hf then
+    local f = M.read(o.from_hf)
+    if any(f) then return f, o.from_hf end
+  end
+  if o.resumed then
+    local f = M.read(o.resumed .. "/hf")
+    if any(f) then return f, o.resumed .. "/hf" end
+  end
+  if o.tokenizer_dir then
+    local f = M.read(o.tokenizer_dir)
+    if any(f) then return f, o.tokenizer_dir end
+  end
+  if o.bytes ~= false and o.vocab_size == 256 then return M.byte_files(o.max_len), "byte-level (ids are bytes)" end
+  return nil
+end
+
 -- the end-of-text ids of a folder's files and config (a list, maybe empty):
 -- generation_config.json's eos_token_id, else config.json's
 function M.eos_ids(files, config_raw)

@@ -38,6 +38,7 @@ M.schema = {
     device = { { "cpu", "cuda" }, "cpu" }, min_free_fraction = { "number", 0.9 }, resume = { "string", nil },
     stop_after = { "int", nil }, loss_chunk_mb = { "number", 256 }, peak_tflops = { "number", nil },
     max_bad_steps = { "int", 5 }, profile = { "string", nil }, profile_step = { "int", nil },
+    sample_tokens = { "int", 0 }, sample_prompt = { "string", nil }, sample_temperature = { "number", 0.8 },
   },
   -- docs/CHECKPOINTS.md
   checkpoint = {
@@ -232,6 +233,12 @@ function M.check(r, where)
       "evaluation off)", t.eval_batches)
   end
   if t.eval_every < 0 then fail(where, "train.eval_every = %d; expected >= 0 (0: no evaluation)", t.eval_every) end
+  if t.sample_tokens < 0 then
+    fail(where, "train.sample_tokens = %d; expected >= 0 (tokens of text printed at each evaluation; 0: none)", t.sample_tokens)
+  end
+  if not (t.sample_temperature >= 0 and t.sample_temperature < math.huge) then
+    fail(where, "train.sample_temperature = %s; expected a number >= 0 (0: greedy)", tostring(t.sample_temperature))
+  end
   if t.profile_step and t.profile_step < 1 then
     fail(where, "train.profile_step = %d; expected >= 1 (the step whose timeline train.profile writes)", t.profile_step)
   end

@@ -14,6 +14,7 @@ local checkpoint = require "fsdp.checkpoint"
 local hf = require "fsdp.hf"
 local ops = require "fsdp.ops"
 local hf_config = require "fsdp.hf_config"
+local hf_files = require "fsdp.hf_files"
 local peak = require "fsdp.peak"
 local metrics_file = require "fsdp.metrics"
 local autograd = require "fsdp.autograd"
@@ -433,6 +434,12 @@ local function run(r, where, args, break_at, owned)
     end
     say("initial weights from %s", init_hf)
   end
+  -- beside the weights, every checkpoint (its hf/ folder) and the export
+  -- carry the model's config.json and its tokenizer's files (fsdp.hf_files)
+  local carried, carried_from = hf_files.carried({ from_hf = init_hf, resumed = resumed, vocab_size = cfg.vocab_size,
+    max_len = cfg.max_position_embeddings, bytes = r.data.token_file == nil })
+  local carry = { ["config.json"] = hf_config.encode(cfg, "fp32") }
+  for k, v in pairs(carried or {}) do carry[k] = v end
   local train_loader = ds:loader({ split = "train", batch = B, seq = T, rank = dp_rank, world = dp, seed = seed,
     state = { consumed = consumed } })
 
@@ -514,6 +521,25 @@ local function run(r, where, args, break_at, owned)
     end)
   end
 
+  -- train.sample_tokens: text from the model at each evaluation, on every
+  -- rank (its forward gathers units: collective), printed by rank 0; the
+  -- same prompt and seed each time, so the samples show what was learned
+  local sampler, sample_prompt
+  local function sample_text()
+    if not sampler then
+      sampler = require("fsdp.generate").wrap(sharded, cfg, { files = carried or {}, dir = carried_from, source = where })
+      local text = r.train.sample_prompt or "The "
+      local ok, ids = pcall(sampler.encode, sampler, text)
+      if not ok then error(where .. ": train.sample_prompt: " .. tostring(ids), 0) end
+      if #ids == 0 then error(where .. ": train.sample_prompt is empty (at least one token is needed)", 0) end
+      sample_prompt = ids
+    end
+    local n = math.min(r.train.sample_tokens, cfg.max_position_embeddings - #sample_prompt)
+    local ids = sampler:generate(sample_prompt, { max_new_tokens = math.max(n, 1), temperature = r.train.sample_temperature,
+      top_k = 40, seed = seed })
+    return ((sampler:decode(sample_prompt) .. sampler:decode(ids)):gsub("\\", "\\\\"):gsub("\n", "\\n"):gsub("\r", "\\r"))
+  end
+
   local tty = R == 0 and fsdp.on_terminal(info)
   local steps = r.train.steps
   local warmup_note = M.warmup_warning(r)
@@ -521,7 +547,7 @@ local function run(r, where, args, break_at, owned)
   local function save(step, lr, async)
     if async == nil then async = ck.async end
     local ok, e = pcall(checkpoint.save, sharded, ck.dir, { step = step, optimizer = o.name, async = async,
-      keep_last = ck.keep_last, meta = { step = step, optimizer_step = sharded.step_count, consumed = train_loader.consumed,
+      keep_last = ck.keep_last, files = carry, meta = { step = step, optimizer_step = sharded.step_count, consumed = train_loader.consumed,
         seed = seed, lr = lr, world = info.size, zero = r.fsdp.zero, optimizer = o.name, param_dtype = r.fsdp.param_dtype,
         skipped = sharded.skipped or 0, model = where, run_id = run_id, seq = T, micro_batch = B,
         windows = train_loader.nwin } })
@@ -667,6 +693,7 @@ local function run(r, where, args, break_at, owned)
       else
         say("eval step %d | val_loss %.4f", step, vloss)
         record({ step = step, val_loss = vloss })
+        if r.train.sample_tokens > 0 then say("sample step %d | %s", step, sample_text()) end
       end
     end
     committed(checkpoint.poll(sharded))
@@ -694,7 +721,8 @@ local function run(r, where, args, break_at, owned)
   -- (still watched during an export: a stop there ends it cleanly)
   C.fsdp_stop_signals_watch(signalled and 2 or 1)
   if ck.export_hf and not signalled then
-    local ok, e = pcall(hf.export, sharded, cfg, ck.export_hf, { dtype = ck.export_dtype, shard_bytes = ck.export_shard_mb * 1e6 })
+    local ok, e = pcall(hf.export, sharded, cfg, ck.export_hf, { dtype = ck.export_dtype, shard_bytes = ck.export_shard_mb * 1e6,
+      files = carry })
     local sig = not ok and sharded:stop_agreed() -- (the export failed on every rank: a stop signal, or not)
     if sig then -- stopped during the export: nothing half-written is left, the run is in its checkpoint
       signalled = { signal = sig, step = last, saved = last_saved, note = string.format("during the export to %s: " ..
