@@ -178,3 +178,11 @@ set_tests_properties(run_guard PROPERTIES LABELS multirank TIMEOUT 400 RUN_SERIA
 # the sampler's draws against float64 probabilities
 add_test(NAME lua_generate COMMAND fsdp-host ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_generate.lua ${CMAKE_SOURCE_DIR})
 set_tests_properties(lua_generate PROPERTIES LABELS unit TIMEOUT 60)
+# fsdp generate as a user meets it: samples at evaluation, the files a
+# checkpoint and an export carry, the same tokens from a checkpoint and its
+# export, the byte-level tokenizer read by `tokenizers`, refusals
+# (tests/scripts/test_generate.sh)
+add_test(NAME generate
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_generate.sh $<TARGET_FILE:fsdprun> $<TARGET_FILE:fsdp-host>
+                 ${CMAKE_SOURCE_DIR})
+set_tests_properties(generate PROPERTIES LABELS multirank TIMEOUT 180 RUN_SERIAL ON)
