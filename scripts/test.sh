@@ -15,6 +15,17 @@ jobs=$(nproc)
 # mpirun, srun and prterun for tests/scripts/test_launchers.sh (skipped,
 # saying so, where one cannot be installed)
 scripts/setup_launchers.sh
+# torch and transformers in the project's Python environment (.venv/), for
+# the checks against Hugging Face's own code (test_hf_transformers: the
+# export's logits, tokenizer and greedy generate); where it cannot be made
+# they skip, saying so. FSDP_TEST_PYTHON set: that python instead.
+if [ -z "${FSDP_TEST_PYTHON:-}" ]; then
+  if py=$(scripts/python_env.sh --torch); then
+    export FSDP_TEST_PYTHON=$py
+  else
+    echo "test: no torch environment; the checks against transformers will be skipped"
+  fi
+fi
 echo "== build (build/)"
 scripts/build.sh build -DFSDP_WERROR=ON
 echo "== tests (build/)"
@@ -34,9 +45,12 @@ if [ "${FSDP_TEST_SANITIZE:-1}" != 0 ]; then
   # the CUDA code is compiled and linked by the first build.
   scripts/build.sh build-asan -DFSDP_WERROR=ON -DFSDP_SANITIZE=ON -DFSDP_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug
   echo "== tests under ASan + UBSan (build-asan/)"
-  # lsan.supp: allocations PMIx and LuaJIT keep for the process's life
+  # lsan.supp: allocations PMIx and LuaJIT keep for the process's life;
+  # the comparisons with transformers ran in the first pass (numbers, not
+  # memory: the engine code they cover runs under the sanitizers in test_hf)
   ASAN_OPTIONS=allocator_may_return_null=1:detect_leaks=1 \
   LSAN_OPTIONS=suppressions=$PWD/tests/lsan.supp:print_suppressions=0 \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  FSDP_TEST_PYTHON=/nonexistent \
     ctest --test-dir build-asan --output-on-failure -j"$jobs"
 fi

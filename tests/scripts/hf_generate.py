@@ -1,17 +1,42 @@
-"""hf_generate.py DIR PROMPT_IDS OURS_IDS [EOS...]: transformers' greedy
+"""hf_generate.py DIR PROMPT_IDS OURS_IDS: transformers' greedy
 generate on the Hugging Face folder DIR (LlamaForCausalLM in float64, its
 KV cache) from the prompt ids, held to the ids `fsdp generate` chose
 (space-separated, the same count of new tokens). Token for token; where
 they part, the step must be a near tie in float64 (the two largest logits
 within 1e-4 of the largest's magnitude: fp32 noise may pick either),
-else it fails naming the step and both tokens. Exit 0 equal, 1 differ."""
+else it fails naming the step and both tokens. Exit 0 equal, 1 differ.
+hf_generate.py --make DIR FROM: a model with FROM's config.json and
+tokenizer, random weights drawn wide (initializer_range 0.5: logits far
+from ties, greedy tokens that vary), saved by transformers into DIR."""
 import sys
 
 import torch
 from transformers import LlamaForCausalLM
 
 
+def make(out, src):
+    import json
+    import shutil
+    from transformers import LlamaConfig
+    with open(src + "/config.json") as f:
+        fields = json.load(f)
+    fields["initializer_range"] = 0.5
+    fields.pop("torch_dtype", None)
+    fields.pop("dtype", None)
+    torch.manual_seed(1)
+    model = LlamaForCausalLM(LlamaConfig(**fields)).float()
+    model.save_pretrained(out)
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        try:
+            shutil.copy(src + "/" + name, out + "/" + name)
+        except FileNotFoundError:
+            pass
+    return 0
+
+
 def main():
+    if sys.argv[1] == "--make":
+        return make(sys.argv[2], sys.argv[3])
     folder, prompt, ours = sys.argv[1], [int(v) for v in sys.argv[2].split()], [int(v) for v in sys.argv[3].split()]
     torch.manual_seed(0)
     model = LlamaForCausalLM.from_pretrained(folder, dtype=torch.float64)

@@ -6,9 +6,12 @@
 # LlamaForCausalLM.from_pretrained in float64, gives the logits our model
 # gives on the same ids (tests/lua/hf_logits.lua) within 1e-4 of the largest
 # (tests/scripts/hf_transformers_logits.py); and a model transformers writes
-# (save_pretrained, random weights) imported gives its logits too. Needs
-# torch and transformers
-# in FSDP_TEST_PYTHON (default python3); skipped (77) without them.
+# (save_pretrained, random weights) imported gives its logits too. The
+# export is a whole folder: AutoTokenizer loads its byte-level tokenizer;
+# fsdp generate's greedy tokens equal transformers' generate token for token
+# (tests/scripts/hf_generate.py) on the export and on a model with wide
+# random weights. Needs torch and transformers in FSDP_TEST_PYTHON (default
+# python3; scripts/test.sh sets the project's .venv); skipped (77) without them.
 set -u
 fsdprun=$1 fsdp=$2 root=$3
 . "$(dirname "$0")/checks.sh"
@@ -69,4 +72,33 @@ cp -r "$work/llama3" "$work/unscaled"
 rc=$?
 grep -v "Loading weights" "$work/cmp.out"
 check "control: without the scaling transformers' logits differ from ours" "[ $rc = 1 ]"
+# an export is a whole Hugging Face folder: transformers' AutoTokenizer
+# loads its byte-level tokenizer (each byte its own id) and generates
+"$py" - "$work/fp32-untied" >"$work/tok.out" 2>&1 <<'PY'
+import sys
+from transformers import AutoTokenizer
+t = AutoTokenizer.from_pretrained(sys.argv[1])
+text = "héllo, wörld\n"
+ids = t(text)["input_ids"]
+assert ids == list(text.encode()), ids
+assert t.decode(ids) == text
+print("AutoTokenizer: ok")
+PY
+check "AutoTokenizer loads the export's tokenizer: ids are the bytes" "grep -q 'AutoTokenizer: ok' '$work/tok.out'" ||
+  cat "$work/tok.out"
+# fsdp generate's greedy tokens (KV cache, fp32) against transformers'
+# generate (float64, its KV cache) token for token: on the trained export,
+# and on a model with wide random weights (tokens that vary)
+"$py" "$root/tests/scripts/hf_generate.py" --make "$work/wide" "$work/fp32-untied" >"$work/make.out" 2>&1
+check "transformers writes a wide random model" "[ -f '$work/wide/config.json' ]" || cat "$work/make.out"
+prompt="84 104 101 32 115 104 97 114 100"
+for d in fp32-untied wide; do
+  ours=$("$fsdp" generate "$work/$d" --ids "$prompt" --max-new-tokens 48 --greedy --no-stop --print-ids 2>"$work/gen.err" |
+    sed -n 's/^ids: //p')
+  check "$d: fsdp generate makes 48 tokens" "[ \$(echo '$ours' | wc -w) = 48 ]" || cat "$work/gen.err"
+  "$py" "$root/tests/scripts/hf_generate.py" "$work/$d" "$prompt" "$ours" >"$work/cmp.out" 2>&1
+  rc=$?
+  grep -v "Loading weights" "$work/cmp.out"
+  check "$d: transformers' greedy generate gives our tokens" "[ $rc = 0 ]"
+done
 finish test_hf_transformers
