@@ -4,7 +4,7 @@
 --   fsdprun -n 2 recipes/tiny.lua                 (about a minute on 2 cores)
 --   fsdprun -n 2 recipes/tiny.lua train.steps=50 fsdp.zero=2
 -- The loss starts near ln 256 = 5.55 (uniform over bytes) and falls well
--- below it. Metrics go to runs/tiny/metrics.jsonl (plot them with
+-- below it; each evaluation prints a sample of what the model writes. Metrics go to runs/tiny/metrics.jsonl (plot them with
 -- scripts/plot_metrics.sh runs/tiny/metrics.jsonl runs/tiny/metrics.png).
 return {
   model = {
@@ -21,5 +21,5 @@ return {
     seq = 128, micro_batch = 8, val_fraction = 0.05,
   },
   train = { steps = 400, grad_accum = 1, seed = 1234, eval_every = 100, eval_batches = 4, log_every = 20,
-    metrics = "runs/tiny/metrics.jsonl" },
+    metrics = "runs/tiny/metrics.jsonl", sample_tokens = 64, sample_prompt = "The shard" },
 }
