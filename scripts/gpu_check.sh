@@ -12,6 +12,8 @@
 #               the matrix of scripts/multirank_check.sh against 1 GPU rank and
 #               CPU ranks, checkpoints across worlds, a killed rank, the REPL
 #   train       test_cuda_train (the Llama model on the GPU against the CPU ops)
+#   generate    fsdp generate on the GPU (fp32, bf16) against the CPU on the demo's
+#               export: the same greedy tokens in fp32; tokens/s of each
 #   planner     the planner's bytes against the GPU's allocator (test_planner.lua cuda)
 #   demos       the demo recipe on the GPU (fp32, bf16) and on CPU ranks (TINY_STEPS, default 400)
 #   repl        the live REPL on a GPU mesh
@@ -26,8 +28,8 @@
 #   offload_probe      the 4.4B model, param shards offloaded: start-up and 3 steps
 #   attention   our attention kernels vs SDPA's cuDNN and flash backends (bench/attention_vs_torch.py)
 #   collectives the collective benchmarks and the multi-rank CPU tests
-# Without GPU_CHECK_STAGES: tests multirank train planner demos repl adamw kernels
-# offload, then with GPU_CHECK_BENCH=1 blas vs_fsdp2 vs_fsdp2_offload
+# Without GPU_CHECK_STAGES: tests multirank train generate planner demos repl adamw
+# kernels offload, then with GPU_CHECK_BENCH=1 blas vs_fsdp2 vs_fsdp2_offload
 # timeline offload_probe attention, then with GPU_CHECK_COLLECTIVES=1
 # collectives.
 # Libraries the GPU machine lacks (PMIx, LuaJIT, ...) may sit in .devlibs/;
@@ -67,6 +69,27 @@ stage_multirank() {
 stage_train() {
   echo "== the Llama model trained on the GPU vs the CPU ops (tests/lua/test_cuda_train.lua)"
   "$build/fsdprun" -n 1 --host "$build/fsdp" tests/lua/test_cuda_train.lua 2>&1 | tee "$out/test_cuda_train.log"
+}
+
+stage_generate() {
+  echo "== fsdp generate on the GPU against the CPU (the demo, 200 steps, exported in fp32)"
+  local d="$out/generate" rc=0
+  mkdir -p "$d"
+  "$build/fsdprun" -n 1 --host "$build/fsdp" recipes/tiny.lua train.steps=200 train.eval_every=0 train.device=cpu \
+    checkpoint.export_hf="$d/export" checkpoint.export_dtype=fp32 train.metrics="$d/m.jsonl" >"$d/train.log" 2>&1 || rc=1
+  for dev in "cpu fp32" "cuda fp32" "cuda bf16"; do
+    set -- $dev
+    "$build/fsdp" generate "$d/export" --prompt "The shard" --max-new-tokens 64 --greedy --no-stop --print-ids \
+      --device $1 --dtype $2 >"$d/$1-$2.out" 2>"$d/$1-$2.err" || rc=1
+    echo "$1 $2: $(tail -1 "$d/$1-$2.err")"
+  done | tee "$d/summary.txt"
+  if [ "$(tail -1 "$d/cpu-fp32.out")" = "$(tail -1 "$d/cuda-fp32.out")" ]; then
+    echo "generate: cuda fp32 greedy tokens equal the CPU's" | tee -a "$d/summary.txt"
+  else
+    echo "generate: FAILED: cuda fp32 greedy tokens differ from the CPU's" | tee -a "$d/summary.txt"
+    rc=1
+  fi
+  return $rc
 }
 
 stage_planner() {
@@ -178,7 +201,7 @@ stage_collectives() {
 steps=${TINY_STEPS:-400}
 stages=${GPU_CHECK_STAGES:-}
 if [ -z "$stages" ]; then
-  stages="tests multirank train planner demos repl adamw kernels offload"
+  stages="tests multirank train generate planner demos repl adamw kernels offload"
   [ "${GPU_CHECK_BENCH:-0}" = 1 ] && stages="$stages blas vs_fsdp2 vs_fsdp2_offload timeline offload_probe attention"
   [ "${GPU_CHECK_COLLECTIVES:-0}" = 1 ] && stages="$stages collectives"
 fi

@@ -332,6 +332,26 @@ static void test_attention(int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t
   }
 }
 
+/* generation's attention against a KV cache: queries at pos against a cache
+ * of cap rows, the rows past pos + tq NaN (never read), vs the CPU op */
+static void test_attention_cached(int64_t B, int64_t tq, int64_t pos, int64_t H, int64_t Hkv, int64_t D) {
+  const int64_t cap = pos + tq + 3, nq = B * tq * H * D, nc = B * cap * Hkv * D;
+  DT_LOOP {
+    float *q = rand_host(nq, 1, dt), *k = rand_host(nc, 1, dt), *v = rand_host(nc, 1, dt), *ref = malloc(sizeof(float) * nq);
+    for (int64_t b = 0; b < B; b++)
+      for (int64_t i = (pos + tq) * Hkv * D; i < cap * Hkv * D; i++) k[b * cap * Hkv * D + i] = v[b * cap * Hkv * D + i] = NAN;
+    CHECK_OK(fsdp_attention_cached(ref, q, k, v, B, tq, pos, cap, H, Hkv, D));
+    void *Q = up(q, nq, dt), *K = up(k, nc, dt), *V = up(v, nc, dt), *O = poisoned(nq, dt);
+    CHECK_OK(fsdp_cuda_attention_cached(O, Q, K, V, B, tq, pos, cap, H, Hkv, D, dt, NULL));
+    char what[96];
+    snprintf(what, sizeof what, "attention_cached B%lld tq%lld pos%lld H%lld/%lld D%lld", (long long)B, (long long)tq,
+             (long long)pos, (long long)H, (long long)Hkv, (long long)D);
+    same(what, dt, O, ref, nq, 2e-6);
+    fsdp_free(FSDP_CUDA, Q), fsdp_free(FSDP_CUDA, K), fsdp_free(FSDP_CUDA, V);
+    free(q), free(k), free(v), free(ref);
+  }
+}
+
 static void test_attention_choice(void) {
   /* asking for a family where it does not apply is an error, not a fallback */
   void *Q = poisoned(64, FSDP_FP32), *O = poisoned(64, FSDP_FP32), *L = poisoned(4, FSDP_FP32);
@@ -574,6 +594,10 @@ int main(void) {
   /* the Llama 3.2 1B head shape at a longer sequence (several cuDNN tiles) */
   test_attention(1, 512, 32, 8, 64);
   test_attention_choice();
+  test_attention_cached(1, 1, 0, 4, 2, 16);
+  test_attention_cached(1, 1, 300, 32, 8, 64);  /* one token after 300: two chunks of keys */
+  test_attention_cached(2, 5, 7, 4, 4, 128);
+  test_attention_cached(1, 17, 600, 8, 2, 200); /* head_dim past the block's 128 threads */
   test_elementwise();
   test_cast_rows(8, 1000, 3001);
   test_cast_rows(3, 70000, 70000);
