@@ -466,7 +466,7 @@ local function meta_of(h)
   local m = {}
   local num, buf = ffi.new("double[1]"), ffi.new("char[?]", 4096)
   for _, k in ipairs({ "step", "optimizer_step", "consumed", "seed", "world", "zero", "lr", "skipped", "seq", "micro_batch",
-    "windows" }) do
+    "windows", "dp", "grad_accum", "global_batch_tokens" }) do
     if C.fsdp_ckpt_meta_number(h, k, num) == 0 then m[k] = base.f64(num) end
   end
   for _, k in ipairs({ "optimizer", "param_dtype", "mesh", "model", "run_id" }) do

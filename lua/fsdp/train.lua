@@ -550,7 +550,7 @@ local function run(r, where, args, break_at, owned)
       keep_last = ck.keep_last, files = carry, meta = { step = step, optimizer_step = sharded.step_count, consumed = train_loader.consumed,
         seed = seed, lr = lr, world = info.size, zero = r.fsdp.zero, optimizer = o.name, param_dtype = r.fsdp.param_dtype,
         skipped = sharded.skipped or 0, model = where, run_id = run_id, seq = T, micro_batch = B,
-        windows = train_loader.nwin } })
+        windows = train_loader.nwin, dp = dp, grad_accum = K, global_batch_tokens = tokens_step } })
     if not ok then error(where .. ": " .. fsdp.prefixed("checkpoint", e), 0) end
     return e
   end
