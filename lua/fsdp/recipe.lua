@@ -328,4 +328,122 @@ function M.grad_accum(r, dp, where)
   return k
 end
 
+-- Whether this run states its own global batch, and where: train.grad_accum
+-- or train.global_batch_tokens on the command line (args), or
+-- train.global_batch_tokens in the recipe. A recipe's train.grad_accum is
+-- not such a statement: it is the global batch's share of one world size.
+-- Returns a description for the log ("train.grad_accum=4 on the command
+-- line"), or nil.
+function M.batch_override(r, args)
+  local said
+  for _, a in ipairs(args or {}) do
+    local key = tostring(a):match("^(train%.[%a_]+)=")
+    if key == "train.grad_accum" or key == "train.global_batch_tokens" then said = tostring(a) end
+  end
+  if said then return said .. " on the command line" end
+  if r.train.global_batch_tokens then
+    return string.format("train.global_batch_tokens = %d in the recipe", r.train.global_batch_tokens)
+  end
+  return nil
+end
+
+local function plural(n, one, many) return string.format("%d %s", n, n == 1 and one or (many or one .. "s")) end
+
+-- "2 x 32 x 4 x 2" and the tokens they make
+local function shape(B, T, K, dp) return string.format("%d x %d x %d x %d", B, T, K, dp), B * T * K * dp end
+
+-- the divisors of n (an integer >= 1) as a list for a message: "1, 2 or
+-- 4", the first `cap` and "..." when there are more
+local function divisors(n, cap)
+  local low, high = {}, {}
+  for d = 1, math.floor(math.sqrt(n) + 0.5) do
+    if d * d <= n and n % d == 0 then
+      low[#low + 1] = d
+      if d * d ~= n then table.insert(high, 1, n / d) end
+    end
+  end
+  for _, d in ipairs(high) do low[#low + 1] = d end
+  local more = #low > cap
+  local out = {}
+  for i = 1, math.min(#low, cap) do out[i] = string.format("%d", low[i]) end
+  if more then return table.concat(out, ", ") .. ", ..." end
+  return #out == 1 and out[1] or table.concat(out, ", ", 1, #out - 1) .. " or " .. out[#out]
+end
+
+local dims = "micro_batch x seq x grad_accum x ranks"
+
+-- Micro-batches per step of a run resumed from a checkpoint on dp
+-- data-parallel ranks. saved: the checkpoint's meta (global_batch_tokens,
+-- grad_accum, dp or world, micro_batch, seq), nil for a new run;
+-- o = {where = recipe file, what = the checkpoint's path, explicit =
+-- M.batch_override's}. Returns K and a line for the log (a warning starts
+-- "warning: "), or nil. r is not changed.
+--   * The checkpoint's global batch (tokens per optimizer step = micro_batch
+--     x seq x grad_accum x data-parallel ranks) is kept: grad_accum takes up
+--     another number of ranks (or another data.micro_batch or data.seq)
+--     where it divides, and the run is refused where it does not, naming
+--     both and what would keep it. A step then takes the same windows
+--     (micro_batch x grad_accum x ranks of them, however they are split),
+--     so the data position, the step counter and the LR schedule go on as
+--     they were and only the fp32 summation order differs.
+--   * A run that states its own (o.explicit: the user asked) gets it; the
+--     line is then a warning with the old and the new global batch.
+--   * A checkpoint saved before fsdp recorded its global batch: the
+--     recipe's, as before, and a note.
+function M.resume_grad_accum(r, dp, saved, o)
+  local where, what = o.where, o.what
+  local B, T = r.data.micro_batch, r.data.seq
+  local K = M.grad_accum(r, dp, where)
+  if not saved then return K, nil end
+  local now_shape, now_tokens = shape(B, T, K, dp)
+  local G = saved.global_batch_tokens
+  if not G then
+    local sdp = saved.dp or saved.world
+    return K, string.format("%s records no global batch (saved before fsdp recorded it): this run's is the recipe's, %d " ..
+      "tokens per step (%s = %s)%s", what, now_tokens, dims, now_shape,
+      sdp and sdp ~= dp and string.format("; it was saved on %s and this run has %d: set train.grad_accum on the command " ..
+        "line to give it the global batch it had", plural(sdp, "data-parallel rank"), dp) or "")
+  end
+  local sK, sdp, sB, sT = saved.grad_accum, saved.dp or saved.world, saved.micro_batch, saved.seq
+  local saved_shape = (sK and sdp and sB and sT) and (shape(sB, sT, sK, sdp)) or "not recorded"
+  if o.explicit then
+    if now_tokens == G then return K, nil end
+    return K, string.format("warning: %s changes the global batch: %d tokens per step in %s, %d now (%s: %s then, %s " ..
+      "now); the step count, the learning-rate schedule and the data position go on as they were", o.explicit, G, what,
+      now_tokens, dims, saved_shape, now_shape)
+  end
+  local per = B * T * dp -- tokens of one micro-batch on every rank
+  if G % per ~= 0 then
+    -- (short: under fsdprun a refusal's message travels in 511 bytes)
+    local ways = {}
+    if G % (B * T) == 0 then
+      ways[#ways + 1] = string.format("on %s rank%s", divisors(G / (B * T), 8), G == B * T and "" or "s")
+    end
+    if G % (T * dp) == 0 then
+      ways[#ways + 1] = string.format("on %d with data.micro_batch = %s", dp, divisors(G / (T * dp), 8))
+    end
+    local lo = math.floor(G / per)
+    error(string.format("%s: train.grad_accum: %s was trained with a global batch of %d tokens per step on %s (%s = %s); " ..
+      "on %s one micro-batch is %d x %d x %d = %d tokens, which does not divide %d. %sOr give this run its own: " ..
+      "train.grad_accum=%d (%d tokens)%s on the command line", where, what, G, plural(sdp or 0, "data-parallel rank"), dims,
+      saved_shape, plural(dp, "rank"), B, T, dp, per, G, #ways > 0 and "It is kept " .. table.concat(ways, ", or ") .. ". " or "",
+      lo + 1, (lo + 1) * per, lo >= 1 and string.format(" or %d (%d tokens)", lo, lo * per) or ""), 0)
+  end
+  local kept = G / per
+  if kept == K and kept == sK then return kept, nil end
+  local shapes = string.format("%s: %s then, %s now", dims, saved_shape, (shape(B, T, kept, dp)))
+  if sK == kept then -- only the recipe's field differs from the checkpoint's
+    return kept, string.format("train.grad_accum = %d as %s was trained, not the recipe's %d: the global batch stays %d " ..
+      "tokens per step (%s); train.grad_accum=N on the command line sets another", kept, what, K, G, shapes)
+  end
+  local changed = {}
+  if sdp and sdp ~= dp then changed[#changed + 1] = string.format("%s instead of %d", plural(dp, "data-parallel rank"), sdp) end
+  if sB and sB ~= B then changed[#changed + 1] = string.format("data.micro_batch %d instead of %d", B, sB) end
+  if sT and sT ~= T then changed[#changed + 1] = string.format("data.seq %d instead of %d", T, sT) end
+  return kept, string.format("train.grad_accum %s -> %d keeps the global batch of %s at %d tokens per step%s (%s%s); " ..
+    "train.grad_accum=N on the command line sets another", sK and string.format("%d", sK) or "?", kept, what, G,
+    #changed > 0 and " on " .. table.concat(changed, ", ") or "", shapes,
+    sK and K ~= sK and string.format("; the recipe says %d", K) or "")
+end
+
 return M

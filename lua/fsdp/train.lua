@@ -196,7 +196,87 @@ local function run(r, where, args, break_at, owned)
   local outer = names.dp_outer and mesh:group("dp_outer") or nil
   local dp = shard:size() * (outer and outer:size() or 1)
   local dp_rank = (outer and outer:rank() * shard:size() or 0) + shard:rank()
+  -- fsdprun --max-restarts: which attempt this is; restarting without
+  -- checkpoints starts again at step 1 (allowed: a short run may want it)
+  local restart = restarts.current()
+  if restart and restart.attempt > 0 then
+    say("fsdp: restart %d of %d (fsdprun --max-restarts)", restart.attempt, restart.max)
+  end
+  if restart and restart.max > 0 and not r.checkpoint.dir and R == 0 then
+    io.stderr:write(string.format("fsdp: warning: fsdprun --max-restarts %d without checkpoint.dir: a restarted run " ..
+      "starts again at step 1\n", restart.max))
+  end
+
+  -- resume (train.resume), else initial weights from Hugging Face files
+  -- (checkpoint.init_hf, by default model.from_hf's folder), else the meta
+  -- init's. The checkpoints a resume may load are found before the plan:
+  -- the global batch a run keeps comes from the one it loads, and with it
+  -- the micro-batches per step that the plan and the units are made for.
+  local ck, o = r.checkpoint, r.optimizer
+  local start, consumed, resumed, saved = 1, 0, nil, nil
+  -- one job per checkpoint.dir (fsdp.dir_lock: a second is refused, naming
+  -- the first); a restart continues the run its previous attempt recorded
+  -- there, and only that run
+  local lock, mine = nil, nil
+  if ck.dir then
+    local okw, ew = pcall(checkpoint.check_writable, ck.dir, R)
+    if not okw then error(string.format("%s: checkpoint.dir: %s; nothing was trained", where, tostring(ew)), 0) end
+    lock = dir_lock.take({ shard = shard, outer = outer }, ck.dir, where) -- (collective over the mesh's groups)
+    owned.lock = lock
+    local prev, job = lock.previous, os.getenv("FSDPRUN_JOB_ID")
+    if appended and prev and job and prev.job == job and prev.run then mine = prev.run end
+  end
+  local auto, cands = r.train.resume == "auto", { r.train.resume }
+  if appended and mine then -- fsdprun's train.resume=auto: this run's newest checkpoint, never another run's
+    local own = {}
+    for _, path in ipairs((checkpoint.candidates(ck.dir))) do
+      local ok, m = pcall(checkpoint.meta, path)
+      if ok and m.run_id == mine then own[#own + 1] = path end
+    end
+    if #own > 0 then
+      cands = own
+    elseif original_resume and original_resume ~= "auto" then
+      say("resume: run %s saved nothing in %s yet: this restart begins from %s, as the first attempt did", mine, ck.dir,
+        original_resume)
+      auto, cands = false, { original_resume }
+    else
+      say("resume: run %s saved nothing in %s yet: this restart begins at step 1, as the first attempt did", mine, ck.dir)
+      auto, cands = false, {}
+    end
+  elseif appended then -- the first attempt recorded no run: begin as it did
+    say("resume: the first attempt recorded no run%s: this restart begins as it did", ck.dir and " in " .. ck.dir or "")
+    auto, cands = original_resume == "auto", { original_resume }
+  end
+  if auto and not (appended and mine) then
+    local why
+    cands, why = checkpoint.candidates(ck.dir)
+    if why then say("resume: skipped %s", why) end
+    local named = #cands == 0 and checkpoint.latest_name(ck.dir)
+    if named then -- `latest` proves a run saved here: starting at step 1 would begin its history anew
+      error(string.format("%s: train.resume=auto: %s/latest names %s, which %s, and no other checkpoint in %s opens. A run " ..
+        "saved there: restore %s/%s, continue from a checkpoint of your own with train.resume=PATH, or start over in " ..
+        "another checkpoint.dir (or remove %s/latest)", where, ck.dir, named, checkpoint.exists(ck.dir .. "/" .. named) and
+        "does not open" or "does not exist", ck.dir, ck.dir, named, ck.dir), 0)
+    end
+    if #cands == 0 then
+      say("resume: no checkpoint in %s yet: starting at step 1", ck.dir)
+    end
+  end
+  -- micro-batches per step: the recipe's, or on a resume what keeps its
+  -- checkpoint's global batch (recipe.resume_grad_accum: refused where it
+  -- cannot). Worked out from the newest candidate; should its data be
+  -- damaged, the one loaded instead is held to the same K below.
+  local explicit, as_given = recipe.batch_override(r, args), recipe.copy(r)
+  local function grad_accum_for(path, m)
+    return recipe.resume_grad_accum(as_given, dp, m, { where = where, what = path, explicit = explicit })
+  end
   local K = recipe.grad_accum(r, dp, where)
+  if cands[1] then
+    local ok, m = pcall(checkpoint.meta, cands[1]) -- (one that does not open is refused by the loads below)
+    if ok then K = grad_accum_for(cands[1], m) end
+  end
+  -- the run's own from here on: the plan, the REPL's recipe and the checkpoints it saves
+  r.train.grad_accum = K
   if T > cfg.max_position_embeddings then
     error(string.format("%s: data.seq = %d exceeds model.max_position_embeddings = %d", where, T, cfg.max_position_embeddings), 0)
   end
@@ -280,72 +360,9 @@ local function run(r, where, args, break_at, owned)
     micro_batches = K, mixed = { param_dtype = r.fsdp.param_dtype, reduce_dtype = r.fsdp.reduce_dtype } })
   owned.sharded = sharded
 
-  -- fsdprun --max-restarts: which attempt this is; restarting without
-  -- checkpoints starts again at step 1 (allowed: a short run may want it)
-  local restart = restarts.current()
-  if restart and restart.attempt > 0 then
-    say("fsdp: restart %d of %d (fsdprun --max-restarts)", restart.attempt, restart.max)
-  end
-  if restart and restart.max > 0 and not r.checkpoint.dir and R == 0 then
-    io.stderr:write(string.format("fsdp: warning: fsdprun --max-restarts %d without checkpoint.dir: a restarted run " ..
-      "starts again at step 1\n", restart.max))
-  end
-
-  -- resume (train.resume), else initial weights from Hugging Face files
-  -- (checkpoint.init_hf, by default model.from_hf's folder), else the meta init's
-  local ck, o = r.checkpoint, r.optimizer
-  local start, consumed, resumed, saved = 1, 0, nil, nil
-  -- one job per checkpoint.dir (fsdp.dir_lock: a second is refused, naming
-  -- the first); a restart continues the run its previous attempt recorded
-  -- there, and only that run
-  local lock, mine = nil, nil
-  if ck.dir then
-    local okw, ew = pcall(checkpoint.check_writable, ck.dir, R)
-    if not okw then error(string.format("%s: checkpoint.dir: %s; nothing was trained", where, tostring(ew)), 0) end
-    lock = dir_lock.take(sharded, ck.dir, where)
-    owned.lock = lock
-    local prev, job = lock.previous, os.getenv("FSDPRUN_JOB_ID")
-    if appended and prev and job and prev.job == job and prev.run then mine = prev.run end
-  end
   -- stop signals are recorded from here on: one during a long checkpoint
   -- load ends it cleanly, one later stops the run after its first step
   C.fsdp_stop_signals_watch(1)
-  local auto, cands = r.train.resume == "auto", { r.train.resume }
-  if appended and mine then -- fsdprun's train.resume=auto: this run's newest checkpoint, never another run's
-    local own = {}
-    for _, path in ipairs((checkpoint.candidates(ck.dir))) do
-      local ok, m = pcall(checkpoint.meta, path)
-      if ok and m.run_id == mine then own[#own + 1] = path end
-    end
-    if #own > 0 then
-      cands = own
-    elseif original_resume and original_resume ~= "auto" then
-      say("resume: run %s saved nothing in %s yet: this restart begins from %s, as the first attempt did", mine, ck.dir,
-        original_resume)
-      auto, cands = false, { original_resume }
-    else
-      say("resume: run %s saved nothing in %s yet: this restart begins at step 1, as the first attempt did", mine, ck.dir)
-      auto, cands = false, {}
-    end
-  elseif appended then -- the first attempt recorded no run: begin as it did
-    say("resume: the first attempt recorded no run%s: this restart begins as it did", ck.dir and " in " .. ck.dir or "")
-    auto, cands = original_resume == "auto", { original_resume }
-  end
-  if auto and not (appended and mine) then
-    local why
-    cands, why = checkpoint.candidates(ck.dir)
-    if why then say("resume: skipped %s", why) end
-    local named = #cands == 0 and checkpoint.latest_name(ck.dir)
-    if named then -- `latest` proves a run saved here: starting at step 1 would begin its history anew
-      error(string.format("%s: train.resume=auto: %s/latest names %s, which %s, and no other checkpoint in %s opens. A run " ..
-        "saved there: restore %s/%s, continue from a checkpoint of your own with train.resume=PATH, or start over in " ..
-        "another checkpoint.dir (or remove %s/latest)", where, ck.dir, named, checkpoint.exists(ck.dir .. "/" .. named) and
-        "does not open" or "does not exist", ck.dir, ck.dir, named, ck.dir), 0)
-    end
-    if #cands == 0 then
-      say("resume: no checkpoint in %s yet: starting at step 1", ck.dir)
-    end
-  end
   -- resume=auto: the newest checkpoint whose data checks out; one whose data
   -- fails its CRC is skipped (this run's saves replace it), the next older tried
   local damaged, run_id = {}, nil
@@ -365,6 +382,12 @@ local function run(r, where, args, break_at, owned)
     local ok3, at, note = pcall(data.resume_position, saved, { seq = T, micro_batch = B, windows = ds:windows("train", T) },
       resumed)
     if not ok3 then error(where .. ": train.resume: " .. tostring(at), 0) end
+    local k, batch_note = grad_accum_for(resumed, saved) -- (raises where its global batch cannot be kept)
+    if k ~= K then -- the newest was damaged, and this older one keeps its batch with another K than the run was made for
+      error(string.format("%s: train.resume: %s needs train.grad_accum = %d to keep its global batch, and this run was set up " ..
+        "for %d (from %s, whose data is damaged): resume it on its own with train.resume=%s", where, resumed, k, K, cands[1],
+        resumed), 0)
+    end
     local meta, why, mine
     ok, meta, why, mine = pcall(checkpoint.load, sharded, resumed, { optimizer = o.name, skip_damaged = auto })
     local sig = not ok and sharded:stop_agreed() -- (the load failed on every rank: a stop signal, or not)
@@ -392,6 +415,7 @@ local function run(r, where, args, break_at, owned)
       end
       say("resumed from %s: step %d done, %d windows of data consumed", resumed, start - 1, saved.consumed or 0)
       if note then say("resume: %s", note) end
+      if batch_note then say(batch_note:find("^warning: ") and "fsdp: %s" or "resume: %s", batch_note) end
       break
     end
     if mine then io.stderr:write(string.format("fsdp: rank %d: resume: %s\n", R, why)) end

@@ -156,8 +156,17 @@ do
   local idx = ckpt.read_text(ckG .. "/step-00000006/index.json") or ""
   check(idx:find('"seq":32', 1, true) and idx:find('"micro_batch":2', 1, true) and idx:find('"windows":28', 1, true)
     and idx:find('"consumed":24', 1, true), "the checkpoint records the data geometry: " .. idx:sub(1, 300))
-  -- mid-epoch, another seq: refused before any weight is read
+  -- another seq at the same micro-batch would double the global batch
+  -- (2 x 32 x 1 x 2 = 128 tokens a step): refused, naming the micro-batch
+  -- that keeps it; the cases below halve it
   ok, out = run(2, with(base, { "train.resume=" .. ckG .. "/step-00000006", "data.seq=64" }))
+  refused("resuming with another data.seq and the same micro-batch", ok, out,
+    { "train.grad_accum: " .. ckG .. "/step-00000006 was trained with a global batch of 128 tokens per step",
+      "2 x 64 x 2 = 256 tokens, which does not divide 128", "or on 2 with data.micro_batch = 1." })
+  check(out:find("EXIT=78", 1, true), "... with status 78:\n" .. out)
+  local half = "data.micro_batch=1"
+  -- mid-epoch, another seq: refused before any weight is read
+  ok, out = run(2, with(base, { "train.resume=" .. ckG .. "/step-00000006", "data.seq=64", half }))
   refused("resuming mid-epoch with another data.seq", ok, out,
     { "train.resume", "was trained with data.seq = 32 and this run has data.seq = 64", "24 windows of 32 tokens" })
   -- at the end of an epoch, another seq: goes on at the start of the next
@@ -176,10 +185,12 @@ do
   C.fsdp_fs_write_atomic(native .. "/index.json", text, #text)
   local sum = string.format("crc32c %08x bytes %d\n", C.fsdp_crc32c(0, text, #text), #text)
   C.fsdp_fs_write_atomic(native .. "/index.sum", sum, #sum)
-  ok, out = run(2, with(base, { "train.resume=" .. ckH .. "/step-00000007", "data.seq=64", "train.metrics=" .. work .. "/mapped.jsonl" }))
+  ok, out = run(2, with(base, { "train.resume=" .. ckH .. "/step-00000007", "data.seq=64", half,
+    "train.metrics=" .. work .. "/mapped.jsonl" }))
   check(ok and out:find("holds 1 whole epoch of the data (28 windows of 32 tokens); this run goes on at the start of epoch 1 " ..
     "(14 windows of 64 tokens each)", 1, true), "resuming at an epoch's end with another data.seq:\n" .. out)
-  local ok2, out2 = run(2, with(base, { "train.resume=" .. native, "data.seq=64", "train.metrics=" .. work .. "/native.jsonl" }))
+  local ok2, out2 = run(2, with(base, { "train.resume=" .. native, "data.seq=64", half,
+    "train.metrics=" .. work .. "/native.jsonl" }))
   check(ok2, "the same checkpoint saved in the new geometry:\n" .. out2)
   local a, b = losses(work .. "/mapped.jsonl"), losses(work .. "/native.jsonl")
   check(a[8] and a[8] == b[8] and a[9] == b[9] and a[10] == b[10], string.format("and trains the same steps 8-10 bit for bit: " ..
@@ -197,6 +208,24 @@ do
   for st = 7, 10 do worst = math.max(worst, (x[st] and y[st]) and math.abs(tonumber(x[st]) - tonumber(y[st])) or math.huge) end
   check(worst <= 1e-5, string.format("micro-batch 2 -> 1 follows the straight run: worst |loss diff| %.3g (tolerance 1e-5)", worst))
   print(string.format("test_faults: micro-batch 2 -> 1 on resume: worst |loss diff| %.3g (tolerance 1e-5)", worst))
+  -- a checkpoint saved before fsdp recorded its global batch (a copy of
+  -- step 6 without dp, grad_accum, global_batch_tokens): on 1 rank it
+  -- takes the recipe's, 64 tokens a step, as a resume did then, and says so
+  idx = ckpt.read_text(ckG .. "/step-00000006/index.json")
+  check(idx:find('"dp":2,"global_batch_tokens":128,"grad_accum":1,', 1, true), "the checkpoint records its global batch")
+  local old = work .. "/old-ck"
+  os.execute(string.format("rm -rf '%s' && cp -r '%s/step-00000006' '%s'", old, ckG, old))
+  local n
+  text, n = idx:gsub('"dp":2,"global_batch_tokens":128,"grad_accum":1,', "")
+  check(n == 1, "rewrote a copy without the record")
+  C.fsdp_fs_write_atomic(old .. "/index.json", text, #text)
+  local sum = string.format("crc32c %08x bytes %d\n", C.fsdp_crc32c(0, text, #text), #text)
+  C.fsdp_fs_write_atomic(old .. "/index.sum", sum, #sum)
+  ok, out = run(1, with(base, { "train.resume=" .. old }))
+  check(ok and out:find("resume: " .. old .. " records no global batch (saved before fsdp recorded it): this run's is the " ..
+    "recipe's, 64 tokens per step (micro_batch x seq x grad_accum x ranks = 2 x 32 x 1 x 1); it was saved on 2 " ..
+    "data-parallel ranks and this run has 1", 1, true) and out:find("64 tokens per step (2 x 32 x 1 micro-batches x 1 ranks)",
+    1, true), "an old checkpoint on 1 rank: the recipe's global batch, with a note:\n" .. out)
 end
 
 -- 4. histories: a branch from an older checkpoint, a new run, another run's

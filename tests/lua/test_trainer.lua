@@ -113,6 +113,85 @@ do
   bad(function(x) x.fsdp.reduce_dtype = "bf16" end, "fsdp.reduce_dtype = 'bf16' needs fsdp.param_dtype = 'bf16'")
 end
 
+-- a resume keeps its checkpoint's global batch (recipe.resume_grad_accum):
+-- grad_accum takes up another world size where it divides, the run is
+-- refused where it does not; the user's own batch is honoured with a
+-- warning; a checkpoint without the record keeps the recipe's. Every K
+-- below is worked out by hand from tokens = micro_batch x seq x K x ranks.
+do
+  local function rc(args) -- micro_batch 2, seq 32, the recipe's grad_accum 1
+    return recipe.check(recipe.apply_overrides(tiny(), T.joined({ "data.micro_batch=2", "data.seq=32" }, args or {}), "r.lua"),
+      "r.lua")
+  end
+  local function saved(dp, k, more) -- the meta a run of micro_batch 2, seq 32 on dp ranks with k micro-batches records
+    local m = { dp = dp, world = dp, grad_accum = k, micro_batch = 2, seq = 32, global_batch_tokens = 2 * 32 * k * dp }
+    for key, v in pairs(more or {}) do m[key] = v end
+    return m
+  end
+  local function resume(args, dp, m)
+    local r = rc(args)
+    return recipe.resume_grad_accum(r, dp, m, { where = "r.lua", what = "ck/step-4", explicit = recipe.batch_override(r, args) })
+  end
+  local k, note = resume({}, 2, saved(4, 1))
+  check(k == 2 and note:find("train.grad_accum 1 -> 2 keeps the global batch of ck/step-4 at 256 tokens per step on 2 " ..
+    "data-parallel ranks instead of 4", 1, true), "saved on 4 ranks x 1, resumed on 2: 2 micro-batches: " .. tostring(note))
+  check(resume({}, 1, saved(4, 1)) == 4, "saved on 4 ranks x 1, resumed on 1: 4")
+  k, note = resume({}, 8, saved(4, 2))
+  check(k == 1 and note:find("train.grad_accum 2 -> 1", 1, true), "saved on 4 ranks x 2, resumed on 8: 1: " .. tostring(note))
+  k, note = resume({}, 2, saved(2, 1))
+  check(k == 1 and note == nil, "the same world: the same K, nothing said")
+  k, note = resume({}, 2, saved(1, 2))
+  check(k == 1 and note:find("train.grad_accum 2 -> 1", 1, true), "saved on 1 rank x 2, resumed on 2: 1: " .. tostring(note))
+  k, note = resume({ "data.micro_batch=1" }, 2, saved(2, 1))
+  check(k == 2 and note:find("on data.micro_batch 1 instead of 2", 1, true), "half the micro-batch: twice the micro-batches")
+  k, note = resume({ "data.seq=64", "data.micro_batch=1" }, 2, saved(2, 1))
+  check(k == 1 and note == nil, "seq 32 -> 64 at micro_batch 2 -> 1: 2 x 32 x 1 x 2 = 1 x 64 x 1 x 2 tokens, nothing to say")
+  k, note = resume({ "data.seq=64", "data.micro_batch=1" }, 2, saved(2, 2))
+  check(k == 2 and note:find("train.grad_accum = 2 as ck/step-4 was trained, not the recipe's 1", 1, true),
+    "seq 32 -> 64 at micro_batch 2 -> 1 from 2 micro-batches: 2 again: " .. tostring(note))
+  fails(function() resume({}, 3, saved(2, 1)) end, "r.lua: train.grad_accum: ck/step-4 was trained with a global batch of 128 " ..
+    "tokens per step on 2 data-parallel ranks (micro_batch x seq x grad_accum x ranks = 2 x 32 x 1 x 2); on 3 ranks one " ..
+    "micro-batch is 2 x 32 x 3 = 192 tokens, which does not divide 128. It is kept on 1 or 2 ranks. Or give this run its " ..
+    "own: train.grad_accum=1 (192 tokens) on the command line", "2 ranks x 1 -> 3 ranks: refused")
+  fails(function() resume({}, 4, saved(2, 1)) end, "It is kept on 1 or 2 ranks, or on 4 with data.micro_batch = 1. Or",
+    "2 ranks x 1 -> 4 ranks: refused, a smaller micro-batch named")
+  fails(function() resume({ "data.seq=64" }, 2, saved(2, 1)) end, "256 tokens, which does not divide 128. It is kept on 1 " ..
+    "rank, or on 2 with data.micro_batch = 1. Or give this run its own: train.grad_accum=1 (256 tokens)",
+    "seq 32 -> 64 at the same micro-batch: refused")
+  fails(function() resume({}, 2, saved(3, 1)) end, "It is kept on 1 or 3 ranks, or on 2 with data.micro_batch = 1 or 3. Or " ..
+    "give this run its own: train.grad_accum=2 (256 tokens) or 1 (128 tokens) on the command line",
+    "3 ranks -> 2: 192 tokens in micro-batches of 128: the two nearest named")
+  -- the user's own global batch: honoured, with a warning naming both
+  k, note = resume({ "train.grad_accum=1" }, 1, saved(2, 1))
+  check(k == 1 and note == "warning: train.grad_accum=1 on the command line changes the global batch: 128 tokens per step " ..
+    "in ck/step-4, 64 now (micro_batch x seq x grad_accum x ranks: 2 x 32 x 1 x 2 then, 2 x 32 x 1 x 1 now); " ..
+    "the step count, the learning-rate schedule and the data position go on as they were",
+    "train.grad_accum on the command line: honoured, with a warning: " .. tostring(note))
+  k, note = resume({ "train.grad_accum=2" }, 1, saved(2, 1))
+  check(k == 2 and note == nil, "train.grad_accum on the command line that keeps the global batch: nothing said")
+  k, note = resume({ "train.global_batch_tokens=384" }, 2, saved(2, 1))
+  check(k == 3 and note:find("warning: train.global_batch_tokens=384 on the command line changes the global batch: 128 " ..
+    "tokens per step in ck/step-4, 384 now", 1, true), "train.global_batch_tokens on the command line: " .. tostring(note))
+  local r = rc()
+  r.train.global_batch_tokens = 256
+  k, note = recipe.resume_grad_accum(r, 2, saved(2, 1), { where = "r.lua", what = "ck/step-4", explicit = recipe.batch_override(r, {}) })
+  check(k == 2 and note:find("warning: train.global_batch_tokens = 256 in the recipe changes the global batch: 128", 1, true),
+    "train.global_batch_tokens in the recipe: the recipe's, with a warning: " .. tostring(note))
+  check(recipe.batch_override(rc({ "train.grad_accum=1" }), { "train.steps=3" }) == nil, "train.grad_accum in the recipe states no batch")
+  -- the recipe's grad_accum differs from the checkpoint's, nothing else: the checkpoint's
+  r = rc({ "train.grad_accum=3" })
+  k, note = recipe.resume_grad_accum(r, 2, saved(2, 1), { where = "r.lua", what = "ck/step-4" })
+  check(k == 1 and note:find("train.grad_accum = 1 as ck/step-4 was trained, not the recipe's 3", 1, true),
+    "the recipe's grad_accum against the checkpoint's: " .. tostring(note))
+  check(r.train.grad_accum == 3, "the recipe is not changed")
+  -- a checkpoint saved before the record: the recipe's, as before, and a note
+  k, note = resume({}, 1, { world = 2, micro_batch = 2, seq = 32, consumed = 8 })
+  check(k == 1 and note:find("ck/step-4 records no global batch (saved before fsdp recorded it): this run's is the recipe's, " ..
+    "64 tokens per step", 1, true) and note:find("it was saved on 2 data-parallel ranks and this run has 1", 1, true),
+    "an old checkpoint: " .. tostring(note))
+  check(resume({}, 2, nil) == 1, "no checkpoint: the recipe's")
+end
+
 -- the LR schedule against its formulas
 do
   local o = { lr = 1.0, warmup = 10, decay = "cosine", min_lr_ratio = 0.1 }
