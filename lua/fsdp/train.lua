@@ -275,8 +275,10 @@ local function run(r, where, args, break_at, owned)
     local ok, m = pcall(checkpoint.meta, cands[1]) -- (one that does not open is refused by the loads below)
     if ok then K = grad_accum_for(cands[1], m) end
   end
-  -- the run's own from here on: the plan, the REPL's recipe and the checkpoints it saves
-  r.train.grad_accum = K
+  -- the run's own from here on: the plan and the REPL's recipe (with
+  -- train.global_batch_tokens, K is that one's already, and the REPL's
+  -- plans on other world sizes work it out again from it)
+  if not r.train.global_batch_tokens then r.train.grad_accum = K end
   if T > cfg.max_position_embeddings then
     error(string.format("%s: data.seq = %d exceeds model.max_position_embeddings = %d", where, T, cfg.max_position_embeddings), 0)
   end
