@@ -81,6 +81,9 @@ int pmix_all_finalized(void);
 /* Tears the server down; gives up after `seconds` (returns -1). */
 int pmix_stop(job *j, double seconds);
 /* A rank called PMIx_Abort: returns 1 and fills (rank, status, msg, when), once. */
+/* A rank's PMIx_Abort message, kept whole: a refusal names a recipe field,
+ * two paths and what would do instead (512 bytes cut one mid-sentence). */
+#define FSDPRUN_ABORT_MSG 4096
 int pmix_take_abort(int *rank, int *status, char *msg, size_t cap, double *at);
 
 /* fsdprun_procs.c */

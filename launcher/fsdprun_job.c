@@ -33,7 +33,7 @@ static double now(void) { return fsdprun_now(); }
 typedef struct abort_note {
   int pending, rank, status;
   double at;
-  char msg[512];
+  char msg[FSDPRUN_ABORT_MSG];
 } abort_note;
 
 typedef struct sup {

@@ -22,7 +22,7 @@ static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static struct {
   int pending, taken, rank, status;
   double at; /* when it came: compared with the ranks' ends */
-  char msg[512];
+  char msg[FSDPRUN_ABORT_MSG];
 } aborted;
 
 static int ok(pmix_status_t rc) { return rc == PMIX_SUCCESS || rc == PMIX_OPERATION_SUCCEEDED; }

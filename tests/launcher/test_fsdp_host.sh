@@ -20,6 +20,8 @@ if mode == "ok" or info.rank ~= who then
 end
 if mode == "error" then error("rank " .. info.rank .. " fails on purpose") end
 if mode == "abort" then fsdp.abort(9, "job asked to abort") end
+-- a refusal's message is long (a field, two paths, what to do instead)
+if mode == "long" then fsdp.abort(78, "long refusal " .. string.rep("words ", 500) .. "and its end") end
 os.execute("sleep 30; : --marker " .. arg[3])
 LUA
 
@@ -40,6 +42,8 @@ check "a Lua error on rank 1: the message once" "[ \$(grep -c 'rank 1 fails on p
 fail_case "fsdp.abort on rank 2" 9 '^fsdprun: rank 2 called PMIx_Abort with status 9: job asked to abort' 5000 \
   -n 3 "$job" abort 2 $MARK
 check "fsdp.abort on rank 2: the message once" "[ \$(grep -c 'job asked to abort' '$work/err') = 1 ]"
+fail_case "a 3000-byte abort message on rank 1" 78 '^fsdprun: rank 1 called PMIx_Abort with status 78: long refusal words .* and its end' 5000 \
+  -n 2 "$job" long 1 $MARK
 
 for v in $(env | grep -o '^PMIX_[A-Za-z0-9_]*' | grep -v '^PMIX_MCA_'); do unset "$v"; done
 out=$(env -u FSDPRUN "$HOST" "$job" ok 2>&1)
