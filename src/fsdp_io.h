@@ -30,11 +30,16 @@ int fsdp_token_file_read(const fsdp_token_file *f, int64_t start, int64_t n, int
 int fsdp_token_file_check_ids(const fsdp_token_file *f, int64_t vocab);
 int fsdp_token_file_close(fsdp_token_file *f);             /* NULL: no-op */
 
-/* ---- checksums and durable file steps (src/io/crc32c.c, src/io/fs.c) -- */
+/* ---- checksums and durable file steps (src/io/crc32c.c, sha256.c, fs.c) */
 /* CRC-32C (Castagnoli) of n bytes continuing from crc (start with 0);
  * the portable table version gives the same values without SSE4.2. */
 uint32_t fsdp_crc32c(uint32_t crc, const void *data, size_t n);
 uint32_t fsdp_crc32c_portable(uint32_t crc, const void *data, size_t n);
+/* SHA-256 as 64 lowercase hex digits plus NUL into hex (65 bytes): of n
+ * bytes, or of a whole file (src/io/sha256.c; a token file's manifest
+ * records its tokenizer.json's, checked against the model's folder). */
+int fsdp_sha256(const void *data, size_t n, char *hex);
+int fsdp_sha256_file(const char *path, char *hex);
 int fsdp_fs_mkdirs(const char *path);                 /* mkdir -p */
 int fsdp_fs_remove_tree(const char *path);            /* rm -r; a missing path is fine */
 int fsdp_fs_rename(const char *from, const char *to); /* then fsyncs to's directory */

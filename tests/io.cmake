@@ -3,6 +3,11 @@
 fsdp_c_test(test_token_file)
 add_test(NAME token_file COMMAND test_token_file)
 set_tests_properties(token_file PROPERTIES LABELS unit TIMEOUT 60)
+# SHA-256 (a token file manifest's tokenizer fingerprint) against the FIPS
+# examples and hashlib's digests (tests/c/test_sha256.c)
+fsdp_c_test(test_sha256)
+add_test(NAME sha256 COMMAND test_sha256)
+set_tests_properties(sha256 PROPERTIES LABELS unit TIMEOUT 60)
 # checkpoints: CRC-32C, the writer, the index reader and its corruption
 # checks, safetensors headers (tests/c/test_checkpoint_io.c)
 fsdp_c_test(test_checkpoint_io)
