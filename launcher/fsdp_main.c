@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "fsdp.h"
+#include "fsdp_prepare.h"
 
 static const char *usage_text =
     "usage: fsdp FILE.lua [args...]     run a job file (arg[0] = FILE, arg[1..] = args)\n"
@@ -24,6 +25,15 @@ static const char *usage_text =
     "       fsdp generate SOURCE [--prompt TEXT] [--max-new-tokens N] [--temperature T] ...\n"
     "                                    text from a checkpoint or a Hugging Face folder\n"
     "                                    (fsdp generate --help)\n"
+    "       fsdp prepare --tokenizer DIR|bytes --out OUT INPUT... [options]\n"
+    "                                    text (.txt, .jsonl, parquet, Arrow, folders of them)\n"
+    "                                    -> OUT/train.bin, val.bin, manifest.json for\n"
+    "                                    data.token_file; also `fsdp prepare encode|decode\n"
+    "                                    --tokenizer DIR|bytes` (stdin to stdout) and\n"
+    "                                    `fsdp prepare train-tokenizer --vocab-size N --out DIR\n"
+    "                                    INPUT...`; `fsdp prepare --help` for the options.\n"
+    "                                    Runs scripts/prepare_data.py in the Python environment\n"
+    "                                    scripts/python_env.sh makes (.venv/, on first use)\n"
     "       fsdp --help | --version\n"
     "\n"
     "Ranks are normally started by the launcher: `fsdprun -n 4 FILE.lua`. Started\n"
@@ -38,6 +48,8 @@ static const char *usage_text =
     "  FSDP_LUA_PATH  directory holding the fsdp Lua package (default: the source tree's lua/)\n"
     "  FSDP_LIB       path of libfsdp.so (default: the one this binary was built with)\n"
     "  FSDP_HEADER    path of fsdp.h, read for the FFI declarations\n"
+    "  FSDP_SCRIPTS_DIR  the scripts/ folder `fsdp prepare` runs from (default: the source\n"
+    "                 tree's); FSDP_PYTHON_ENV: where python_env.sh makes its environment\n"
     "  FSDP_LOG       error | warn | info | debug\n"
     "  FSDP_COMM_TIMEOUT  seconds a collective waits for its peers (default 300)\n"
     "  FSDP_TRACEBACK=1   a Lua stack trace with every error (by default only for errors\n"
@@ -358,6 +370,8 @@ static void finalize_at_exit(void) {
 }
 
 int main(int argc, char **argv) {
+  /* a Python tool: before the engine's start-up (OpenBLAS's settings re-exec) */
+  if (argc > 1 && !strcmp(argv[1], "prepare")) return fsdp_prepare_main(argc, argv);
   blas_settings(argv);
   if (!blas_checked()) return 1;
   atexit(finalize_at_exit); /* os.exit() from a job leaves through exit() too */
