@@ -133,6 +133,7 @@ local function dataset_of(r, vocab_size)
     c.val_fraction = c.val_fraction or d.val_fraction
     return data.corpus(c)
   end
+  require("fsdp.token_manifest").check(r, vocab_size) -- `fsdp prepare`'s manifest against the model
   return data.token_file({ path = d.token_file, format = d.format, val_path = d.val_token_file, val_fraction = d.val_fraction,
     vocab_size = vocab_size })
 end
