@@ -26,3 +26,13 @@ set_tests_properties(hf_transformers PROPERTIES LABELS multirank TIMEOUT 300 RUN
 fsdp_c_test(test_dir_lock)
 add_test(NAME dir_lock COMMAND test_dir_lock)
 set_tests_properties(dir_lock PROPERTIES LABELS unit TIMEOUT 60)
+# `fsdp prepare` (scripts/prepare_data.py): every input kind gives the ids of
+# `tokenizers` called directly, any worker count the same bytes, the engine
+# reads uint16 and uint32 files, the manifest's refusals at training start,
+# bad input named, interrupted runs leave no train.bin
+# (tests/scripts/test_prepare.sh; skipped where scripts/python_env.sh cannot
+# make the Python environment)
+add_test(NAME prepare
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_prepare.sh $<TARGET_FILE:fsdprun> $<TARGET_FILE:fsdp-host>
+                 ${CMAKE_SOURCE_DIR})
+set_tests_properties(prepare PROPERTIES LABELS multirank TIMEOUT 180 RUN_SERIAL ON SKIP_RETURN_CODE 77)
