@@ -306,17 +306,21 @@ def _worker_init(spec, allow_special, dtype, bos, eot):
     _worker.update(tok=Tok(spec, allow_special), dtype=dtype, bos=bos, eot=eot)
 
 
-def _pool_worker_init(*init_args):
+def _pool_worker_init(parent, *init_args):
     # the parent alone acts on Ctrl-C and SIGTERM (its cleanup ends the
     # pool); a worker ends with it, even when it is killed with SIGKILL
+    # (a worker left waiting on the pool's queue would live on, holding
+    # the terminal or the pipe its parent wrote to)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     for s in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(s, signal.SIG_DFL)
     try:
         import ctypes
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG (Linux)
+        ctypes.CDLL(None).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG (Linux)
     except (OSError, AttributeError):
         pass
+    if os.getppid() != parent:  # the parent died before the prctl: nobody would send it
+        os._exit(1)
     _worker_init(*init_args)
 
 
@@ -350,7 +354,7 @@ def ordered_map(fn, chunks, workers, init_args):
         return
     import multiprocessing as mp
 
-    pool = mp.get_context("fork").Pool(workers, _pool_worker_init, init_args)
+    pool = mp.get_context("fork").Pool(workers, _pool_worker_init, (os.getpid(),) + tuple(init_args))
     try:
         pending = collections.deque()
         for c in chunks:

@@ -277,10 +277,13 @@ FSDP_PREPARE_TEST_SIGNAL=TERM:2 prep --tokenizer "$work/tok" --out "$work/int" -
 rc=$?
 check "SIGTERM mid-way: status 143 (got $rc), no OUT, no temporary folder left" \
   "[ $rc = 143 ] && [ ! -e '$work/int' ] && [ -z \"\$(ls -d '$work'/int.tmp-* 2>/dev/null)\" ] && grep -q 'stopped by SIGTERM' '$work/int.err'"
-FSDP_PREPARE_TEST_SIGNAL=KILL:2 prep --tokenizer "$work/tok" --out "$work/int" "$in/txt" 2>/dev/null
+FSDP_PREPARE_TEST_SIGNAL=KILL:2 prep --tokenizer "$work/tok" --out "$work/int" --workers 2 "$in/txt" >/dev/null 2>&1
 rc=$?
 check "SIGKILL mid-way: no OUT; the leftover is named .tmp and holds no train.bin (status $rc)" \
   "[ $rc = 137 ] && [ ! -e '$work/int' ] && ls -d '$work'/int.tmp-* >/dev/null 2>&1 && [ -z \"\$(find '$work'/int.tmp-* -name train.bin)\" ]"
+workers_left() { ps -eo args | grep -F -- "--out $work/int " | grep -v grep; }
+for _ in $(seq 20); do workers_left >/dev/null || break; sleep 0.1; done
+check "... its worker processes ended with it" "! workers_left"
 prep --tokenizer "$work/tok" --out "$work/int" --val-fraction 0 "$in/txt" 2>/dev/null
 check "... the next run succeeds and removes the leftover" \
   "cmp -s '$work/int/train.bin' '$work/o_jsonl/train.bin' && [ -z \"\$(ls -d '$work'/int.tmp-* 2>/dev/null)\" ]"
