@@ -39,6 +39,7 @@ import signal
 import shutil
 import sys
 import time
+import zlib
 
 TOOL_VERSION = "1"
 MANIFEST_FORMAT = 1
@@ -208,6 +209,8 @@ def _jsonl_docs(path, field):
             if not line.strip():
                 continue
             text = _utf8(path, line, f":{n}")
+            if n == 1:
+                text = text.lstrip("\ufeff")  # a byte order mark is no part of the JSON
             try:
                 obj = json.loads(text)
             except ValueError as e:
@@ -279,7 +282,7 @@ def _arrow_docs(path, field):
 def _text_docs(path, sep):
     raw, f = _open_binary(path)
     with raw, f:
-        text = _utf8(path, f.read())
+        text = _utf8(path, f.read()).lstrip("\ufeff")  # nor of the text
     size = os.path.getsize(path)
     for d in (text.split(sep) if sep else [text]):
         yield d, size
@@ -289,12 +292,17 @@ def documents(path, args):
     """(text, bytes of the file read so far) for each document of one input file"""
     k = kind_of(path, NAMED_KINDS)
     if k in (".jsonl", ".jsonl.gz", ".json", ".json.gz"):
-        return _jsonl_docs(path, args.field)
-    if k == ".parquet":
-        return _parquet_docs(path, args.field)
-    if k == ".arrow":
-        return _arrow_docs(path, args.field)
-    return _text_docs(path, args.doc_separator)
+        docs = _jsonl_docs(path, args.field)
+    elif k == ".parquet":
+        docs = _parquet_docs(path, args.field)
+    elif k == ".arrow":
+        docs = _arrow_docs(path, args.field)
+    else:
+        docs = _text_docs(path, args.doc_separator)
+    try:
+        yield from docs
+    except (EOFError, zlib.error, gzip.BadGzipFile) as e:  # a cut or corrupt .gz
+        fail(f"{path}: {e}")
 
 
 # ---- workers -------------------------------------------------------------
