@@ -713,7 +713,8 @@ def train_tokenizer(args):
     if args.vocab_size < 257:
         fail(f"--vocab-size {args.vocab_size}: at least 257 (the 256 bytes and {SPECIAL})")
     files = input_files(args.inputs)
-    out = OutDir(args.out, args.force, {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"})
+    out = OutDir(args.out, args.force, {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                                        "generation_config.json"})
     _stop_on_signals()
     try:
         def texts():
@@ -732,8 +733,12 @@ def train_tokenizer(args):
         config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": SPECIAL, "eos_token": SPECIAL,
                   "unk_token": None, "add_bos_token": False, "add_eos_token": False,
                   "clean_up_tokenization_spaces": False, "model_max_length": 1_000_000_000}
+        # generate (ours and transformers') stops at the end-of-text id: a
+        # model trained on data this tokenizer made carries the file along
+        eot = tk.token_to_id(SPECIAL)
         for name, obj in (("tokenizer_config.json", config),
-                          ("special_tokens_map.json", {"bos_token": SPECIAL, "eos_token": SPECIAL})):
+                          ("special_tokens_map.json", {"bos_token": SPECIAL, "eos_token": SPECIAL}),
+                          ("generation_config.json", {"bos_token_id": eot, "eos_token_id": eot})):
             with open(out.path(name), "w") as f:
                 json.dump(obj, f, indent=1)
                 f.write("\n")
@@ -815,7 +820,7 @@ def parsers():
     tr = argparse.ArgumentParser(prog=PROG + " train-tokenizer",
                                  description="train a byte-level BPE (Hugging Face tokenizers; deterministic for the same "
                                              f"inputs) with the special token {SPECIAL} as bos and eos; writes "
-                                             "DIR/tokenizer.json, tokenizer_config.json, special_tokens_map.json "
+                                             "DIR/tokenizer.json, tokenizer_config.json, special_tokens_map.json, generation_config.json "
                                              "(transformers' AutoTokenizer loads DIR)")
     tr.add_argument("inputs", nargs="+", metavar="INPUT", help="as for preparing: files or folders")
     tr.add_argument("--vocab-size", type=int, required=True, help="ids in all: 256 bytes, the special token, merges")

@@ -186,3 +186,11 @@ add_test(NAME generate
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_generate.sh $<TARGET_FILE:fsdprun> $<TARGET_FILE:fsdp-host>
                  ${CMAKE_SOURCE_DIR})
 set_tests_properties(generate PROPERTIES LABELS multirank TIMEOUT 180 RUN_SERIAL ON)
+# recipes/own_data.lua, from a folder of text to a model (tests/scripts/
+# test_own_data.sh): a BPE tokenizer, fsdp prepare, training with samples,
+# the tokenizer carried to the export, fsdp generate against transformers,
+# a fine-tune of a Hugging Face folder; skipped without the Python environment
+add_test(NAME own_data
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_own_data.sh $<TARGET_FILE:fsdprun> $<TARGET_FILE:fsdp-host>
+                 ${CMAKE_SOURCE_DIR})
+set_tests_properties(own_data PROPERTIES LABELS multirank TIMEOUT 300 RUN_SERIAL ON SKIP_RETURN_CODE 77)

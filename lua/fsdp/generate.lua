@@ -27,11 +27,14 @@ local M = {}
 
 local function exists(path) return C.fsdp_fs_stat(path, nil, nil) == 0 end
 
--- The project's root (scripts/ beside lua/), from where this file was loaded
-function M.root()
+-- The project's scripts/ (python_env.sh, prepare_data.py): FSDP_SCRIPTS_DIR,
+-- else beside the lua/ this file was loaded from (as `fsdp prepare` finds it)
+function M.scripts()
+  local env = os.getenv("FSDP_SCRIPTS_DIR")
+  if env and env ~= "" then return env end
   local src = debug.getinfo(1, "S").source:gsub("^@", "")
   local r = src:gsub("/?lua/fsdp/generate%.lua$", "")
-  return r == "" and "." or r
+  return (r == "" and "." or r) .. "/scripts"
 end
 
 -- What SOURCE is: one checkpoint (a step-N directory), a checkpoint
@@ -62,7 +65,7 @@ local function tokenizer(dir, files, vocab)
   local py
   local function run(sub, input)
     if not py then
-      local env = M.root() .. "/scripts/python_env.sh"
+      local env = M.scripts() .. "/python_env.sh"
       local errf = os.tmpname()
       local p = io.popen(string.format("'%s' 2>'%s'", env, errf))
       py = p:read("*l")
@@ -78,7 +81,7 @@ local function tokenizer(dir, files, vocab)
     local f = assert(io.open(inf, "wb"))
     f:write(input)
     f:close()
-    local cmd = string.format("'%s' '%s/scripts/prepare_data.py' %s --tokenizer '%s' <'%s' >'%s' 2>'%s'", py, M.root(),
+    local cmd = string.format("'%s' '%s/prepare_data.py' %s --tokenizer '%s' <'%s' >'%s' 2>'%s'", py, M.scripts(),
       sub, dir, inf, outf, errf)
     local ok = os.execute(cmd)
     local out, err = checkpoint.read_text(outf) or "", checkpoint.read_text(errf) or ""
@@ -375,7 +378,10 @@ function M.cli(args)
     local prompt = o.ids or g:encode(o.prompt or "")
     if #prompt == 0 then error("the prompt is empty: give --prompt TEXT or --ids", 0) end
     local ids, st = g:generate(prompt, o.sampling)
-    io.stdout:write(g:decode(prompt), g:decode(ids), "\n")
+    local all = {} -- decoded whole: a character may span the prompt's last token and the first new one
+    for _, v in ipairs(prompt) do all[#all + 1] = v end
+    for _, v in ipairs(ids) do all[#all + 1] = v end
+    io.stdout:write(g:decode(all), "\n")
     if o.print_ids then io.stdout:write("ids: ", table.concat(ids, " "), "\n") end
     io.stderr:write(string.format("fsdp generate: %d prompt tokens in %.3f s, %d new in %.3f s (%.1f tokens/s, %s), " ..
       "stopped at %s; model %s on %s (%s), tokenizer %s\n", #prompt, st.prefill_s or 0, st.tokens, st.decode_s,

@@ -158,7 +158,9 @@ function M.model(rm, where)
   for k, v in pairs(raw) do merged[k] = v end
   for k, v in pairs(explicit) do merged[k] = v end
   local cfg = config(nil, merged)
-  M.check(explicit, file, path, true, where .. ": model (with from_hf)")
+  -- (the recipe's mistake: named by its file first, so the trainer refuses it, status 78)
+  local ok, e = pcall(M.check, explicit, file, path, true, where .. ": model (with from_hf)")
+  if not ok then error(where .. ": model.from_hf: " .. tostring(e), 0) end
   return cfg, dir
 end
 

@@ -60,6 +60,17 @@ local function size_of(path)
   return n
 end
 
+-- The tokenizer data.token_file was prepared with, by its manifest: its
+-- folder, or "bytes"; nil without a manifest (the trainer carries the
+-- folder's files into checkpoints and the export: fsdp.hf_files)
+function M.tokenizer_of(r)
+  local path = r.data.token_file
+  local ok, m = pcall(M.read, path or "", "data.token_file")
+  if not path or not ok or not m or type(m.tokenizer) ~= "table" then return nil end
+  if m.tokenizer.kind == "bytes" then return "bytes" end
+  if m.tokenizer.kind == "hf" and type(m.tokenizer.path) == "string" then return m.tokenizer.path end
+end
+
 -- the Hugging Face folder the model's weights come from, and its recipe field
 local function weights_folder(r)
   local init = r.checkpoint and r.checkpoint.init_hf

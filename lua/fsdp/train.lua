@@ -463,8 +463,10 @@ local function run(r, where, args, break_at, owned)
   end
   -- beside the weights, every checkpoint (its hf/ folder) and the export
   -- carry the model's config.json and its tokenizer's files (fsdp.hf_files)
-  local carried, carried_from = hf_files.carried({ from_hf = init_hf, resumed = resumed, vocab_size = cfg.vocab_size,
-    max_len = cfg.max_position_embeddings, bytes = r.data.token_file == nil })
+  local data_tok = require("fsdp.token_manifest").tokenizer_of(r)
+  local carried, carried_from = hf_files.carried({ from_hf = init_hf or r.model.from_hf, resumed = resumed, vocab_size = cfg.vocab_size,
+    max_len = cfg.max_position_embeddings, bytes = r.data.token_file == nil or data_tok == "bytes",
+    tokenizer_dir = data_tok ~= "bytes" and data_tok or nil })
   local carry = { ["config.json"] = hf_config.encode(cfg, "fp32") }
   for k, v in pairs(carried or {}) do carry[k] = v end
   local train_loader = ds:loader({ split = "train", batch = B, seq = T, rank = dp_rank, world = dp, seed = seed,
@@ -564,7 +566,10 @@ local function run(r, where, args, break_at, owned)
     local n = math.min(r.train.sample_tokens, cfg.max_position_embeddings - #sample_prompt)
     local ids = sampler:generate(sample_prompt, { max_new_tokens = math.max(n, 1), temperature = r.train.sample_temperature,
       top_k = 40, seed = seed })
-    return ((sampler:decode(sample_prompt) .. sampler:decode(ids)):gsub("\\", "\\\\"):gsub("\n", "\\n"):gsub("\r", "\\r"))
+    local all = {}
+    for _, v in ipairs(sample_prompt) do all[#all + 1] = v end
+    for _, v in ipairs(ids) do all[#all + 1] = v end
+    return (sampler:decode(all):gsub("\\", "\\\\"):gsub("\n", "\\n"):gsub("\r", "\\r"))
   end
 
   local tty = R == 0 and fsdp.on_terminal(info)
