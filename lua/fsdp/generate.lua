@@ -16,7 +16,7 @@ local base = require "fsdp.ffi"
 local tensor = require "fsdp.tensor"
 local ops = require "fsdp.ops"
 local llama = require "fsdp.models.llama"
-local hf = require "fsdp.hf"
+local inference = require "fsdp.inference"
 local hf_config = require "fsdp.hf_config"
 local hf_files = require "fsdp.hf_files"
 local checkpoint = require "fsdp.checkpoint"
@@ -123,8 +123,8 @@ local Gen = {}
 Gen.__index = Gen
 
 -- o: device ("cpu", "cuda" or "auto": a GPU when there is one), dtype
--- ("fp32" or "bf16"; bf16 only on a GPU), quiet. Loads the model on this
--- process alone (a mesh of one rank).
+-- ("fp32" or "bf16"; bf16 only on a GPU). Loads the weights on this process
+-- alone (fsdp.inference).
 function M.open(source, o)
   o = o or {}
   local info = fsdp.init()
@@ -142,26 +142,12 @@ function M.open(source, o)
   local dtype = o.dtype or "fp32"
   if dtype ~= "fp32" and dtype ~= "bf16" then error("dtype = " .. tostring(dtype) .. "; expected fp32 or bf16", 0) end
   if dtype == "bf16" and device ~= "cuda" then error("dtype = bf16 runs on a GPU (CPU ops compute in fp32)", 0) end
-  local mesh = fsdp.mesh("dp_shard=-1", { device = device })
-  -- ZeRO 0 on one rank: the params stay whole, so a token gathers nothing
-  local s = fsdp.fully_shard(llama.model(cfg), { shard = mesh:group("dp_shard"), units = llama.units, zero = 0,
-    mixed = { param_dtype = dtype } })
-  local g = M.wrap(s, cfg, { device = device, dtype = dtype, source = source })
-  g.mesh = mesh
-  local ok, e = pcall(function()
-    if src.checkpoint then
-      local meta = checkpoint.meta(src.checkpoint)
-      checkpoint.load(s, src.checkpoint, { optimizer = meta.optimizer })
-      g.loaded = src.checkpoint
-    else
-      hf.import(s, cfg, src.dir, { quiet = o.quiet })
-      g.loaded = src.dir
-    end
-  end)
-  if not ok then
-    g:close()
-    error(e, 0)
-  end
+  if device == "cuda" then check(C.fsdp_device_set(C.FSDP_CUDA, 0), "fsdp generate: select the GPU") end
+  -- the weights alone, whole (fsdp.inference): no optimizer state or units
+  local held = inference.load(llama.model(cfg), src.checkpoint and { checkpoint = src.checkpoint } or { hf = src.dir },
+    { device = device, dtype = dtype, tied = cfg.tie_word_embeddings })
+  local g = M.wrap(held, cfg, { device = device, dtype = dtype, source = source })
+  g.loaded = src.checkpoint or src.dir
   g.files = hf_files.read(src.dir)
   g.eos = hf_files.eos_ids(g.files, raw)
   g.tok = tokenizer(src.dir, g.files, cfg.vocab_size)
@@ -169,15 +155,16 @@ function M.open(source, o)
   return g
 end
 
--- A generator over a model already sharded (the trainer's, on every rank
--- of its job: the forward is collective where units are gathered, so every
--- rank generates, the same tokens). o: device, dtype, source (for
+-- A generator over a model that runs forwards: runner:infer(fn, kv), a
+-- sharded model (the trainer's, on every rank of its job: the forward is
+-- collective where units are gathered, so every rank generates, the same
+-- tokens) or one fsdp.inference holds. o: device, dtype, source (for
 -- messages), files (hf_files: the tokenizer's, the end-of-text token), dir
 -- (where tokenizer.json is).
-function M.wrap(s, cfg, o)
+function M.wrap(runner, cfg, o)
   o = o or {}
-  local g = setmetatable({ s = s, cfg = cfg, device = o.device or s.device, dtype = o.dtype or s.param_dtype,
-    source = o.source or "the model" }, Gen)
+  local g = setmetatable({ s = runner, cfg = cfg, device = o.device or runner.device,
+    dtype = o.dtype or runner.param_dtype or runner.dtype, source = o.source or "the model" }, Gen)
   g.files = o.files or {}
   g.eos = hf_files.eos_ids(g.files, nil)
   g.tok = tokenizer(o.dir or ".", g.files, cfg.vocab_size)
@@ -187,8 +174,7 @@ end
 -- frees the model when open() made it (a wrapped model is its owner's)
 function Gen:close()
   if self.owned and self.s then self.s:free() end
-  if self.mesh then self.mesh:free() end
-  self.s, self.mesh = nil, nil
+  self.s = nil
 end
 
 function Gen:encode(text)
@@ -374,7 +360,7 @@ function M.cli(args)
   if o.prompt and o.ids then io.stderr:write("fsdp generate: --prompt and --ids: give one\n"); return 2 end
   local g
   local ok2, err = pcall(function()
-    g = M.open(o.source, { device = o.device, dtype = o.dtype, quiet = true })
+    g = M.open(o.source, { device = o.device, dtype = o.dtype })
     local prompt = o.ids or g:encode(o.prompt or "")
     if #prompt == 0 then error("the prompt is empty: give --prompt TEXT or --ids", 0) end
     local ids, st = g:generate(prompt, o.sampling)

@@ -212,6 +212,7 @@ local function open_dir(dir)
   if #handles == 0 then error(dir .. ": no .safetensors files", 0) end
   return found, handles
 end
+M.open_dir = open_dir -- (fsdp.inference reads whole tensors through it)
 
 -- A tied model takes an untied file's lm_head.weight only when it is the
 -- embedding bit for bit (else the model would compute with other weights

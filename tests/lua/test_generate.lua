@@ -11,6 +11,9 @@
 --   * the end-of-text token stops it (kept as the last token); the length
 --     past max_position_embeddings, an empty prompt, an id outside the
 --     vocabulary and bad sampling options are refused naming the value
+--   * the model held whole (fsdp.inference) from an export and from a
+--     checkpoint: the sharded model's tokens, 4 bytes a parameter, a NaN in
+--     the files refused naming the tensor and element
 --   * fsdp.sample's draws against float64 probabilities: 20000 draws over
 --     six fixed logits at temperature 0.7 with top-k 4 and top-p 0.9, each
 --     token's frequency within 0.012 of its probability (4 sigma), the
@@ -134,6 +137,36 @@ for id = 0, 5 do
   T.check(math.abs(f - w) <= 0.012, string.format("token %d drawn %.4f of the time; probability %.4f", id, f, w))
 end
 T.check(sample.argmax({ [0] = 1, 3, 3, 2 }, 4) == 1, "argmax: the first of equal largest logits")
+
+-- the model held whole (fsdp.inference, what fsdp generate loads): from an
+-- fp32 export and from a checkpoint of the same weights, the same greedy
+-- tokens as the sharded model; 4 bytes a parameter and no more; a NaN in
+-- the files refused naming the tensor and the element
+local hf = require "fsdp.hf"
+local hf_config = require "fsdp.hf_config"
+local checkpoint = require "fsdp.checkpoint"
+local work = T.workdir("generate")
+hf.export(s, cfg, work .. "/export", { dtype = "fp32" })
+checkpoint.save(s, work .. "/ck", { step = 1, files = { ["config.json"] = hf_config.encode(cfg, "fp32") } })
+local n_params = llama.num_params(cfg)
+for _, src in ipairs({ work .. "/export", work .. "/ck" }) do
+  local h = generate.open(src, { device = "cpu" })
+  T.check(same(h:generate(prompt, { max_new_tokens = 40 }), a), "held whole from " .. src .. ": the sharded model's greedy tokens")
+  T.check(h.s.bytes == 4 * n_params, string.format("held whole: %d bytes for %d parameters (4 each, no optimizer state)",
+    h.s.bytes, n_params))
+  h:close()
+end
+os.execute(string.format("cp -r '%s/export' '%s/nan'", work, work))
+local f = assert(io.open(work .. "/nan/model-00001-of-00001.safetensors", "r+b"))
+local hl = f:read(8)
+local len = 0
+for i = 8, 1, -1 do len = len * 256 + hl:byte(i) end
+f:seek("set", 8 + len + 4 * 5) -- the sixth element of the file's first tensor
+f:write("\0\0\192\127")          -- a quiet NaN, little-endian
+f:close()
+T.fails(function() generate.open(work .. "/nan", { device = "cpu" }) end, "element 5 is nan; refusing to compute with it",
+  "a NaN in the weights")
+os.execute("rm -rf '" .. work .. "'")
 
 g:close()
 s:free()
