@@ -194,3 +194,11 @@ add_test(NAME own_data
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_own_data.sh $<TARGET_FILE:fsdprun> $<TARGET_FILE:fsdp-host>
                  ${CMAKE_SOURCE_DIR})
 set_tests_properties(own_data PROPERTIES LABELS multirank TIMEOUT 300 RUN_SERIAL ON SKIP_RETURN_CODE 77)
+# a user's model calling one layer twice in its forward (autograd frames,
+# rule 7 of lua/fsdp/autograd.lua): gradients through both calls against
+# float64 central differences, sharded over 1 and 2 ranks at ZeRO 0, 2, 3
+foreach(n 1 2)
+  add_test(NAME lua_shared_layer_np${n}
+           COMMAND $<TARGET_FILE:fsdprun> -n ${n} --timeout 120 ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_shared_layer.lua)
+  set_tests_properties(lua_shared_layer_np${n} PROPERTIES LABELS multirank TIMEOUT 150 RUN_SERIAL ON)
+endforeach()

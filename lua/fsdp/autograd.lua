@@ -25,6 +25,13 @@
 -- 6. Memory goes when nothing retains it: a reference count per tensor (a
 --    view counts on the tensor it views). A released tensor is freed at
 --    once; using it afterwards is an error on every device (tensor.lua).
+-- 7. Frames. A module may be called any number of times in one forward (a
+--    shared layer): each call's saved tensors are a frame of their own,
+--    and the backward of each call gets its own (the calls' backwards run
+--    in reverse order). A forward runs inside one scope with its backward
+--    (the trainer's micro-batch) for this to hold; a frame left from an
+--    earlier scope (a backward that never came) is released by the next
+--    forward.
 --
 -- Why reference counts and scopes, not llm.c's single planned block: our
 -- modules are written in Lua by users, with shapes known only at run time,
@@ -39,6 +46,10 @@ local Tensor = tensor.Tensor
 local stack = {}   -- open scopes, innermost last; a scope is a list of owned tensors (false once moved out)
 local suspended = 0 -- > 0: allocations are nobody's (persistent buffers, schedule state)
 local dropping = 0  -- > 0: inside a checkpointed forward: nothing is saved
+-- bumped when the outermost scope closes: one micro-batch's forward and
+-- backward run in one (the trainer's scope), so a module called again in
+-- the same epoch is a shared module called twice in one forward (rule 7)
+local epoch = 0
 
 local function is_tensor(t) return getmetatable(t) == Tensor end
 local function root(t)
@@ -106,6 +117,7 @@ end
 local function close(sc, keep, keep2)
   if stack[#stack] ~= sc then error("autograd: scopes closed out of order", 2) end
   stack[#stack] = nil
+  if #stack == 0 then epoch = epoch + 1 end
   local parent = stack[#stack]
   local k1 = is_tensor(keep) and root(keep) or nil
   local k2 = is_tensor(keep2) and root(keep2) or nil
@@ -221,11 +233,46 @@ function M.take(m, key)
   error("autograd.take: '" .. tostring(key) .. "' is not held", 2)
 end
 
--- m:forward(ctx, x, phase) under rules 1-3
+-- Rule 7 (frames): what one call of a module saved is its frame (m.saved,
+-- m.held, m.ck_input). A module called again while a frame of this epoch
+-- waits for its backward (a shared layer, weights used twice) puts that
+-- frame on m.frames; backward runs the calls in reverse order, so each
+-- backward takes the newest frame and gives the module back the one below.
+local function push_frame(m)
+  local fs = m.frames or {}
+  fs[#fs + 1] = { saved = m.saved, held = m.held, ck_input = m.ck_input }
+  m.frames, m.saved, m.held, m.ck_input = fs, nil, nil, nil
+end
+local function pop_frame(m)
+  local fs = m.frames
+  local f = fs and fs[#fs]
+  if not f then return end
+  fs[#fs] = nil
+  m.saved, m.held, m.ck_input = f.saved, f.held, f.ck_input
+  if #fs == 0 then m.frames = nil end
+end
+-- frames of an earlier epoch, whose backward never came (an error, a
+-- forward alone): released
+local function drop_frames(m)
+  release_all(m.held)
+  if m.ck_input then M.release(m.ck_input) end
+  m.held, m.ck_input = nil, nil
+  for _, f in ipairs(m.frames or {}) do
+    release_all(f.held)
+    if f.ck_input then M.release(f.ck_input) end
+  end
+  m.frames = nil
+end
+
+-- m:forward(ctx, x, phase) under rules 1-3 and 7
 function M.forward(ctx, m, x, phase)
-  release_all(m.held) -- a forward again without a backward in between
-  m.held = nil
-  if m.ck_input then M.release(m.ck_input); m.ck_input = nil end
+  local pushed = false
+  if m.epoch ~= epoch then
+    if m.held or m.ck_input or m.frames then drop_frames(m) end
+  elseif m.held or m.ck_input then
+    push_frame(m) -- called again in this forward: the first call's frame waits for its backward
+    pushed = true
+  end
   local saving = not ctx.no_grad and dropping == 0
   local ck = saving and m.checkpoint and phase == "forward"
   local depth = #stack
@@ -238,10 +285,13 @@ function M.forward(ctx, m, x, phase)
     m.saved = nil
     M.retain(x)
     m.ck_input = x
+    m.epoch = epoch
   elseif saving then
     hold(m)
+    m.epoch = epoch
   else
     m.saved = nil
+    if pushed then pop_frame(m) end -- this call kept nothing: the earlier call's frame is the module's again
   end
   close(sc, y)
   return y
@@ -263,6 +313,7 @@ function M.backward(ctx, m, dy)
   if not ok then unwind(depth, dx) end
   release_all(m.held)
   m.held, m.saved = nil, nil
+  pop_frame(m) -- an earlier call's frame, for its own backward
   if dy ~= nil and dx ~= dy and is_tensor(dy) then M.consume(dy) end
   close(sc, dx)
   return dx

@@ -114,14 +114,18 @@ end
 -- Depth-first walk in model order: fn(module, path) for every module. A
 -- module's children are named by m.child_names[i] when it has them (as
 -- Hugging Face names submodules), else by their position from 0 (PyTorch's
--- Sequential). fn may return false to skip a module's children.
-function nn.walk(m, fn, path)
-  path = path or ""
+-- Sequential). fn may return false to skip a module's children. A module
+-- that appears more than once (a shared layer) is visited once, at its
+-- first path, as PyTorch names a shared module's parameters once.
+function nn.walk(m, fn, path, seen)
+  path, seen = path or "", seen or {}
+  if seen[m] then return end
+  seen[m] = true
   if fn(m, path) == false then return end
   local names = m.child_names
   for i, c in ipairs(m.children or {}) do
     local name = names and names[i] or tostring(i - 1)
-    nn.walk(c, fn, path == "" and name or (path .. "." .. name))
+    nn.walk(c, fn, path == "" and name or (path .. "." .. name), seen)
   end
 end
 

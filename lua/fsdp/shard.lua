@@ -412,6 +412,12 @@ function Sharded:train_step(batches, opt)
   live(self, "train_step")
   opt = opt or {}
   check_step_opts(opt)
+  -- clip 0 is "no clipping", as the recipe's optimizer.clip = 0 says (not
+  -- a scale of 0 that would leave every weight where it was without a word)
+  local c = opt.clip
+  if c ~= nil and not (type(c) == "number" and c >= 0 and c < math.huge) then
+    error("train_step: clip = " .. shown(c) .. "; expected a number >= 0 (the largest grad norm; 0 or nil: none)", 2)
+  end
   local K, total, parts = #batches, 0, {}
   if self.micro_batches and K ~= self.micro_batches then
     error(string.format("train_step: %d micro-batches, but fully_shard was made with micro_batches = %d", K,
@@ -496,7 +502,7 @@ function Sharded:train_step(batches, opt)
     self.skipped = (self.skipped or 0) + 1
     return loss, (#bad_units == 0 and finite(norm)) and norm or math.huge, why .. "; step skipped"
   end
-  local clip = opt.clip and math.min(1, opt.clip / (norm + 1e-6)) or 1
+  local clip = (opt.clip or 0) > 0 and math.min(1, opt.clip / (norm + 1e-6)) or 1
   self.step_count = self.step_count + 1
   -- offloaded units step on the host while the next forward runs; their
   -- trace entries get their times once that step has been waited for

@@ -11,6 +11,9 @@
 --     inside a forward closes every scope and frees what they held;
 --   * autograd.done lets a running backward drop what it no longer needs,
 --     and autograd.take hands it a saved tensor to write over;
+--   * a module called several times in one forward (a shared layer) gives
+--     each call's backward its own saved tensors (frames): the gradient of
+--     as many distinct modules, bit for bit, checkpointed or not;
 --   * the model files contain no :free().
 local fsdp = require "fsdp"
 local nn, ops, tensor = fsdp.nn, require "fsdp.ops", require "fsdp.tensor"
@@ -125,6 +128,36 @@ do
   check(m[1].children[1].held == nil and m[1].children[1].saved == nil, "what a module saved is released after its backward")
   check(autograd.depth() == 0, "every scope closed")
   dx:free()
+end
+
+-- 1b. one block called twice in the chain (a shared layer, rule 7): each
+-- call's backward gets what that call saved: the gradient of two distinct
+-- blocks bit for bit, the same bytes retained after forward, nothing left
+-- after the step; checkpointed, and a block shared three times, the same
+do
+  local _, d1 = step({ block(), block() })
+  local b = block()
+  local probe = {}
+  local _, d2, _, left = step({ b, b }, probe)
+  local same = true
+  for i = 0, N - 1 do same = same and d1:get(i) == d2:get(i) end
+  check(same, "a block called twice: the gradient of two distinct blocks, bit for bit")
+  check(probe.after_forward == 4 * B, string.format("a block called twice: %d bytes after forward (expected %d)",
+    probe.after_forward, 4 * B))
+  check(left == B, string.format("a block called twice: %d bytes left after the step (expected %d)", left, B))
+  check(b.frames == nil and b.children[1].frames == nil and b.held == nil, "a shared block: no frame left after the step")
+  local bc = block(true)
+  local _, d3 = step({ bc, bc })
+  same = true
+  for i = 0, N - 1 do same = same and d1:get(i) == d3:get(i) end
+  check(same, "a checkpointed block called twice: the same gradient bit for bit")
+  local _, e3 = step({ block(), block(), block() })
+  local s3 = block()
+  local _, f3, _, left3 = step({ s3, s3, s3 })
+  same = true
+  for i = 0, N - 1 do same = same and e3:get(i) == f3:get(i) end
+  check(same and left3 == B, "a block called three times: three blocks' gradient bit for bit, nothing left")
+  d1:free(); d2:free(); d3:free(); e3:free(); f3:free()
 end
 
 -- 2. no_grad: nothing retained; each temporary and intermediate goes at once
