@@ -207,7 +207,11 @@ function Attention:forward_cached(ctx, x, phase)
     c.v:view((b * cap + pos) * w, { T * w }):copy_from(v:view(b * T * w, { T * w }), stream)
   end
   local out = ops.like(q)
-  ops.attention_cached(out, q, c.k, c.v, B, T, pos, cap, nh, nkv, hd)
+  if pos == 0 and T > 1 then -- a prompt from the start: the training kernels (GEMMs, flash attention) are faster
+    ops.attention_forward(out, tensor.new({ B, nh, T }, "fp32", q.device), q, k, v, B, T, nh, nkv, hd)
+  else
+    ops.attention_cached(out, q, c.k, c.v, B, T, pos, cap, nh, nkv, hd)
+  end
   return nn.call(ctx, ch[4], phase, out)
 end
 
