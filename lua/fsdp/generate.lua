@@ -262,6 +262,11 @@ function Gen:generate(prompt, o)
       ids:free()
       local row = host_row(logits, V)
       logits:free()
+      local bad = tonumber(C.fsdp_find_nonfinite(row:ptr(), V))
+      if bad >= 0 then -- a broken model: said, not sampled from
+        error(string.format("generate: the model's logit for token %d is %s at position %d; its weights or inputs are " ..
+          "broken", bad, tostring(base.f32(row:ptr(), bad)), #seq), 0)
+      end
       local id = pick(row:ptr(), V, #seq)
       row:free()
       if kv then kv.pos = #seq end

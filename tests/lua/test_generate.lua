@@ -137,6 +137,33 @@ for id = 0, 5 do
   T.check(math.abs(f - w) <= 0.012, string.format("token %d drawn %.4f of the time; probability %.4f", id, f, w))
 end
 T.check(sample.argmax({ [0] = 1, 3, 3, 2 }, 4) == 1, "argmax: the first of equal largest logits")
+-- top-p alone over 300 slowly falling logits: a nucleus past the sampler's
+-- first 64 and 256 candidates; no draw outside it, the mean id within 4
+-- sigma of float64's
+do
+  local V, tp, temp2 = 300, 0.9, 1.0
+  local lg, pr, tot = {}, {}, 0
+  for j = 0, V - 1 do lg[j] = -0.01 * j; pr[j] = math.exp(lg[j] / temp2); tot = tot + pr[j] end
+  local acc, last = 0, V - 1
+  for j = 0, V - 1 do
+    acc = acc + pr[j] / tot
+    if acc >= tp then last = j; break end
+  end
+  local z, mean, sq = 0, 0, 0
+  for j = 0, last do z = z + pr[j] end
+  for j = 0, last do mean = mean + j * pr[j] / z; sq = sq + j * j * pr[j] / z end
+  local sd = math.sqrt(sq - mean * mean)
+  local pick = sample.picker({ temperature = temp2, top_p = tp, seed = 8 })
+  local sum, top, draws = 0, 0, 20000
+  for i = 1, draws do
+    local id = pick(lg, V, i)
+    sum, top = sum + id, math.max(top, id)
+  end
+  T.check(top <= last and top >= last - 5, string.format("top-p 0.9 over 300 logits: draws up to id %d (the nucleus ends at %d)",
+    top, last))
+  T.check(math.abs(sum / draws - mean) <= 4 * sd / math.sqrt(draws), string.format("top-p: mean id %.2f, float64 %.2f",
+    sum / draws, mean))
+end
 
 -- the model held whole (fsdp.inference, what fsdp generate loads): from an
 -- fp32 export and from a checkpoint of the same weights, the same greedy
