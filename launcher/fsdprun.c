@@ -28,30 +28,6 @@
 
 static job J;
 
-double fsdprun_now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-int fsdprun_past_timeout(const job *j) { return j->timeout > 0 && fsdprun_now() - j->start >= j->timeout; }
-
-void fsdprun_wake(job *j) {
-  char c = 1;
-  ssize_t w = write(j->wake_fd[1], &c, 1); /* full pipe: a wake-up is pending anyway */
-  (void)w;
-}
-
-void describe_end(const rank_proc *r, char *buf, size_t cap) {
-  if (r->sig)
-    snprintf(buf, cap, "was killed by signal %d (%s)", r->sig, strsignal(r->sig));
-  else if (r->never_joined)
-    snprintf(buf, cap, "exited with status 0 before it joined the job (it never reached fsdp_init, where the others "
-             "wait for it)");
-  else
-    snprintf(buf, cap, "exited with status %d", r->code);
-}
-
 /* ---- options ---- */
 
 /* Prints "fsdprun: <message>" and the usage line; returns the usage exit code. */
@@ -307,13 +283,6 @@ static int make_tmpdir(void) {
 
 /* ---- start-up and exit ---- */
 
-void fsdprun_stop_signals(sigset_t *set) {
-  sigemptyset(set);
-  sigaddset(set, SIGINT);
-  sigaddset(set, SIGTERM);
-  sigaddset(set, SIGHUP);
-  sigaddset(set, SIGUSR1); /* sbatch --signal=USR1@120: a time limit ahead */
-}
 
 /* Signals are read from a signalfd by the main loop, never handled
  * asynchronously. They are blocked before PMIx starts its thread so that
@@ -372,7 +341,7 @@ int main(int argc, char **argv) {
   if (heartbeat_open(&J) < 0) quick_exit_code(1);
   if (pmix_start(&J) < 0) quick_exit_code(1);
   /* procs_spawn stopping early (--timeout, a signal) is the supervisor's to report */
-  if (pmix_register_job(&J) < 0 || procs_spawn(&J) < 0) {
+  if (pmix_register_job(&J) < 0 || procs_spawn(&J, pmix_rank_env) < 0) {
     procs_signal(&J, SIGKILL); /* the ranks already started */
     int ignored = -1;
     double when;

@@ -88,8 +88,11 @@ int pmix_take_abort(int *rank, int *status, char *msg, size_t cap, double *at);
 
 /* fsdprun_procs.c */
 /* Starts the ranks; stops early (returns 1, j->spawned < n) when --timeout
- * runs out or fsdprun is asked to stop meanwhile. */
-int procs_spawn(job *j);
+ * runs out or fsdprun is asked to stop meanwhile. rank_env gives a rank's
+ * environment from the PMIx server (pmix_rank_env, handed in by main so
+ * that procs and pmix do not call each other). */
+typedef int (*fsdprun_rank_env_fn)(job *j, int rank, char ***env);
+int procs_spawn(job *j, fsdprun_rank_env_fn rank_env);
 /* Returns how many still run; *newly_failed: of the ranks that failed since
  * the last call, the first to end (by time), and *failed_at when it ended. */
 int procs_reap(job *j, int *newly_failed, double *failed_at);
@@ -129,7 +132,7 @@ double heartbeat_check_every(const job *j);
  * silence (s) and the last step it reported (-1: none). */
 int heartbeat_stale(const job *j, int *rank, double *silent, long long *step);
 
-/* fsdprun.c */
+/* fsdprun_util.c: the helpers every launcher file calls (a leaf) */
 double fsdprun_now(void);  /* monotonic seconds */
 /* The signals that stop the job (the ranks finish their step and save):
  * SIGINT, SIGTERM, SIGHUP, SIGUSR1. */

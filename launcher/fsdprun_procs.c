@@ -136,11 +136,11 @@ static void child_exec(job *j, int rank, char **envp, int in_fd, int out_w, int 
   _exit(127);
 }
 
-static int spawn_one(job *j, int r, int null_fd) {
+static int spawn_one(job *j, int r, int null_fd, fsdprun_rank_env_fn rank_env) {
   rank_proc *rp = &j->ranks[r];
   char **pmix_env = NULL, **envp = NULL;
   int out[2] = {-1, -1}, err[2] = {-1, -1}, rc = -1;
-  if (pmix_rank_env(j, r, &pmix_env) < 0) goto done;
+  if (rank_env(j, r, &pmix_env) < 0) goto done;
   if (!(envp = rank_envp(j, r, pmix_env))) goto done;
   if (pipe2(out, O_CLOEXEC) < 0 || pipe2(err, O_CLOEXEC) < 0) {
     fprintf(stderr, "fsdprun: cannot make pipes for rank %d: %s%s\n", r, strerror(errno),
@@ -201,7 +201,7 @@ done:
   return rc;
 }
 
-int procs_spawn(job *j) {
+int procs_spawn(job *j, fsdprun_rank_env_fn rank_env) {
   int null_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
   if (null_fd < 0) {
     fprintf(stderr, "fsdprun: /dev/null: %s\n", strerror(errno));
@@ -229,7 +229,7 @@ int procs_spawn(job *j) {
       break;
     }
     if (slow_ms > 0) usleep((useconds_t)slow_ms * 1000);
-    rc = spawn_one(j, r, null_fd);
+    rc = spawn_one(j, r, null_fd, rank_env);
     if (rc == 0) j->spawned = r + 1;
   }
   close(null_fd);

@@ -51,7 +51,7 @@ if [ $want_torch = 1 ]; then
   mark=$env/.fsdp-torch
   if [ "$(cat "$mark" 2>/dev/null)" != "${torch[*]} ${torch_deps[*]}" ]; then
     say "installing ${torch[*]} and transformers (about 1 GB)"
-    pip_in --no-deps "${torch[@]}" && pip_in "${torch_deps[@]}" ||
+    pip_in --no-deps "${torch[@]}" && pip_in --no-warn-conflicts "${torch_deps[@]}" ||
       { say "could not install torch and transformers from PyPI"; exit 1; }
     if ! err=$("$py" -c "import torch, transformers; torch.ones(2) @ torch.ones(2)" 2>&1); then
       say "torch does not run here: $(echo "$err" | tail -1)"

@@ -65,3 +65,8 @@ endforeach()
 # launcher/ (scripts/check_layers.py), and the checker fails when one does
 add_test(NAME check_layers COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_check_layers.sh ${CMAKE_SOURCE_DIR})
 set_tests_properties(check_layers PROPERTIES LABELS unit TIMEOUT 60 SKIP_RETURN_CODE 77)
+# no two files of src/, kernels/ or launcher/ call each other, as the build's
+# objects show (scripts/check_calls.py), and the checker finds circles
+add_test(NAME check_calls COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_check_calls.sh ${CMAKE_SOURCE_DIR}
+                                  ${CMAKE_BINARY_DIR})
+set_tests_properties(check_calls PROPERTIES LABELS unit TIMEOUT 60 SKIP_RETURN_CODE 77)

@@ -11,16 +11,6 @@
 #include "../fsdp_dist.h"
 #include "comm_impl.h"
 
-double fsdp_comm_default_timeout(void) {
-  const char *v = getenv("FSDP_COMM_TIMEOUT");
-  if (v) {
-    char *end;
-    double s = strtod(v, &end);
-    if (end != v && s > 0) return s;
-  }
-  return 300.0;
-}
-
 int fsdp_comm_init_common(fsdp_comm *c, const comm_group_spec *spec, int device, const comm_ops *ops) {
   c->ops = ops;
   c->refs = 1;

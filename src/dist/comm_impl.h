@@ -82,7 +82,6 @@ void fsdp_comm_release(fsdp_comm *c);
 
 /* Shared by the backends: fills the common fields of a new comm. */
 int fsdp_comm_init_common(fsdp_comm *c, const comm_group_spec *spec, int device, const comm_ops *ops);
-double fsdp_comm_default_timeout(void);
 
 /* launcher_env.c: what the launcher and the environment tell a rank.
  * A singleton whose environment shows several tasks (SLURM_*, PMI_*, ...)
@@ -92,6 +91,8 @@ int fsdp_launcher_check_singleton(void);
  * gives this rank's dense node index (sorted distinct names). */
 int fsdp_hosts_load(const char *nspace, int size, int rank, int *node_index, int *num_nodes);
 const char *fsdp_host_of(int rank); /* NULL: not known */
+/* FSDP_COMM_TIMEOUT, else 300 s: how long collectives and fences wait */
+double fsdp_comm_default_timeout(void);
 /* Fails (naming each host's ranks) when the members are on several hosts. */
 int fsdp_hosts_check_one(const char *group, const int *members, int n);
 /* Each fence publishes its number; after a fence cut short, the ranks whose

@@ -136,6 +136,18 @@ int fsdp_hosts_load(const char *nspace, int size, int rank, int *node_index, int
   return FSDP_OK;
 }
 
+/* FSDP_COMM_TIMEOUT: how long a collective or a fence waits for its peers
+ * (here, not in comm.c, which calls boot.c's fences: boot.c reads it too) */
+double fsdp_comm_default_timeout(void) {
+  const char *v = getenv("FSDP_COMM_TIMEOUT");
+  if (v) {
+    char *end;
+    double s = strtod(v, &end);
+    if (end != v && s > 0) return s;
+  }
+  return 300.0;
+}
+
 const char *fsdp_host_of(int rank) {
   return rank >= 0 && rank < hosts.size && hosts.names[rank] ? hosts.names[rank] : NULL;
 }
