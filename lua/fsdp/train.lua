@@ -140,14 +140,14 @@ end
 
 local function run(r, where, args, break_at, owned)
   local info = fsdp.init()
-  local R = info.rank
+  local my_rank = info.rank
   local appended, original_resume = restarts.original_resume(r, args)
   r = recipe.check(recipe.apply_overrides(r, args, where), where)
   -- bar_open: the progress line is drawn on the terminal without its
   -- newline (a step between log lines); a line said now replaces it
   local bar_open = false
   local say = function(...)
-    if R ~= 0 then return end
+    if my_rank ~= 0 then return end
     if bar_open then io.stdout:write("\r\27[K") bar_open = false end
     print(string.format(...))
     io.stdout:flush()
@@ -203,7 +203,7 @@ local function run(r, where, args, break_at, owned)
   if restart and restart.attempt > 0 then
     say("fsdp: restart %d of %d (fsdprun --max-restarts)", restart.attempt, restart.max)
   end
-  if restart and restart.max > 0 and not r.checkpoint.dir and R == 0 then
+  if restart and restart.max > 0 and not r.checkpoint.dir and my_rank == 0 then
     io.stderr:write(string.format("fsdp: warning: fsdprun --max-restarts %d without checkpoint.dir: a restarted run " ..
       "starts again at step 1\n", restart.max))
   end
@@ -220,7 +220,7 @@ local function run(r, where, args, break_at, owned)
   -- there, and only that run
   local lock, mine = nil, nil
   if ck.dir then
-    local okw, ew = pcall(checkpoint.check_writable, ck.dir, R)
+    local okw, ew = pcall(checkpoint.check_writable, ck.dir, my_rank)
     if not okw then error(string.format("%s: checkpoint.dir: %s; nothing was trained", where, tostring(ew)), 0) end
     lock = dir_lock.take({ shard = shard, outer = outer }, ck.dir, where) -- (collective over the mesh's groups)
     owned.lock = lock
@@ -395,7 +395,7 @@ local function run(r, where, args, break_at, owned)
     ok, meta, why, mine = pcall(checkpoint.load, sharded, resumed, { optimizer = o.name, skip_damaged = auto })
     local sig = not ok and sharded:stop_agreed() -- (the load failed on every rank: a stop signal, or not)
     if sig then -- stopped while loading: nothing trained, nothing to save; the checkpoint is as it was
-      if R == 0 then
+      if my_rank == 0 then
         io.stderr:write(string.format("fsdp: stopped by %s during the load of %s: nothing trained or saved; a resume " ..
           "loads it again\n", sig > 0 and ffi.string(C.fsdp_signal_name(sig)) or "a signal to another rank", resumed))
         io.stderr:flush()
@@ -421,7 +421,7 @@ local function run(r, where, args, break_at, owned)
       if batch_note then say(batch_note:find("^warning: ") and "fsdp: %s" or "resume: %s", batch_note) end
       break
     end
-    if mine then io.stderr:write(string.format("fsdp: rank %d: resume: %s\n", R, why)) end
+    if mine then io.stderr:write(string.format("fsdp: rank %d: resume: %s\n", my_rank, why)) end
     say("resume: skipped %s: its data is damaged (a rank's message above says where); trying the one before", resumed)
     damaged[resumed:match("[^/]+$")] = true
     saved, resumed, run_id = nil, nil, nil
@@ -436,10 +436,10 @@ local function run(r, where, args, break_at, owned)
   -- the run this job now writes, before any checkpoint is removed: a restart
   -- after a failure from here on continues this run and no other
   dir_lock.record(lock, { run = run_id, attempt = restart and restart.attempt or 0 })
-  restarts.test_kill(restart, R, 0) -- (FSDP_TEST_KILL_AT step 0: a rank dies here, before the old checkpoints go)
+  restarts.test_kill(restart, my_rank, 0) -- (FSDP_TEST_KILL_AT step 0: a rank dies here, before the old checkpoints go)
   if not saved then
     if ck.dir and ck.overwrite then -- starting over: rank 0 removes the directory's checkpoints, the others wait
-      if R == 0 then
+      if my_rank == 0 then
         local ok, gone = pcall(checkpoint.clear, ck.dir)
         if not ok then error(where .. ": checkpoint.overwrite: " .. tostring(gone), 0) end
         if #gone > 0 then say("checkpoint.overwrite=true: removed %d checkpoint(s) from %s (%s to %s)", #gone, ck.dir, gone[1], gone[#gone]) end
@@ -499,7 +499,7 @@ local function run(r, where, args, break_at, owned)
     human(gemm_rate), device == "cpu" and "; " .. ffi.string(C.fsdp_blas_core_note()) or "")
 
   local metrics
-  if R == 0 and r.train.metrics then
+  if my_rank == 0 and r.train.metrics then
     local dir = r.train.metrics:match("^(.*)/[^/]*$")
     if dir then mkdir_p(dir) end
     metrics = metrics_file.open(r.train.metrics, { resumed_at = resumed and start - 1 or nil, where = where })
@@ -572,7 +572,7 @@ local function run(r, where, args, break_at, owned)
     return (sampler:decode(all):gsub("\\", "\\\\"):gsub("\n", "\\n"):gsub("\r", "\\r"))
   end
 
-  local tty = R == 0 and fsdp.on_terminal(info)
+  local tty = my_rank == 0 and fsdp.on_terminal(info)
   local steps = r.train.steps
   local warmup_note = M.warmup_warning(r)
   if warmup_note then say("fsdp: warning: %s", warmup_note) end
@@ -603,7 +603,7 @@ local function run(r, where, args, break_at, owned)
   local next_break = os.getenv("FSDP_REPL") == "1" and (break_at or tonumber(os.getenv("FSDP_BREAK_AT") or "") or 0) or nil
   local live
   local function prompt(step)
-    live = live or { sharded = sharded, recipe = r, where = where, rank = R, size = info.size, world = mesh:group("world") }
+    live = live or { sharded = sharded, recipe = r, where = where, rank = my_rank, size = info.size, world = mesh:group("world") }
     live.step = step
     local t0 = C.fsdp_time_now()
     local k = require("fsdp.repl").live(live)
@@ -617,7 +617,7 @@ local function run(r, where, args, break_at, owned)
   local signalled -- {signal, step, saved}: stopped by a signal after that step
   -- train.profile: one step's timeline (fsdp.profile), rank 0's; by
   -- default the second step of this run (the first runs the one-time set-up)
-  local profile_step = R == 0 and r.train.profile and (r.train.profile_step or math.min(start + 1, last)) or nil
+  local profile_step = my_rank == 0 and r.train.profile and (r.train.profile_step or math.min(start + 1, last)) or nil
   if profile_step and (profile_step < start or profile_step > last) then
     io.stderr:write(string.format("fsdp: warning: train.profile_step = %d is outside this run's steps %d-%d: no " ..
       "profile is written\n", profile_step, start, last))
@@ -648,8 +648,8 @@ local function run(r, where, args, break_at, owned)
   owned.training = true -- from here a failure is a fault, not the job's configuration
   for step = start, stopped and -1 or last do
     C.fsdp_heartbeat(step) -- fsdprun --heartbeat-timeout: alive, at this step
-    stall_hook(R, step)
-    restarts.test_kill(restart, R, step)
+    stall_hook(my_rank, step)
+    restarts.test_kill(restart, my_rank, step)
     fsdp.memory_reset_peak(device)
     local prof, settle = profile_begin(step)
     local t0 = C.fsdp_time_now()
@@ -775,12 +775,12 @@ local function run(r, where, args, break_at, owned)
   if metrics then metrics:close() end
   if sharing_test and first_loss then -- every rank: fsdprun --ranks-per-gpu checks each one's bytes against its plan
     local plan = on_gpu and need.device or need.total
-    print(string.format("fsdp: rank %d memory: peak %d bytes, planned %d bytes per rank on the %s (%+.2f%%)", R, run_peak,
+    print(string.format("fsdp: rank %d memory: peak %d bytes, planned %d bytes per rank on the %s (%+.2f%%)", my_rank, run_peak,
       plan, device, 100 * (run_peak - plan) / plan))
     io.stdout:flush()
   end
   if signalled then -- rank 0 says so before any rank exits (fsdprun would stop the others at the first exit)
-    if R == 0 then
+    if my_rank == 0 then
       local s = signalled
       io.stderr:write(string.format("fsdp: stopped by %s after step %d%s; %s\n", s.signal > 0 and
         ffi.string(C.fsdp_signal_name(s.signal)) or "a signal to another rank", s.step, s.note and " " .. s.note or "",
