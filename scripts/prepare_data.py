@@ -396,7 +396,14 @@ class TokenWriter:
             fail(f"{os.path.basename(self.path)[:-4]}: more than {INT32_MAX} tokens, beyond the llm.c header's int32 "
                  "count; give --format raw (headerless: the recipe then says data.format = 'raw_u16' or 'raw_u32'), "
                  "or prepare the inputs in parts")
-        self.f.write(b)
+        self._io(self.f.write, b)
+
+    def _io(self, fn, *a):
+        try:
+            return fn(*a)
+        except OSError as e:  # a full disk: named by the file being written
+            e.filename = e.filename or self.path
+            raise
 
     def close(self):
         if self.fmt == "llmc":
@@ -405,9 +412,9 @@ class TokenWriter:
             if sys.byteorder != "little":
                 h.byteswap()
             self.f.seek(0)
-            self.f.write(h.tobytes())
-        self.f.flush()
-        os.fsync(self.f.fileno())
+            self._io(self.f.write, h.tobytes())
+        self._io(self.f.flush)
+        self._io(os.fsync, self.f.fileno())
         self.f.close()
 
 

@@ -308,4 +308,17 @@ check "bytes: encode gives the UTF-8 bytes, decode the text back" \
    [ \"\$(echo 104 195 169 | prep decode --tokenizer bytes)\" = 'hé' ]"
 echo "1 2 99999" | prep decode --tokenizer "$work/tok" >/dev/null 2>"$work/dec.err"
 check "decode: an id outside the vocabulary is refused, naming it" "grep -q 'id 99999 is outside the vocabulary of 512 ids' '$work/dec.err'"
+# a full disk (a 64 KiB tmpfs; root only, skipped where it cannot be
+# mounted): status 1, the file being written and the reason named, nothing left
+mkdir -p "$work/small"
+if mount -t tmpfs -o size=64k tmpfs "$work/small" 2>/dev/null; then
+  prep --tokenizer bytes --out "$work/small/data" "$root/README.md" "$root"/docs/*.md >/dev/null 2>"$work/full.err"
+  rc=$?
+  check "a full disk: status 1 ($rc), the file and 'No space left on device' named, nothing left" \
+    "[ $rc = 1 ] && grep -q 'small/data.tmp-[0-9]*/train.bin.tmp: No space left on device' '$work/full.err' && [ -z \"\$(ls -A '$work/small')\" ]" ||
+    cat "$work/full.err"
+  umount "$work/small"
+else
+  echo "skipped: the full-disk check (a tmpfs cannot be mounted here)"
+fi
 finish test_prepare
