@@ -12,6 +12,7 @@ local base = require "fsdp.ffi"
 local tensor = require "fsdp.tensor"
 local json = require "fsdp.json"
 local shard = require "fsdp.shard"
+local collective = require "fsdp.collective"
 local ffi, C, check = base.ffi, base.C, base.check
 
 local M = {}
@@ -21,87 +22,8 @@ M.states = { adamw = { "param", "exp_avg", "exp_avg_sq" }, sgd = { "param", "mom
 
 local function last_error() return ffi.string(C.fsdp_last_error()) end
 
--- ---- the job's ranks: the shard group, and the outer group when HSDP ----
-
-local function world(s)
-  local S, O = s.shard:size(), s.outer and s.outer:size() or 1
-  return (s.outer and s.outer:rank() or 0) * S + s.shard:rank(), S * O
-end
-
-local function all_reduce(s, t, op)
-  shard.all_reduce_host(s.shard, t, op)
-  if s.outer then shard.all_reduce_host(s.outer, t, op) end
-end
-
--- Integers in [0, 2^48) that each rank fills at its own indices (zeros
--- elsewhere), summed over the ranks exactly: as three 16-bit chunks in fp32
--- (the collectives reduce fp32; integers below 2^24 stay exact).
--- vals: {[i] = v} for this rank's indices (0-based); returns a function i -> v.
-local function share_ints(s, n, vals)
-  local t = tensor.new(math.max(3 * n, 1)):fill(0)
-  for i, v in pairs(vals) do
-    if v < 0 or v >= 2 ^ 48 or v % 1 ~= 0 then error("checkpoint: integer " .. tostring(v) .. " out of range", 2) end
-    t:set(3 * i, v % 65536); t:set(3 * i + 1, math.floor(v / 65536) % 65536); t:set(3 * i + 2, math.floor(v / 2 ^ 32))
-  end
-  all_reduce(s, t, "sum")
-  return function(i) return t:get(3 * i) + 65536 * t:get(3 * i + 1) + 2 ^ 32 * t:get(3 * i + 2) end
-end
-
--- Every rank learns whether any failed: err (a message or nil) on this
--- rank; raises on all ranks when one failed, naming the first such rank
--- and what became of the files (tail; default: nothing was changed).
-local function agree(s, err, what, tail)
-  local r, n = world(s)
-  local t = tensor.new(n):fill(0)
-  if err then
-    t:set(r, 1)
-    err = base.prefixed(what, err)
-  end
-  if err and n > 1 then -- said now: another rank's error may end the job before this rank's is shown
-    io.stderr:write(string.format("fsdp: rank %d: %s\n", r, err))
-    io.stderr:flush()
-  end
-  all_reduce(s, t, "sum")
-  for q = 0, n - 1 do
-    if t:get(q) > 0 then
-      if err then error(err, 0) end
-      error(string.format("%s: rank %d failed (its message says why); %s", what, q, tail or "nothing was changed"), 0)
-    end
-  end
-end
-
--- Rank 0's text (up to 2047 bytes), on every rank: the others pass nil.
--- Collective: one all-reduce.
-local function share_text(s, text)
-  local cap = 2048
-  local mine = {}
-  if text then
-    text = text:sub(1, cap - 1)
-    mine[0] = #text
-    for i = 1, #text do mine[i] = text:byte(i) end
-  end
-  local got = share_ints(s, cap, mine)
-  local out = {}
-  for i = 1, got(0) do out[i] = string.char(got(i)) end
-  return table.concat(out)
-end
-
-M.world, M.agree, M.share_text = world, agree, share_text
-
--- In a long phase that each rank runs alone (reading or writing its pieces):
--- raises when a stop signal came to this rank. The phase's agreement then
--- fails on every rank, and the caller asks the ranks (Sharded:stop_agreed)
--- whether a stop was the cause.
-local test_stop = os.getenv("FSDP_TEST_STOP_IN") -- the tests: "load" or "export": each rank signals itself there, once
-pcall(ffi.cdef, "int raise(int sig);")
-function M.stop_check(phase, key)
-  if test_stop and test_stop == key then
-    test_stop = nil
-    ffi.C.raise(15) -- SIGTERM, recorded by the stop-signal watch
-  end
-  local sig = C.fsdp_stop_signal()
-  if sig > 0 then error(string.format("%s stopped by %s", phase, ffi.string(C.fsdp_signal_name(sig))), 0) end
-end
+-- the sharded model's ranks as one group (fsdp.collective)
+local world, all_reduce, share_ints, agree = collective.world, collective.all_reduce, collective.share_ints, collective.agree
 
 -- ---- non-finite values in loaded weights ----
 -- A NaN or infinity in the weights a run starts from would skip every step
@@ -614,7 +536,7 @@ function M.load(s, path, o)
       for k = 1, #states do bufs[k] = tensor.new(math.max(n, 1)):fill(0) end -- padding stays zero
       staged[#staged + 1] = { unit = u, bufs = bufs, n = n }
       for _, pc in ipairs(pieces(u, 0)) do
-        M.stop_check("the checkpoint's load", "load")
+        collective.stop_check("the checkpoint's load", "load")
         for k, st in ipairs(states) do
           local at = bufs[k]:ptr() + pc.off
           local rc = C.fsdp_ckpt_read(h, pc.name, st, pc.begin, pc["end"], at)

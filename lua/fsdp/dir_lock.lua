@@ -12,7 +12,7 @@
 --   dir_lock.record(lock, {run = id, attempt = k})
 --   dir_lock.release(lock)
 local base = require "fsdp.ffi"
-local checkpoint = require "fsdp.checkpoint"
+local collective = require "fsdp.collective"
 local ffi, C = base.ffi, base.C
 
 local M = {}
@@ -54,7 +54,7 @@ end
 -- Collective. Raises "where: ..." on every rank when another process holds
 -- the lock (or it cannot be taken); returns {fd (rank 0), previous}.
 function M.take(s, dir, where)
-  local r = checkpoint.world(s)
+  local r = collective.world(s)
   local fd, previous, err = -1, nil, nil
   if r == 0 then
     local pfd = ffi.new("int[1]")
@@ -71,7 +71,7 @@ function M.take(s, dir, where)
     end
   end
   -- every rank learns rank 0's verdict and the previous record, the same
-  local text = checkpoint.share_text(s, r == 0 and (err and ("!" .. err) or (previous or "")) or nil)
+  local text = collective.share_text(s, r == 0 and (err and ("!" .. err) or (previous or "")) or nil)
   if text:sub(1, 1) == "!" then error(where .. ": " .. text:sub(2), 0) end
   return { fd = fd, dir = dir, previous = M.parse(text) }
 end

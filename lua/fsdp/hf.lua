@@ -19,7 +19,8 @@ local ffi, C, check = base.ffi, base.C, base.check
 local M = {}
 
 local function last_error() return ffi.string(C.fsdp_last_error()) end
-local world, agree = ckpt.world, ckpt.agree
+local collective = require "fsdp.collective"
+local world, agree = collective.world, collective.agree
 
 -- Which tensors go in which file: in model order, a new file when the
 -- current one would pass shard_bytes.
@@ -112,7 +113,7 @@ function M.export(s, cfg, dir, o)
     local touched = {}
     for _, u in ipairs(s.units) do
       for _, pc in ipairs(ckpt.pieces(u, 1)) do
-        ckpt.stop_check("the export", "export")
+        collective.stop_check("the export", "export")
         local name = pc.name
         local len = pc["end"] - pc.begin
         local vals = tensor.new(len)
