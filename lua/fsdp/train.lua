@@ -554,15 +554,19 @@ local function run(r, where, args, break_at, owned)
   -- rank (its forward gathers units: collective), printed by rank 0; the
   -- same prompt and seed each time, so the samples show what was learned
   local sampler, sample_prompt
-  local function sample_text()
-    if not sampler then
-      sampler = require("fsdp.generate").wrap(sharded, cfg, { files = carried or {}, dir = carried_from, source = where })
-      local text = r.train.sample_prompt or "The "
-      local ok, ids = pcall(sampler.encode, sampler, text)
-      if not ok then error(where .. ": train.sample_prompt: " .. tostring(ids), 0) end
-      if #ids == 0 then error(where .. ": train.sample_prompt is empty (at least one token is needed)", 0) end
-      sample_prompt = ids
+  if r.train.sample_tokens > 0 and r.train.eval_every > 0 then -- the prompt checked now, not at the first evaluation
+    sampler = require("fsdp.generate").wrap(sharded, cfg, { files = carried or {}, dir = carried_from, source = where })
+    local text = r.train.sample_prompt or "The "
+    local ok, ids = pcall(sampler.encode, sampler, text)
+    if not ok then error(where .. ": train.sample_prompt: " .. tostring(ids), 0) end
+    if #ids == 0 then error(where .. ": train.sample_prompt is empty (at least one token is needed)", 0) end
+    if #ids >= cfg.max_position_embeddings then
+      error(string.format("%s: train.sample_prompt is %d tokens; the model's max_position_embeddings is %d: no room " ..
+        "for a sample. Shorten it", where, #ids, cfg.max_position_embeddings), 0)
     end
+    sample_prompt = ids
+  end
+  local function sample_text()
     local n = math.min(r.train.sample_tokens, cfg.max_position_embeddings - #sample_prompt)
     local ids = sampler:generate(sample_prompt, { max_new_tokens = math.max(n, 1), temperature = r.train.sample_temperature,
       top_k = 40, seed = seed })
@@ -725,7 +729,7 @@ local function run(r, where, args, break_at, owned)
       else
         say("eval step %d | val_loss %.4f", step, vloss)
         record({ step = step, val_loss = vloss })
-        if r.train.sample_tokens > 0 then say("sample step %d | %s", step, sample_text()) end
+        if sampler then say("sample step %d | %s", step, sample_text()) end
       end
     end
     committed(checkpoint.poll(sharded))

@@ -15,7 +15,9 @@
 #   * refusals, each naming what was wrong: an unknown option (status 2),
 #     a folder that is neither a checkpoint nor a model, a checkpoint saved
 #     before checkpoints carried config.json, a length past the model's
-#     positions, an id outside the vocabulary
+#     positions, an id outside the vocabulary, a damaged checkpoint (its
+#     checksum), and a train.sample_prompt longer than the model's positions
+#     (status 78, before training)
 set -u
 fsdprun=$1 fsdp=$2 root=$3
 . "$(dirname "$0")/checks.sh"
@@ -87,4 +89,21 @@ check "past max_position_embeddings: refused naming it" "grep -q \"pass the mode
   cat "$work/e4"
 "$fsdp" generate "$work/export" --ids "1 999" >/dev/null 2>"$work/e5"
 check "an id outside the vocabulary: named" "grep -q 'prompt token 2 is 999, outside the vocabulary' '$work/e5'" || cat "$work/e5"
+# a damaged checkpoint: a flipped byte in a rank's file is found by its
+# checksum and named, not sampled from
+cp -r "$work/ck" "$work/bad"
+f=$(ls "$work/bad/step-00000040"/rank-*.bin | head -1)
+printf '\377' | dd of="$f" bs=1 seek=4096 conv=notrunc 2>/dev/null
+"$fsdp" generate "$work/bad" --prompt x >/dev/null 2>"$work/e6"
+rc=$?
+check "a damaged checkpoint: refused (status $rc), the file and its checksum named" \
+  "[ $rc = 1 ] && grep -q 'rank-00000.bin' '$work/e6' && grep -qi 'crc' '$work/e6'" || cat "$work/e6"
+# a sample prompt longer than the model's positions: refused before training (78)
+"$fsdprun" -n 2 --timeout 60 "$work/fixed.lua" train.steps=2 data.seq=64 model.max_position_embeddings=64 \
+  train.sample_tokens=8 train.eval_every=1 train.sample_prompt="$(printf 'x%.0s' $(seq 80))" train.metrics="$work/m2.jsonl" \
+  >"$work/e7" 2>&1
+rc=$?
+check "train.sample_prompt past max_position_embeddings: refused before training (status $rc), named" \
+  "[ $rc = 78 ] && grep -q 'train.sample_prompt is 80 tokens; the model.s max_position_embeddings is 64' '$work/e7'" ||
+  tail -3 "$work/e7"
 finish test_generate
