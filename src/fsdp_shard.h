@@ -185,6 +185,10 @@ typedef struct fsdp_unit_plan {
  * optimizer range depends on). */
 int fsdp_unit_plan_make(const fsdp_unit_config *cfg, const fsdp_layout *layout, int device, int outer_ranks,
                         int outer_rank, fsdp_unit_plan *out);
+/* The config's rules (zero, dtypes, offload, hfsdp, registration), which
+ * fsdp_unit_plan_make and fsdp_unit_create both run: a plan is never shown
+ * for a unit creation would refuse. outer_ranks: the HSDP replicas, 1: none. */
+int fsdp_unit_config_check(const fsdp_unit_config *cfg, int outer_ranks);
 /* "main_params", "opt1", ... for rows; NULL for another index */
 const char *fsdp_unit_buffer_name(int buffer);
 

@@ -214,17 +214,13 @@ function M.plan(r, o)
   local resident = { params_full = 0, params_shard = 0, main_params = 0, optimizer = 0, grads_full = 0, grads_main = 0, scratch = 0,
     host_stage = 0, offloaded = 0 }
   local gpu = r.train.device == "cuda"
-  for _, u in ipairs(a.units) do
-    if u.offload_grads and R > 1 then
-      error(string.format("%s: unit '%s' offloads its grads, which needs no dp_outer (HSDP) dimension: replicas agree on " ..
-        "the device first", where, u.name), 0)
-    end
-  end
-  shard.plan_units(a, { shard_ranks = S, outer_ranks = R, hfsdp = hf, device = r.train.device,
+  -- (the engine's plan of each unit, after its checks of the config: a
+  -- refusal there is the recipe's, named by its file)
+  local ok, err = pcall(shard.plan_units, a, { shard_ranks = S, outer_ranks = R, hfsdp = hf, device = r.train.device,
     param_dtype = f.param_dtype, reduce_dtype = f.reduce_dtype, comm_register = REG[f.comm_register or "none"] or 0,
     micro_batches = K })
+  if not ok then error(where .. ": " .. tostring(err):gsub("^[^:\n]+:%d+: ", ""):gsub(" %(FSDP_EINVAL%)$", ""), 0) end
   for _, u in ipairs(a.units) do
-    if hf and u.zero == 0 then error(string.format("%s: unit '%s' has zero 0; hfsdp needs zero >= 1 everywhere", where, u.name), 0) end
     -- what the unit holds on every rank: the engine's own plan (src/shard/unit_plan.c)
     local l, plan = u.layout, u.plan
     local Su, Tu = tonumber(plan.shard_numel), tonumber(plan.total_numel)

@@ -122,7 +122,7 @@ function M.assign(model, opts)
   local function add(m, path, uname, uopts)
     local u = by_name[uname]
     if not u then
-      u = { name = uname, modules = {}, params = {}, index = #a.units + 1, opts = {} }
+      u = { name = uname, modules = {}, params = {}, index = #a.units + 1, opts = {}, path = path }
       by_name[uname] = u
       first_path[uname] = path
       a.units[#a.units + 1] = u
@@ -142,14 +142,8 @@ function M.assign(model, opts)
     local mode = u.opts.offload or default_offload
     u.offload, u.offload_params, u.offload_grads = mode >= 1, bit.band(mode, 2) ~= 0, bit.band(mode, 4) ~= 0
     u.offload_bits = mode
-    if u.offload and (u.zero == 0 or opts.hfsdp) then
-      error(string.format("fully_shard: unit '%s' (module '%s'): offload needs zero >= 1 and no hfsdp (zero %d%s)", uname,
-        path, u.zero, opts.hfsdp and ", hfsdp" or ""), 0)
-    end
-    if u.offload_params and u.zero ~= 3 then
-      error(string.format("fully_shard: unit '%s' (module '%s'): offload = {params = true} needs zero 3 (zero %d): the " ..
-        "resident levels keep the full params on the device anyway", uname, path, u.zero), 0)
-    end
+    -- (the config's rules, offload's among them, are the engine's:
+    -- fsdp_unit_config_check, run by plan_units for each unit)
     u.prefetch = u.opts.prefetch
     u.reshard_after_forward = u.opts.reshard_after_forward ~= false
     u.modules[#u.modules + 1] = m
@@ -238,7 +232,9 @@ function M.plan_units(a, o)
       shard_align = C.FSDP_SHARD_ALIGN, hfsdp = o.hfsdp and 1 or 0, offload = u.offload_bits or 0,
       comm_register = o.comm_register or 0, micro_batches = o.micro_batches or 0 })
     u.plan = ffi.new("fsdp_unit_plan")
-    check(C.fsdp_unit_plan_make(u.config, u.layout, dev, o.outer_ranks or 1, 0, u.plan), "fully_shard: unit '" .. u.name .. "'")
+    -- the engine's plan, after the engine's checks of the config (one set of rules for plans and units)
+    check(C.fsdp_unit_plan_make(u.config, u.layout, dev, o.outer_ranks or 1, 0, u.plan),
+      string.format("fully_shard: unit '%s' (module '%s')", u.name, u.path or u.name))
     pools.params = math.max(pools.params, tonumber(u.plan.pool_params))
     pools.grads = math.max(pools.grads, tonumber(u.plan.pool_grads))
   end

@@ -14,34 +14,12 @@
 #include "../fsdp_shard.h"
 #include "unit_impl.h"
 
-static int check_config(const char *name, const fsdp_unit_config *c) {
-  if (c->zero < 0 || c->zero > 3) return fsdp_fail(FSDP_EINVAL, "unit '%s': zero = %d; expected 0, 1, 2 or 3", name, c->zero);
-  if (c->compute_dtype != FSDP_FP32 && c->compute_dtype != FSDP_BF16)
-    return fsdp_fail(FSDP_EINVAL, "unit '%s': compute dtype must be fp32 or bf16", name);
-  if (c->reduce_dtype != FSDP_FP32 && c->reduce_dtype != c->compute_dtype)
-    return fsdp_fail(FSDP_EINVAL, "unit '%s': reduce dtype must be fp32 or the compute dtype", name);
-  if (c->grad_op != FSDP_AVG && c->grad_op != FSDP_SUM)
-    return fsdp_fail(FSDP_EINVAL, "unit '%s': grad_op must be avg or sum", name);
-  if (c->comm_register < FSDP_REG_NONE || c->comm_register > FSDP_REG_WINDOW)
-    return fsdp_fail(FSDP_EINVAL, "unit '%s': comm_register = %d; expected 0 (none), 1 (buffers) or 2 (windows)", name,
-                     c->comm_register);
-  if (c->offload < 0 || c->offload > 7)
-    return fsdp_fail(FSDP_EINVAL, "unit '%s': offload = %d; expected fsdp_offload_bits (0..7)", name, c->offload);
-  if ((c->offload & FSDP_OFFLOAD_PARAMS) && c->zero != 3)
-    return fsdp_fail(FSDP_EINVAL, "unit '%s': offloading the params needs zero 3 (zero %d)", name, c->zero);
-  if (c->offload && (c->zero == 0 || c->hfsdp))
-    return fsdp_fail(FSDP_EINVAL, "unit '%s': offload needs zero >= 1 and no hfsdp (zero %d%s)", name, c->zero,
-                     c->hfsdp ? ", hfsdp" : "");
-  if (c->micro_batches < 0)
-    return fsdp_fail(FSDP_EINVAL, "unit '%s': micro_batches = %d; expected 0 (any) or the fixed count per step", name,
-                     c->micro_batches);
-  return FSDP_OK;
-}
-
 static int check_spec(const fsdp_unit_spec *sp) {
   const char *name = sp->name;
   const fsdp_unit_config *cfg = &sp->config;
-  FSDP_CHECK(check_config(name, cfg));
+  /* the config's own rules: the planner's (fsdp_unit_plan_make runs them too) */
+  int rc = fsdp_unit_config_check(cfg, sp->outer ? sp->outer->size : 1);
+  if (rc < 0) return fsdp_fail_context(rc, "unit '%s'", name);
   if (sp->nparams < 0 || (sp->nparams > 0 && (!sp->param_names || !sp->numels || !sp->rules)))
     return fsdp_fail(FSDP_EINVAL, "unit '%s': %d parameters but no names, sizes or init rules", name, sp->nparams);
   fsdp_comm *shard = sp->shard, *reduce = sp->reduce, *outer = sp->outer;

@@ -44,12 +44,42 @@ static void alias(fsdp_unit_plan *p, int row, int of, int comm) {
   p->rows[row] = (fsdp_unit_buffer_row){.held = FSDP_HELD_ALIAS, .alias_of = of, .comm = comm, .bytes = 0};
 }
 
+/* The config's rules, the same for a unit made and a unit planned (so that
+ * `fsdp plan` never shows a plan that creation refuses). outer_ranks: the
+ * HSDP replicas (1: none). */
+int fsdp_unit_config_check(const fsdp_unit_config *c, int outer_ranks) {
+  if (c->zero < 0 || c->zero > 3) return fsdp_fail(FSDP_EINVAL, "zero = %d; expected 0, 1, 2 or 3", c->zero);
+  if (c->compute_dtype != FSDP_FP32 && c->compute_dtype != FSDP_BF16)
+    return fsdp_fail(FSDP_EINVAL, "compute dtype must be fp32 or bf16");
+  if (c->reduce_dtype != FSDP_FP32 && c->reduce_dtype != c->compute_dtype)
+    return fsdp_fail(FSDP_EINVAL, "reduce dtype must be fp32 or the compute dtype");
+  if (c->grad_op != FSDP_AVG && c->grad_op != FSDP_SUM) return fsdp_fail(FSDP_EINVAL, "grad_op must be avg or sum");
+  if (c->comm_register < FSDP_REG_NONE || c->comm_register > FSDP_REG_WINDOW)
+    return fsdp_fail(FSDP_EINVAL, "comm_register = %d; expected 0 (none), 1 (buffers) or 2 (windows)", c->comm_register);
+  if (c->offload < 0 || c->offload > 7)
+    return fsdp_fail(FSDP_EINVAL, "offload = %d; expected fsdp_offload_bits (0..7)", c->offload);
+  if (c->offload && (c->zero == 0 || c->hfsdp))
+    return fsdp_fail(FSDP_EINVAL, "offload needs zero >= 1 and no hfsdp (zero %d%s)", c->zero, c->hfsdp ? ", hfsdp" : "");
+  if ((c->offload & FSDP_OFFLOAD_PARAMS) && c->zero != 3)
+    return fsdp_fail(FSDP_EINVAL, "offloading the params (offload = {params = true}) needs zero 3 (zero %d): the resident "
+                     "levels keep the full params on the device anyway", c->zero);
+  if ((c->offload & FSDP_OFFLOAD_GRADS) && outer_ranks > 1)
+    return fsdp_fail(FSDP_EINVAL, "offloading the grads needs no outer (HSDP) group: replicas agree on the device before "
+                     "the grads go down");
+  if (c->hfsdp && c->zero == 0)
+    return fsdp_fail(FSDP_EINVAL, "hfsdp shards the optimizer over the outer group: it needs zero >= 1 (zero 0)");
+  if (c->micro_batches < 0)
+    return fsdp_fail(FSDP_EINVAL, "micro_batches = %d; expected 0 (any) or the fixed count per step", c->micro_batches);
+  return FSDP_OK;
+}
+
 int fsdp_unit_plan_make(const fsdp_unit_config *cfg, const fsdp_layout *layout, int device, int outer_ranks,
                         int outer_rank, fsdp_unit_plan *out) {
   if (!cfg || !layout || !out) return fsdp_fail(FSDP_EINVAL, "unit_plan_make: NULL argument");
   if (device != FSDP_CPU && device != FSDP_CUDA) return fsdp_fail(FSDP_EINVAL, "unit_plan_make: device %d", device);
   if (outer_ranks < 1 || outer_rank < 0 || outer_rank >= outer_ranks)
     return fsdp_fail(FSDP_EINVAL, "unit_plan_make: outer rank %d of %d", outer_rank, outer_ranks);
+  FSDP_CHECK(fsdp_unit_config_check(cfg, outer_ranks));
   int z = cfg->zero, gpu = device == FSDP_CUDA, hf = cfg->hfsdp != 0, off = cfg->offload != 0;
   int params_on_host = gpu && (cfg->offload & FSDP_OFFLOAD_PARAMS);
   int grads_on_host = (cfg->offload & FSDP_OFFLOAD_GRADS) != 0;

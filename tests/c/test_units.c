@@ -374,7 +374,7 @@ int main(void) {
   bad.config.zero = 1, bad.config.comm_register = 5;
   CHECK_FAILS(fsdp_unit_create(&bad, &u), FSDP_EINVAL, "comm_register = 5");
   bad.config.zero = 2, bad.config.comm_register = 0, bad.config.offload = FSDP_OFFLOAD_PARAMS;
-  CHECK_FAILS(fsdp_unit_create(&bad, &u), FSDP_EINVAL, "offloading the params needs zero 3");
+  CHECK_FAILS(fsdp_unit_create(&bad, &u), FSDP_EINVAL, "offloading the params (offload = {params = true}) needs zero 3");
   bad.config.offload = 9;
   CHECK_FAILS(fsdp_unit_create(&bad, &u), FSDP_EINVAL, "offload = 9");
   bad.config.zero = 1, bad.config.offload = FSDP_OFFLOAD_OPTIMIZER | FSDP_OFFLOAD_GRADS, bad.outer = dp;
@@ -383,6 +383,40 @@ int main(void) {
   CHECK_FAILS(fsdp_unit_create(&bad, &u), FSDP_EINVAL, "needs an outer group");
   bad.config.hfsdp = 0, bad.param_names = NULL;
   CHECK_FAILS(fsdp_unit_create(&bad, &u), FSDP_EINVAL, "no names");
+  /* the planner (fsdp_unit_plan_make) refuses every config creation
+   * refuses, with the same message: `fsdp plan` never shows a plan that
+   * creation would not make */
+  {
+    fsdp_layout *lay = NULL;
+    CHECK_OK(fsdp_layout_create(1, &n, 2, 1, 1, &lay));
+    struct {
+      fsdp_unit_config c;
+      int outer;
+      const char *says;
+    } cases[] = {
+        {{.zero = 4, .compute_dtype = FSDP_FP32, .reduce_dtype = FSDP_FP32, .grad_op = FSDP_AVG}, 1, "zero = 4"},
+        {{.zero = 1, .compute_dtype = FSDP_FP32, .reduce_dtype = FSDP_FP32, .grad_op = FSDP_AVG, .comm_register = 5}, 1,
+         "comm_register = 5"},
+        {{.zero = 2, .compute_dtype = FSDP_FP32, .reduce_dtype = FSDP_FP32, .grad_op = FSDP_AVG,
+          .offload = FSDP_OFFLOAD_PARAMS}, 1, "offloading the params (offload = {params = true}) needs zero 3"},
+        {{.zero = 0, .compute_dtype = FSDP_FP32, .reduce_dtype = FSDP_FP32, .grad_op = FSDP_AVG,
+          .offload = FSDP_OFFLOAD_OPTIMIZER}, 1, "offload needs zero >= 1"},
+        {{.zero = 1, .compute_dtype = FSDP_FP32, .reduce_dtype = FSDP_FP32, .grad_op = FSDP_AVG,
+          .offload = FSDP_OFFLOAD_OPTIMIZER | FSDP_OFFLOAD_GRADS}, 2, "offloading the grads needs no outer"},
+        {{.zero = 0, .compute_dtype = FSDP_FP32, .reduce_dtype = FSDP_FP32, .grad_op = FSDP_AVG, .hfsdp = 1}, 2,
+         "hfsdp shards the optimizer over the outer group: it needs zero >= 1"},
+        {{.zero = 1, .compute_dtype = FSDP_FP32, .reduce_dtype = FSDP_BF16, .grad_op = FSDP_AVG}, 1,
+         "reduce dtype must be fp32 or the compute dtype"},
+        {{.zero = 1, .compute_dtype = FSDP_FP32, .reduce_dtype = FSDP_FP32, .grad_op = FSDP_AVG, .micro_batches = -1}, 1,
+         "micro_batches = -1"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+      fsdp_unit_plan plan;
+      CHECK_FAILS(fsdp_unit_plan_make(&cases[i].c, lay, FSDP_CPU, cases[i].outer, 0, &plan), FSDP_EINVAL, cases[i].says);
+      CHECK_FAILS(fsdp_unit_config_check(&cases[i].c, cases[i].outer), FSDP_EINVAL, cases[i].says);
+    }
+    fsdp_layout_destroy(lay);
+  }
   fsdp_mesh_destroy(m);
   snprintf(label, sizeof label, "test_units[%d/%d]", R, W);
   int rc = fsdp_test_summary(label);

@@ -417,7 +417,8 @@ do
   bad(function(m, path) if path == "model.embed_tokens" then return "embed", { zero = 0, offload = true } end end,
     "unit 'embed' (module 'model.embed_tokens'): offload needs zero >= 1", "offload at zero 0")
   bad(function(m, path) if path == "model.embed_tokens" then return "embed", { zero = 2, offload = { params = true } } end end,
-    "offload = {params = true} needs zero 3", "param offload at zero 2")
+    "unit 'embed' (module 'model.embed_tokens'): offloading the params (offload = {params = true}) needs zero 3",
+    "param offload at zero 2")
   bad(function(m, path) if path == "model.embed_tokens" then return "embed", { offload = { param = true } } end end,
     "expected true, false or {optimizer = true, params = true, grads = true}", "a misspelt offload table")
   -- the world and the mesh given to the planner itself (fsdp plan --world, --mesh)
