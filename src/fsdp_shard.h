@@ -178,6 +178,8 @@ typedef struct fsdp_unit_plan {
                                        grads_sum row at zero 1) instead of adding up in the
                                        bf16 full grads */
   fsdp_unit_buffer_row rows[10]; /* by fsdp_unit_buffer */
+  int64_t norm_sums;       /* on a GPU: the grad norm's device sums (a double and a count), 0
+                              on the CPU (the host adds them up) */
 } fsdp_unit_plan;
 /* The plan of a unit with this config and layout on `device`, sharded over
  * shard_ranks (the layout's group size) and, HSDP, replicated over

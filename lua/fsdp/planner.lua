@@ -300,8 +300,9 @@ function M.plan(r, o)
     f.recompute, ws, K)
   -- lasting from the first step: rope's cos and sin tables (fp32, seq x head_dim)
   resident.rope = 2 * T * cfg.head_dim * 4
-  -- on GPUs each unit's grad-norm sums: a double and a count (src/shard/unit.c)
-  resident.norm_sums = gpu and 16 * #a.units or 0
+  -- each unit's grad-norm sums on the device, as its plan says (src/shard/unit_plan.c)
+  resident.norm_sums = 0
+  for _, u in ipairs(a.units) do resident.norm_sums = resident.norm_sums + tonumber(u.plan.norm_sums) end
   -- the step's batches: ids and targets, int32 (on GPUs their device copies)
   p.batches = K * B * T * 8
   local sum = 0

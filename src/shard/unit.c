@@ -221,7 +221,7 @@ static int build(fsdp_unit *u, const fsdp_unit_spec *sp) {
     u->holds_gather_stage = 1;
   }
   if (u->offload) FSDP_CHECK(fsdp_offload_attach(u));
-  if (u->device == FSDP_CUDA) FSDP_CHECK(alloc_zeroed(u->device, 16, &u->norm_device));
+  if (p->norm_sums) FSDP_CHECK(alloc_zeroed(u->device, (size_t)p->norm_sums, &u->norm_device));
   FSDP_CHECK(fsdp_event_create(u->device, &u->gathered));
   FSDP_CHECK(fsdp_event_create(u->device, &u->handoff));
   if ((u->reduce_comm != u->shard_comm || u->grads_compact) && u->device == FSDP_CUDA)

@@ -136,6 +136,7 @@ int fsdp_unit_plan_make(const fsdp_unit_config *cfg, const fsdp_layout *layout, 
    * the fp32 ones (no staging, except for HFSDP's publish) */
   p.reduce_scratch = (alone && !hf) || p.grads_compact ? 0 : (S ? S : 1) * f;
   p.gather_stage = params_on_host ? (S ? S : 1) * c : 0;
+  p.norm_sums = gpu ? 16 : 0;
   p.pool_params = z == 3 && (!alone || params_on_host) ? p.total_numel * c : 0;
   /* compact and alone: the backward writes the optimizer's grads directly */
   p.pool_grads = z >= 2 && !(p.grads_compact && alone) ? p.total_numel * c : 0;

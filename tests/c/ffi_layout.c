@@ -131,6 +131,7 @@ int main(void) {
   OFF(fsdp_unit_plan, grads_compact);
   OFF(fsdp_unit_plan, sums_fp32);
   OFF(fsdp_unit_plan, reduce_scratch);
+  OFF(fsdp_unit_plan, norm_sums);
   OFF(fsdp_unit_plan, gather_stage);
   OFF(fsdp_unit_plan, pool_params);
   OFF(fsdp_unit_plan, pool_grads);
