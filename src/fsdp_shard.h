@@ -180,6 +180,9 @@ typedef struct fsdp_unit_plan {
   fsdp_unit_buffer_row rows[10]; /* by fsdp_unit_buffer */
   int64_t norm_sums;       /* on a GPU: the grad norm's device sums (a double and a count), 0
                               on the CPU (the host adds them up) */
+  int64_t cast_stage;      /* on a GPU, bf16 grads reduce-scattered into fp32: NCCL's fp32
+                              block for the cast, chunk by chunk (transient, the largest
+                              unit's), 0: none */
 } fsdp_unit_plan;
 /* The plan of a unit with this config and layout on `device`, sharded over
  * shard_ranks (the layout's group size) and, HSDP, replicated over

@@ -254,13 +254,9 @@ function M.plan(r, o)
       prefetch = u.prefetch or f.prefetch, reshard_after_forward = u.reshard_after_forward }
     max_scratch = math.max(max_scratch, tonumber(plan.reduce_scratch))
     max_stage = math.max(max_stage, tonumber(plan.gather_stage))
-    -- NCCL reduces in its input type: bf16 grads reduce-scattered into fp32
-    -- are cast into an fp32 block first, chunk by chunk (src/dist/
-    -- comm_cast_chunks.c), which the device's stream-ordered pool keeps.
-    -- Not with compact grads (reduced in bf16) nor the fp32 sums of zero 0-1
-    local casts = gpu and S > 1 and z >= 1 and f.param_dtype == "bf16" and f.reduce_dtype == "fp32" and
-      plan.grads_compact == 0 and (z >= 2 or plan.sums_fp32 == 0)
-    if casts then max_nccl_stage = math.max(max_nccl_stage, 4 * S * tonumber(C.fsdp_comm_cast_chunk(Su, S))) end
+    -- NCCL's fp32 block for bf16 grads reduce-scattered into fp32, as the
+    -- unit's plan says (src/shard/unit_plan.c: cast_stage)
+    max_nccl_stage = math.max(max_nccl_stage, tonumber(plan.cast_stage))
   end
   -- one fp32 staging shard per rank, shared by the units (their reductions
   -- run one after another on the shard group's stream)

@@ -137,6 +137,15 @@ int fsdp_unit_plan_make(const fsdp_unit_config *cfg, const fsdp_layout *layout, 
   p.reduce_scratch = (alone && !hf) || p.grads_compact ? 0 : (S ? S : 1) * f;
   p.gather_stage = params_on_host ? (S ? S : 1) * c : 0;
   p.norm_sums = gpu ? 16 : 0;
+  /* NCCL reduces in its input type: a bf16 reduce-scatter into fp32 goes
+   * through an fp32 block, chunk by chunk (src/dist/comm_cast_chunks.c),
+   * kept by the device's stream-ordered pool. Zero 1-3 reduce-scatter the
+   * bf16 grads into the fp32 shard, unless the grads stay bf16 (compact) or
+   * zero 1 reduces its fp32 sum */
+  int ranks = fsdp_layout_group_size(layout);
+  int casts = gpu && ranks > 1 && z >= 1 && cfg->compute_dtype == FSDP_BF16 && cfg->reduce_dtype == FSDP_FP32 &&
+              !p.grads_compact && (z >= 2 || !p.sums_fp32);
+  p.cast_stage = casts ? 4 * (int64_t)ranks * (int64_t)fsdp_comm_cast_chunk((size_t)S, ranks) : 0;
   p.pool_params = z == 3 && (!alone || params_on_host) ? p.total_numel * c : 0;
   /* compact and alone: the backward writes the optimizer's grads directly */
   p.pool_grads = z >= 2 && !(p.grads_compact && alone) ? p.total_numel * c : 0;

@@ -132,6 +132,7 @@ int main(void) {
   OFF(fsdp_unit_plan, sums_fp32);
   OFF(fsdp_unit_plan, reduce_scratch);
   OFF(fsdp_unit_plan, norm_sums);
+  OFF(fsdp_unit_plan, cast_stage);
   OFF(fsdp_unit_plan, gather_stage);
   OFF(fsdp_unit_plan, pool_params);
   OFF(fsdp_unit_plan, pool_grads);
