@@ -142,7 +142,10 @@ function M.open(source, o)
   local dtype = o.dtype or "fp32"
   if dtype ~= "fp32" and dtype ~= "bf16" then error("dtype = " .. tostring(dtype) .. "; expected fp32 or bf16", 0) end
   if dtype == "bf16" and device ~= "cuda" then error("dtype = bf16 runs on a GPU (CPU ops compute in fp32)", 0) end
-  if device == "cuda" then check(C.fsdp_device_set(C.FSDP_CUDA, 0), "fsdp generate: select the GPU") end
+  if device == "cuda" then
+    if C.fsdp_device_count(C.FSDP_CUDA) < 1 then error("device = cuda, but there is no usable GPU here (--device cpu)", 0) end
+    check(C.fsdp_device_set(C.FSDP_CUDA, 0), "select the GPU")
+  end
   -- the weights alone, whole (fsdp.inference): no optimizer state or units
   local held = inference.load(llama.model(cfg), src.checkpoint and { checkpoint = src.checkpoint } or { hf = src.dir },
     { device = device, dtype = dtype, tied = cfg.tie_word_embeddings })
@@ -365,6 +368,7 @@ function M.cli(args)
   if o.prompt and o.ids then io.stderr:write("fsdp generate: --prompt and --ids: give one\n"); return 2 end
   local g
   local ok2, err = pcall(function()
+    sample.picker(o.sampling) -- the sampling options refused before the model is loaded
     g = M.open(o.source, { device = o.device, dtype = o.dtype })
     local prompt = o.ids or g:encode(o.prompt or "")
     if #prompt == 0 then error("the prompt is empty: give --prompt TEXT or --ids", 0) end
@@ -380,8 +384,8 @@ function M.cli(args)
       "an end-of-text token" or "the length", g.loaded, g.device, g.dtype, g.tok and g.tok.name or "none"))
   end)
   if g then g:close() end
-  if not ok2 then
-    io.stderr:write("fsdp generate: ", tostring(err), "\n")
+  if not ok2 then -- (a message for the user: no Lua position in front of it)
+    io.stderr:write("fsdp generate: ", (tostring(err):gsub("^[^:\n]+%.lua:%d+: ", "")), "\n")
     return 1
   end
   return 0

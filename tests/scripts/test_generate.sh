@@ -89,6 +89,9 @@ check "past max_position_embeddings: refused naming it" "grep -q \"pass the mode
   cat "$work/e4"
 "$fsdp" generate "$work/export" --ids "1 999" >/dev/null 2>"$work/e5"
 check "an id outside the vocabulary: named" "grep -q 'prompt token 2 is 999, outside the vocabulary' '$work/e5'" || cat "$work/e5"
+"$fsdp" generate "$work/export" --prompt x --temperature -1 >/dev/null 2>"$work/e8"
+check "a bad sampling option: named, with no Lua position" "grep -qx 'fsdp generate: temperature = -1; expected a number >= 0 (0: greedy)' '$work/e8'" ||
+  cat "$work/e8"
 # a damaged checkpoint: a flipped byte in a rank's file is found by its
 # checksum and named, not sampled from
 cp -r "$work/ck" "$work/bad"
