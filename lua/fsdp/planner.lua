@@ -14,6 +14,7 @@ local recipe = require "fsdp.recipe"
 local llama = require "fsdp.models.llama"
 local hf_config = require "fsdp.hf_config"
 local shard = require "fsdp.shard"
+local units_lib = require "fsdp.units" -- (units: the recipe's field in this file)
 local json = require "fsdp.json"
 local ffi, C, check = base.ffi, base.C, base.check
 
@@ -265,18 +266,9 @@ function M.plan(r, o)
   -- comm's scratch before each all-gather: a second one when reductions
   -- have their own comm (fsdp.separate_reduce), else the same
   if max_stage > 0 and f.separate_reduce ~= false then resident.scratch = resident.scratch + max_stage end
-  -- CPU ranks compute in fp32: with bf16 params the running module's
-  -- weights and grads are staged as fp32, in one pair of buffers the size
-  -- of the largest module's parameters (shard.lua, cpu_staging)
-  resident.staging = 0
-  if not gpu and f.param_dtype == "bf16" then
-    local per_module = {}
-    for _, u in ipairs(a.units) do
-      for _, q in ipairs(u.params) do per_module[q.module] = (per_module[q.module] or 0) + q.spec.numel end
-    end
-    for _, n in pairs(per_module) do resident.staging = math.max(resident.staging, 8 * n) end
-  end
-  if gpu then resident.staging = max_nccl_stage end
+  -- staging: CPU ranks with bf16 params, the fp32 copies of the running
+  -- module's weights and grads; GPUs, NCCL's fp32 cast block
+  resident.staging = gpu and max_nccl_stage or units_lib.cpu_staging_bytes(a, r.train.device, f.param_dtype)
   p.resident = resident
   local bound = shard.pool_bound(a, f.max_live_units)
   local slots, peak, why = shard.pool_slots(a, f.prefetch, bound)

@@ -193,7 +193,7 @@ end
 -- CPU ranks with bf16 params: the fp32 copies of the running module's
 -- weights and grads, one pair of buffers for the whole model (one module
 -- runs at a time), grown to the largest module's parameters (the planner
--- counts it: planner.lua, "bf16 staging"). Returns float pointers.
+-- counts it: units.cpu_staging_bytes). Returns float pointers.
 local function cpu_staging(s, n)
   local st = s.staging
   if not st or st.n < n then

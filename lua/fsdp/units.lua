@@ -241,4 +241,18 @@ function M.plan_units(a, o)
   return pools
 end
 
+-- CPU ranks with bf16 params compute in fp32: the running module's weights
+-- and grads are staged as fp32, in one pair of buffers the size of the
+-- largest module's parameters (shard.lua's cpu_staging). Their bytes; 0 on
+-- a GPU or with fp32 params.
+function M.cpu_staging_bytes(a, device, param_dtype)
+  if device == "cuda" or param_dtype ~= "bf16" then return 0 end
+  local per_module, most = {}, 0
+  for _, u in ipairs(a.units) do
+    for _, q in ipairs(u.params) do per_module[q.module] = (per_module[q.module] or 0) + q.spec.numel end
+  end
+  for _, n in pairs(per_module) do most = math.max(most, n) end
+  return 8 * most
+end
+
 return M
