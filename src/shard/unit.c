@@ -205,6 +205,10 @@ static int build(fsdp_unit *u, const fsdp_unit_spec *sp) {
   u->grads_compact = p->grads_compact;
   u->main_grad_dtype = p->grads_compact ? cfg->compute_dtype : FSDP_FP32;
   u->sums_fp32 = p->sums_fp32;
+  u->reduce_path = p->grads_compact ? UNIT_REDUCE_COMPACT
+                   : cfg->zero == 0 ? UNIT_REDUCE_ALL_REDUCE
+                   : cfg->zero == 1 ? UNIT_REDUCE_SCATTER_FULL
+                                    : UNIT_REDUCE_SCATTER_EACH;
   size_t np = (size_t)(sp->nparams ? sp->nparams : 1);
   u->no_decay = calloc(np, 1);
   u->numels = calloc(np, sizeof(int64_t));

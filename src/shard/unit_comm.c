@@ -246,11 +246,11 @@ int fsdp_unit_reduce(fsdp_unit *u, fsdp_stream *compute, int sync) {
   FSDP_CHECK(fsdp_stream_wait_event(c->stream, u->handoff));
   FSDP_CHECK(enqueue_stamp(c->stream, &u->times.reduce_begin));
   int64_t T = u->total_numel, gbytes = T * (int64_t)u->compute_size;
-  if (u->grads_compact) {
+  if (u->reduce_path == UNIT_REDUCE_COMPACT) {
     FSDP_CHECK(reduce_compact(u));
   } else if (u->sums_fp32 && (u->sum_pending || !sync)) {
     FSDP_CHECK(reduce_sums(u, sync));
-  } else if (z == 0) {
+  } else if (u->reduce_path == UNIT_REDUCE_ALL_REDUCE) {
     if (u->cfg.reduce_dtype == FSDP_FP32) {
       FSDP_CHECK(enqueue(c->stream, OP_SET, u->main_grads, u->grads_full, cd, T));
       FSDP_CHECK(fsdp_comm_all_reduce(c, u->main_grads, u->main_grads, (size_t)T, FSDP_FP32, u->cfg.grad_op));
@@ -259,10 +259,10 @@ int fsdp_unit_reduce(fsdp_unit *u, fsdp_stream *compute, int sync) {
       FSDP_CHECK(enqueue(c->stream, OP_SET, u->main_grads, u->grads_full, cd, T));
     }
     FSDP_CHECK(enqueue(c->stream, OP_ZERO, u->grads_full, NULL, 0, gbytes));
-  } else if (z == 1) {
+  } else if (u->reduce_path == UNIT_REDUCE_SCATTER_FULL) {
     FSDP_CHECK(reduce_scatter_into(u, u->grad_accum, u->grads_full, cd, 0));
     FSDP_CHECK(enqueue(c->stream, OP_ZERO, u->grads_full, NULL, 0, gbytes));
-  } else {
+  } else { /* UNIT_REDUCE_SCATTER_EACH */
     /* every micro-batch: accumulation stays sharded, in fp32 */
     FSDP_CHECK(reduce_scatter_into(u, u->grad_accum, u->pooled_grads, cd, 1));
     FSDP_CHECK(fsdp_pool_give_back(u->grad_pool, u->grad_slot, c->stream));

@@ -18,6 +18,16 @@
 #include "../fsdp_shard.h"
 #include "pool.h"
 
+/* How fsdp_unit_reduce reduces a unit's grads, chosen once from its plan
+ * when it is made (unit.c, build), not again from flags at each call:
+ *   COMPACT      one micro-batch, bf16 grads that stay bf16 (plan.grads_compact)
+ *   ALL_REDUCE   zero 0: the full grads all-reduced (into the fp32 main grads)
+ *   SCATTER_FULL zero 1: the full grads reduce-scattered once, on the last micro-batch
+ *   SCATTER_EACH zero 2-3: each micro-batch's pooled grads reduce-scattered
+ * With plan.sums_fp32 (zero 0-1, bf16, several micro-batches) the
+ * micro-batches first add up in fp32 (reduce_sums), the last reducing the sum. */
+typedef enum { UNIT_REDUCE_COMPACT, UNIT_REDUCE_ALL_REDUCE, UNIT_REDUCE_SCATTER_FULL, UNIT_REDUCE_SCATTER_EACH } unit_reduce_path;
+
 struct fsdp_unit {
   char name[128];
   fsdp_unit_config cfg;
@@ -50,6 +60,7 @@ struct fsdp_unit {
                              at all (fsdp_unit_plan.grads_compact); no grad_accum */
   int main_grad_dtype;    /* FSDP_FP32, or FSDP_BF16 where compact */
   int sums_fp32;          /* zero 0-1: micro-batches add up in fp32 (fsdp_unit_plan.sums_fp32) */
+  int reduce_path;        /* unit_reduce_path: how fsdp_unit_reduce reduces, chosen once (build) */
   int sum_pending;        /* sums_fp32: a micro-batch before the last was added in */
 
   /* resident buffers: the plan's rows */
