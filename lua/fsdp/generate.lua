@@ -19,13 +19,13 @@ local llama = require "fsdp.models.llama"
 local inference = require "fsdp.inference"
 local hf_config = require "fsdp.hf_config"
 local hf_files = require "fsdp.hf_files"
-local checkpoint = require "fsdp.checkpoint"
+local ckpt_dir = require "fsdp.ckpt_dir"
 local sample = require "fsdp.sample"
 local ffi, C, check = base.ffi, base.C, base.check
 
 local M = {}
 
-local function exists(path) return C.fsdp_fs_stat(path, nil, nil) == 0 end
+local exists = ckpt_dir.exists
 
 -- The project's scripts/ (python_env.sh, prepare_data.py): FSDP_SCRIPTS_DIR,
 -- else beside the lua/ this file was loaded from (as `fsdp prepare` finds it)
@@ -46,9 +46,9 @@ function M.resolve(source)
   local path
   if exists(s .. "/index.json") then
     path = s
-  elseif checkpoint.latest_name(s) or #checkpoint.candidates(s) > 0 then
+  elseif ckpt_dir.latest_name(s) or #ckpt_dir.candidates(s) > 0 then
     local skipped
-    path, skipped = checkpoint.latest(s)
+    path, skipped = ckpt_dir.latest(s)
     if not path then error(string.format("%s: no checkpoint there opens (%s)", source, tostring(skipped)), 0) end
   elseif exists(s .. "/config.json") then
     return { dir = s }
@@ -70,7 +70,7 @@ local function tokenizer(dir, files, vocab)
       local p = io.popen(string.format("'%s' 2>'%s'", env, errf))
       py = p:read("*l")
       p:close()
-      local why = checkpoint.read_text(errf) or ""
+      local why = ckpt_dir.read_text(errf) or ""
       os.remove(errf)
       if not py or py == "" then
         error(string.format("%s/tokenizer.json needs the project's Python environment, which could not be made: %s",
@@ -84,7 +84,7 @@ local function tokenizer(dir, files, vocab)
     local cmd = string.format("'%s' '%s/prepare_data.py' %s --tokenizer '%s' <'%s' >'%s' 2>'%s'", py, M.scripts(),
       sub, dir, inf, outf, errf)
     local ok = os.execute(cmd)
-    local out, err = checkpoint.read_text(outf) or "", checkpoint.read_text(errf) or ""
+    local out, err = ckpt_dir.read_text(outf) or "", ckpt_dir.read_text(errf) or ""
     os.remove(inf); os.remove(outf); os.remove(errf)
     if ok ~= 0 and ok ~= true then error(string.format("%s/tokenizer.json: %s failed: %s", dir, sub, err:gsub("%s+$", "")), 0) end
     return out
@@ -329,7 +329,7 @@ local function parse(args)
     elseif a == "--prompt" then o.prompt = value(a)
     elseif a == "--prompt-file" then
       local path = value(a)
-      o.prompt = checkpoint.read_text(path)
+      o.prompt = ckpt_dir.read_text(path)
       if not o.prompt then error("--prompt-file " .. path .. ": cannot be read", 0) end
     elseif a == "--ids" then
       o.ids = {}

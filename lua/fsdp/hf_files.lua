@@ -9,6 +9,7 @@
 -- the same files for its tokenizer and end-of-text token.
 local base = require "fsdp.ffi"
 local json = require "fsdp.json"
+local ckpt_dir = require "fsdp.ckpt_dir"
 local ffi, C = base.ffi, base.C
 
 local M = {}
@@ -17,13 +18,7 @@ local M = {}
 M.names = { "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
   "tokenizer.model" }
 
-local function read(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local t = f:read("*a")
-  f:close()
-  return t
-end
+local read = ckpt_dir.read_text
 
 -- {name = bytes} of the carried files in dir (none: an empty table)
 function M.read(dir)

@@ -112,24 +112,19 @@ function M.rope_tables_free(t)
   t.sin:free()
 end
 
-function M.rope(x, t, B, T, heads, hd, backward)
+-- pos: the first position of x's T (generation's new tokens; default 0):
+-- the tables' rows from there on, which must exist
+function M.rope(x, t, B, T, heads, hd, backward, pos)
+  pos = pos or 0
+  if pos + T > t.seq then error(string.format("rope: positions up to %d with tables of %d", pos + T, t.seq), 2) end
   local xp, cp, sp = ptrs("rope", x, t.cos, t.sin)
+  cp, sp = cp + pos * hd, sp + pos * hd
   if on_cuda(x) then
     local f = backward and CU().fsdp_cuda_rope_backward or CU().fsdp_cuda_rope_forward
     return check(f(xp, cp, sp, B, T, heads, hd, x.dtype_id, S()), "rope")
   end
   local f = backward and C.fsdp_rope_backward or C.fsdp_rope_forward
   check(f(xp, cp, sp, B, T, heads, hd), "rope")
-end
-
--- the rotation of positions pos .. pos + T - 1 (generation: the tables'
--- rows from pos on; the tables must hold pos + T rows)
-function M.rope_at(x, t, pos, B, T, heads, hd)
-  if pos + T > t.seq then error(string.format("rope: positions up to %d with tables of %d", pos + T, t.seq), 2) end
-  local xp, cp, sp = ptrs("rope", x, t.cos, t.sin)
-  cp, sp = cp + pos * hd, sp + pos * hd
-  if on_cuda(x) then return check(CU().fsdp_cuda_rope_forward(xp, cp, sp, B, T, heads, hd, x.dtype_id, S()), "rope") end
-  check(C.fsdp_rope_forward(xp, cp, sp, B, T, heads, hd), "rope")
 end
 
 function M.attention_forward(out, lse, q, k, v, B, T, nh, nkv, hd)

@@ -48,11 +48,10 @@ local function check_opts(o)
   end
 end
 
-local kth_largest
 -- the k-th largest of x[j] for j in idx (#idx > k): a min-heap of the k
 -- largest seen, O(#idx log k) (a sort of a 128k vocabulary per token took
 -- 85 ms in LuaJIT)
-kth_largest = function(x, idx, k)
+local function kth_largest(x, idx, k)
   local h = {}
   local function down(i)
     while true do

@@ -191,8 +191,8 @@ function Attention:forward_cached(ctx, x, phase)
   local k = nn.call(ctx, ch[2], phase, x)
   local v = nn.call(ctx, ch[3], phase, x)
   local t = self:tables(cap, x.device)
-  ops.rope_at(q, t, pos, B, T, nh, hd)
-  ops.rope_at(k, t, pos, B, T, nkv, hd)
+  ops.rope(q, t, B, T, nh, hd, false, pos)
+  ops.rope(k, t, B, T, nkv, hd, false, pos)
   local c = kv.layers[self]
   if not c then -- lasting state, nobody's activation: freed by the generator
     local w = nkv * hd
