@@ -202,3 +202,10 @@ foreach(n 1 2)
            COMMAND $<TARGET_FILE:fsdprun> -n ${n} --timeout 120 ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_shared_layer.lua)
   set_tests_properties(lua_shared_layer_np${n} PROPERTIES LABELS multirank TIMEOUT 150 RUN_SERIAL ON)
 endforeach()
+# a user's own model planned by running it on the counting device
+# (fsdp.plan_model): against the allocator, to the byte, on 1 and 2 ranks
+foreach(n 1 2)
+  add_test(NAME lua_plan_model_np${n}
+           COMMAND $<TARGET_FILE:fsdprun> -n ${n} --timeout 120 ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_plan_model.lua)
+  set_tests_properties(lua_plan_model_np${n} PROPERTIES LABELS multirank TIMEOUT 150 RUN_SERIAL ON)
+endforeach()

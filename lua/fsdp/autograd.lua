@@ -1,7 +1,7 @@
 -- fsdp.autograd: who owns an activation, and when its memory goes. Model
 -- code (fsdp.nn modules, lua/fsdp/models/llama.lua, a user's layer) never
 -- frees a tensor; these rules do, deterministically, and the planner's
--- activation estimate (planner.lua) replays the same rules.
+-- dry run (fsdp.dry_run: the model run on meta tensors) counts by them.
 --
 -- 1. Scopes. A module's forward or backward run through nn.call (and any
 --    fn run by autograd.scope) is a scope: every tensor allocated while it

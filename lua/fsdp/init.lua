@@ -97,4 +97,10 @@ function fsdp.device_name(device)
   return ffi.string(buf)
 end
 
+-- The plan of a user's own fsdp.nn model before fully_shard makes it: what
+-- every rank will hold, the activations of one step found by running it on
+-- the counting device (fsdp.planner.plan_model; docs/PLANNING.md)
+function fsdp.plan_model(model, o) return require("fsdp.planner").plan_model(model, o) end
+function fsdp.render_plan(p) return require("fsdp.planner").render(p) end
+
 return fsdp

@@ -240,7 +240,10 @@ function M.value(x)
   end
   local buf = x.buf
   if not buf.host then
-    if buf.device then
+    if buf.device and buf.device.meta then -- (a dry run's: no value, and its bytes go now)
+      buf.device:free()
+      buf.host, buf.device = 0, nil
+    elseif buf.device then
       M.compute_stream():synchronize()
       local host = ffi.new("double[1]")
       check(C.fsdp_memcpy(host, buf.device:ptr(), 8, nil), "deferred loss")
@@ -281,6 +284,43 @@ function M.tanh_backward(dx, dy, y)
   cpu_only(dx, "Tanh")
   local dxp, dyp, yp = ptrs("Tanh backward", dx, dy, y)
   check(C.fsdp_tanh_backward(dxp, dyp, yp, dy:numel()), "Tanh backward")
+end
+
+-- The counting device (fsdp.dry_run): while tensor.counting runs, the ops
+-- do no work (their tensors are meta tensors); what an op holds besides
+-- its tensors is counted as the real one holds it: the attention kernels'
+-- workspaces (M.counting_workspace: {forward, backward} bytes, or a
+-- function(dtype, B, T, nh, nkv, hd) giving them) for the moment they run,
+-- a GPU's loss sums until the step reads them.
+M.counting_workspace = nil
+local function workspace(dir, t, B, T, nh, nkv, hd)
+  local ws = M.counting_workspace
+  if t.device ~= "cuda" or not ws then return end
+  if type(ws) == "function" then ws = ws(t.dtype, B, T, nh, nkv, hd) end
+  tensor.count_transient(ws[dir])
+end
+local dry = {
+  attention_forward = function(out, _, _, _, _, B, T, nh, nkv, hd) workspace("forward", out, B, T, nh, nkv, hd) end,
+  attention_backward = function(dq, _, _, _, _, _, _, _, _, B, T, nh, nkv, hd) workspace("backward", dq, B, T, nh, nkv, hd) end,
+  cross_entropy = function(logits)
+    if not on_cuda(logits) then return 0 end
+    return deferred({ device = autograd.untracked(tensor.new, 2, "fp64", "cuda") }, 1)
+  end,
+  rope_tables = function(seq, hd, _, _, device)
+    return { cos = tensor.new({ seq, hd }, "fp32", device), sin = tensor.new({ seq, hd }, "fp32", device), seq = seq, device = device }
+  end,
+}
+for _, name in ipairs({ "linear_forward", "linear_backward", "embedding_forward", "embedding_backward", "rmsnorm_forward",
+  "rmsnorm_backward", "rope_tables", "rope", "attention_forward", "attention_backward", "attention_cached", "swiglu_forward",
+  "swiglu_backward", "add", "cross_entropy", "tanh_forward", "tanh_backward" }) do
+  local work, shape_only = M[name], dry[name]
+  M[name] = function(...)
+    if tensor.is_counting() then
+      if shape_only then return shape_only(...) end
+      return
+    end
+    return work(...)
+  end
 end
 
 return M

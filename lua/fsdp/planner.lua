@@ -1,10 +1,11 @@
--- fsdp.planner: what a recipe needs on every rank, from arithmetic alone (no
--- allocation, no launch): the model built on the meta device, grouped into
+-- fsdp.planner: what a recipe (or any fsdp.nn model: plan_model) needs on
+-- every rank, with no allocation and no launch: the model, grouped into
 -- units by the recipe's policy exactly as fully_shard groups it, each unit's
 -- layout computed by the engine (src/shard/layout.c), and the bytes each
 -- ZeRO level keeps resident per unit (the same buffers src/shard/unit.c
 -- allocates), the full-unit buffer pools, the peak number of full buffers
--- live at once (the schedule replayed), activations for one micro-batch,
+-- live at once (the schedule replayed), the activations of one step (the
+-- model run on the counting device: fsdp.dry_run),
 -- and the communication volume per step. `fsdp plan`, the REPL and the
 -- trainer's pre-flight check all use it (docs/PLANNING.md).
 --   local p = planner.plan(recipe_table, {world = 64, mesh = "dp_outer=8,dp_shard=8", where = "r.lua"})
@@ -16,6 +17,8 @@ local hf_config = require "fsdp.hf_config"
 local shard = require "fsdp.shard"
 local units_lib = require "fsdp.units" -- (units: the recipe's field in this file)
 local json = require "fsdp.json"
+local tensor = require "fsdp.tensor"
+local dry_run = require "fsdp.dry_run"
 local ffi, C, check = base.ffi, base.C, base.check
 
 local M = {}
@@ -73,72 +76,15 @@ function M.policy(units, where)
   return units
 end
 
--- The peak activation bytes of one micro-batch: the allocations of
--- lua/fsdp/models/llama.lua replayed under fsdp.autograd's rules (what a
--- module saves lives until its backward has run, temporaries until their op
--- returns, gradients until consumed), in the activation dtype (es bytes:
--- the compute dtype on GPUs, fp32 on CPU ranks; norms' rstd and
--- attention's lse are fp32). Per token: a layer saves n1, h, n2 (hidden
--- each), q, out (heads x head_dim), k, v, gate, up and the SwiGLU output, lse
--- and two rstd; with the light recompute (fsdp.recompute, the default) not
--- n1, n2 nor the SwiGLU output, with "mlp" not gate and up either. A
--- checkpointed layer keeps only its input
--- (held by every layer anyway) and its recompute adds the layer's saved set
--- plus its output (residuals add in place). The model adds the layers'
--- inputs and the final norm's output. The head: with chunk_bytes > 0
--- (train.loss_chunk_mb, forward_loss) the logits of one chunk of rows at a
--- time next to the head input's gradient; else the whole logits, then that
--- gradient. Backward then peaks inside a layer: in the MLP while its down
--- projection's backward writes the SwiGLU output's gradient (one
--- intermediate above the layer's saved set; light: two, with the SwiGLU
--- output made again; the gate and up gradients are then written over gate
--- and up: autograd.take; "mlp": n2, gate, up, the SwiGLU output and its
--- gradient at once, all made in backward), or in attention (after
--- the MLP's part is gone: dout, dq, dk, dv and the projections' outputs,
--- whichever point is largest; light: n1 is made again only after the
--- attention kernel's gradients, one hidden less at that point).
--- On GPUs, ws: the attention kernels' workspaces (bytes, { forward,
--- backward }), taken from the allocator while the kernel runs: backward's
--- at the point where dout, dq, dk and dv exist; forward's bounded by the
--- saved set at the head. Each chunk of the loss leaves 16 bytes on the
--- device (its sums, read after the step: ops.cross_entropy), k of them.
-local function activations(cfg, B, T, ck, es, chunk_bytes, recompute, ws, k)
-  local h, I, L, V = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, cfg.vocab_size
-  local q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
-  local light, mlp = recompute ~= "none", recompute == "mlp"
-  local layer = (3 * h + 2 * q + 2 * kv + 3 * I) * es + (cfg.num_attention_heads + 2) * 4
-  if light then layer = layer - (2 * h + I) * es end -- n1, n2 and the SwiGLU output made again in backward
-  -- a checkpoint's re-run keeps gate and up (its backward follows at once)
-  local kept = mlp and layer - 2 * I * es or layer
-  local function ckpt(i) return ck == "full" or (type(ck) == "number" and (i - 1) % ck == 0) end
-  local N = B * T
-  local live = (L + 2) * h * es + 4 -- per token: layer inputs and the last output, final norm (+ rstd)
-  for i = 1, L do if not ckpt(i) then live = live + kept end end
-  local rows = chunk_bytes > 0 and llama.loss_rows(N, V, es, chunk_bytes) or N
-  local sums = ws and 16 * math.ceil(N / rows) * k or 0
-  local peak = N * (live + h * es) + rows * V * es -- the head: its input's gradient and (a chunk of) the logits
-  if ws then peak = math.max(peak, N * live + ws.forward) end
-  live = live - h * es - 4 -- final norm and the last layer's output freed
-  local attn = math.max(2 * q + 2 * kv + h, q + 2 * kv + 2 * h, q + kv + 3 * h)
-  local inside = math.max(I * es, (attn - 3 * I - 2 * h) * es - 4)
-  if light then
-    attn = math.max(2 * q + 2 * kv, q + 2 * kv + 2 * h, q + kv + 3 * h)
-    inside = math.max(2 * I * es, (attn - 2 * I) * es - 4)
+-- A micro-batch of ids and targets {B, T} for a dry run, as the trainer
+-- makes them: ids on the device, targets on the host (counted), and on a
+-- GPU their device copy
+local function llama_batch(B, T, device)
+  return function()
+    local b = { x = tensor.new({ B, T }, "int32", device), y = tensor.new({ B, T }, "int32") }
+    if device == "cuda" then b.y_dev = tensor.new({ B, T }, "int32", "cuda") end
+    return b
   end
-  -- "mlp": gate and up are not in the layer's set, but made with n2 first
-  local inside_kept = mlp and math.max((4 * I + h) * es, attn * es - 4) or inside
-  -- the attention backward's kernel: the first of the attention points
-  local kern = light and 2 * q + 2 * kv - h or 2 * q + 2 * kv
-  local kern_inside = (kern - (light and 2 * I or 3 * I + 2 * h)) * es - 4
-  local kern_kept = mlp and kern * es - 4 or kern_inside
-  for i = L, 1, -1 do
-    local again = ckpt(i) and layer or 0 -- recomputed
-    local within = ckpt(i) and inside or inside_kept
-    peak = math.max(peak, N * (live + again + math.max(within, again > 0 and h * es or 0)))
-    if ws then peak = math.max(peak, N * (live + again + (ckpt(i) and kern_inside or kern_kept)) + ws.backward) end
-    live = live - (ckpt(i) and 0 or kept) - h * es -- its activations and its input freed
-  end
-  return peak + sums, rows
 end
 
 -- cuDNN's attention workspaces where no GPU can be asked (`fsdp plan` on a
@@ -157,67 +103,24 @@ function M.attention_workspace_estimate(cfg, B, T, param_dtype, deterministic)
   return { forward = 256, backward = partial + B * H * T * D * 4 + B * H * T * 4 + 256 }
 end
 
--- The plan of recipe r (a table, checked here) on o.world ranks.
--- o: world (default 1), mesh (overrides r.mesh), where (for messages),
--- strict (the trainer's: a global batch that does not divide is an error;
--- otherwise a warning in p.warnings, planned with 1 micro-batch).
-M.max_layers = 16384
-M.max_world = 1048576
-
--- A lower bound of the bytes per rank, from arithmetic alone: the fp32 main
--- params and the optimizer's state exist once (zero >= 1) or on every
--- rank, at best spread over all `world` ranks. The trainer compares it with
--- the machine before planning (a plan of an absurd model is itself costly).
-function M.floor_bytes(cfg, r, world)
-  local per_param = 4 + (r.optimizer.name == "adamw" and 8 or 4)
-  return llama.num_params(cfg) * per_param / world
-end
-
-function M.plan(r, o)
-  o = o or {}
-  local where = o.where or "recipe"
-  r = recipe.check(r, where)
-  local W = o.world or 1
-  if W < 1 or W % 1 ~= 0 then error(string.format("%s: world = %s; expected a positive integer", where, tostring(W)), 0) end
-  -- (the plan's work grows with the ranks: a million plans in seconds)
-  if W > M.max_world then error(string.format("%s: world = %s; at most %d ranks are planned", where, tostring(W), M.max_world), 0) end
-  local S, R = M.mesh_sizes(o.mesh or r.mesh, W, where)
-  local f = r.fsdp
-  local cfg = hf_config.model(r.model, where)
-  -- the plan replays every layer (about 24 KB and 0.14 ms each): refuse a
-  -- depth no model has before it costs gigabytes
-  if cfg.num_hidden_layers > M.max_layers then
-    error(string.format("%s: model.num_hidden_layers = %d; at most %d are planned (the largest published models have a " ..
-      "few hundred layers)", where, cfg.num_hidden_layers, M.max_layers), 0)
-  end
-  local model = llama.model(cfg, { checkpoint = f.checkpoint, recompute = f.recompute })
-  local ok, a = pcall(shard.assign, model, { units = M.policy(f.units, where), zero = f.zero, offload = f.offload, hfsdp = f.hfsdp })
-  if not ok then error(where .. ": fsdp.units: " .. tostring(a):gsub("^fully_shard: ", ""), 0) end
-  local hf = f.hfsdp
-  if hf and R == 1 then error(where .. ": fsdp.hfsdp = true needs a dp_outer mesh dimension above 1", 0) end
-  local Rh = hf and R or 1
+-- The plan of model, grouped into units (a: shard.assign's), in p (where,
+-- world, shard S, outer R, hfsdp, grad_accum K, device): what each unit
+-- holds (the engine's unit plans), the shared scratch and staging, the
+-- pools, the activations of one step found by running it (fsdp.dry_run),
+-- and the communication per step. s: param_dtype, reduce_dtype,
+-- comm_register, separate_reduce, prefetch, max_live_units; the dry run's
+-- batch, loss, forward_loss and attention_workspace.
+local function plan_assigned(p, model, a, s)
+  local where, S, R, hf, K, f = p.where, p.shard, p.outer, p.hfsdp, p.grad_accum, s
   local ces = f.param_dtype == "bf16" and 2 or 4
   local res = f.reduce_dtype == "bf16" and 2 or 4
-  local dp = S * R
-  local B, T = r.data.micro_batch, r.data.seq
-  local okK, K = pcall(recipe.grad_accum, r, dp, where)
-  local warnings = {}
-  if not okK then -- the trainer refuses this; a plan still says what the rest would cost
-    if o.strict then error(K, 0) end
-    warnings[1] = tostring(K) .. "; planned with 1 micro-batch per step"
-    K = 1
-  end
-  local p = { where = where, world = W, shard = S, outer = R, hfsdp = hf, zero = f.zero, param_dtype = f.param_dtype,
-    cfg = cfg, n_params = llama.num_params(cfg), units = {}, micro_batch = B, seq = T, grad_accum = K,
-    checkpoint = f.checkpoint, recompute = f.recompute, prefetch = f.prefetch, max_live_units = f.max_live_units, assignment = a,
-    mesh = type(o.mesh or r.mesh) == "string" and (o.mesh or r.mesh) or "custom", warnings = warnings, device = r.train.device }
   local max_scratch, max_stage, max_nccl_stage = 0, 0, 0
   local resident = { params_full = 0, params_shard = 0, main_params = 0, optimizer = 0, grads_full = 0, grads_main = 0, scratch = 0,
     host_stage = 0, offloaded = 0 }
-  local gpu = r.train.device == "cuda"
+  local gpu = p.device == "cuda"
   -- (the engine's plan of each unit, after its checks of the config: a
   -- refusal there is the recipe's, named by its file)
-  local ok, err = pcall(shard.plan_units, a, { shard_ranks = S, outer_ranks = R, hfsdp = hf, device = r.train.device,
+  local ok, err = pcall(shard.plan_units, a, { shard_ranks = S, outer_ranks = R, hfsdp = hf, device = p.device,
     param_dtype = f.param_dtype, reduce_dtype = f.reduce_dtype, comm_register = REG[f.comm_register or "none"] or 0,
     micro_batches = K })
   if not ok then error(where .. ": " .. tostring(err):gsub("^[^:\n]+:%d+: ", ""):gsub(" %(FSDP_EINVAL%)$", ""), 0) end
@@ -268,31 +171,25 @@ function M.plan(r, o)
   if max_stage > 0 and f.separate_reduce ~= false then resident.scratch = resident.scratch + max_stage end
   -- staging: CPU ranks with bf16 params, the fp32 copies of the running
   -- module's weights and grads; GPUs, NCCL's fp32 cast block
-  resident.staging = gpu and max_nccl_stage or units_lib.cpu_staging_bytes(a, r.train.device, f.param_dtype)
+  resident.staging = gpu and max_nccl_stage or units_lib.cpu_staging_bytes(a, p.device, f.param_dtype)
   p.resident = resident
   local bound = shard.pool_bound(a, f.max_live_units)
   local slots, peak, why = shard.pool_slots(a, f.prefetch, bound)
   if not peak then error(where .. ": the schedule does not fit its buffer pools: " .. why, 0) end
   p.pools = { bound = bound, slots = slots, params = shard.sum(slots.params), grads = shard.sum(slots.grads),
     peak_params = peak.params, peak_grads = peak.grads }
-  -- the attention kernels' workspaces: as this GPU's cuDNN plans them
-  -- (o.attention_workspace, from ops.attention_workspace), else estimated
-  local ws = nil
-  if gpu then
-    ws = o.attention_workspace
-    p.attention_workspace_from = ws and "cuDNN's plan on this GPU" or "estimated: no GPU asked"
-    ws = ws or M.attention_workspace_estimate(cfg, B, T, f.param_dtype, os.getenv("FSDP_CUDNN_DETERMINISTIC") ~= "0")
-    p.attention_workspace = ws
-  end
-  p.activations, p.loss_rows = activations(cfg, B, T, f.checkpoint, gpu and ces or 4, r.train.loss_chunk_mb * 2 ^ 20,
-    f.recompute, ws, K)
-  -- lasting from the first step: rope's cos and sin tables (fp32, seq x head_dim)
-  resident.rope = 2 * T * cfg.head_dim * 4
+  -- activations: one micro-batch of the model run on the counting device
+  -- (fsdp.dry_run), as the trainer runs it
+  local d = dry_run.step(model, { device = p.device, act_dtype = f.param_dtype, micro_batches = K,
+    attention_workspace = s.attention_workspace, batch = s.batch, loss = s.loss, forward_loss = s.forward_loss })
+  p.activations = d.activations
+  -- lasting from the first step: the model's caches (Llama's rope tables)
+  resident.rope = d.lasting
   -- each unit's grad-norm sums on the device, as its plan says (src/shard/unit_plan.c)
   resident.norm_sums = 0
   for _, u in ipairs(a.units) do resident.norm_sums = resident.norm_sums + tonumber(u.plan.norm_sums) end
   -- the step's batches: ids and targets, int32 (on GPUs their device copies)
-  p.batches = K * B * T * 8
+  p.batches = K * d.batch
   local sum = 0
   for k, v in pairs(resident) do if k ~= "offloaded" then sum = sum + v end end
   p.resident_total = sum
@@ -328,6 +225,169 @@ function M.plan(r, o)
   end
   p.comm = { all_gather = ag, reduce_scatter = rs, all_reduce = ar }
   return p
+end
+
+-- The plan of recipe r (a table, checked here) on o.world ranks.
+-- o: world (default 1), mesh (overrides r.mesh), where (for messages),
+-- strict (the trainer's: a global batch that does not divide is an error;
+-- otherwise a warning in p.warnings, planned with 1 micro-batch).
+M.max_layers = 4096
+M.max_world = 1048576
+
+-- A lower bound of the bytes per rank, from arithmetic alone: the fp32 main
+-- params and the optimizer's state exist once (zero >= 1) or on every
+-- rank, at best spread over all `world` ranks. The trainer compares it with
+-- the machine before planning (a plan of an absurd model is itself costly).
+function M.floor_bytes(cfg, r, world)
+  local per_param = 4 + (r.optimizer.name == "adamw" and 8 or 4)
+  return llama.num_params(cfg) * per_param / world
+end
+
+function M.plan(r, o)
+  o = o or {}
+  local where = o.where or "recipe"
+  r = recipe.check(r, where)
+  local W = o.world or 1
+  if W < 1 or W % 1 ~= 0 then error(string.format("%s: world = %s; expected a positive integer", where, tostring(W)), 0) end
+  -- (the plan's work grows with the ranks: a million plans in seconds)
+  if W > M.max_world then error(string.format("%s: world = %s; at most %d ranks are planned", where, tostring(W), M.max_world), 0) end
+  local S, R = M.mesh_sizes(o.mesh or r.mesh, W, where)
+  local f = r.fsdp
+  local cfg = hf_config.model(r.model, where)
+  -- the plan runs every layer on the counting device (0.65 ms and 65 KB
+  -- each, llama70b's shape; 4096 layers take 3 s): refuse a depth no model
+  -- has before it costs minutes
+  if cfg.num_hidden_layers > M.max_layers then
+    error(string.format("%s: model.num_hidden_layers = %d; at most %d are planned (the largest published models have a " ..
+      "few hundred layers)", where, cfg.num_hidden_layers, M.max_layers), 0)
+  end
+  local model = llama.model(cfg, { checkpoint = f.checkpoint, recompute = f.recompute })
+  local ok, a = pcall(shard.assign, model, { units = M.policy(f.units, where), zero = f.zero, offload = f.offload, hfsdp = f.hfsdp })
+  if not ok then error(where .. ": fsdp.units: " .. tostring(a):gsub("^fully_shard: ", ""), 0) end
+  local hf = f.hfsdp
+  if hf and R == 1 then error(where .. ": fsdp.hfsdp = true needs a dp_outer mesh dimension above 1", 0) end
+  local ces = f.param_dtype == "bf16" and 2 or 4
+  local dp = S * R
+  local B, T = r.data.micro_batch, r.data.seq
+  local okK, K = pcall(recipe.grad_accum, r, dp, where)
+  local warnings = {}
+  if not okK then -- the trainer refuses this; a plan still says what the rest would cost
+    if o.strict then error(K, 0) end
+    warnings[1] = tostring(K) .. "; planned with 1 micro-batch per step"
+    K = 1
+  end
+  local p = { where = where, world = W, shard = S, outer = R, hfsdp = hf, zero = f.zero, param_dtype = f.param_dtype,
+    cfg = cfg, n_params = llama.num_params(cfg), units = {}, micro_batch = B, seq = T, grad_accum = K,
+    checkpoint = f.checkpoint, recompute = f.recompute, prefetch = f.prefetch, max_live_units = f.max_live_units, assignment = a,
+    mesh = type(o.mesh or r.mesh) == "string" and (o.mesh or r.mesh) or "custom", warnings = warnings, device = r.train.device }
+  local gpu = r.train.device == "cuda"
+  -- the attention kernels' workspaces: as this GPU's cuDNN plans them
+  -- (o.attention_workspace, from ops.attention_workspace), else estimated
+  local ws = nil
+  if gpu then
+    ws = o.attention_workspace
+    p.attention_workspace_from = ws and "cuDNN's plan on this GPU" or "estimated: no GPU asked"
+    ws = ws or M.attention_workspace_estimate(cfg, B, T, f.param_dtype, os.getenv("FSDP_CUDNN_DETERMINISTIC") ~= "0")
+    p.attention_workspace = ws
+  end
+  local chunk = r.train.loss_chunk_mb * 2 ^ 20
+  p.loss_rows = chunk > 0 and llama.loss_rows(B * T, cfg.vocab_size, gpu and ces or 4, chunk) or B * T
+  local step_loss = llama.step_loss(chunk)
+  return plan_assigned(p, model, a, { param_dtype = f.param_dtype, reduce_dtype = f.reduce_dtype,
+    comm_register = f.comm_register, separate_reduce = f.separate_reduce, prefetch = f.prefetch,
+    max_live_units = f.max_live_units, batch = llama_batch(B, T, r.train.device), loss = step_loss.loss,
+    forward_loss = step_loss.forward_loss, attention_workspace = ws })
+end
+
+-- The plan of any fsdp.nn model (a user's own, a shared layer, any
+-- policy's grouping): what fsdp.fully_shard(model, o) holds on every rank
+-- of o.world, with one step's activations found by running the model's
+-- forward, loss and backward on the counting device (fsdp.dry_run: no
+-- memory, no work). Call it before fully_shard, for the pre-flight check
+-- (planner.fits) or to print (planner.render). o: fully_shard's options
+-- as it takes them (units, zero, offload, hfsdp, prefetch, max_live_units,
+-- mixed = {param_dtype, reduce_dtype}, micro_batches, separate_reduce,
+-- comm_register), and
+--   world (1), mesh (a spec, "dp_shard=-1"), device ("cpu" or "cuda")
+--   batch: function() returning one micro-batch {x = fsdp.tensor(...), y = ...}
+--          (made inside the dry run: fsdp.tensor gives meta tensors there)
+--   loss, forward_loss: train_step's (default: MSE against batch.y)
+--   attention_workspace, where (names the model in messages)
+local model_options = { "units", "zero", "offload", "hfsdp", "prefetch", "max_live_units", "mixed", "micro_batches",
+  "separate_reduce", "comm_register", "world", "mesh", "device", "batch", "loss", "forward_loss", "attention_workspace", "where" }
+function M.plan_model(model, o)
+  o = o or {}
+  local where = o.where or "model"
+  local known = {}
+  for _, k in ipairs(model_options) do known[k] = true end
+  for k in pairs(o) do
+    if not known[k] then
+      error(string.format("planner.plan_model: unknown option '%s' (expected %s)", tostring(k), table.concat(model_options, ", ")), 2)
+    end
+  end
+  if type(o.batch) ~= "function" then
+    error("planner.plan_model: batch must be a function returning one micro-batch ({x = fsdp.tensor(...), y = ...})", 2)
+  end
+  local W = o.world or 1
+  if type(W) ~= "number" or W < 1 or W % 1 ~= 0 or W > M.max_world then
+    error(string.format("planner.plan_model: world = %s; expected an integer from 1 to %d", tostring(W), M.max_world), 2)
+  end
+  local device = o.device or "cpu"
+  if device ~= "cpu" and device ~= "cuda" then error("planner.plan_model: device = " .. tostring(device) .. "; expected cpu or cuda", 2) end
+  local mesh = o.mesh or "dp_shard=-1"
+  local S, R = M.mesh_sizes(mesh, W, where)
+  local mixed = o.mixed or {}
+  local pdt, rdt = mixed.param_dtype or "fp32", mixed.reduce_dtype or "fp32"
+  local zero = o.zero or 3
+  local ok, a = pcall(shard.assign, model, { units = o.units, zero = zero, offload = o.offload, hfsdp = o.hfsdp })
+  if not ok then error(where .. ": " .. tostring(a):gsub("^fully_shard: ", ""), 0) end
+  if o.hfsdp and R == 1 then error(where .. ": hfsdp needs a dp_outer mesh dimension above 1", 0) end
+  local n = 0
+  for _, u in ipairs(a.units) do for _, q in ipairs(u.params) do n = n + q.spec.numel end end
+  local p = { kind = "model", where = where, world = W, shard = S, outer = R, hfsdp = o.hfsdp and true or false, zero = zero,
+    param_dtype = pdt, n_params = n, units = {}, grad_accum = o.micro_batches or 1, prefetch = o.prefetch or 1,
+    max_live_units = o.max_live_units, assignment = a, mesh = mesh, warnings = {}, device = device }
+  return plan_assigned(p, model, a, { param_dtype = pdt, reduce_dtype = rdt, comm_register = o.comm_register,
+    separate_reduce = o.separate_reduce, prefetch = p.prefetch, max_live_units = o.max_live_units, batch = o.batch,
+    loss = o.loss, forward_loss = o.forward_loss, attention_workspace = o.attention_workspace })
+end
+
+-- The pre-flight check of plan p against this machine's free memory now:
+-- on a GPU its device part against the GPU's, the offloaded part against
+-- the host's; on CPU ranks the whole against the host's. o: ranks (this
+-- machine's ranks sharing the device; 1), host_ranks (sharing the host;
+-- ranks), min_free_fraction (of the free bytes a rank may plan on; 0.9).
+-- Returns true, or false, a message naming what is needed and what is
+-- there, and the bytes: {want, have} (the trainer adds its advice).
+function M.fits(p, o)
+  o = o or {}
+  local frac, ranks = o.min_free_fraction or 0.9, o.ranks or 1
+  local function free(dev, share)
+    local f, t = ffi.new("int64_t[1]"), ffi.new("int64_t[1]")
+    check(C.fsdp_device_memory_info(dev, f, t), "memory info")
+    return tonumber(f[0]) * frac / share
+  end
+  local need, gpu = p.need, p.device == "cuda"
+  local have = free(gpu and C.FSDP_CUDA or C.FSDP_CPU, ranks)
+  local want = gpu and need.device or need.total
+  if want > have then
+    return false, string.format("%s: this %s needs %.2f GiB per rank%s (params %.2f, grads %.2f, optimizer %.2f, unit buffers " ..
+      "%.2f, activations %.2f), and this %s has %.2f GiB free for each of its %d ranks.", p.where,
+      p.kind == "model" and "model" or "recipe", M.gib(want),
+      gpu and need.host > 0 and string.format(" on the GPU (and %.2f GiB offloaded to host memory)", M.gib(need.host)) or "",
+      M.gib(need.params), M.gib(need.grads), M.gib(need.optimizer), M.gib(need.unit_buffers), M.gib(need.activations),
+      gpu and "GPU" or "machine", M.gib(have), ranks), { want = want, have = have }
+  end
+  if gpu and need.host > 0 then
+    local host_ranks = o.host_ranks or ranks
+    local host = free(C.FSDP_CPU, host_ranks)
+    if need.host > host then
+      return false, string.format("%s: fsdp.offload keeps %.2f GiB per rank in host memory, and this machine has %.2f GiB free " ..
+        "for each of its %d ranks. Use more machines, or offload fewer units (a policy's offload option).", p.where,
+        M.gib(need.host), M.gib(host), host_ranks), { want = need.host, have = host, host = true }
+    end
+  end
+  return true
 end
 
 -- pieces rank r (world rank) holds in unit u of plan p: {param, begin, end, shard_offset}
@@ -417,12 +477,15 @@ function M.memory_rows(p)
     { "host staging (offload)", bytes(m.host_stage), "resident, host" },
     { "unit buffer pools", bytes(p.pools.params + p.pools.grads), string.format("params %s, grads %s; live at once: %d params, %d grads",
       slot_list(p.pools.slots.params), slot_list(p.pools.slots.grads), p.pools.peak_params, p.pools.peak_grads) },
-    { "activations", bytes(p.activations), string.format("micro-batch %d x %d, checkpoint %s, recompute %s, logits %s%s",
+    { "activations", bytes(p.activations), p.kind == "model" and "one micro-batch, run on the counting device (fsdp.dry_run)" or
+      string.format("micro-batch %d x %d, checkpoint %s, recompute %s, logits %s%s",
       p.micro_batch, p.seq, tostring(p.checkpoint), p.recompute, p.loss_rows < p.micro_batch * p.seq and string.format("in chunks of %d rows", p.loss_rows) or "whole",
       p.attention_workspace and string.format("; attention workspace %s (%s)", bytes(p.attention_workspace.backward),
         p.attention_workspace_from) or "") },
-    { "rope tables, batches", bytes(m.rope + m.norm_sums + p.batches), string.format("resident: rope's tables %s%s; the step's ids " ..
-      "and targets %s", bytes(m.rope), m.norm_sums > 0 and ", the units' grad-norm sums " .. bytes(m.norm_sums) or "", bytes(p.batches)) },
+    { p.kind == "model" and "model caches, batches" or "rope tables, batches", bytes(m.rope + m.norm_sums + p.batches),
+      string.format("resident: %s %s%s; the step's %s %s", p.kind == "model" and "what the first step makes for the next" or
+      "rope's tables", bytes(m.rope), m.norm_sums > 0 and ", the units' grad-norm sums " .. bytes(m.norm_sums) or "",
+      p.kind == "model" and "batches" or "ids and targets", bytes(p.batches)) },
     { "peak", bytes(p.peak), p.host > 0 and string.format("%s on the device, %s in host memory (offload)", bytes(p.device_peak),
       bytes(p.host)) or "" },
   }
@@ -548,8 +611,9 @@ function M.render(p)
   local out = {}
   for _, w in ipairs(p.warnings or {}) do out[#out + 1] = "warning: " .. w end
   out[#out + 1] = string.format("plan: %s on %d ranks (mesh %s: dp_shard %d x dp_outer %d%s), %s, %s params; %s parameters " ..
-    "in %d units; %d micro-batch%s of %d x %d per step", p.where, p.world, p.mesh, p.shard, p.outer, p.hfsdp and ", hfsdp" or "",
-    M.zero_text(p), p.param_dtype, human(p.n_params), #p.units, p.grad_accum, p.grad_accum == 1 and "" or "es", p.micro_batch, p.seq)
+    "in %d units; %d micro-batch%s%s per step", p.where, p.world, p.mesh, p.shard, p.outer, p.hfsdp and ", hfsdp" or "",
+    M.zero_text(p), p.param_dtype, human(p.n_params), #p.units, p.grad_accum, p.grad_accum == 1 and "" or "es",
+    p.kind == "model" and "" or string.format(" of %d x %d", p.micro_batch, p.seq))
   out[#out + 1] = "memory per rank (every rank holds the same bytes):"
   out[#out + 1] = M.table(M.memory_rows(p))
   out[#out + 1] = string.format("communication per rank per step (bytes sent, ring algorithms): all-gather %s, reduce-scatter %s, all-reduce %s",

@@ -408,6 +408,26 @@ function Sharded:synchronize()
   if self.cs then check(C.fsdp_stream_synchronize(self.cs), "synchronize") end
 end
 
+-- One micro-batch of K: forward, loss, backward under ctx (the schedule's
+-- hooks; fsdp.dry_run's counting ctx). It is one autograd scope: whatever
+-- is left of it when the backward has run is freed then (fsdp.autograd),
+-- not by the collector. Returns the loss, on a GPU still on the device
+-- (ops.deferred).
+function M.micro_batch(model, ctx, b, K, opt)
+  return autograd.scope(function()
+    if opt.forward_loss then -- the model's own forward and loss (Llama's fused head), then backward from there
+      local loss = span("forward + loss", opt.forward_loss, model, ctx, b, 1 / K)
+      span("backward", model.backward, model, ctx)
+      return loss
+    end
+    local lossfn = opt.loss or function(y, bb, scale) return nn.mse(y, bb.y, scale) end
+    local y = span("forward", model.forward, model, ctx, b.x)
+    local loss, dy = span("loss", lossfn, y, b, 1 / K)
+    span("backward", model.backward, model, ctx, dy) -- (consumes dy)
+    return loss
+  end)
+end
+
 function Sharded:train_step(batches, opt)
   live(self, "train_step")
   opt = opt or {}
@@ -423,22 +443,8 @@ function Sharded:train_step(batches, opt)
     error(string.format("train_step: %d micro-batches, but fully_shard was made with micro_batches = %d", K,
       self.micro_batches), 2)
   end
-  local lossfn = opt.loss or function(y, b, scale) return nn.mse(y, b.y, scale) end
-  -- each micro-batch is one autograd scope: whatever is left of it when
-  -- the backward has run is freed then (fsdp.autograd), not by the collector
   for k, b in ipairs(batches) do
-    local ctx = setmetatable({ s = self, sync = k == K, pending = {} }, Ctx)
-    parts[k] = autograd.scope(function()
-      if opt.forward_loss then -- the model's own forward and loss (Llama's fused head), then backward from there
-        local loss = span("forward + loss", opt.forward_loss, self.model, ctx, b, 1 / K)
-        span("backward", self.model.backward, self.model, ctx)
-        return loss
-      end
-      local y = span("forward", self.model.forward, self.model, ctx, b.x)
-      local loss, dy = span("loss", lossfn, y, b, 1 / K)
-      span("backward", self.model.backward, self.model, ctx, dy) -- (consumes dy)
-      return loss -- on a GPU still on the device (ops.deferred): read below, once
-    end)
+    parts[k] = M.micro_batch(self.model, setmetatable({ s = self, sync = k == K, pending = {} }, Ctx), b, K, opt)
   end
   -- global grad norm and non-finite counts: every unit's share, one
   -- all-reduce over the shard group (HSDP replicas hold the same shards)

@@ -2,6 +2,10 @@
 -- on the CPU or a GPU, allocated by the engine. Freed at once by t:free()
 -- (idempotent), by fsdp.autograd's rules when allocated inside a module's
 -- forward or backward, or else by the garbage collector.
+-- Inside M.counting (fsdp.dry_run) every new tensor is a meta tensor: its
+-- shape, dtype and device, no memory; its bytes are counted from tensor.new
+-- to free, and fsdp.ops do no work on it, so a model's real code run there
+-- says what it would hold at each moment, and nothing more.
 local base = require "fsdp.ffi"
 local ffi, C, check = base.ffi, base.C, base.check
 
@@ -29,8 +33,15 @@ function M.device(name)
   return v
 end
 
+-- the counting device: bytes held by meta tensors now, and the most held
+-- since counting began (nil: tensors are real)
+local counter = nil
+
 local function release(t)
-  if t.data ~= nil then
+  if t.meta then
+    if t.data ~= nil and t.counted and counter then counter.allocated = counter.allocated - t.n * t.esize end
+    t.data = nil
+  elseif t.data ~= nil then
     C.fsdp_tensor_free(ffi.gc(t.c, nil)) -- a view frees nothing
     t.data = nil
   end
@@ -41,6 +52,41 @@ local function wrap(c, shape, dtype, device)
     dtype_id = c.dtype, device_id = c.device, data = c.data }, Tensor)
   t.esize = tonumber(C.fsdp_dtype_size(t.dtype_id))
   return t
+end
+
+local esizes = { fp32 = 4, bf16 = 2, fp16 = 2, fp64 = 8, int32 = 4 }
+
+-- a tensor of the counting device: its bytes held from now until freed
+local function meta(shape, dtype, device, n, base)
+  local t = setmetatable({ meta = true, shape = shape, dtype = dtype, device = device, n = n, esize = esizes[dtype],
+    data = true, base = base }, Tensor)
+  -- only the counted device's bytes (a GPU's plan leaves the host's out)
+  if not base and device == counter.device then
+    t.counted = true
+    counter.allocated = counter.allocated + n * t.esize
+    if counter.allocated > counter.peak then counter.peak = counter.allocated end
+  end
+  return t
+end
+
+-- fn(...) with every tensor made by tensor.new a meta tensor; c = {device,
+-- allocated, peak} (bytes on that device; both may start above 0) is
+-- updated as they come and go.
+-- Nests not: a count is of one run.
+function M.counting(c, fn, ...)
+  if counter then error("tensor.counting: a count is already running", 2) end
+  counter = c
+  local ok, a, b = pcall(fn, ...)
+  counter = nil
+  if not ok then error(a, 0) end
+  return a, b
+end
+function M.is_counting() return counter ~= nil end
+
+-- bytes held for a moment on the counting device (a kernel's workspace
+-- taken from the allocator while it runs): the peak sees them, nothing stays
+function M.count_transient(bytes)
+  if counter and counter.allocated + bytes > counter.peak then counter.peak = counter.allocated + bytes end
 end
 
 -- fsdp.tensor(n | {d1, d2, ...}, dtype = "fp32", device = "cpu")
@@ -56,6 +102,12 @@ function M.new(shape, dtype, device)
       error(string.format("fsdp.tensor: dimension %d is %s; expected an integer >= 0", i, tostring(d)), 2)
     end
     numel = numel * d
+  end
+  if counter then
+    M.dtype(dtype); M.device(device) -- (the names checked as for a real one)
+    local t = meta(shape, dtype, device, numel)
+    if M.on_new then M.on_new(t) end
+    return t
   end
   local c = ffi.new("fsdp_tensor")
   local dims = ffi.new("int64_t[4]", shape)
@@ -76,6 +128,14 @@ function Tensor:free() release(self) end
 function Tensor:view(offset, shape)
   if self.data == nil then error("tensor:view: tensor used after free()", 2) end
   if type(shape) == "number" then shape = { shape } end
+  if self.meta then
+    local n = 1
+    for _, d in ipairs(shape) do n = n * d end
+    if offset < 0 or offset + n > self.n then
+      error(string.format("tensor:view: elements [%d, %d) of a tensor of %d", offset, offset + n, self.n), 2)
+    end
+    return meta(shape, self.dtype, self.device, n, self)
+  end
   local c = ffi.new("fsdp_tensor")
   check(C.fsdp_tensor_view(c, self.c, offset, #shape, ffi.new("int64_t[4]", shape)), "tensor:view")
   local v = wrap(c, shape, self.dtype, self.device)
@@ -89,6 +149,7 @@ local function dead(t) return t.data == nil or (t.base ~= nil and dead(t.base)) 
 M.dead = dead -- true once t (or the tensor it views) is freed
 
 function Tensor:ptr()
+  if self.meta then error("a meta tensor (fsdp.dry_run) has no memory: this code reads or writes elements", 2) end
   if dead(self) then error("tensor used after free() (of it or of the tensor it views)", 2) end
   return ffi.cast(ctypes[self.dtype], self.data)
 end
@@ -150,6 +211,10 @@ function Tensor:copy_from(src, s)
   if src:nbytes() ~= self:nbytes() then
     error(string.format("tensor:copy_from: %d bytes into %d bytes", src:nbytes(), self:nbytes()), 2)
   end
+  if self.meta or src.meta then
+    if not (self.meta and src.meta) then error("tensor:copy_from: between a meta tensor and a real one", 2) end
+    return self
+  end
   local sh = nil
   if s ~= nil then
     if type(s) ~= "table" or not s.live then error("tensor:copy_from: the stream must be an fsdp.stream or nil", 2) end
@@ -162,6 +227,7 @@ end
 function Tensor:__tostring()
   local dims = table.concat(self.shape, "x")
   local head = {}
+  if self.meta then return string.format("tensor(%s, %s, %s, meta)", dims, self.dtype, self.device) end
   if self.device == "cpu" and self.data ~= nil then
     for i = 0, math.min(self.n, 6) - 1 do head[#head + 1] = string.format("%.6g", self:get(i)) end
     if self.n > 6 then head[#head + 1] = "..." end

@@ -304,35 +304,18 @@ local function run(r, where, args, break_at, owned)
   -- (on GPUs: the device part against the GPU, the offloaded part against
   -- the host's memory)
   local need = planned()
-  local function free_gib(dev, share)
-    local free, total = ffi.new("int64_t[1]"), ffi.new("int64_t[1]")
-    check(C.fsdp_device_memory_info(dev, free, total), "memory info")
-    return tonumber(free[0]) * r.train.min_free_fraction / share
-  end
   local on_gpu = device == "cuda"
-  local have = free_gib(on_gpu and C.FSDP_CUDA or C.FSDP_CPU, ranks_per_device)
-  local want = on_gpu and need.device or need.total
-  if want > have then
+  local fits, why, bytes = planner.fits(the_plan, { ranks = ranks_per_device, host_ranks = info.local_size,
+    min_free_fraction = r.train.min_free_fraction })
+  if not fits and bytes.host then error(why, 0) end
+  if not fits then
     -- only changes that lower the plan, each with what it plans
     local tips = {}
     for _, a in ipairs(planner.advice(r, { world = info.size, where = where }, on_gpu)) do
-      tips[#tips + 1] = string.format("%s: %.2f GiB%s", a.change, planner.gib(a.bytes), a.bytes <= have and " (fits)" or "")
+      tips[#tips + 1] = string.format("%s: %.2f GiB%s", a.change, planner.gib(a.bytes), a.bytes <= bytes.have and " (fits)" or "")
     end
-    error(string.format("%s: this recipe needs %.2f GiB per rank%s (params %.2f, grads %.2f, optimizer %.2f, unit buffers %.2f, " ..
-      "activations %.2f), and this %s has %.2f GiB free for each of its %d ranks. %s", where, planner.gib(want),
-      on_gpu and need.host > 0 and string.format(" on the GPU (and %.2f GiB offloaded to host memory)", planner.gib(need.host)) or "",
-      planner.gib(need.params), planner.gib(need.grads), planner.gib(need.optimizer), planner.gib(need.unit_buffers),
-      planner.gib(need.activations), on_gpu and "GPU" or "machine", planner.gib(have), ranks_per_device,
-      #tips > 0 and "Each of these alone plans less per rank: " .. table.concat(tips, "; ") .. "." or
-        "No single change of the recipe plans less: use more machines, or a smaller model."), 0)
-  end
-  if on_gpu and need.host > 0 then
-    local host = free_gib(C.FSDP_CPU, info.local_size)
-    if need.host > host then
-      error(string.format("%s: fsdp.offload keeps %.2f GiB per rank in host memory, and this machine has %.2f GiB free for " ..
-        "each of its %d ranks. Use more machines, or offload fewer units (a policy's offload option).", where,
-        planner.gib(need.host), planner.gib(host), info.local_size), 0)
-    end
+    error(why .. " " .. (#tips > 0 and "Each of these alone plans less per rank: " .. table.concat(tips, "; ") .. "." or
+      "No single change of the recipe plans less: use more machines, or a smaller model."), 0)
   end
 
   local read, ds = pcall(dataset_of, r, cfg.vocab_size)
@@ -522,7 +505,7 @@ local function run(r, where, args, break_at, owned)
   local function loss_fn(logits, b, scale) return llama.loss(logits, b.y, scale, nil, b.y_dev) end
   -- train.loss_chunk_mb > 0: the head and the loss fused over chunks of rows (no full logits)
   local chunk = r.train.loss_chunk_mb
-  local forward_loss = chunk > 0 and llama.forward_loss(chunk * 2 ^ 20) or nil
+  local forward_loss = llama.step_loss(chunk * 2 ^ 20).forward_loss -- (as the planner's dry run)
   local V = cfg.vocab_size
   local function next_batch(loader)
     local x, y = loader:next()

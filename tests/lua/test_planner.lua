@@ -78,19 +78,6 @@ local function build(r)
   return p, s, cfg
 end
 
--- fn() with the garbage collector stopped: the allocator's peak during it
--- and what stays allocated after it, both above its start
-local function measured(fn)
-  collectgarbage()
-  collectgarbage("stop")
-  local base = fsdp.memory_stats(device).allocated
-  fsdp.memory_reset_peak(device)
-  fn()
-  local st = fsdp.memory_stats(device)
-  collectgarbage("restart")
-  return st.peak - base, st.allocated - base, base
-end
-
 -- measure: returns the allocator's peak during the step above its start
 -- (with the batches made)
 local function one_step(s, cfg, r, measure)
@@ -122,12 +109,11 @@ local function one_step(s, cfg, r, measure)
     step()
     return free_batches()
   end
-  local peak, _, base = measured(step)
+  local peak, base = T.measured(fsdp, device, step)
   free_batches()
   return peak, base
 end
 
-local fields = { "params_full", "params_shard", "main_params", "optimizer", "grads_full", "grads_main", "scratch", "offloaded" }
 local function compare(label, over)
   local r = tiny(over)
   collectgarbage()
@@ -140,15 +126,7 @@ local function compare(label, over)
     print(string.format("%s: attention workspace forward %d, backward %d bytes (the estimate without a GPU: %d)", label,
       p.attention_workspace.forward, p.attention_workspace.backward, e.backward))
   end
-  local m, bad = ffi.new("fsdp_unit_memory"), {}
-  for i, u in ipairs(s.units) do
-    C.fsdp_unit_memory_info(u.handle, m)
-    for _, f in ipairs(fields) do
-      if tonumber(m[f]) ~= p.units[i].mem[f] then
-        bad[#bad + 1] = string.format("%s.%s planned %d, allocated %d", u.name, f, p.units[i].mem[f], tonumber(m[f]))
-      end
-    end
-  end
+  local bad = T.unit_bytes_diff(fsdp, s, p)
   check(#bad == 0, label .. ": planned resident bytes = allocated: " .. table.concat(bad, "; "))
   local scratch = tonumber(C.fsdp_comm_scratch_bytes(s.reduce.handle)) -- the reductions' comm holds it
   check(scratch == p.resident.scratch, string.format("%s: the shared scratch: planned %d, allocated %d", label,
@@ -302,7 +280,7 @@ do
   for i = 0, B * L - 1 do x:set(i, (i * 5 + R) % cfg.vocab_size); y:set(i, (i * 3 + R) % cfg.vocab_size) end
   local lossfn = function(logits, b) return llama.loss(logits, b.y, 0) end
   s:evaluate({ { x = x, y = y } }, lossfn)
-  local peak, left = measured(function() s:evaluate({ { x = x, y = y } }, lossfn) end)
+  local peak, _, left = T.measured(fsdp, device, function() s:evaluate({ { x = x, y = y } }, lossfn) end)
   check(peak < full and left < 64, string.format("evaluate: peak %d bytes above the start (a fully checkpointed " ..
     "training step: %d, none: %d), %d left allocated", peak, full, none, left))
   s:free()

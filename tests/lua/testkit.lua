@@ -5,6 +5,8 @@
 --   T.params(s) -> a sharded model's parameters; T.same_params(a, b) -> ok, where not
 --   T.losses(path) -> {step = loss as written} of a metrics file
 --   T.joined(list, ...) -> a new list: the lists' items in order (a run's common arguments and its own)
+--   T.measured(fsdp, device, fn) -> the allocator's peak during fn(), its start, what stays (collector stopped)
+--   T.unit_bytes_diff(fsdp, s, p) -> where a sharded model's units hold other bytes than plan p says
 return function(label)
   local T = { passed = 0, failed = 0 }
   function T.check(ok, what)
@@ -69,6 +71,35 @@ return function(label)
   function T.finish()
     print(string.format("%s: %d passed, %d failed", label, T.passed, T.failed))
     os.exit(T.failed == 0 and 0 or 1)
+  end
+  -- fn() with the garbage collector stopped: the allocator's peak during
+  -- it above its start, that start, and what stays allocated above it (activations are freed at their
+  -- last use, not when Lua collects them)
+  function T.measured(fsdp, device, fn)
+    collectgarbage()
+    collectgarbage("stop")
+    local base = fsdp.memory_stats(device).allocated
+    fsdp.memory_reset_peak(device)
+    fn()
+    local st = fsdp.memory_stats(device)
+    collectgarbage("restart")
+    return st.peak - base, base, st.allocated - base
+  end
+  -- each unit's resident bytes as fsdp_unit_memory_info reports them
+  -- against the plan's rows: a list of "unit.field planned X, allocated Y"
+  local unit_fields = { "params_full", "params_shard", "main_params", "optimizer", "grads_full", "grads_main", "scratch",
+    "offloaded" }
+  function T.unit_bytes_diff(fsdp, s, p)
+    local m, bad = fsdp.ffi.new("fsdp_unit_memory"), {}
+    for i, u in ipairs(s.units) do
+      fsdp.C.fsdp_unit_memory_info(u.handle, m)
+      for _, f in ipairs(unit_fields) do
+        if tonumber(m[f]) ~= p.units[i].mem[f] then
+          bad[#bad + 1] = string.format("%s.%s planned %d, allocated %d", u.name, f, p.units[i].mem[f], tonumber(m[f]))
+        end
+      end
+    end
+    return bad
   end
   return T
 end

@@ -423,6 +423,7 @@ end
 -- How many targets count (not ignore_index), each checked against the vocabulary.
 local function count_targets(targets, n, V, ignore_index)
   if targets:numel() ~= n then error(string.format("llama loss: %d targets for %d positions", targets:numel(), n), 3) end
+  if targets.meta then return n end -- (a dry run: no ids to read)
   local t, count = targets:ptr(), 0
   for i = 0, n - 1 do
     local v = t[i]
@@ -500,6 +501,14 @@ function M.forward_loss(chunk_bytes)
   return function(model, ctx, b, scale)
     return (model:forward_loss(ctx, b.x, b.y, { scale = scale, targets_dev = b.y_dev, chunk_bytes = chunk_bytes }))
   end
+end
+
+-- train_step's loss options for train.loss_chunk_mb's chunk_bytes: the
+-- fused head and loss over chunks (forward_loss), or with 0 the whole
+-- logits and llama.loss (the trainer's, the planner's dry run's)
+function M.step_loss(chunk_bytes)
+  if chunk_bytes > 0 then return { forward_loss = M.forward_loss(chunk_bytes) } end
+  return { loss = function(logits, b, scale) return M.loss(logits, b.y, scale, nil, b.y_dev) end }
 end
 
 -- from dlogits, or (after forward_loss) from the head input's gradient
