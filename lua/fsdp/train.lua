@@ -20,6 +20,7 @@ local metrics_file = require "fsdp.metrics"
 local autograd = require "fsdp.autograd"
 local restarts = require "fsdp.restarts"
 local dir_lock = require "fsdp.dir_lock"
+local checkpoint_manager = require "fsdp.checkpoint_manager"
 local profile = require "fsdp.profile"
 local nn = require "fsdp.nn"
 local ffi, C, check = fsdp.ffi, fsdp.C, fsdp.check
@@ -210,72 +211,13 @@ local function run(r, where, args, break_at, owned)
 
   -- resume (train.resume), else initial weights from Hugging Face files
   -- (checkpoint.init_hf, by default model.from_hf's folder), else the meta
-  -- init's. The checkpoints a resume may load are found before the plan:
-  -- the global batch a run keeps comes from the one it loads, and with it
-  -- the micro-batches per step that the plan and the units are made for.
+  -- init's: fsdp.checkpoint_manager finds the checkpoints a resume may load
+  -- before the plan (the global batch a run keeps comes from the one it
+  -- loads, and with it the micro-batches the plan and the units are made for)
   local ck, o = r.checkpoint, r.optimizer
-  local start, consumed, resumed, saved = 1, 0, nil, nil
-  -- one job per checkpoint.dir (fsdp.dir_lock: a second is refused, naming
-  -- the first); a restart continues the run its previous attempt recorded
-  -- there, and only that run
-  local lock, mine = nil, nil
-  if ck.dir then
-    local okw, ew = pcall(checkpoint.check_writable, ck.dir, my_rank)
-    if not okw then error(string.format("%s: checkpoint.dir: %s; nothing was trained", where, tostring(ew)), 0) end
-    lock = dir_lock.take({ shard = shard, outer = outer }, ck.dir, where) -- (collective over the mesh's groups)
-    owned.lock = lock
-    local prev, job = lock.previous, os.getenv("FSDPRUN_JOB_ID")
-    if appended and prev and job and prev.job == job and prev.run then mine = prev.run end
-  end
-  local auto, cands = r.train.resume == "auto", { r.train.resume }
-  if appended and mine then -- fsdprun's train.resume=auto: this run's newest checkpoint, never another run's
-    local own = {}
-    for _, path in ipairs((checkpoint.candidates(ck.dir))) do
-      local ok, m = pcall(checkpoint.meta, path)
-      if ok and m.run_id == mine then own[#own + 1] = path end
-    end
-    if #own > 0 then
-      cands = own
-    elseif original_resume and original_resume ~= "auto" then
-      say("resume: run %s saved nothing in %s yet: this restart begins from %s, as the first attempt did", mine, ck.dir,
-        original_resume)
-      auto, cands = false, { original_resume }
-    else
-      say("resume: run %s saved nothing in %s yet: this restart begins at step 1, as the first attempt did", mine, ck.dir)
-      auto, cands = false, {}
-    end
-  elseif appended then -- the first attempt recorded no run: begin as it did
-    say("resume: the first attempt recorded no run%s: this restart begins as it did", ck.dir and " in " .. ck.dir or "")
-    auto, cands = original_resume == "auto", { original_resume }
-  end
-  if auto and not (appended and mine) then
-    local why
-    cands, why = checkpoint.candidates(ck.dir)
-    if why then say("resume: skipped %s", why) end
-    local named = #cands == 0 and checkpoint.latest_name(ck.dir)
-    if named then -- `latest` proves a run saved here: starting at step 1 would begin its history anew
-      error(string.format("%s: train.resume=auto: %s/latest names %s, which %s, and no other checkpoint in %s opens. A run " ..
-        "saved there: restore %s/%s, continue from a checkpoint of your own with train.resume=PATH, or start over in " ..
-        "another checkpoint.dir (or remove %s/latest)", where, ck.dir, named, checkpoint.exists(ck.dir .. "/" .. named) and
-        "does not open" or "does not exist", ck.dir, ck.dir, named, ck.dir), 0)
-    end
-    if #cands == 0 then
-      say("resume: no checkpoint in %s yet: starting at step 1", ck.dir)
-    end
-  end
-  -- micro-batches per step: the recipe's, or on a resume what keeps its
-  -- checkpoint's global batch (recipe.resume_grad_accum: refused where it
-  -- cannot). Worked out from the newest candidate; should its data be
-  -- damaged, the one loaded instead is held to the same K below.
-  local explicit, as_given = recipe.batch_override(r, args), recipe.copy(r)
-  local function grad_accum_for(path, m)
-    return recipe.resume_grad_accum(as_given, dp, m, { where = where, what = path, explicit = explicit })
-  end
-  local K = recipe.grad_accum(r, dp, where)
-  if cands[1] then
-    local ok, m = pcall(checkpoint.meta, cands[1]) -- (one that does not open is refused by the loads below)
-    if ok then K = grad_accum_for(cands[1], m) end
-  end
+  local cm = checkpoint_manager.open(r, { where = where, rank = my_rank, shard = shard, outer = outer, appended = appended,
+    original_resume = original_resume, say = say, owned = owned })
+  local K = cm:grad_accum(args, dp)
   -- the run's own from here on: the plan and the REPL's recipe (with
   -- train.global_batch_tokens, K is that one's already, and the REPL's
   -- plans on other world sizes work it out again from it)
@@ -349,90 +291,18 @@ local function run(r, where, args, break_at, owned)
   -- stop signals are recorded from here on: one during a long checkpoint
   -- load ends it cleanly, one later stops the run after its first step
   C.fsdp_stop_signals_watch(1)
-  -- resume=auto: the newest checkpoint whose data checks out; one whose data
-  -- fails its CRC is skipped (this run's saves replace it), the next older tried
-  local damaged, run_id = {}, nil
-  for _, path in ipairs(cands) do
-    local ok, m = pcall(checkpoint.meta, path) -- its index first: what is refused below is refused before any weight is read
-    if not ok then error(where .. ": train.resume: " .. tostring(m), 0) end
-    saved, resumed = m, path
-    -- the history this run continues (its checkpoint's); checkpoint.dir holds one
-    run_id = saved.run_id or checkpoint.new_run_id(sharded)
-    if not saved.run_id then
-      say("resume: %s records no run id (saved before fsdp recorded them); this run's checkpoints carry %s", resumed, run_id)
-    end
-    if ck.dir then
-      local ok2, e = pcall(checkpoint.check_history, ck.dir, run_id, saved.step or 0, damaged)
-      if not ok2 then error(where .. ": checkpoint.dir: " .. tostring(e), 0) end
-    end
-    local ok3, at, note = pcall(data.resume_position, saved, { seq = T, micro_batch = B, windows = ds:windows("train", T) },
-      resumed)
-    if not ok3 then error(where .. ": train.resume: " .. tostring(at), 0) end
-    local k, batch_note = grad_accum_for(resumed, saved) -- (raises where its global batch cannot be kept)
-    if k ~= K then -- the newest was damaged, and this older one keeps its batch with another K than the run was made for
-      error(string.format("%s: train.resume: %s needs train.grad_accum = %d to keep its global batch, and this run was set up " ..
-        "for %d (from %s, whose data is damaged): resume it on its own with train.resume=%s", where, resumed, k, K, cands[1],
-        resumed), 0)
-    end
-    local meta, why, mine
-    ok, meta, why, mine = pcall(checkpoint.load, sharded, resumed, { optimizer = o.name, skip_damaged = auto })
-    local sig = not ok and sharded:stop_agreed() -- (the load failed on every rank: a stop signal, or not)
-    if sig then -- stopped while loading: nothing trained, nothing to save; the checkpoint is as it was
-      if my_rank == 0 then
-        io.stderr:write(string.format("fsdp: stopped by %s during the load of %s: nothing trained or saved; a resume " ..
-          "loads it again\n", sig > 0 and ffi.string(C.fsdp_signal_name(sig)) or "a signal to another rank", resumed))
-        io.stderr:flush()
-      end
-      mesh:group("world"):barrier()
-      C.fsdp_stop_signals_watch(0)
-      dir_lock.release(lock)
-      sharded:free()
-      mesh:free()
-      return { losses = {}, signalled = { signal = sig, step = 0 } }
-    end
-    if not ok then error(where .. ": train.resume: " .. tostring(meta), 0) end
-    if meta then
-      start, consumed = (meta.step or 0) + 1, at
-      sharded.skipped = meta.skipped
-      if meta.seed and meta.seed ~= seed then
-        say("resume: %s was trained with train.seed = %d; keeping it for the data order (the recipe says %d)", resumed,
-          meta.seed, seed)
-        seed = meta.seed
-      end
-      say("resumed from %s: step %d done, %d windows of data consumed", resumed, start - 1, saved.consumed or 0)
-      if note then say("resume: %s", note) end
-      if batch_note then say(batch_note:find("^warning: ") and "fsdp: %s" or "resume: %s", batch_note) end
-      break
-    end
-    if mine then io.stderr:write(string.format("fsdp: rank %d: resume: %s\n", my_rank, why)) end
-    say("resume: skipped %s: its data is damaged (a rank's message above says where); trying the one before", resumed)
-    damaged[resumed:match("[^/]+$")] = true
-    saved, resumed, run_id = nil, nil, nil
+  local got = cm:resume(sharded, { seed = seed, windows = ds:windows("train", T), seq = T, micro_batch = B,
+    world = mesh:group("world") })
+  if got.stopped then -- stopped while loading: nothing trained, nothing to save; the checkpoint is as it was
+    mesh:group("world"):barrier()
+    C.fsdp_stop_signals_watch(0)
+    cm:release()
+    sharded:free()
+    mesh:free()
+    return { losses = {}, signalled = { signal = got.stopped, step = 0 } }
   end
-  if auto and next(damaged) and not resumed then
-    error(string.format("%s: train.resume=auto: every checkpoint in %s is damaged (see above). Restore one, or start over " ..
-      "in another checkpoint.dir", where, ck.dir), 0)
-  end
-  if not saved then -- a new history (a restart's whose run saved nothing yet: that run's id again)
-    run_id = mine or checkpoint.new_run_id(sharded)
-  end
-  -- the run this job now writes, before any checkpoint is removed: a restart
-  -- after a failure from here on continues this run and no other
-  dir_lock.record(lock, { run = run_id, attempt = restart and restart.attempt or 0 })
-  restarts.test_kill(restart, my_rank, 0) -- (FSDP_TEST_KILL_AT step 0: a rank dies here, before the old checkpoints go)
-  if not saved then
-    if ck.dir and ck.overwrite then -- starting over: rank 0 removes the directory's checkpoints, the others wait
-      if my_rank == 0 then
-        local ok, gone = pcall(checkpoint.clear, ck.dir)
-        if not ok then error(where .. ": checkpoint.overwrite: " .. tostring(gone), 0) end
-        if #gone > 0 then say("checkpoint.overwrite=true: removed %d checkpoint(s) from %s (%s to %s)", #gone, ck.dir, gone[1], gone[#gone]) end
-      end
-      mesh:group("world"):barrier()
-    elseif ck.dir then
-      local ok, e = pcall(checkpoint.check_history, ck.dir, run_id, 0)
-      if not ok then error(where .. ": checkpoint.dir: " .. tostring(e), 0) end
-    end
-  end
+  local start, consumed, resumed = got.start, got.consumed, got.resumed
+  seed = got.seed
   local init_hf = ck.init_hf
   if init_hf == nil then init_hf = r.model.from_hf end
   if not resumed and init_hf then
@@ -564,22 +434,12 @@ local function run(r, where, args, break_at, owned)
   local warmup_note = M.warmup_warning(r)
   if warmup_note then say("fsdp: warning: %s", warmup_note) end
   local function save(step, lr, async)
-    if async == nil then async = ck.async end
-    local ok, e = pcall(checkpoint.save, sharded, ck.dir, { step = step, optimizer = o.name, async = async,
-      keep_last = ck.keep_last, files = carry, meta = { step = step, optimizer_step = sharded.step_count, consumed = train_loader.consumed,
-        seed = seed, lr = lr, world = info.size, zero = r.fsdp.zero, optimizer = o.name, param_dtype = r.fsdp.param_dtype,
-        skipped = sharded.skipped or 0, model = where, run_id = run_id, seq = T, micro_batch = B,
-        windows = train_loader.nwin, dp = dp, grad_accum = K, global_batch_tokens = tokens_step } })
-    if not ok then error(where .. ": " .. fsdp.prefixed("checkpoint", e), 0) end
-    return e
+    return cm:save(sharded, step, { step = step, optimizer_step = sharded.step_count, consumed = train_loader.consumed,
+      seed = seed, lr = lr, world = info.size, zero = r.fsdp.zero, optimizer = o.name, param_dtype = r.fsdp.param_dtype,
+      skipped = sharded.skipped or 0, model = where, seq = T, micro_batch = B, windows = train_loader.nwin, dp = dp,
+      grad_accum = K, global_batch_tokens = tokens_step }, carry, async)
   end
-  local last_saved -- the newest checkpoint this run committed
-  local function committed(path)
-    if path then
-      last_saved = path
-      say("checkpoint: %s", path)
-    end
-  end
+  local function committed(path) cm:committed(path) end
   local t_start, tokens_done, first_loss, last_loss = C.fsdp_time_now(), 0, nil, nil
   local run_peak, sharing_test = 0, os.getenv("FSDPRUN_RANKS_PER_GPU") ~= nil
   local t_steady, steady_tokens, losses, bad_in_row = nil, 0, {}, 0
@@ -744,7 +604,7 @@ local function run(r, where, args, break_at, owned)
       files = carry })
     local sig = not ok and sharded:stop_agreed() -- (the export failed on every rank: a stop signal, or not)
     if sig then -- stopped during the export: nothing half-written is left, the run is in its checkpoint
-      signalled = { signal = sig, step = last, saved = last_saved, note = string.format("during the export to %s: " ..
+      signalled = { signal = sig, step = last, saved = cm.last_saved, note = string.format("during the export to %s: " ..
         "nothing exported (%s.tmp removed)", ck.export_hf, ck.export_hf:gsub("/+$", "")) }
     elseif not ok then
       error(where .. ": checkpoint.export_hf: " .. tostring(e), 0)
@@ -777,7 +637,7 @@ local function run(r, where, args, break_at, owned)
     end
     mesh:group("world"):barrier()
   end
-  dir_lock.release(lock)
+  cm:release()
   sharded:free()
   mesh:free()
   return { first_loss = first_loss, last_loss = last_loss, losses = losses, tokens_per_s = steady, peak = the_peak,
