@@ -29,6 +29,14 @@ end
 
 function M.render(v) return render(v, 0, {}) end
 
+-- a count for a person: 184.6G, 56.2M, 12.0k, 7
+function M.count(n)
+  if n >= 1e9 then return string.format("%.1fG", n / 1e9) end
+  if n >= 1e6 then return string.format("%.1fM", n / 1e6) end
+  if n >= 1e3 then return string.format("%.1fk", n / 1e3) end
+  return string.format("%.0f", n)
+end
+
 function M.show(...)
   local out = {}
   for i = 1, select("#", ...) do out[#out + 1] = render(select(i, ...), 0, {}) end

@@ -21,50 +21,15 @@ local autograd = require "fsdp.autograd"
 local restarts = require "fsdp.restarts"
 local dir_lock = require "fsdp.dir_lock"
 local checkpoint_manager = require "fsdp.checkpoint_manager"
+local preflight = require "fsdp.preflight"
 local profile = require "fsdp.profile"
 local nn = require "fsdp.nn"
 local ffi, C, check = fsdp.ffi, fsdp.C, fsdp.check
 
 local M = {}
 
--- The ranks of this node that share one GPU (its free memory and its peak
--- are divided among them): local_size / visible GPUs when every local rank
--- sees the node's GPUs (fsdprun, which binds none, or a launcher that sets
--- no CUDA_VISIBLE_DEVICES), but 1 when another launcher gives each task
--- its own (srun --gpus-per-task=1: one GPU visible, ndev = 1, while
--- local_size is 8; dividing by 8 would refuse recipes that fit and print
--- an MFU 8x too high). getenv: os.getenv (tests pass their own).
-function M.ranks_per_gpu(local_size, ndev, getenv)
-  getenv = getenv or os.getenv
-  if ndev >= local_size then return 1 end
-  local vis = getenv("CUDA_VISIBLE_DEVICES")
-  if vis and vis ~= "" and not getenv("FSDPRUN") then return 1 end
-  return math.ceil(local_size / ndev)
-end
-
--- Ranks sharing a GPU are refused before NCCL sees them (it would refuse
--- them at the first group, "Duplicate GPU detected"), unless fsdprun's
--- --ranks-per-gpu test mode gave each its own NCCL host id. nil: allowed.
-function M.gpu_sharing_refusal(per_gpu, local_size, ndev, getenv)
-  getenv = getenv or os.getenv
-  if per_gpu <= 1 or getenv("FSDPRUN_RANKS_PER_GPU") then return nil end
-  return string.format("%d ranks on this node and %d GPU%s visible: %d ranks would share a GPU, which NCCL refuses. " ..
-    "Start at most %d rank%s per node (or one GPU per task: srun --gpus-per-task=1); to check multi-rank GPU code on " ..
-    "fewer GPUs (a test, not for speed), fsdprun --ranks-per-gpu %d", local_size, ndev, ndev == 1 and "" or "s", per_gpu,
-    ndev, ndev == 1 and "" or "s", per_gpu)
-end
-
--- A warmup as long as the run: the learning rate never reaches
--- optimizer.lr (a short test of a long recipe, or a mistake): say so, with
--- the rate it does reach. nil when the warmup ends inside the run.
-function M.warmup_warning(r)
-  local w, steps = r.schedule.warmup, r.train.steps
-  if w < steps or steps < 1 then return nil end
-  local o = r.optimizer
-  local top = schedule.lr(steps, steps, { lr = o.lr, warmup = w, decay = r.schedule.decay, min_lr_ratio = r.schedule.min_lr_ratio })
-  return string.format("schedule.warmup = %d is not below train.steps = %d: the learning rate rises to %.3g at the last " ..
-    "step and never reaches optimizer.lr = %.3g", w, steps, top, o.lr)
-end
+-- (the pre-flight checks live in fsdp.preflight; tests reach them here too)
+for _, k in ipairs({ "ranks_per_gpu", "gpu_sharing_refusal", "warmup_warning" }) do M[k] = preflight[k] end
 
 pcall(ffi.cdef, "int mkdir(const char *path, unsigned int mode); int isatty(int fd);")
 pcall(ffi.cdef, "int kill(int pid, int sig); int getpid(void); int usleep(unsigned int us);")
@@ -95,12 +60,7 @@ local function mkdir_p(dir)
   end
 end
 
-local function human(n)
-  if n >= 1e9 then return string.format("%.1fG", n / 1e9) end
-  if n >= 1e6 then return string.format("%.1fM", n / 1e6) end
-  if n >= 1e3 then return string.format("%.1fk", n / 1e3) end
-  return string.format("%.0f", n)
-end
+local human = require("fsdp.pretty").count
 
 local function duration(s)
   if s >= 3600 then return string.format("%dh%02dm", s / 3600, (s % 3600) / 60) end
@@ -168,25 +128,7 @@ local function run(r, where, args, break_at, owned)
         cfg.num_key_value_heads, cfg.head_dim) or nil })
     return the_plan.need
   end
-  if device == "cuda" then
-    if C.fsdp_device_available(C.FSDP_CUDA) ~= 1 then
-      -- planned on this many ranks, or sharded over them all when the
-      -- recipe's mesh needs more ranks than this job has
-      local ok, p = pcall(planner.plan, r, { world = info.size, where = where })
-      if not ok then p = planner.plan(r, { world = info.size, where = where, mesh = "dp_shard=-1" }) end
-      local need = p.need
-      error(string.format("%s: train.device = 'cuda', but no CUDA device can be used here (none is visible, or fsdp was " ..
-        "built without CUDA). The recipe needs %.2f GiB per rank on %d ranks (params %.2f, grads %.2f, optimizer %.2f, unit " ..
-        "buffers %.2f, activations %.2f). Run it on GPU machines, or try a small model with train.device=cpu.", where,
-        planner.gib(need.total), info.size, planner.gib(need.params), planner.gib(need.grads),
-        planner.gib(need.optimizer), planner.gib(need.unit_buffers), planner.gib(need.activations)), 0)
-    end
-    local ndev = C.fsdp_device_count(C.FSDP_CUDA)
-    check(C.fsdp_device_set(C.FSDP_CUDA, info.local_rank % ndev), "select the GPU")
-    ranks_per_device = M.ranks_per_gpu(info.local_size, ndev)
-    local why = M.gpu_sharing_refusal(ranks_per_device, info.local_size, ndev)
-    if why then error(where .. ": train.device = 'cuda': " .. why, 0) end
-  end
+  if device == "cuda" then ranks_per_device = preflight.select_gpu(r, where, info) end
 
   -- a mesh the world cannot hold is the recipe's mistake: named by its file, no trace
   local made, mesh = pcall(fsdp.mesh, r.mesh, { device = device })
@@ -226,39 +168,10 @@ local function run(r, where, args, break_at, owned)
     error(string.format("%s: data.seq = %d exceeds model.max_position_embeddings = %d", where, T, cfg.max_position_embeddings), 0)
   end
 
-  do -- arithmetic first: a model far beyond this machine is refused before it is planned
-    local floor = planner.floor_bytes(cfg, r, info.size)
-    local function total_of(dev)
-      local free, total = ffi.new("int64_t[1]"), ffi.new("int64_t[1]")
-      check(C.fsdp_device_memory_info(dev, free, total), "memory info")
-      return tonumber(total[0])
-    end
-    local mem = total_of(C.FSDP_CPU) + (device == "cuda" and total_of(C.FSDP_CUDA) * C.fsdp_device_count(C.FSDP_CUDA) or 0)
-    if floor * info.local_size > mem then
-      error(string.format("%s: the model has %s parameters: its fp32 weights and %s state alone need %.1f GiB per rank over " ..
-        "%d ranks, and this machine has %.1f GiB in all for its %d ranks. Check model.num_hidden_layers, hidden_size, " ..
-        "intermediate_size and vocab_size, or use more machines.", where, human(llama.num_params(cfg)), r.optimizer.name,
-        floor / 2 ^ 30, info.size, mem / 2 ^ 30, info.local_size), 0)
-    end
-  end
-
-  -- pre-flight: the planned need per rank against what this machine has
-  -- (on GPUs: the device part against the GPU, the offloaded part against
-  -- the host's memory)
+  preflight.floor(r, cfg, where, info)
+  -- the planned need per rank against what this machine has
   local need = planned()
-  local on_gpu = device == "cuda"
-  local fits, why, bytes = planner.fits(the_plan, { ranks = ranks_per_device, host_ranks = info.local_size,
-    min_free_fraction = r.train.min_free_fraction })
-  if not fits and bytes.host then error(why, 0) end
-  if not fits then
-    -- only changes that lower the plan, each with what it plans
-    local tips = {}
-    for _, a in ipairs(planner.advice(r, { world = info.size, where = where }, on_gpu)) do
-      tips[#tips + 1] = string.format("%s: %.2f GiB%s", a.change, planner.gib(a.bytes), a.bytes <= bytes.have and " (fits)" or "")
-    end
-    error(why .. " " .. (#tips > 0 and "Each of these alone plans less per rank: " .. table.concat(tips, "; ") .. "." or
-      "No single change of the recipe plans less: use more machines, or a smaller model."), 0)
-  end
+  preflight.memory(r, the_plan, where, info, ranks_per_device)
 
   local read, ds = pcall(dataset_of, r, cfg.vocab_size)
   if not read then recipe_error(where, ds) end
