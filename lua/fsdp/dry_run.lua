@@ -49,7 +49,7 @@ end
 --                 (its tensors are meta tensors; not counted as activations)
 --   loss, forward_loss   as train_step's options
 --   attention_workspace  {forward, backward} bytes of the GPU attention
---                 kernels, or a function(dtype, B, T, nh, nkv, hd)
+--                 kernels (the step's shape: ops.attention_workspace)
 -- Returns { activations = the peak above the step's start (with what the
 -- micro-batches before the last leave until the step ends), lasting = the
 -- bytes the first step makes for every later one (caches: Llama's rope

@@ -289,19 +289,17 @@ end
 -- The counting device (fsdp.dry_run): while tensor.counting runs, the ops
 -- do no work (their tensors are meta tensors); what an op holds besides
 -- its tensors is counted as the real one holds it: the attention kernels'
--- workspaces (M.counting_workspace: {forward, backward} bytes, or a
--- function(dtype, B, T, nh, nkv, hd) giving them) for the moment they run,
+-- workspaces (M.counting_workspace: {forward, backward} bytes) for the
+-- moment they run,
 -- a GPU's loss sums until the step reads them.
 M.counting_workspace = nil
-local function workspace(dir, t, B, T, nh, nkv, hd)
+local function workspace(dir, t)
   local ws = M.counting_workspace
-  if t.device ~= "cuda" or not ws then return end
-  if type(ws) == "function" then ws = ws(t.dtype, B, T, nh, nkv, hd) end
-  tensor.count_transient(ws[dir])
+  if t.device == "cuda" and ws then tensor.count_transient(ws[dir]) end
 end
 local dry = {
-  attention_forward = function(out, _, _, _, _, B, T, nh, nkv, hd) workspace("forward", out, B, T, nh, nkv, hd) end,
-  attention_backward = function(dq, _, _, _, _, _, _, _, _, B, T, nh, nkv, hd) workspace("backward", dq, B, T, nh, nkv, hd) end,
+  attention_forward = function(out) workspace("forward", out) end,
+  attention_backward = function(dq) workspace("backward", dq) end,
   cross_entropy = function(logits)
     if not on_cuda(logits) then return 0 end
     return deferred({ device = autograd.untracked(tensor.new, 2, "fp64", "cuda") }, 1)

@@ -661,9 +661,10 @@ end
 
 -- `fsdp plan RECIPE.lua --world W [--mesh SPEC] [--json] [section.field=value ...]`
 M.usage = [[usage: fsdp plan RECIPE.lua [--world W] [--mesh dp_outer=R,dp_shard=S] [--json] [section.field=value ...]
-Builds the recipe's model on the meta device (nothing is allocated, nothing launched), groups it into units by
-its policy and prints, per rank: the resident bytes of params, main params, optimizer state and grads, the
-full-unit buffer pools and how many buffers are live at once, activations for one micro-batch, the peak, the
+Builds the recipe's model (nothing is allocated, nothing launched), groups it into units by its policy and
+prints, per rank: the resident bytes of params, main params, optimizer state and grads, the full-unit buffer
+pools and how many buffers are live at once, the activations of a step (one micro-batch of the model run on a
+counting device: shapes and bytes, no memory, no work), the peak, the
 communication per step, a table of units and the elements each rank owns. --json prints the same as JSON.
 --world defaults to 1; --mesh overrides the recipe's mesh.]]
 

@@ -54,11 +54,10 @@ local function wrap(c, shape, dtype, device)
   return t
 end
 
-local esizes = { fp32 = 4, bf16 = 2, fp16 = 2, fp64 = 8, int32 = 4 }
-
 -- a tensor of the counting device: its bytes held from now until freed
 local function meta(shape, dtype, device, n, base)
-  local t = setmetatable({ meta = true, shape = shape, dtype = dtype, device = device, n = n, esize = esizes[dtype],
+  local t = setmetatable({ meta = true, shape = shape, dtype = dtype, device = device, n = n,
+    esize = tonumber(C.fsdp_dtype_size(dtypes[dtype])),
     data = true, base = base }, Tensor)
   -- only the counted device's bytes (a GPU's plan leaves the host's out)
   if not base and device == counter.device then
