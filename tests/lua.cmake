@@ -5,13 +5,16 @@ target_compile_options(ffi_layout PRIVATE ${FSDP_WARN})
 
 add_test(NAME lua_ffi COMMAND fsdp-host ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_ffi.lua $<TARGET_FILE:ffi_layout>)
 add_test(NAME lua_frontend COMMAND fsdp-host ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_frontend.lua $<TARGET_FILE:fsdp-host>)
+# no front-end file reads or writes a global beyond Lua's own (a local left
+# behind when code moved is a silent nil), found in the compiled bytecode
+add_test(NAME lua_globals COMMAND fsdp-host ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_globals.lua ${CMAKE_SOURCE_DIR})
 # the MFU's peaks (lua/fsdp/peak.lua) against hand-computed values
 add_test(NAME lua_peak COMMAND fsdp-host ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_peak.lua)
 # fsdp.autograd's ownership rules: gradients, byte counts, errors (lua/fsdp/autograd.lua)
 add_test(NAME lua_autograd COMMAND fsdp-host ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_autograd.lua ${CMAKE_SOURCE_DIR})
 # fsdp.profile (train.profile): spans on two clocks, the summary, the trace file
 add_test(NAME lua_profile COMMAND fsdp-host ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_profile.lua ${CMAKE_SOURCE_DIR})
-set_tests_properties(lua_ffi lua_frontend lua_peak lua_autograd lua_profile PROPERTIES LABELS unit TIMEOUT 60)
+set_tests_properties(lua_ffi lua_globals lua_frontend lua_peak lua_autograd lua_profile PROPERTIES LABELS unit TIMEOUT 60)
 foreach(n 1 2 3 4)
   add_test(NAME lua_collectives_np${n}
            COMMAND $<TARGET_FILE:fsdprun> -n ${n} --timeout 120 ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_collectives.lua)

@@ -534,7 +534,7 @@ local function run(r, where, args, break_at, owned)
   end
   if metrics then metrics:close() end
   if sharing_test and first_loss then -- every rank: fsdprun --ranks-per-gpu checks each one's bytes against its plan
-    local plan = on_gpu and need.device or need.total
+    local plan = device == "cuda" and need.device or need.total
     print(string.format("fsdp: rank %d memory: peak %d bytes, planned %d bytes per rank on the %s (%+.2f%%)", my_rank, run_peak,
       plan, device, 100 * (run_peak - plan) / plan))
     io.stdout:flush()
