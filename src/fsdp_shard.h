@@ -259,7 +259,9 @@ int fsdp_unit_step(fsdp_unit *u, int64_t step, const fsdp_adamw_config *cfg, flo
 /* The same with SGD (momentum buffer in the AdamW m state). */
 int fsdp_unit_step_sgd(fsdp_unit *u, int64_t step, float lr, float momentum, float weight_decay, float grad_scale);
 /* Drop the reduced grads without a step (e.g. non-finite grads somewhere),
- * and any micro-batch sum begun (zero 0-1, fp32 sums). */
+ * and any micro-batch sum begun (zero 0-1, fp32 sums); called before the
+ * last reduce, also the grads the backward wrote since the last reduce (the
+ * compute stream must have finished that backward). */
 int fsdp_unit_zero_grad(fsdp_unit *u);
 /* A view (no copy) of parameter i inside the unit's full buffers, shaped
  * (ndim, shape) with numel equal to the parameter's: which = FSDP_VIEW_PARAM
@@ -276,6 +278,18 @@ typedef struct fsdp_unit_times {
 int fsdp_unit_times_get(const fsdp_unit *u, fsdp_unit_times *out);
 typedef enum { FSDP_VIEW_PARAM = 0, FSDP_VIEW_GRAD = 1 } fsdp_unit_view_kind;
 int fsdp_unit_param_view(fsdp_unit *u, int param, int which, int ndim, const int64_t *shape, fsdp_tensor *out);
+
+/* A unit's place in its step, as two named state machines
+ * (src/shard/unit_lifecycle.c): its params (zero 3: sharded -> gathering
+ * (unshard) -> gathered (wait) -> sharded (reshard); zero 0-2: resident) and
+ * its grads (clean -> accumulating (grads) -> reduced (reduce of the last
+ * micro-batch) -> clean (step or zero_grad)). A call the state does not
+ * allow fails with FSDP_ESTATE and leaves the unit as it was. */
+typedef enum { FSDP_PARAMS_SHARDED = 0, FSDP_PARAMS_GATHERING = 1, FSDP_PARAMS_GATHERED = 2, FSDP_PARAMS_RESIDENT = 3 } fsdp_unit_params_state;
+typedef enum { FSDP_GRADS_CLEAN = 0, FSDP_GRADS_ACCUMULATING = 1, FSDP_GRADS_REDUCED = 2 } fsdp_unit_grads_state;
+int fsdp_unit_states(const fsdp_unit *u, int *params, int *grads);
+const char *fsdp_unit_params_state_name(int state);
+const char *fsdp_unit_grads_state_name(int state);
 
 /* Bytes this rank keeps resident for the unit, by kind (its plan's rows
  * summed; full buffers borrowed from the pools are not counted: the pools

@@ -11,6 +11,7 @@ fsdp_c_test(test_optim)
 fsdp_c_test(test_meta_init)
 fsdp_c_test(test_units)
 fsdp_c_test(test_units_split)
+fsdp_c_test(test_unit_lifecycle)
 fsdp_c_test(test_ops)
 
 add_test(NAME base COMMAND test_base)
@@ -60,6 +61,12 @@ foreach(n 1 3)
   add_test(NAME units_split_np${n}
            COMMAND $<TARGET_FILE:fsdprun> -n ${n} --timeout 60 --host $<TARGET_FILE:test_units_split>)
   set_tests_properties(units_split_np${n} PROPERTIES LABELS multirank TIMEOUT 90 RUN_SERIAL ON)
+endforeach()
+# a unit's named states: every call out of order refused, changing nothing
+foreach(n 1 3)
+  add_test(NAME unit_lifecycle_np${n}
+           COMMAND $<TARGET_FILE:fsdprun> -n ${n} --timeout 60 --host $<TARGET_FILE:test_unit_lifecycle>)
+  set_tests_properties(unit_lifecycle_np${n} PROPERTIES LABELS multirank TIMEOUT 90 RUN_SERIAL ON)
 endforeach()
 # the layers hold: no include reaches up, no include cycle in src/, kernels/,
 # launcher/ (scripts/check_layers.py), and the checker fails when one does

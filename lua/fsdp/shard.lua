@@ -428,10 +428,31 @@ function M.micro_batch(model, ctx, b, K, opt)
   end)
 end
 
+-- A step that ended in an error (a model's or a loss's, in the REPL or a
+-- caller's pcall) leaves its units' grads accumulating or reduced
+-- (fsdp_unit_states). The next step drops them and says so: its grads are
+-- then exactly a fresh step's (test_fully_shard), never the sum of both.
+-- (Params it left gathered are used and resharded by the next step's
+-- schedule as any gathered unit is.)
+local states = ffi.new("int[2]")
+local function drop_unfinished(self)
+  local left = 0
+  for _, u in ipairs(self.units) do
+    check(C.fsdp_unit_states(u.handle, states, states + 1), "unit '" .. u.name .. "' states")
+    if states[1] ~= C.FSDP_GRADS_CLEAN then left = left + 1 end
+  end
+  if left == 0 then return end
+  io.stderr:write(string.format("fsdp: the last train_step ended in an error part way; the grads it left in %d of %d " ..
+    "units are dropped, not added to this step's\n", left, #self.units))
+  self:synchronize()
+  for _, u in ipairs(self.units) do check(C.fsdp_unit_zero_grad(u.handle), "unit '" .. u.name .. "' zero_grad") end
+end
+
 function Sharded:train_step(batches, opt)
   live(self, "train_step")
   opt = opt or {}
   check_step_opts(opt)
+  drop_unfinished(self)
   -- clip 0 is "no clipping", as the recipe's optimizer.clip = 0 says (not
   -- a scale of 0 that would leave every weight where it was without a word)
   local c = opt.clip

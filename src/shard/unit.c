@@ -259,6 +259,8 @@ int fsdp_unit_create(const fsdp_unit_spec *sp, fsdp_unit **out) {
   u->shard_rank = sp->shard->rank;
   u->device = sp->shard->device;
   u->param_slot = u->grad_slot = -1;
+  u->params_state = sp->config.zero == 3 ? FSDP_PARAMS_SHARDED : FSDP_PARAMS_RESIDENT;
+  u->grads_state = FSDP_GRADS_CLEAN;
   u->compute_size = fsdp_dtype_size(sp->config.compute_dtype);
   u->hfsdp = sp->config.hfsdp != 0;
   u->offload = sp->config.offload != 0;
@@ -348,6 +350,8 @@ int fsdp_unit_param_view(fsdp_unit *u, int param, int which, int ndim, const int
     return fsdp_fail(FSDP_EINVAL, "unit '%s': parameter %d does not exist (it has %d)", u->name, param, u->nparams);
   if (which != FSDP_VIEW_PARAM && which != FSDP_VIEW_GRAD)
     return fsdp_fail(FSDP_EINVAL, "unit '%s': view kind %d (expected FSDP_VIEW_PARAM or FSDP_VIEW_GRAD)", u->name, which);
+  if (which == FSDP_VIEW_PARAM && u->params_state == FSDP_PARAMS_GATHERING)
+    return fsdp_fail(FSDP_ESTATE, "unit '%s': the full params are still being gathered (wait() first)", u->name);
   void *buf = which == FSDP_VIEW_PARAM ? fsdp_unit_params(u) : (u->cfg.zero <= 1 ? u->grads_full : u->pooled_grads);
   if (!buf)
     return fsdp_fail(FSDP_ESTATE, "unit '%s': the full %s are not there (%s first)", u->name,

@@ -83,11 +83,12 @@ static int enqueue_stamp(fsdp_stream *s, double *where) {
 int fsdp_unit_unshard(fsdp_unit *u) {
   fsdp_heartbeat_pulse(); /* a unit reached is progress, even where no collective runs (one rank) */
   FSDP_CHECK(fsdp_offload_settle(u));
-  if (u->cfg.zero != 3 || u->gathered_params) return FSDP_OK;
+  if (u->params_state != FSDP_PARAMS_SHARDED) return FSDP_OK; /* resident, or on its way */
   fsdp_stream *cs = u->shard_comm->stream;
   size_t c = u->compute_size;
   if (!u->plan.pool_params) { /* one rank holds the whole unit: its shard is the full params */
     u->gathered_params = u->param_shard;
+    fsdp_unit_enter(u, UNIT_EV_UNSHARD);
     FSDP_CHECK(enqueue_stamp(cs, &u->times.gather_begin));
     FSDP_CHECK(enqueue_stamp(cs, &u->times.gather_end));
     return fsdp_event_record(u->gathered, cs); /* after the step's last writes to it */
@@ -96,6 +97,7 @@ int fsdp_unit_unshard(fsdp_unit *u) {
   int rc = fsdp_pool_acquire(u->param_pool, (size_t)u->total_numel * c, cs, &u->param_slot, &full);
   if (rc != FSDP_OK) return rc; /* FSDP_DEFERRED: at the bound */
   u->gathered_params = full;
+  fsdp_unit_enter(u, UNIT_EV_UNSHARD);
   FSDP_CHECK(enqueue_stamp(cs, &u->times.gather_begin));
   const void *in = u->param_shard;
   if (u->params_on_host) { /* the shard lives on the host: up into the comm's staging, in stream order */
@@ -115,15 +117,16 @@ int fsdp_unit_prefetch(fsdp_unit *u) {
 
 int fsdp_unit_wait(fsdp_unit *u, fsdp_stream *compute) {
   FSDP_CHECK(fsdp_offload_settle(u));
-  if (u->cfg.zero == 3 && !u->gathered_params)
-    return fsdp_fail(FSDP_ESTATE, "unit '%s': wait() before unshard() (or unshard was deferred at the pool's bound)",
-                     u->name);
-  return fsdp_stream_wait_event(compute, u->gathered);
+  FSDP_CHECK(fsdp_unit_check(u, UNIT_EV_WAIT));
+  FSDP_CHECK(fsdp_stream_wait_event(compute, u->gathered));
+  fsdp_unit_enter(u, UNIT_EV_WAIT);
+  return FSDP_OK;
 }
 
 int fsdp_unit_reshard(fsdp_unit *u, fsdp_stream *compute) {
-  if (u->cfg.zero != 3 || !u->gathered_params) return FSDP_OK;
+  if (u->params_state == FSDP_PARAMS_RESIDENT || u->params_state == FSDP_PARAMS_SHARDED) return FSDP_OK;
   u->gathered_params = NULL;
+  fsdp_unit_enter(u, UNIT_EV_RESHARD);
   if (u->param_slot < 0) return FSDP_OK; /* it was the shard */
   int rc = fsdp_pool_give_back(u->param_pool, u->param_slot, compute);
   u->param_slot = -1;
@@ -138,7 +141,7 @@ static int compact_written_by_compute(const fsdp_unit *u) {
   return u->grads_compact && (u->cfg.zero <= 1 ? u->main_grads == u->grads_full : !u->plan.pool_grads);
 }
 
-int fsdp_unit_grads(fsdp_unit *u, fsdp_stream *compute, void **out) {
+static int take_grads(fsdp_unit *u, fsdp_stream *compute, void **out) {
   FSDP_CHECK(fsdp_offload_settle(u));
   if (compact_written_by_compute(u) && u->grads_zeroed) FSDP_CHECK(fsdp_stream_wait_event(compute, u->grads_zeroed));
   if (u->grads_free) FSDP_CHECK(fsdp_stream_wait_event(compute, u->grads_free)); /* the last micro-batch's, added in */
@@ -160,6 +163,13 @@ int fsdp_unit_grads(fsdp_unit *u, fsdp_stream *compute, void **out) {
     FSDP_CHECK(fsdp_memset(u->pooled_grads, 0, bytes, compute));
   }
   *out = u->pooled_grads;
+  return FSDP_OK;
+}
+
+int fsdp_unit_grads(fsdp_unit *u, fsdp_stream *compute, void **out) {
+  FSDP_CHECK(fsdp_unit_check(u, UNIT_EV_GRADS));
+  FSDP_CHECK(take_grads(u, compute, out));
+  fsdp_unit_enter(u, UNIT_EV_GRADS);
   return FSDP_OK;
 }
 
@@ -229,13 +239,9 @@ static int reduce_sums(fsdp_unit *u, int sync) {
   return reduce_scatter_into(u, u->grad_accum, sum, FSDP_FP32, 0);
 }
 
-int fsdp_unit_reduce(fsdp_unit *u, fsdp_stream *compute, int sync) {
+static int reduce(fsdp_unit *u, fsdp_stream *compute, int sync) {
   fsdp_comm *c = u->reduce_comm;
   int z = u->cfg.zero, cd = u->cfg.compute_dtype;
-  fsdp_heartbeat_pulse(); /* progress within a long backward */
-  if (u->grads_compact && !sync)
-    return fsdp_fail(FSDP_ESTATE, "unit '%s': reduce() for a micro-batch before the last, but the unit was made for one "
-                     "micro-batch per step (micro_batches = 1: its grads are kept in bf16, with no fp32 sum)", u->name);
   if (z <= 1 && !sync && !u->sums_fp32) return FSDP_OK; /* accumulate in the full grads */
   if (z >= 2 && (u->grads_compact ? !u->pooled_grads : u->grad_slot < 0))
     return fsdp_fail(FSDP_ESTATE, "unit '%s': reduce() without grads()", u->name);
@@ -279,6 +285,18 @@ int fsdp_unit_reduce(fsdp_unit *u, fsdp_stream *compute, int sync) {
   if (u->device == FSDP_CUDA) return fsdp_offload_grads_down(u, s); /* on the transfer stream */
   FSDP_CHECK(enqueue(s, OP_SET, u->main_grads, u->grad_accum, FSDP_FP32, u->opt_numel));
   return enqueue(s, OP_ZERO, u->grad_accum, NULL, 0, u->shard_numel * (int64_t)sizeof(float)); /* next step from 0 */
+}
+
+int fsdp_unit_reduce(fsdp_unit *u, fsdp_stream *compute, int sync) {
+  fsdp_heartbeat_pulse(); /* progress within a long backward */
+  if (u->grads_compact && !sync)
+    return fsdp_fail(FSDP_ESTATE, "unit '%s': reduce() for a micro-batch before the last, but the unit was made for one "
+                     "micro-batch per step (micro_batches = 1: its grads are kept in bf16, with no fp32 sum)", u->name);
+  unit_event e = sync ? UNIT_EV_REDUCE_LAST : UNIT_EV_REDUCE_PART;
+  FSDP_CHECK(fsdp_unit_check(u, e));
+  FSDP_CHECK(reduce(u, compute, sync));
+  fsdp_unit_enter(u, e);
+  return FSDP_OK;
 }
 
 int fsdp_unit_synchronize(fsdp_unit *u) {

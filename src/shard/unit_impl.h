@@ -1,6 +1,6 @@
 /* unit_impl.h: an FSDP unit's fields, and how its files call one another.
  *
- * One unit, six files, each one idea, calls going down this list only:
+ * One unit, seven files, each one idea, calls going down this list only:
  *   unit_state.c   training state for checkpoints         -> step, comm, unit
  *   unit_step.c    grad norm, optimizer step, publish     -> offload, update, comm, unit
  *   unit_comm.c    gather / reduce on the comm streams    -> offload, update, unit
@@ -8,6 +8,7 @@
  *   unit_update.c  the per-piece updates, casts, norm sum (no other unit file)
  *   unit.c         create / destroy from the plan, views, owned pieces, split params
  *   unit_plan.c    the buffer plan (pure; public API)
+ *   unit_lifecycle.c  the named states and their checked transitions (a leaf)
  * (unit.c calls unit_update.c's cast and offload.c's attach while it
  * builds a unit.) */
 #ifndef FSDP_SHARD_UNIT_IMPL_H
@@ -26,6 +27,14 @@
  *   SCATTER_EACH zero 2-3: each micro-batch's pooled grads reduce-scattered
  * With plan.sums_fp32 (zero 0-1, bf16, several micro-batches) the
  * micro-batches first add up in fp32 (reduce_sums), the last reducing the sum. */
+/* The events of unit_lifecycle.c's two state machines: the first three
+ * move the params (fsdp_unit_params_state), the rest the grads
+ * (fsdp_unit_grads_state). */
+typedef enum {
+  UNIT_EV_UNSHARD, UNIT_EV_WAIT, UNIT_EV_RESHARD,
+  UNIT_EV_GRADS, UNIT_EV_REDUCE_PART, UNIT_EV_REDUCE_LAST, UNIT_EV_STEP, UNIT_EV_ZERO_GRAD
+} unit_event;
+
 typedef enum { UNIT_REDUCE_COMPACT, UNIT_REDUCE_ALL_REDUCE, UNIT_REDUCE_SCATTER_FULL, UNIT_REDUCE_SCATTER_EACH } unit_reduce_path;
 
 struct fsdp_unit {
@@ -62,6 +71,8 @@ struct fsdp_unit {
   int sums_fp32;          /* zero 0-1: micro-batches add up in fp32 (fsdp_unit_plan.sums_fp32) */
   int reduce_path;        /* unit_reduce_path: how fsdp_unit_reduce reduces, chosen once (build) */
   int sum_pending;        /* sums_fp32: a micro-batch before the last was added in */
+  int params_state;       /* fsdp_unit_params_state (unit_lifecycle.c) */
+  int grads_state;        /* fsdp_unit_grads_state */
 
   /* resident buffers: the plan's rows */
   float *main_params, *opt1, *opt2; /* main_params NULL where split */
@@ -111,6 +122,13 @@ struct fsdp_unit {
  * reduce-scatter's staging on the reduce stream. Between steps, when no
  * reduction runs, creation and HFSDP's publish also stage through it. */
 static inline float *fsdp_unit_reduce_scratch(const fsdp_unit *u) { return (float *)u->reduce_comm->scratch; }
+
+/* ---- unit_lifecycle.c ---- */
+/* FSDP_OK when event e is allowed in u's state, else FSDP_ESTATE with a
+ * message naming the unit, its state and the call that should come first */
+int fsdp_unit_check(const fsdp_unit *u, unit_event e);
+/* the state e leads to, once the operation it names has succeeded */
+void fsdp_unit_enter(fsdp_unit *u, unit_event e);
 
 /* ---- unit.c ---- */
 /* the element ranges this rank's optimizer holds (to_save 0), or saves: see

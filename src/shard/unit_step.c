@@ -94,10 +94,31 @@ static int zero_main_grads(fsdp_unit *u) {
   return FSDP_OK;
 }
 
+/* A step dropped before its last reduce: what its backward wrote outside
+ * the optimizer's grads goes too, or the next step would add to it: the
+ * full grads (zero 0-1), a pooled grad buffer still held (zero 2-3). Done
+ * before returning; the caller's compute stream has finished that
+ * backward (as zero_grad's contract says). */
+static int drop_unreduced(fsdp_unit *u) {
+  if (u->grads_state != FSDP_GRADS_ACCUMULATING) return FSDP_OK;
+  fsdp_stream *s = u->shard_comm->stream;
+  if (u->cfg.zero <= 1 && u->grads_full)
+    FSDP_CHECK(fsdp_memset(u->grads_full, 0, (size_t)u->total_numel * u->compute_size, s));
+  if (u->grad_slot >= 0) {
+    FSDP_CHECK(fsdp_pool_give_back(u->grad_pool, u->grad_slot, s));
+    u->grad_slot = -1;
+  }
+  u->pooled_grads = NULL;
+  return fsdp_stream_synchronize(s);
+}
+
 int fsdp_unit_zero_grad(fsdp_unit *u) {
   FSDP_CHECK(fsdp_unit_synchronize(u));
   u->sum_pending = 0; /* a micro-batch sum begun (zero 0-1, fp32 sums) starts again */
-  return zero_main_grads(u);
+  FSDP_CHECK(drop_unreduced(u));
+  FSDP_CHECK(zero_main_grads(u));
+  fsdp_unit_enter(u, UNIT_EV_ZERO_GRAD);
+  return FSDP_OK;
 }
 
 /* The compute-dtype params from the fp32 main params: after an optimizer
@@ -140,9 +161,7 @@ int fsdp_unit_publish_params(fsdp_unit *u) { return publish(u, !u->compute_is_ma
 
 /* Update what this rank owns (zero 0: everything), write the new values
  * back to the compute params, and zero the grads. */
-static int step_owned(fsdp_unit *u, const fsdp_step_args *a) {
-  fsdp_heartbeat_pulse(); /* each unit's update is progress: a large model's optimizer step takes long */
-  FSDP_CHECK(fsdp_unit_synchronize(u));
+static int update_owned(fsdp_unit *u, const fsdp_step_args *a) {
   fsdp_layout_piece *ps = NULL;
   int k = fsdp_unit_owned_pieces(u, &ps);
   FSDP_CHECK(k);
@@ -154,6 +173,15 @@ static int step_owned(fsdp_unit *u, const fsdp_step_args *a) {
   FSDP_CHECK(rc);
   FSDP_CHECK(publish(u, 0)); /* the update wrote the compute params, or they are main (HFSDP still gathers) */
   return zero_main_grads(u);
+}
+
+static int step_owned(fsdp_unit *u, const fsdp_step_args *a) {
+  fsdp_heartbeat_pulse(); /* each unit's update is progress: a large model's optimizer step takes long */
+  FSDP_CHECK(fsdp_unit_check(u, UNIT_EV_STEP));
+  FSDP_CHECK(fsdp_unit_synchronize(u));
+  FSDP_CHECK(update_owned(u, a));
+  fsdp_unit_enter(u, UNIT_EV_STEP);
+  return FSDP_OK;
 }
 
 int fsdp_unit_step(fsdp_unit *u, int64_t step, const fsdp_adamw_config *cfg, float grad_scale) {

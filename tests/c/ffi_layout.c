@@ -41,6 +41,8 @@ int main(void) {
   SIZE(fsdp_unit_held);
   SIZE(fsdp_unit_view_kind);
   SIZE(fsdp_unit_state_kind);
+  SIZE(fsdp_unit_params_state);
+  SIZE(fsdp_unit_grads_state);
   SIZE(fsdp_token_format);
   printf("},\noffsets = {\n");
   OFF(fsdp_proc_info, rank);
@@ -207,6 +209,13 @@ int main(void) {
   CONST(FSDP_STATE_PARAM);
   CONST(FSDP_STATE_OPT1);
   CONST(FSDP_STATE_OPT2);
+  CONST(FSDP_PARAMS_SHARDED);
+  CONST(FSDP_PARAMS_GATHERING);
+  CONST(FSDP_PARAMS_GATHERED);
+  CONST(FSDP_PARAMS_RESIDENT);
+  CONST(FSDP_GRADS_CLEAN);
+  CONST(FSDP_GRADS_ACCUMULATING);
+  CONST(FSDP_GRADS_REDUCED);
   CONST(FSDP_CPU);
   CONST(FSDP_CUDA);
   CONST(FSDP_SUM);

@@ -70,6 +70,41 @@ do
     "zero = 7", "bad per-unit zero")
   m:free()
 end
+-- A step that ends in an error part way (its second micro-batch's loss
+-- fails, so the first was reduced; or the loss is read after the whole
+-- backward, so every unit's grads were reduced) leaves nothing behind: the
+-- next step's loss and weights are those of a model that never tried it,
+-- bit for bit (the same calls on the same data; tolerance none).
+for zero = 0, 3 do
+  for _, where in ipairs({ "before the last backward", "after the last backward" }) do
+    local label = string.format("W=%d zero %d, a step that failed %s", W, zero, where)
+    local model = fsdp.fully_shard(mlp(), { shard = dp, units = { "Linear" }, zero = zero, seed = 7 })
+    local fresh = fsdp.fully_shard(mlp(), { shard = dp, units = { "Linear" }, zero = zero, seed = 7 })
+    local k = 0
+    local broken = function(y, b, scale)
+      k = k + 1
+      if where == "before the last backward" and k == 2 then error("loss broke") end
+      local loss, dy = nn.mse(y, b.y, scale)
+      if where == "after the last backward" then -- read once the backward is done
+        loss = { buf = setmetatable({}, { __index = function() error("loss broke") end }) }
+      end
+      return loss, dy
+    end
+    fails(function() model:train_step({ batch(R, 1, 1), batch(R, 2, 1) }, { loss = broken }) end, "loss broke",
+      label .. ": the step fails")
+    local mine = { batch(R, 1, 2), batch(R, 2, 2) }
+    local l1, l2 = model:train_step(mine, opt), fresh:train_step(mine, opt)
+    local bad = l1 == l2 and 0 or 1
+    for _, name in ipairs(names) do
+      local a, b = model:gather(name), fresh:gather(name)
+      for i = 1, #b do if a[i] ~= b[i] then bad = bad + 1 end end
+    end
+    check(bad == 0, string.format("%s: the next step is a fresh model's, loss and weights bit for bit (%d off)", label,
+      bad))
+    model:free()
+    fresh:free()
+  end
+end
 if W == 4 then
   local h = fsdp.mesh({ { "dp_outer", 2 }, { "dp_shard", 2 }, { "solo", 1 } })
   run("HSDP 2x2 zero 3, 2 micro-batches", h:group("dp_shard"), h:group("dp_outer"), h:group("solo"), 3, 2)
