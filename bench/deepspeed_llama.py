@@ -3,9 +3,10 @@ version scripts/peer_wheels.sh builds): the same Hugging Face
 LlamaForCausalLM, batch, tokens and loop as bench/fsdp2_llama.py, under
 deepspeed.initialize with the config its docs give for ZeRO-3:
 - ZeRO stage 3, the model built inside deepspeed.zero.Init (partitioned
-  as it is made, through transformers' HfDeepSpeedConfig), bf16 with fp32 master weights, gradients reduced in fp32
-  (communication_data_type; DeepSpeed's bf16 default would reduce in
-  bf16), overlap_comm and contiguous_gradients, its default buckets;
+  as it is made, through transformers' HfDeepSpeedConfig), bf16 with fp32
+  master weights, gradients reduced in fp32 (communication_data_type;
+  DeepSpeed's bf16 default would reduce in bf16), overlap_comm and
+  contiguous_gradients, its default buckets;
 - AdamW from the config: DeepSpeed's FusedAdam, which its JIT compiles on
   first use; where that cannot build, torch's fused AdamW (torch_adam),
   the error printed; the JSON line names the one that ran;
@@ -14,8 +15,9 @@ deepspeed.initialize with the config its docs give for ZeRO-3:
 memory (offload_optimizer, offload_param), its CPU Adam (DeepSpeedCPUAdam,
 JIT-compiled) or, where that cannot build, torch's AdamW on the host
 (zero_force_ds_cpu_optimizer off); activation checkpointing as the recipe.
-DS_OFFLOAD_PARAM=0 offloads the optimizer only. --cpu-smoke: the CPU
-accelerator (DS_ACCELERATOR=cpu), gloo, torch's AdamW.
+DS_OFFLOAD_PARAM=0 offloads the optimizer only. --cpu-smoke: DeepSpeed's
+CPU accelerator (DS_ACCELERATOR=cpu) and gloo, where its JIT builds the
+CPU twins of FusedAdam and CPU Adam.
   python3 bench/deepspeed_llama.py STEPS SEQ [--offload] [--cpu-smoke]"""
 import os, sys
 
