@@ -7,8 +7,10 @@
 # build-gpu/ (debug info stripped, symbols kept for stacks), and the shared
 # libraries the GPU image lacks (PMIx, LuaJIT, OpenBLAS, ...) into .devlibs/
 # (scripts/gpu_env.sh puts them on the loader's path there). Both folders are
-# git-ignored; carry them: carry = ["build-gpu", ".devlibs"]. Prints their
-# size: the device tool takes at most 64 MiB with the working tree.
+# git-ignored; carry them: carry = ["build-gpu", ".devlibs", ".whl/peers"],
+# the last the peers' wheels for bench/llama_vs_peer.sh (scripts/peer_wheels.sh,
+# fetched here when missing). Prints their size: the device tool takes at
+# most 64 MiB with the working tree.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 archs=${1:-90}
@@ -35,9 +37,11 @@ for f in build-gpu/fsdp build-gpu/fsdprun build-gpu/*.so build-gpu/tests/* build
 done | awk '/=>/ && $3 ~ /^\// {print $1, $3}' | sort -u |
   grep -v -E '^(libc\.|libm\.|libdl|libpthread|librt|ld-linux|libstdc\+\+|libgcc_s|libcuda\.|libnccl|libcublas|libcudnn|libcudart|libfsdp)' |
   while read -r name path; do cp -L "$path" ".devlibs/$name"; done
-du -sh build-gpu .devlibs
+ls .whl/peers/*.whl >/dev/null 2>&1 || scripts/peer_wheels.sh .whl/peers >/dev/null
+du -shc build-gpu .devlibs .whl/peers
 # the stages in the order a lent GPU's few minutes should spend them: the
-# kernels written since the last GPU run checked and timed first
-echo "gpu_bundle: carry [\"build-gpu\", \".devlibs\"]; on the GPU machine:"
-echo "  GPU_CHECK_STAGES=\"tests multirank kernels train vs_fsdp2 planner timeline adamw repl demos offload offload_probe\" TINY_STEPS=100 \\"
-echo "    bash scripts/gpu_check.sh build-gpu \$OUT"
+# kernels written since the last GPU run checked and timed first, the
+# peers (their wheels installed offline from .whl/peers) after our own
+echo "gpu_bundle: carry [\"build-gpu\", \".devlibs\", \".whl/peers\"]; on the GPU machine:"
+echo "  GPU_CHECK_STAGES=\"tests multirank kernels train vs_peers vs_peers_offload planner timeline adamw repl demos offload offload_probe\" \\"
+echo "    TINY_STEPS=100 bash scripts/gpu_check.sh build-gpu \$OUT"

@@ -24,6 +24,11 @@
 #   vs_fsdp2    PyTorch FSDP2 against us on the 1B model (bench/llama_vs_fsdp2.sh; ours also
 #               with fsdp.recompute=mlp)
 #   vs_fsdp2_offload   the same for the 4.4B model, the optimizer offloaded
+#   vs_peers    PyTorch FSDP2, Megatron-FSDP and DeepSpeed ZeRO-3 against us on the 1B
+#               model, one table (bench/llama_vs_peer.sh; the peers' wheels from
+#               .whl/peers, scripts/peer_wheels.sh, installed offline first)
+#   vs_peers_offload   the 4.4B model, the optimizer offloaded: us against FSDP2's
+#               CPUOffloadPolicy and DeepSpeed's ZeRO-Offload, GPU and host memory
 #   timeline    one 1B step as a timeline (train.profile)
 #   offload_probe      the 4.4B model, param shards offloaded: start-up and 3 steps
 #   attention   our attention kernels vs SDPA's cuDNN and flash backends (bench/attention_vs_torch.py)
@@ -160,6 +165,26 @@ stage_vs_fsdp2() {
 stage_vs_fsdp2_offload() {
   echo "== this engine vs PyTorch FSDP2: the 4.4B model with the optimizer offloaded"
   OUT="$out" bash bench/llama_vs_fsdp2.sh "$build" 6 --offload 2>&1 | tail -6 | tee "$out/vs_fsdp2_offload.txt"
+}
+
+# the driver writes its table to OUT/table_NAME.txt; a peer that could not
+# run is a line of that table and exit status 3
+vs_peers() {
+  local name=$1 rc=0
+  shift
+  OUT="$out" bash bench/llama_vs_peer.sh "$build" "$@" >"$out/vs_peers_$name.log" 2>&1 || rc=$?
+  if [ -f "$out/table_$name.txt" ]; then cat "$out/table_$name.txt"; else tail -20 "$out/vs_peers_$name.log"; fi
+  return $rc
+}
+
+stage_vs_peers() {
+  echo "== this engine vs PyTorch FSDP2, Megatron-FSDP and DeepSpeed ZeRO-3: the 1B model"
+  vs_peers llama1b 8 | tee "$out/vs_peers.txt"
+}
+
+stage_vs_peers_offload() {
+  echo "== this engine vs FSDP2 CPUOffloadPolicy and DeepSpeed ZeRO-Offload: the 4.4B model, the optimizer on the host"
+  vs_peers llama4b_offload 6 --offload | tee "$out/vs_peers_offload.txt"
 }
 
 stage_timeline() {
