@@ -7,6 +7,9 @@
 --   rank(r)            everything rank r holds, unit by unit
 --   mem(r)             rank r's memory (planned; measured too in a live run)
 --   plan{world = W, mesh = ..., zero = ..., ...}  a plan with other options
+--   plan{model = m, batch = fn, world = W, ...}     any fsdp.nn model's plan
+--                      (fsdp.plan_model: fully_shard's options), no recipe needed
+--   use(p)             the plan the helpers read from now on
 --   diff(a, b)         what changes between two plans
 -- Live (`fsdprun -n N --repl RECIPE.lua [--break-at STEP]`): the trainer
 -- stops and rank 0 reads commands that every rank runs, so these also work:
@@ -155,10 +158,24 @@ local plan_keys = { zero = "fsdp", units = "fsdp", prefetch = "fsdp", max_live_u
   param_dtype = "fsdp", reduce_dtype = "fsdp", hfsdp = "fsdp", micro_batch = "data", seq = "data",
   global_batch_tokens = "train", grad_accum = "train" }
 
+-- plan{model = m, batch = fn, world = W, ...}: a user's own fsdp.nn model,
+-- planned by running one micro-batch of it on the counting device
+local function plan_model(o)
+  local mo = {}
+  for k, v in pairs(o) do if k ~= "model" then mo[k] = v end end
+  mo.world = mo.world or state.world
+  mo.mesh = mo.mesh or state.mesh
+  local ok, p = pcall(planner.plan_model, o.model, mo)
+  if not ok then error("plan{model = ...}: " .. tostring(p):gsub("^[^:\n]+:%d+: ", ""), 3) end
+  return setmetatable(p, { __tostring = planner.render })
+end
+
 -- plan{world = W, mesh = "dp_outer=2,dp_shard=-1", zero = 2, ["model.num_hidden_layers"] = 2, ...}
 function M.plan(o)
   o = o or {}
-  if not state.recipe then error("plan{}: no recipe loaded (fsdp repl RECIPE.lua)", 2) end
+  if o.model ~= nil then return plan_model(o) end
+  if not state.recipe then error("plan{}: no recipe loaded (fsdp repl RECIPE.lua), and no model = (plan{model = m, " ..
+    "batch = fn, world = W}: any fsdp.nn model)", 2) end
   local r = recipe.copy(state.recipe)
   for k, v in pairs(o) do
     if k ~= "world" and k ~= "mesh" then
@@ -174,8 +191,19 @@ function M.plan(o)
   return setmetatable(p, { __tostring = planner.render })
 end
 
+local function is_plan(x) return type(x) == "table" and type(x.resident) == "table" and type(x.units) == "table" end
+
+-- the plan units(), layout(), owner(), rank() and mem() read when given none
+function M.use(p)
+  if not is_plan(p) then
+    error("use(p): a plan, e.g. use(plan{model = m, batch = fn, world = 8}) or use(plan{world = 64}); got " .. type(p), 2)
+  end
+  state.plan = p
+  return text(string.format("the helpers read this plan now: %s on %d ranks, %d units, %s per rank at peak",
+    p.where or "?", p.world, #p.units, planner.bytes(p.peak)))
+end
+
 function M.diff(a, b)
-  local function is_plan(x) return type(x) == "table" and type(x.resident) == "table" and type(x.units) == "table" end
   if not (is_plan(a) and is_plan(b)) then
     error(string.format("diff(a, b): two plans, e.g. diff(plan{world = 64}, plan{world = 128}); got %s and %s", type(a),
       type(b)), 2)
@@ -190,13 +218,15 @@ M.help_text = [[helpers (docs/PLANNING.md):
   rank(r)          everything rank r holds
   mem(r)           rank r's memory: planned (and measured in a live run)
   plan{world = W, mesh = "dp_outer=2,dp_shard=-1", zero = 2, ...}   re-plan with other options
+  plan{model = m, batch = fn, world = W, zero = 3, units = {...}}   any fsdp.nn model (no recipe needed)
+  use(p)           the plan the helpers above read from now on
   diff(a, b)       what changes between two plans
 live (fsdprun --repl): gather(name), shard(r, name), stats(name), continue(k), step(); quit() or Ctrl-D ends the run]]
 
 function M.help() return text(M.help_text) end
 
 local function install(live)
-  for _, k in ipairs({ "units", "layout", "owner", "rank", "mem", "plan", "diff", "help" }) do _G[k] = M[k] end
+  for _, k in ipairs({ "units", "layout", "owner", "rank", "mem", "plan", "use", "diff", "help" }) do _G[k] = M[k] end
   if live then for _, k in ipairs({ "gather", "shard", "stats", "continue", "step", "quit" }) do _G[k] = M[k] end end
 end
 

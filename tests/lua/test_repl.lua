@@ -57,6 +57,25 @@ has(out, "attempt to call global 'nope'", "an error is shown")
 has(out, "diff(a, b): two plans, e.g. diff(plan{world = 64}, plan{world = 128}); got number and table", "diff() of a non-plan says so")
 has(out, "\n2\n", "and the prompt goes on")
 
+-- a user's own model, no recipe: plan{model = ...}, use(), and the helpers
+-- on it, against fsdp.plan_model called here on the same model
+local model_src = "nn = fsdp.nn; m = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 4)); " ..
+  "bf = function() return { x = fsdp.tensor({ 8, 16 }), y = fsdp.tensor({ 8, 4 }) } end"
+local mine = assert(loadstring("fsdp = ...; " .. model_src .. "; return m, bf"))
+local um, ub = mine(fsdp)
+local up = fsdp.plan_model(um, { world = 4, zero = 3, units = { "Linear" }, batch = ub })
+out, code = sh(fsdp_bin .. " repl --world 4", table.concat({ "fsdp = require 'fsdp'", model_src,
+  "use(plan{model = m, batch = bf, zero = 3, units = { 'Linear' }})", "units()", "mem(1)",
+  "plan{model = m, batch = bf, zeros = 2}", "use(3)", "" }, "\n"))
+check(code == 0, "fsdp repl without a recipe exits 0")
+has(out, string.format("the helpers read this plan now: model on 4 ranks, 2 units, %s per rank at peak",
+  planner.bytes(up.peak)), "use(plan{model = ...})")
+check(out:match("\n%s*peak%s+([%d.]+ %a+)") == planner.bytes(up.peak), "mem() of the user's model: the peak is plan_model's")
+check(out:match("\n%s*activations%s+([%d.]+ %a+)") == planner.bytes(up.activations),
+  "mem() of the user's model: the activations from its dry run")
+has(out, "unknown option 'zeros'", "plan{model = ...} names a wrong option")
+has(out, "use(p): a plan", "use() of a non-plan says so")
+
 -- fsdp plan
 out, code = sh(fsdp_bin .. " plan recipes/tiny.lua --world 4")
 check(code == 0, "fsdp plan exits 0")
