@@ -113,6 +113,13 @@ typedef struct fsdp_unit_config {
                             bf16 unit keep the grads the optimizer reads in bf16 where no sum
                             is taken in fp32 (fsdp_unit_plan.grads_compact); reduce() then
                             refuses a micro-batch that is not the last */
+  int32_t overlap_step;  /* 1: fsdp_unit_step only records the step; it is applied when the
+                            unit is next used (its unshard, wait, grads, a view, a read of
+                            its state, synchronize), so that on a GPU each unit's update runs
+                            on the shard stream beside the next forward's compute instead of
+                            all of them before its first gather. The same arithmetic in the
+                            same order: results bit for bit those of 0. Not with offload
+                            (which overlaps on the host already) or hfsdp */
 } fsdp_unit_config;
 
 /* ---- a unit's buffer plan (src/shard/unit_plan.c) ----

@@ -314,7 +314,7 @@ end
 --   loss, forward_loss: train_step's (default: MSE against batch.y)
 --   attention_workspace, where (names the model in messages)
 local model_options = { "units", "zero", "offload", "hfsdp", "prefetch", "max_live_units", "mixed", "micro_batches",
-  "separate_reduce", "comm_register", "world", "mesh", "device", "batch", "loss", "forward_loss", "attention_workspace", "where" }
+  "separate_reduce", "comm_register", "overlap_step", "world", "mesh", "device", "batch", "loss", "forward_loss", "attention_workspace", "where" }
 function M.plan_model(model, o)
   o = o or {}
   local where = o.where or "model"

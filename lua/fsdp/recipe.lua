@@ -18,7 +18,7 @@ M.schema = {
     hfsdp = { "boolean", false },
     param_dtype = { { "fp32", "bf16" }, "fp32" }, reduce_dtype = { { "fp32", "bf16" }, "fp32" },
     offload = { "any", false }, comm_register = { { "none", "buffer", "window" }, "none" },
-    separate_reduce = { "boolean", true },
+    separate_reduce = { "boolean", true }, overlap_step = { "boolean", nil },
   },
   optimizer = {
     name = { { "adamw", "sgd" }, "adamw" }, lr = { "number", 3e-4 }, beta1 = { "number", 0.9 }, beta2 = { "number", 0.95 },

@@ -5,8 +5,12 @@
 --     zero = 3, max_live_units = 2, prefetch = 1, seed = 1234,
 --     offload = false,    -- true: optimizer state in host memory, the step on CPU threads;
 --                         -- {params = true}: the param shards too (zero 3, GPUs)
---     micro_batches = nil })  -- the count every train_step takes, when fixed: 1 lets
+--     micro_batches = nil,  -- the count every train_step takes, when fixed: 1 lets
 --                         -- bf16 units keep the optimizer's grads in bf16 (src/shard/unit_plan.c)
+--     overlap_step = nil }) -- true: each unit's optimizer step is applied at the unit's next
+--                         -- use (the next forward), beside the compute on a GPU (units not
+--                         -- offloaded, no hfsdp); the same results bit for bit. Off until a
+--                         -- GPU run has timed it (scripts/gpu_check.sh vs_fsdp2)
 --   local loss = s:train_step(micro_batches, {lr = 1e-3, ...})
 -- Parameters of modules the policy leaves out go to a unit named "root".
 -- A policy function may return a second value with per-unit options:
@@ -50,7 +54,8 @@ local function options_of(what, names)
   end
 end
 local check_shard_opts = options_of("fully_shard", { "shard", "outer", "units", "zero", "max_live_units", "prefetch",
-  "seed", "offload", "micro_batches", "mixed", "hfsdp", "reduce", "separate_reduce", "comm_register", "trace" })
+  "seed", "offload", "micro_batches", "mixed", "hfsdp", "reduce", "separate_reduce", "comm_register", "trace",
+  "overlap_step" })
 local check_step_opts = options_of("train_step", { "loss", "forward_loss", "optimizer", "lr", "beta1", "beta2", "eps",
   "weight_decay", "momentum", "clip" })
 
@@ -98,6 +103,10 @@ function M.fully_shard(model, opts)
     error("fully_shard: micro_batches = " .. tostring(mb) .. "; expected nil (any count) or the count per step, an integer >= 1", 2)
   end
   s.micro_batches = mb
+  local overlap = opts.overlap_step
+  if overlap ~= nil and type(overlap) ~= "boolean" then
+    error("fully_shard: overlap_step = " .. shown(overlap) .. "; expected true, false or nil (off)", 2)
+  end
   local ok, a = pcall(M.assign, model, { units = opts.units, zero = zero, offload = opts.offload, hfsdp = s.hfsdp })
   if not ok then error(base.prefixed("fully_shard", a), 2) end
   s.units, s.unit_of, s.order, s.assignment = a.units, a.unit_of, a.order, a
@@ -110,7 +119,8 @@ function M.fully_shard(model, opts)
   -- each unit's layout and buffer plan; the pools' buffers as big as the
   -- largest unit that borrows from them
   M.plan_units(a, { shard_ranks = opts.shard:size(), outer_ranks = opts.outer and opts.outer:size() or 1,
-    hfsdp = s.hfsdp, device = s.device, param_dtype = pdt, reduce_dtype = rdt, comm_register = reg, micro_batches = mb })
+    hfsdp = s.hfsdp, device = s.device, param_dtype = pdt, reduce_dtype = rdt, comm_register = reg, micro_batches = mb,
+    overlap_step = overlap })
   local live = M.pool_bound(a, opts.max_live_units)
   local slots, fits, why = M.pool_slots(a, s.prefetch, live)
   if not fits then error("fully_shard: the schedule does not fit its buffer pools: " .. why, 2) end

@@ -157,7 +157,7 @@ local function build_model(J)
   J.sharded = fsdp.fully_shard(J.model, { shard = J.shard, outer = J.outer, units = planner.policy(r.fsdp.units, J.where),
     zero = r.fsdp.zero, prefetch = r.fsdp.prefetch, max_live_units = r.fsdp.max_live_units, seed = J.seed,
     hfsdp = r.fsdp.hfsdp, offload = r.fsdp.offload, comm_register = r.fsdp.comm_register,
-    separate_reduce = r.fsdp.separate_reduce, micro_batches = J.K,
+    separate_reduce = r.fsdp.separate_reduce, micro_batches = J.K, overlap_step = r.fsdp.overlap_step,
     mixed = { param_dtype = r.fsdp.param_dtype, reduce_dtype = r.fsdp.reduce_dtype } })
   J.owned.sharded = J.sharded
 end

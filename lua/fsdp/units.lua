@@ -212,7 +212,8 @@ end
 -- u.config (fsdp_unit_config). o: shard_ranks, outer_ranks (1: none),
 -- hfsdp, device ("cpu" or "cuda"), param_dtype, reduce_dtype ("fp32" or
 -- "bf16"), comm_register (an fsdp_comm_reg_mode), micro_batches (per step
--- when fixed, nil: any). Returns the pools' buffer
+-- when fixed, nil: any), overlap_step (each unit's step applied at its next
+-- use, where the unit allows: not offloaded, no hfsdp). Returns the pools' buffer
 -- sizes: {params = bytes or 0, grads = bytes or 0} (the largest unit's
 -- that borrows one; 0: no unit needs the pool).
 function M.plan_units(a, o)
@@ -230,7 +231,8 @@ function M.plan_units(a, o)
     u.config = ffi.new("fsdp_unit_config", { zero = u.zero, compute_dtype = tensor.dtype(o.param_dtype),
       reduce_dtype = tensor.dtype(o.reduce_dtype), grad_op = C.FSDP_AVG, param_align = C.FSDP_PARAM_ALIGN,
       shard_align = C.FSDP_SHARD_ALIGN, hfsdp = o.hfsdp and 1 or 0, offload = u.offload_bits or 0,
-      comm_register = o.comm_register or 0, micro_batches = o.micro_batches or 0 })
+      comm_register = o.comm_register or 0, micro_batches = o.micro_batches or 0,
+      overlap_step = (o.overlap_step and not o.hfsdp and (u.offload_bits or 0) == 0) and 1 or 0 })
     u.plan = ffi.new("fsdp_unit_plan")
     -- the engine's plan, after the engine's checks of the config (one set of rules for plans and units)
     check(C.fsdp_unit_plan_make(u.config, u.layout, dev, o.outer_ranks or 1, 0, u.plan),

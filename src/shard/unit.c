@@ -1,9 +1,9 @@
 /* unit.c: an FSDP unit's life: creation from its plan (unit_plan.c says
  * which buffers; this allocates exactly those and draws the owned shard's
- * initial values), destruction, and what callers read of it (views into
- * its full buffers, its layout, plan and memory, the element ranges its
- * optimizer owns). The gather / reduce machinery is unit_comm.c, the
- * optimizer step unit_step.c; unit_impl.h draws the map. */
+ * initial values), destruction, and what callers read of it (its layout,
+ * plan and memory, the element ranges its optimizer owns). The gather /
+ * reduce machinery and the views into the full buffers are unit_comm.c,
+ * the optimizer step unit_step.c and unit_apply.c; unit_impl.h draws the map. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -339,33 +339,6 @@ int fsdp_unit_times_get(const fsdp_unit *u, fsdp_unit_times *out) {
   if (!u || !out) return fsdp_fail(FSDP_EINVAL, "unit_times_get: NULL argument");
   *out = u->times;
   return FSDP_OK;
-}
-
-void *fsdp_unit_params(fsdp_unit *u) { return u->cfg.zero == 3 ? u->gathered_params : u->params_full; }
-
-int fsdp_unit_param_view(fsdp_unit *u, int param, int which, int ndim, const int64_t *shape, fsdp_tensor *out) {
-  if (!u || !out) return fsdp_fail(FSDP_EINVAL, "unit_param_view: NULL unit or out");
-  FSDP_CHECK(fsdp_offload_settle(u));
-  if (param < 0 || param >= u->nparams)
-    return fsdp_fail(FSDP_EINVAL, "unit '%s': parameter %d does not exist (it has %d)", u->name, param, u->nparams);
-  if (which != FSDP_VIEW_PARAM && which != FSDP_VIEW_GRAD)
-    return fsdp_fail(FSDP_EINVAL, "unit '%s': view kind %d (expected FSDP_VIEW_PARAM or FSDP_VIEW_GRAD)", u->name, which);
-  if (which == FSDP_VIEW_PARAM && u->params_state == FSDP_PARAMS_GATHERING)
-    return fsdp_fail(FSDP_ESTATE, "unit '%s': the full params are still being gathered (wait() first)", u->name);
-  void *buf = which == FSDP_VIEW_PARAM ? fsdp_unit_params(u) : (u->cfg.zero <= 1 ? u->grads_full : u->pooled_grads);
-  if (!buf)
-    return fsdp_fail(FSDP_ESTATE, "unit '%s': the full %s are not there (%s first)", u->name,
-                     which == FSDP_VIEW_PARAM ? "params" : "grads",
-                     which == FSDP_VIEW_PARAM ? "unshard and wait" : "take the grad buffer with fsdp_unit_grads");
-  /* the whole flat buffer as a tensor, then the parameter's range of it */
-  fsdp_tensor flat = {.data = buf, .dtype = u->cfg.compute_dtype, .device = u->device, .ndim = 1, .owns = 0,
-                      .shape = {u->total_numel, 1, 1, 1}};
-  int64_t numel = 1;
-  for (int i = 0; shape && i < ndim && i < 4; i++) numel *= shape[i];
-  if (shape && ndim >= 1 && ndim <= 4 && numel != u->numels[param])
-    return fsdp_fail(FSDP_EINVAL, "unit '%s': parameter %d has %lld elements; the view's shape has %lld", u->name, param,
-                     (long long)u->numels[param], (long long)numel);
-  return fsdp_tensor_view(out, &flat, fsdp_layout_param_offset(u->layout, param), ndim, shape);
 }
 
 /* ---- the element ranges the optimizer holds ---- */

@@ -1,7 +1,9 @@
 /* unit_comm.c: a unit's collectives and the work that must follow them, on
  * the comm streams: unshard (all-gather into a pooled full buffer), wait,
- * reshard; grads (a pooled full grad buffer) and reduce (reduce-scatter or
- * all-reduce, then across HSDP replicas), synchronize.
+ * reshard; views of a parameter in the full buffers; grads (a pooled full
+ * grad buffer) and reduce (reduce-scatter or all-reduce, then across HSDP
+ * replicas), synchronize. Each first settles the unit (a deferred or
+ * offloaded step before its values are read: unit_apply.c).
  *
  * Gathers run on the shard group's stream, reductions on the reduce comm's
  * (the same members on another channel, so the backward's prefetch is not
@@ -82,7 +84,7 @@ static int enqueue_stamp(fsdp_stream *s, double *where) {
 
 int fsdp_unit_unshard(fsdp_unit *u) {
   fsdp_heartbeat_pulse(); /* a unit reached is progress, even where no collective runs (one rank) */
-  FSDP_CHECK(fsdp_offload_settle(u));
+  FSDP_CHECK(fsdp_unit_settle(u));
   if (u->params_state != FSDP_PARAMS_SHARDED) return FSDP_OK; /* resident, or on its way */
   fsdp_stream *cs = u->shard_comm->stream;
   size_t c = u->compute_size;
@@ -116,7 +118,7 @@ int fsdp_unit_prefetch(fsdp_unit *u) {
 }
 
 int fsdp_unit_wait(fsdp_unit *u, fsdp_stream *compute) {
-  FSDP_CHECK(fsdp_offload_settle(u));
+  FSDP_CHECK(fsdp_unit_settle(u));
   FSDP_CHECK(fsdp_unit_check(u, UNIT_EV_WAIT));
   FSDP_CHECK(fsdp_stream_wait_event(compute, u->gathered));
   fsdp_unit_enter(u, UNIT_EV_WAIT);
@@ -133,6 +135,35 @@ int fsdp_unit_reshard(fsdp_unit *u, fsdp_stream *compute) {
   return rc;
 }
 
+/* ---- views into the full buffers ---- */
+
+void *fsdp_unit_params(fsdp_unit *u) { return u->cfg.zero == 3 ? u->gathered_params : u->params_full; }
+
+int fsdp_unit_param_view(fsdp_unit *u, int param, int which, int ndim, const int64_t *shape, fsdp_tensor *out) {
+  if (!u || !out) return fsdp_fail(FSDP_EINVAL, "unit_param_view: NULL unit or out");
+  FSDP_CHECK(fsdp_unit_settle(u));
+  if (param < 0 || param >= u->nparams)
+    return fsdp_fail(FSDP_EINVAL, "unit '%s': parameter %d does not exist (it has %d)", u->name, param, u->nparams);
+  if (which != FSDP_VIEW_PARAM && which != FSDP_VIEW_GRAD)
+    return fsdp_fail(FSDP_EINVAL, "unit '%s': view kind %d (expected FSDP_VIEW_PARAM or FSDP_VIEW_GRAD)", u->name, which);
+  if (which == FSDP_VIEW_PARAM && u->params_state == FSDP_PARAMS_GATHERING)
+    return fsdp_fail(FSDP_ESTATE, "unit '%s': the full params are still being gathered (wait() first)", u->name);
+  void *buf = which == FSDP_VIEW_PARAM ? fsdp_unit_params(u) : (u->cfg.zero <= 1 ? u->grads_full : u->pooled_grads);
+  if (!buf)
+    return fsdp_fail(FSDP_ESTATE, "unit '%s': the full %s are not there (%s first)", u->name,
+                     which == FSDP_VIEW_PARAM ? "params" : "grads",
+                     which == FSDP_VIEW_PARAM ? "unshard and wait" : "take the grad buffer with fsdp_unit_grads");
+  /* the whole flat buffer as a tensor, then the parameter's range of it */
+  fsdp_tensor flat = {.data = buf, .dtype = u->cfg.compute_dtype, .device = u->device, .ndim = 1, .owns = 0,
+                      .shape = {u->total_numel, 1, 1, 1}};
+  int64_t numel = 1;
+  for (int i = 0; shape && i < ndim && i < 4; i++) numel *= shape[i];
+  if (shape && ndim >= 1 && ndim <= 4 && numel != u->numels[param])
+    return fsdp_fail(FSDP_EINVAL, "unit '%s': parameter %d has %lld elements; the view's shape has %lld", u->name, param,
+                     (long long)u->numels[param], (long long)numel);
+  return fsdp_tensor_view(out, &flat, fsdp_layout_param_offset(u->layout, param), ndim, shape);
+}
+
 /* ---- backward: grads ---- */
 
 /* compact grads that the backward writes itself (the full grads, or the
@@ -142,7 +173,7 @@ static int compact_written_by_compute(const fsdp_unit *u) {
 }
 
 static int take_grads(fsdp_unit *u, fsdp_stream *compute, void **out) {
-  FSDP_CHECK(fsdp_offload_settle(u));
+  FSDP_CHECK(fsdp_unit_settle(u));
   if (compact_written_by_compute(u) && u->grads_zeroed) FSDP_CHECK(fsdp_stream_wait_event(compute, u->grads_zeroed));
   if (u->grads_free) FSDP_CHECK(fsdp_stream_wait_event(compute, u->grads_free)); /* the last micro-batch's, added in */
   if (u->cfg.zero <= 1) {
@@ -245,7 +276,7 @@ static int reduce(fsdp_unit *u, fsdp_stream *compute, int sync) {
   if (z <= 1 && !sync && !u->sums_fp32) return FSDP_OK; /* accumulate in the full grads */
   if (z >= 2 && (u->grads_compact ? !u->pooled_grads : u->grad_slot < 0))
     return fsdp_fail(FSDP_ESTATE, "unit '%s': reduce() without grads()", u->name);
-  FSDP_CHECK(fsdp_offload_settle(u));
+  FSDP_CHECK(fsdp_unit_settle(u));
   FSDP_CHECK(fsdp_offload_before_reduce(u));
   if (u->grads_zeroed) FSDP_CHECK(fsdp_stream_wait_event(c->stream, u->grads_zeroed)); /* the last step's, on shard */
   FSDP_CHECK(fsdp_event_record(u->handoff, compute));
@@ -300,7 +331,7 @@ int fsdp_unit_reduce(fsdp_unit *u, fsdp_stream *compute, int sync) {
 }
 
 int fsdp_unit_synchronize(fsdp_unit *u) {
-  FSDP_CHECK(fsdp_offload_settle(u));
+  FSDP_CHECK(fsdp_unit_settle(u));
   FSDP_CHECK(fsdp_comm_synchronize(u->shard_comm));
   if (u->reduce_comm != u->shard_comm) FSDP_CHECK(fsdp_comm_synchronize(u->reduce_comm));
   if (u->outer_comm) FSDP_CHECK(fsdp_comm_synchronize(u->outer_comm));

@@ -1,12 +1,13 @@
 /* unit_impl.h: an FSDP unit's fields, and how its files call one another.
  *
- * One unit, seven files, each one idea, calls going down this list only:
- *   unit_state.c   training state for checkpoints         -> step, comm, unit
- *   unit_step.c    grad norm, optimizer step, publish     -> offload, update, comm, unit
- *   unit_comm.c    gather / reduce on the comm streams    -> offload, update, unit
+ * One unit, eight files, each one idea, calls going down this list only:
+ *   unit_state.c   training state for checkpoints         -> apply, comm, unit
+ *   unit_step.c    grad norm, zero_grad, the step's entry  -> apply, comm, unit
+ *   unit_comm.c    gather / reduce on the comm streams, views -> apply, offload, update, unit
+ *   unit_apply.c   a step applied (now or at the next use), publish -> offload, update, unit
  *   offload.c      the optimizer step as a host job       -> update
  *   unit_update.c  the per-piece updates, casts, norm sum (no other unit file)
- *   unit.c         create / destroy from the plan, views, owned pieces, split params
+ *   unit.c         create / destroy from the plan, owned pieces, split params
  *   unit_plan.c    the buffer plan (pure; public API)
  *   unit_lifecycle.c  the named states and their checked transitions (a leaf)
  * (unit.c calls unit_update.c's cast and offload.c's attach while it
@@ -36,6 +37,18 @@ typedef enum {
 } unit_event;
 
 typedef enum { UNIT_REDUCE_COMPACT, UNIT_REDUCE_ALL_REDUCE, UNIT_REDUCE_SCATTER_FULL, UNIT_REDUCE_SCATTER_EACH } unit_reduce_path;
+
+/* An optimizer update of elements [off, off + len) of the optimizer's
+ * arrays, which belong to parameter `param`. With stage set the new values
+ * also go to stage + off in the compute dtype, in the same pass (the
+ * compute params in place, the host staging when offloaded). */
+typedef struct fsdp_step_args {
+  int64_t step;
+  float grad_scale;
+  const fsdp_adamw_config *adamw; /* NULL: SGD */
+  float lr, momentum, weight_decay; /* SGD */
+  void *stage;
+} fsdp_step_args;
 
 struct fsdp_unit {
   char name[128];
@@ -71,6 +84,9 @@ struct fsdp_unit {
   int sums_fp32;          /* zero 0-1: micro-batches add up in fp32 (fsdp_unit_plan.sums_fp32) */
   int reduce_path;        /* unit_reduce_path: how fsdp_unit_reduce reduces, chosen once (build) */
   int sum_pending;        /* sums_fp32: a micro-batch before the last was added in */
+  int step_deferred;      /* overlap_step: a step waits for the unit's next use (unit_apply.c) */
+  fsdp_step_args deferred;
+  fsdp_adamw_config deferred_adamw;
   int params_state;       /* fsdp_unit_params_state (unit_lifecycle.c) */
   int grads_state;        /* fsdp_unit_grads_state */
 
@@ -145,17 +161,6 @@ void *fsdp_unit_inplace_stage(const fsdp_unit *u);
 int fsdp_unit_split_params(fsdp_unit *u, int64_t off, int64_t n, float *dst, const float *src);
 
 /* ---- unit_update.c: the optimizer's work on a unit's buffers ---- */
-/* An optimizer update of elements [off, off + len) of the optimizer's
- * arrays, which belong to parameter `param`. With stage set the new values
- * also go to stage + off in the compute dtype, in the same pass (the
- * compute params in place, the host staging when offloaded). */
-typedef struct fsdp_step_args {
-  int64_t step;
-  float grad_scale;
-  const fsdp_adamw_config *adamw; /* NULL: SGD */
-  float lr, momentum, weight_decay; /* SGD */
-  void *stage;
-} fsdp_step_args;
 /* update pieces ps[0..k): the in-place step's loop and the offloaded one's */
 int fsdp_unit_update_pieces(fsdp_unit *u, const fsdp_step_args *a, const fsdp_layout_piece *ps, int k);
 /* dst (compute dtype) = src (fp32): at once on CPU, on stream s on a GPU */
@@ -183,8 +188,15 @@ int fsdp_offload_busy(fsdp_unit *u);
 /* GPU: wait for the copy-down of the grads */
 int fsdp_offload_synchronize(fsdp_unit *u);
 
-/* ---- unit_step.c ---- */
+/* ---- unit_apply.c ---- */
 /* the compute-dtype params recomputed from the fp32 main params */
 int fsdp_unit_publish_params(fsdp_unit *u);
+/* zero the grads the optimizer reads (GPU: behind the step on the shard stream) */
+int fsdp_unit_zero_main_grads(fsdp_unit *u);
+/* apply step a to what this rank owns: now, or (overlap_step) at the unit's next use */
+int fsdp_unit_apply_step(fsdp_unit *u, const fsdp_step_args *a);
+/* before anything reads the unit's params, grads or optimizer state: the
+ * deferred step applied, and an offloaded step ordered (fsdp_offload_settle) */
+int fsdp_unit_settle(fsdp_unit *u);
 
 #endif

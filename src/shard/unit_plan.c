@@ -68,6 +68,12 @@ int fsdp_unit_config_check(const fsdp_unit_config *c, int outer_ranks) {
                      "the grads go down");
   if (c->hfsdp && c->zero == 0)
     return fsdp_fail(FSDP_EINVAL, "hfsdp shards the optimizer over the outer group: it needs zero >= 1 (zero 0)");
+  if (c->overlap_step != 0 && c->overlap_step != 1)
+    return fsdp_fail(FSDP_EINVAL, "overlap_step = %d; expected 0 or 1", c->overlap_step);
+  if (c->overlap_step && (c->offload || c->hfsdp))
+    return fsdp_fail(FSDP_EINVAL, "overlap_step defers the step to the unit's next use: not with %s",
+                     c->offload ? "offload (an offloaded step overlaps on the host already)"
+                                : "hfsdp (its publish gathers over the outer group at once)");
   if (c->micro_batches < 0)
     return fsdp_fail(FSDP_EINVAL, "micro_batches = %d; expected 0 (any) or the fixed count per step", c->micro_batches);
   return FSDP_OK;

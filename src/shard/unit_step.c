@@ -1,9 +1,9 @@
 /* unit_step.c: after the backward: the grad norm (queued behind each
- * unit's last reduction, read once), the optimizer step on what this rank
- * owns, and publishing the new params to the compute copies. The step runs
- * in place (kernels on the shard group's stream on a GPU, the host's loops
- * on CPU ranks), or, offloaded, as a job on the host stream (offload.c);
- * both update through unit_update.c. */
+ * unit's last reduction, read once), zero_grad, and the optimizer step's
+ * entry points (AdamW, SGD): their arguments and the unit's state checked,
+ * the step then applied by unit_apply.c (in place: kernels on the shard
+ * group's stream on a GPU, the host's loops on CPU ranks; offloaded: a job
+ * on the host stream, offload.c), at once or at the unit's next use. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -82,17 +82,7 @@ int fsdp_unit_grad_sumsq(fsdp_unit *u, double *sum, int64_t *nonfinite) {
   return fsdp_unit_grad_norm_get(u, sum, nonfinite); /* started or not */
 }
 
-/* ---- zeroing and publishing ---- */
-
-static int zero_main_grads(fsdp_unit *u) {
-  size_t bytes = (size_t)u->opt_numel * fsdp_dtype_size(u->main_grad_dtype);
-  if (u->device == FSDP_CUDA && !u->offload) { /* behind the optimizer's kernels on the shard stream */
-    FSDP_CHECK(fsdp_memset(u->main_grads, 0, bytes, u->shard_comm->stream));
-    return u->grads_zeroed ? fsdp_event_record(u->grads_zeroed, u->shard_comm->stream) : FSDP_OK;
-  }
-  memset(u->main_grads, 0, bytes);
-  return FSDP_OK;
-}
+/* ---- zeroing ---- */
 
 /* A step dropped before its last reduce: what its backward wrote outside
  * the optimizer's grads goes too, or the next step would add to it: the
@@ -116,70 +106,21 @@ int fsdp_unit_zero_grad(fsdp_unit *u) {
   FSDP_CHECK(fsdp_unit_synchronize(u));
   u->sum_pending = 0; /* a micro-batch sum begun (zero 0-1, fp32 sums) starts again */
   FSDP_CHECK(drop_unreduced(u));
-  FSDP_CHECK(zero_main_grads(u));
+  FSDP_CHECK(fsdp_unit_zero_main_grads(u));
   fsdp_unit_enter(u, UNIT_EV_ZERO_GRAD);
   return FSDP_OK;
 }
 
-/* The compute-dtype params from the fp32 main params: after an optimizer
- * step, or after a checkpoint load set the main params. Zero 0 casts the
- * full copy; zero >= 1 casts the shard (HFSDP: all-gathers the replicas'
- * ranges into it) and, for the resident levels, all-gathers the full
- * params. cast = 0 where the step wrote the compute params already. */
-static int publish(fsdp_unit *u, int cast) {
-  fsdp_stream *s = u->shard_comm->stream;
-  int dt = u->cfg.compute_dtype;
-  if (u->cfg.zero == 0) {
-    if (cast) FSDP_CHECK(fsdp_unit_cast_out(u->params_full, dt, u->main_params, u->total_numel, s));
-    /* the compute stream reads params_full after this event (fsdp_unit_wait) */
-    return fsdp_event_record(u->gathered, s);
-  }
-  if (u->hfsdp) { /* gather the replicas' ranges into the compute shard (no reduction runs: the scratch is free) */
-    float *scratch = fsdp_unit_reduce_scratch(u);
-    FSDP_CHECK(fsdp_unit_cast_out(scratch, dt, u->main_params, u->opt_numel, s));
-    if (u->device == FSDP_CUDA) FSDP_CHECK(fsdp_stream_synchronize(s));
-    FSDP_CHECK(fsdp_comm_all_gather(u->outer_comm, u->param_shard, scratch, (size_t)u->opt_numel, dt));
-    FSDP_CHECK(fsdp_comm_synchronize(u->outer_comm));
-  } else if (u->host_stage) { /* offload on a GPU: cast on the host, one copy up (params on host: at each unshard) */
-    FSDP_CHECK(fsdp_unit_cast_out(u->host_stage, dt, u->main_params, u->shard_numel, NULL));
-    if (!u->params_on_host)
-      FSDP_CHECK(fsdp_memcpy(u->param_shard, u->host_stage, (size_t)u->shard_numel * u->compute_size, s));
-  } else if (cast) {
-    FSDP_CHECK(fsdp_unit_cast_out(u->param_shard, dt, u->main_params, u->shard_numel, s));
-  }
-  if (u->cfg.zero <= 2) { /* resident full params: gather the new values */
-    FSDP_CHECK(fsdp_comm_all_gather(u->shard_comm, u->params_full, u->param_shard, (size_t)u->shard_numel, dt));
-    FSDP_CHECK(fsdp_event_record(u->gathered, s));
-  }
-  return FSDP_OK;
-}
-
-/* split main params: the compute params are their high halves already */
-int fsdp_unit_publish_params(fsdp_unit *u) { return publish(u, !u->compute_is_main && !u->main_split); }
 
 /* ---- the step ---- */
 
-/* Update what this rank owns (zero 0: everything), write the new values
- * back to the compute params, and zero the grads. */
-static int update_owned(fsdp_unit *u, const fsdp_step_args *a) {
-  fsdp_layout_piece *ps = NULL;
-  int k = fsdp_unit_owned_pieces(u, &ps);
-  FSDP_CHECK(k);
-  if (u->offload) return fsdp_offload_step(u, a, ps, k); /* takes ps, returns at once (offload.c) */
-  fsdp_step_args in_place = *a;
-  in_place.stage = fsdp_unit_inplace_stage(u);
-  int rc = fsdp_unit_update_pieces(u, &in_place, ps, k);
-  free(ps);
-  FSDP_CHECK(rc);
-  FSDP_CHECK(publish(u, 0)); /* the update wrote the compute params, or they are main (HFSDP still gathers) */
-  return zero_main_grads(u);
-}
-
+/* The grads reduced and summed (the reductions waited for), then the step
+ * applied now, or deferred to the unit's next use (unit_apply.c). */
 static int step_owned(fsdp_unit *u, const fsdp_step_args *a) {
   fsdp_heartbeat_pulse(); /* each unit's update is progress: a large model's optimizer step takes long */
   FSDP_CHECK(fsdp_unit_check(u, UNIT_EV_STEP));
   FSDP_CHECK(fsdp_unit_synchronize(u));
-  FSDP_CHECK(update_owned(u, a));
+  FSDP_CHECK(fsdp_unit_apply_step(u, a));
   fsdp_unit_enter(u, UNIT_EV_STEP);
   return FSDP_OK;
 }

@@ -3,7 +3,7 @@
  * decay), writing the new compute-dtype values in the same pass; the fp32
  * to compute-dtype cast; the grad sum of squares on a GPU. On CPU ranks and
  * for offloaded units these run on the host (src/shard/adamw.c), on GPUs as
- * kernels on the shard group's stream. Both the in-place step (unit_step.c)
+ * kernels on the shard group's stream. Both the in-place step (unit_apply.c)
  * and the offloaded one (offload.c) come here, so neither calls the other. */
 #include <string.h>
 

@@ -102,6 +102,7 @@ int main(void) {
   OFF(fsdp_unit_config, offload);
   OFF(fsdp_unit_config, comm_register);
   OFF(fsdp_unit_config, micro_batches);
+  OFF(fsdp_unit_config, overlap_step);
   OFF(fsdp_unit_memory, params_full);
   OFF(fsdp_unit_memory, params_shard);
   OFF(fsdp_unit_memory, main_params);

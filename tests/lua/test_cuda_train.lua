@@ -14,7 +14,10 @@
 --   weights bit for bit;
 --   bf16 with two micro-batches at zero 1 (summed in a full fp32 buffer,
 --   each micro-batch's bf16 grads zeroed for the next) against zero 2
---   (summed into the fp32 shard): the same losses and weights bit for bit.
+--   (summed into the fp32 shard): the same losses and weights bit for bit;
+--   overlap_step (each unit's step applied on the shard stream at its next
+--   use, beside the next forward's compute) against the step at once, at
+--   zero 0-3: the same losses and weights bit for bit.
 local fsdp = require "fsdp"
 local llama = require "fsdp.models.llama"
 local profile = require "fsdp.profile"
@@ -55,11 +58,11 @@ local opt = { lr = 3e-3, weight_decay = 0.1, clip = 1.0,
 
 -- single: one micro-batch per step, "fixed" (fully_shard told so: compact
 -- bf16 grads) or "any"; nil: two per step
-local function run(mesh, device, zero, dtype, ck, offload, profile_at, recompute, single)
+local function run(mesh, device, zero, dtype, ck, offload, profile_at, recompute, single, overlap)
   local model = llama.model(cfg, { checkpoint = ck, recompute = recompute })
   local m = fsdp.fully_shard(model, { shard = mesh:group("dp"), units = llama.units,
     zero = zero, seed = 7, mixed = { param_dtype = dtype }, offload = offload,
-    micro_batches = single == "fixed" and 1 or nil })
+    micro_batches = single == "fixed" and 1 or nil, overlap_step = overlap })
   local losses, prof = {}, nil
   for t = 1, 6 do
     if t == profile_at then
@@ -124,6 +127,14 @@ do
   for t = 1, 6 do same = same and l1[t] == l2[t] end
   for i = 1, #w1 do same = same and w1[i] == w2[i] end
   check(same, "bf16, two micro-batches: zero 1's fp32 sums give zero 2's losses and weights, bit for bit")
+end
+for z = 0, 3 do
+  local la, wa = run(gpu_mesh, "cuda", z, "bf16", "none", nil, nil, nil, nil, false)
+  local lo, wo = run(gpu_mesh, "cuda", z, "bf16", "none", nil, nil, nil, nil, true)
+  same = #wa == #wo
+  for t = 1, 6 do same = same and la[t] == lo[t] end
+  for i = 1, #wa do same = same and wa[i] == wo[i] end
+  check(same, "bf16 zero " .. z .. ": overlap_step gives the losses and weights of the step at once, bit for bit")
 end
 local ordered, inside, down = true, true, 0
 for _, sp in ipairs(lp.profile.spans) do

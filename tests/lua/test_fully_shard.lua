@@ -6,6 +6,7 @@
 -- fp32, within 1e-5 relative (+1e-6 absolute for weights).
 local fsdp = require "fsdp"
 local nn = fsdp.nn
+local ffi, C = fsdp.ffi, fsdp.C
 
 local info = fsdp.init()
 local W, R = info.size, info.rank
@@ -70,6 +71,55 @@ do
     "zero = 7", "bad per-unit zero")
   m:free()
 end
+-- overlap_step: each unit's step applied at its next use (the next
+-- forward) instead of at the end of train_step, the default on GPUs; on
+-- CPU ranks asked for here. The same arithmetic in the same order: the
+-- losses, the weights and the optimizer state bit for bit those of the
+-- step applied at once (tolerance none), and nothing of the last step lost
+-- (the weights and the state are read after it, which applies it).
+local function state_of(model)
+  local out = {}
+  for _, u in ipairs(model.units) do
+    local n = tonumber(C.fsdp_unit_state_numel(u.handle))
+    for kind = 0, 2 do
+      local buf = ffi.new("float[?]", math.max(n, 1))
+      fsdp.check(C.fsdp_unit_state_get(u.handle, kind, 0, n, buf), "state_get")
+      for i = 0, n - 1 do out[#out + 1] = buf[i] end
+    end
+  end
+  return out
+end
+for zero = 0, 3 do
+  for _, K in ipairs({ 1, 2 }) do
+    local label = string.format("W=%d zero %d, %d micro-batches, overlap_step", W, zero, K)
+    local made = {}
+    for i, overlap in ipairs({ true, false }) do
+      made[i] = fsdp.fully_shard(mlp(), { shard = dp, units = { "Linear" }, zero = zero, seed = 7, overlap_step = overlap,
+        micro_batches = K })
+    end
+    check(made[1].units[1].config.overlap_step == 1 and made[2].units[1].config.overlap_step == 0,
+      label .. ": the units were made so")
+    local off = 0
+    for t = 1, 5 do
+      local mine = {}
+      for k = 1, K do mine[k] = batch(R, k, t) end
+      if made[1]:train_step(mine, opt) ~= made[2]:train_step(mine, opt) then off = off + 1 end
+    end
+    for _, name in ipairs(names) do
+      local a, b = made[1]:gather(name), made[2]:gather(name)
+      for i = 1, #b do if a[i] ~= b[i] then off = off + 1 end end
+    end
+    local sa, sb = state_of(made[1]), state_of(made[2])
+    for i = 1, #sb do if sa[i] ~= sb[i] then off = off + 1 end end
+    check(off == 0 and #sa == #sb and #sa > 0, string.format("%s: losses, weights and optimizer state bit for bit the " ..
+      "step at once's (%d off)", label, off))
+    made[1]:free()
+    made[2]:free()
+  end
+end
+fails(function() fsdp.fully_shard(mlp(), { shard = dp, overlap_step = "yes" }) end, "overlap_step = 'yes' (a string)",
+  "overlap_step is a boolean")
+
 -- A step that ends in an error part way (its second micro-batch's loss
 -- fails, so the first was reduced; or the loss is read after the whole
 -- backward, so every unit's grads were reduced) leaves nothing behind: the

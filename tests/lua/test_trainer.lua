@@ -320,6 +320,12 @@ do
   local same = true
   for s = 1, 3 do same = same and a.losses[s] == b.losses[s] end
   check(same, string.format("training on the token file repeats the corpus run's losses (%.6f %.6f)", a.losses[3], b.losses[3]))
+  -- fsdp.overlap_step=true (each unit's step at its next use) from the
+  -- command line: the losses of the step at once, bit for bit
+  local o = train.run(tiny(), "overlap.lua", T.joined(args, { "fsdp.overlap_step=true" }))
+  same = true
+  for s = 1, 3 do same = same and o.losses[s] == b.losses[s] end
+  check(same, string.format("fsdp.overlap_step=true repeats the losses (%.6f %.6f)", o.losses[3], b.losses[3]))
   -- splits shorter than one window: refused before the first step, naming
   -- the split and the way out (the val split failed at the first
   -- evaluation, after training, with a traceback)
