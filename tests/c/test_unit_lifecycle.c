@@ -13,7 +13,8 @@
  *     optimizer state bit for bit those of a unit driven through the same
  *     two steps alone (tolerance: none; the same calls on the same data).
  *   - a step dropped by zero_grad half way (one micro-batch reduced, one
- *     not) leaves nothing behind: the same reference never saw it. */
+ *     not) leaves nothing behind: the same reference never saw it;
+ *   - overlap_step's config rules (0 or 1; not with offload or hfsdp). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -152,6 +153,26 @@ static void run(fsdp_comm *dp, int zero) {
   fsdp_pool_destroy(gp);
 }
 
+/* overlap_step's config rules: 0 or 1, and not with offload or hfsdp */
+static void overlap_rules(void) {
+  fsdp_layout *lay = NULL;
+  int64_t n = 100;
+  CHECK_OK(fsdp_layout_create(1, &n, 2, 1, 1, &lay));
+  fsdp_unit_config c = {.zero = 3, .compute_dtype = FSDP_FP32, .reduce_dtype = FSDP_FP32, .grad_op = FSDP_AVG,
+                        .param_align = 1, .shard_align = 1, .overlap_step = 1};
+  fsdp_unit_plan p;
+  CHECK_OK(fsdp_unit_plan_make(&c, lay, FSDP_CPU, 1, 0, &p));
+  c.offload = FSDP_OFFLOAD_OPTIMIZER;
+  CHECK_FAILS(fsdp_unit_plan_make(&c, lay, FSDP_CPU, 1, 0, &p), FSDP_EINVAL, "not with offload");
+  c.offload = 0;
+  c.hfsdp = 1;
+  CHECK_FAILS(fsdp_unit_plan_make(&c, lay, FSDP_CPU, 2, 0, &p), FSDP_EINVAL, "not with hfsdp");
+  c.hfsdp = 0;
+  c.overlap_step = 2;
+  CHECK_FAILS(fsdp_unit_plan_make(&c, lay, FSDP_CPU, 1, 0, &p), FSDP_EINVAL, "overlap_step = 2; expected 0 or 1");
+  fsdp_layout_destroy(lay);
+}
+
 int main(void) {
   fsdp_proc_info info;
   if (fsdp_init(&info) < 0) return 1;
@@ -159,6 +180,7 @@ int main(void) {
   fsdp_mesh *m = NULL;
   fsdp_comm *dp = fsdp_test_world(FSDP_CPU, &m);
   for (int zero = 0; zero <= 3 && dp; zero++) run(dp, zero);
+  overlap_rules();
   fsdp_mesh_destroy(m);
   char label[64];
   snprintf(label, sizeof label, "test_unit_lifecycle[%d/%d]", R, info.size);
