@@ -30,6 +30,9 @@
 #   vs_peers_offload   the 4.4B model, the optimizer offloaded: us against FSDP2's
 #               CPUOffloadPolicy and DeepSpeed's ZeRO-Offload, GPU and host memory
 #   timeline    one 1B step as a timeline (train.profile)
+#   timeline4   one step of 4 GPU ranks on the GPU at hand (--ranks-per-gpu 4, NCCL over
+#               sockets: slow collectives make overlap plain), zero 3 with and without
+#               prefetch: the comm track and the share of it hidden behind compute
 #   offload_probe      the 4.4B model, param shards offloaded: start-up and 3 steps
 #   attention   our attention kernels vs SDPA's cuDNN and flash backends (bench/attention_vs_torch.py)
 #   collectives the collective benchmarks and the multi-rank CPU tests
@@ -191,6 +194,15 @@ stage_timeline() {
   echo "== one step of the 1B model as a timeline (train.profile: where the device waits for the host)"
   "$build/fsdprun" -n 1 --rank0-only --host "$build/fsdp" bench/llama1b.lua train.steps=3 train.profile="$out/profile_llama1b.json" \
     2>&1 | grep "profile:" | tee "$out/profile_llama1b.txt"
+}
+
+stage_timeline4() {
+  echo "== 4 GPU ranks on one GPU: one step's timeline, the communication hidden behind compute (prefetch 1, then 0)"
+  for pf in 1 0; do
+    "$build/fsdprun" -n 4 --ranks-per-gpu 4 --rank0-only --host "$build/fsdp" recipes/tiny.lua train.device=cuda \
+      train.steps=3 train.eval_every=0 fsdp.zero=3 fsdp.prefetch=$pf train.profile="$out/profile_4ranks_prefetch$pf.json" \
+      2>&1 | grep "profile: \(phases\|the comm\)" | sed "s/^/prefetch $pf: /" | tee -a "$out/timeline4.txt"
+  done
 }
 
 stage_offload_probe() {

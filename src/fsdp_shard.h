@@ -283,6 +283,17 @@ typedef struct fsdp_unit_times {
   double gather_begin, gather_end, reduce_begin, reduce_end, step_begin, step_end;
 } fsdp_unit_times;
 int fsdp_unit_times_get(const fsdp_unit *u, fsdp_unit_times *out);
+/* A probe of the unit's next gather (FSDP_PROBE_GATHER: unshard's
+ * all-gather) or reduction (FSDP_PROBE_REDUCE): two timed events
+ * (fsdp_event_create_timed, on the unit's device) recorded on its comm
+ * stream where the collective begins and ends, for a timeline of the comm
+ * streams (fsdp.profile); the caller owns them and keeps them until read.
+ * Used by one collective, then cleared. Returns 1 when the probe set before
+ * was recorded, 0 when no collective took it (the call had nothing to do:
+ * already gathered, or a micro-batch that only accumulates); begin = end =
+ * NULL sets none. */
+typedef enum { FSDP_PROBE_GATHER = 0, FSDP_PROBE_REDUCE = 1 } fsdp_unit_probe_kind;
+int fsdp_unit_probe(fsdp_unit *u, int which, fsdp_event *begin, fsdp_event *end);
 typedef enum { FSDP_VIEW_PARAM = 0, FSDP_VIEW_GRAD = 1 } fsdp_unit_view_kind;
 int fsdp_unit_param_view(fsdp_unit *u, int param, int which, int ndim, const int64_t *shape, fsdp_tensor *out);
 

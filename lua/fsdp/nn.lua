@@ -143,6 +143,7 @@ local function hooked(ctx, c, phase, fn, ...)
   local p = profile.active -- (train.profile: this call is a span of the step's timeline)
   if p then p:enter(p:name_of(c), phase) end
   autograd.untracked(ctx.enter, ctx, c, phase)
+  if p then p:ready() end -- (its unit gathered and waited for: compute from here)
   local y = fn(...)
   autograd.untracked(ctx.leave, ctx, c, phase)
   if p then p:leave() end

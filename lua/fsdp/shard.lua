@@ -21,6 +21,7 @@ local autograd = require "fsdp.autograd"
 local tensor = require "fsdp.tensor"
 local ops = require "fsdp.ops"
 local profile = require "fsdp.profile"
+local streams = require "fsdp.stream"
 local ffi, C, check = base.ffi, base.C, base.check
 
 local M = {}
@@ -297,11 +298,34 @@ local function comm_times(u, e, which)
   e.begin, e.finish = time_of(which .. "_begin"), time_of(which .. "_end")
 end
 
+-- train.profile: a unit's collective as a span of the comm streams, from
+-- the two timed events it records there (fsdp_unit_probe); kept when the
+-- call ran one (a gather already done or a micro-batch that only adds up
+-- runs none)
+local function probe(u, which)
+  local p = profile.active
+  if not p then return nil end
+  local b, e = streams.event(p.device, true), streams.event(p.device, true)
+  check(C.fsdp_unit_probe(u.handle, which, b.handle, e.handle), "unit '" .. u.name .. "' probe")
+  return { p = p, b = b, e = e }
+end
+local function probed(u, which, pr, name)
+  if not pr then return end
+  if check(C.fsdp_unit_probe(u.handle, which, nil, nil), "unit '" .. u.name .. "' probe") == 1 and profile.active == pr.p then
+    pr.p:comm(name .. " " .. u.name, pr.b, pr.e)
+  else
+    pr.b:free()
+    pr.e:free()
+  end
+end
+
 -- zero 3: start gathering u's params unless already there (or at the
 -- pool's bound); a no-op for the resident levels. A prefetch also skips a
 -- unit whose offloaded step still runs on the host (rather than wait here).
 local function unshard(u, s, prefetch)
+  local pr = probe(u, C.FSDP_PROBE_GATHER)
   local rc = (prefetch and C.fsdp_unit_prefetch or C.fsdp_unit_unshard)(u.handle)
+  probed(u, C.FSDP_PROBE_GATHER, pr, "all-gather")
   check(rc, "unit '" .. u.name .. "' unshard")
   if rc == 0 and not u.gathered and s and u.zero == 3 then
     u.gathered = true
@@ -361,7 +385,10 @@ function Ctx:leave(m, phase)
   if left == 0 then
     if u.zero == 3 then reshard(u, self.s) end
     self.cur = nil
-    check(C.fsdp_unit_reduce(u.handle, self.s.cs, self.sync and 1 or 0), "unit '" .. u.name .. "' reduce")
+    local pr = probe(u, C.FSDP_PROBE_REDUCE)
+    local rc = C.fsdp_unit_reduce(u.handle, self.s.cs, self.sync and 1 or 0)
+    probed(u, C.FSDP_PROBE_REDUCE, pr, "reduce")
+    check(rc, "unit '" .. u.name .. "' reduce")
     -- the last micro-batch: its share of the grad norm, queued behind the
     -- reduction, computed while the other units run their backward
     if self.sync then check(C.fsdp_unit_grad_norm_start(u.handle), "unit '" .. u.name .. "' grad norm") end

@@ -80,6 +80,39 @@ static int enqueue_stamp(fsdp_stream *s, double *where) {
   return s->device == FSDP_CPU ? fsdp_cpu_stream_enqueue(s, stamp, where, NULL) : FSDP_OK;
 }
 
+/* Where a gather or reduction begins (end = 0) and ends on stream s: the
+ * time stamp, and the probe's timed event (fsdp_unit_probe) if one is set,
+ * on CPU ranks and GPUs alike; the probe is used once. */
+static int mark(fsdp_unit *u, int which, int end, fsdp_stream *s) {
+  double *t = which == FSDP_PROBE_GATHER ? (end ? &u->times.gather_end : &u->times.gather_begin)
+                                         : (end ? &u->times.reduce_end : &u->times.reduce_begin);
+  FSDP_CHECK(enqueue_stamp(s, t));
+  fsdp_event *e = u->probe[which][end];
+  if (!e) return FSDP_OK;
+  FSDP_CHECK(fsdp_event_record(e, s));
+  if (end) {
+    u->probe[which][0] = u->probe[which][1] = NULL;
+    u->probe_used[which] = 1;
+  }
+  return FSDP_OK;
+}
+
+int fsdp_unit_probe(fsdp_unit *u, int which, fsdp_event *begin, fsdp_event *end) {
+  if (!u) return fsdp_fail(FSDP_EINVAL, "unit_probe: NULL unit");
+  if (which != FSDP_PROBE_GATHER && which != FSDP_PROBE_REDUCE)
+    return fsdp_fail(FSDP_EINVAL, "unit '%s': probe kind %d (expected FSDP_PROBE_GATHER or FSDP_PROBE_REDUCE)", u->name,
+                     which);
+  if ((begin == NULL) != (end == NULL))
+    return fsdp_fail(FSDP_EINVAL, "unit '%s': a probe needs both events, or neither", u->name);
+  if (begin && (begin->device != u->device || end->device != u->device))
+    return fsdp_fail(FSDP_EINVAL, "unit '%s': the probe's events are not on the unit's device", u->name);
+  int used = u->probe_used[which];
+  u->probe_used[which] = 0;
+  u->probe[which][0] = begin;
+  u->probe[which][1] = end;
+  return used;
+}
+
 /* ---- forward: params ---- */
 
 int fsdp_unit_unshard(fsdp_unit *u) {
@@ -91,8 +124,8 @@ int fsdp_unit_unshard(fsdp_unit *u) {
   if (!u->plan.pool_params) { /* one rank holds the whole unit: its shard is the full params */
     u->gathered_params = u->param_shard;
     fsdp_unit_enter(u, UNIT_EV_UNSHARD);
-    FSDP_CHECK(enqueue_stamp(cs, &u->times.gather_begin));
-    FSDP_CHECK(enqueue_stamp(cs, &u->times.gather_end));
+    FSDP_CHECK(mark(u, FSDP_PROBE_GATHER, 0, cs));
+    FSDP_CHECK(mark(u, FSDP_PROBE_GATHER, 1, cs));
     return fsdp_event_record(u->gathered, cs); /* after the step's last writes to it */
   }
   void *full = NULL;
@@ -100,14 +133,14 @@ int fsdp_unit_unshard(fsdp_unit *u) {
   if (rc != FSDP_OK) return rc; /* FSDP_DEFERRED: at the bound */
   u->gathered_params = full;
   fsdp_unit_enter(u, UNIT_EV_UNSHARD);
-  FSDP_CHECK(enqueue_stamp(cs, &u->times.gather_begin));
+  FSDP_CHECK(mark(u, FSDP_PROBE_GATHER, 0, cs));
   const void *in = u->param_shard;
   if (u->params_on_host) { /* the shard lives on the host: up into the comm's staging, in stream order */
     FSDP_CHECK(fsdp_memcpy(u->shard_comm->scratch, u->host_stage, (size_t)u->shard_numel * c, cs));
     in = u->shard_comm->scratch;
   }
   FSDP_CHECK(fsdp_comm_all_gather(u->shard_comm, full, in, (size_t)u->shard_numel, u->cfg.compute_dtype));
-  FSDP_CHECK(enqueue_stamp(cs, &u->times.gather_end));
+  FSDP_CHECK(mark(u, FSDP_PROBE_GATHER, 1, cs));
   return fsdp_event_record(u->gathered, cs);
 }
 
@@ -281,7 +314,7 @@ static int reduce(fsdp_unit *u, fsdp_stream *compute, int sync) {
   if (u->grads_zeroed) FSDP_CHECK(fsdp_stream_wait_event(c->stream, u->grads_zeroed)); /* the last step's, on shard */
   FSDP_CHECK(fsdp_event_record(u->handoff, compute));
   FSDP_CHECK(fsdp_stream_wait_event(c->stream, u->handoff));
-  FSDP_CHECK(enqueue_stamp(c->stream, &u->times.reduce_begin));
+  FSDP_CHECK(mark(u, FSDP_PROBE_REDUCE, 0, c->stream));
   int64_t T = u->total_numel, gbytes = T * (int64_t)u->compute_size;
   if (u->reduce_path == UNIT_REDUCE_COMPACT) {
     FSDP_CHECK(reduce_compact(u));
@@ -306,7 +339,7 @@ static int reduce(fsdp_unit *u, fsdp_stream *compute, int sync) {
     u->grad_slot = -1;
     u->pooled_grads = NULL;
   }
-  FSDP_CHECK(enqueue_stamp(c->stream, &u->times.reduce_end));
+  FSDP_CHECK(mark(u, FSDP_PROBE_REDUCE, 1, c->stream));
   if (!sync || u->grads_on_host) return FSDP_OK; /* offloaded grads: in host memory already */
   if (u->outer_comm && !u->grads_compact) FSDP_CHECK(reduce_outer(u)); /* (compact: one replica) */
   if (!u->offload) return FSDP_OK;

@@ -117,6 +117,8 @@ struct fsdp_unit {
                                zeroing of main_grads (on the shard stream) */
   fsdp_event *grads_free;   /* sums_fp32: the full grads added in and zeroed (reduce stream) */
   fsdp_unit_times times;    /* written on the comm stream, read after it is waited for */
+  fsdp_event *probe[2][2];  /* fsdp_unit_probe: [gather / reduce][begin / end], the caller's */
+  int probe_used[2];        /* the probe set last was recorded */
 
   /* the grad norm, queued behind the last reduction */
   void *norm_device;        /* GPU: double sum, int64 non-finite count */

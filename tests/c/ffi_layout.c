@@ -43,6 +43,7 @@ int main(void) {
   SIZE(fsdp_unit_state_kind);
   SIZE(fsdp_unit_params_state);
   SIZE(fsdp_unit_grads_state);
+  SIZE(fsdp_unit_probe_kind);
   SIZE(fsdp_token_format);
   printf("},\noffsets = {\n");
   OFF(fsdp_proc_info, rank);
@@ -217,6 +218,8 @@ int main(void) {
   CONST(FSDP_GRADS_CLEAN);
   CONST(FSDP_GRADS_ACCUMULATING);
   CONST(FSDP_GRADS_REDUCED);
+  CONST(FSDP_PROBE_GATHER);
+  CONST(FSDP_PROBE_REDUCE);
   CONST(FSDP_CPU);
   CONST(FSDP_CUDA);
   CONST(FSDP_SUM);

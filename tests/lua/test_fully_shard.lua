@@ -120,6 +120,54 @@ end
 fails(function() fsdp.fully_shard(mlp(), { shard = dp, overlap_step = "yes" }) end, "overlap_step = 'yes' (a string)",
   "overlap_step is a boolean")
 
+-- A step's timeline (fsdp.profile) holds each unit's collectives on the
+-- comm streams: a reduction per unit per micro-batch that reduces (zero
+-- 2-3: each of K; zero 0-1: the last only, the others add up in place and
+-- run none), at least one all-gather per unit at zero 3 and none at zero
+-- 0-2 (resident params), every span inside the step, and the hidden share
+-- between 0 and the whole. Without prefetch no all-gather can overlap a
+-- module's work (a CPU rank waits for its unit's gather before computing,
+-- and the work is timed from there): its hidden share is exactly 0.
+local profile = require "fsdp.profile"
+for _, case in ipairs({ { 1, 1 }, { 3, 1 }, { 3, 0 } }) do
+  local zero, prefetch = case[1], case[2]
+  local model = fsdp.fully_shard(mlp(), { shard = dp, units = { "Linear" }, zero = zero, seed = 7, prefetch = prefetch })
+  model:train_step({ batch(R, 1, 1), batch(R, 2, 1) }, opt) -- (the first step's set-up out of the way)
+  local p = profile.start({ device = "cpu", settle = function() model:synchronize() end })
+  model:train_step({ batch(R, 1, 2), batch(R, 2, 2) }, opt)
+  p:finish(function() model:synchronize() end)
+  local gathers, reduces, inside = {}, {}, true
+  for _, sp in ipairs(p.spans) do
+    if sp.comm then
+      local kind, unit = sp.name:match("^(%S+) (.+)$")
+      local t = kind == "all-gather" and gathers or reduces
+      t[unit] = (t[unit] or 0) + 1
+      inside = inside and sp.dev_begin >= 0 and sp.dev_end >= sp.dev_begin and sp.dev_end <= p.wall + 1e-6
+    end
+  end
+  local ok = true
+  for _, u in ipairs(model.units) do
+    ok = ok and reduces[u.name] == (zero == 3 and 2 or 1)
+    ok = ok and (zero == 3 and (gathers[u.name] or 0) >= 1 or zero < 3 and gathers[u.name] == nil)
+  end
+  local ov = p:overlap()
+  check(ok and inside and ov.comm > 0 and ov.hidden >= 0 and ov.hidden <= ov.comm + 1e-12,
+    string.format("W=%d zero %d, prefetch %d, 2 micro-batches: the comm track's gathers and reductions per unit, inside " ..
+    "the step; %.0f%% of %.3f ms hidden", W, zero, prefetch, 100 * ov.hidden / math.max(ov.comm, 1e-12), 1e3 * ov.comm))
+  if zero == 3 and prefetch == 0 then
+    local has_child, g, work = {}, {}, {}
+    for _, sp in ipairs(p.spans) do if sp.parent then has_child[sp.parent] = true end end
+    for _, sp in ipairs(p.spans) do
+      if sp.comm and sp.name:find("^all%-gather") then g[#g + 1] = { sp.dev_begin, sp.dev_end }
+      elseif not sp.comm and sp.parent and not has_child[sp] then work[#work + 1] = { sp.dev_ready or sp.dev_begin, sp.dev_end } end
+    end
+    local hidden = profile.overlap_length(g, work)
+    check(#g > 0 and #work > 0 and hidden <= 1e-9, string.format("W=%d zero 3 without prefetch: no all-gather overlaps " ..
+      "a module's work (%.2e s)", W, hidden))
+  end
+  model:free()
+end
+
 -- A step that ends in an error part way (its second micro-batch's loss
 -- fails, so the first was reduced; or the loss is read after the whole
 -- backward, so every unit's grads were reduced) leaves nothing behind: the

@@ -7,9 +7,12 @@
 --     one behind the pause does not;
 --   * spans summed by module with the layer index taken out;
 --   * the Chrome trace: every span on each track, in microseconds;
+--   * the length of a union of intervals and of an overlap (the share of
+--     communication hidden behind compute) against a brute force;
 --   * train.profile on the tiny recipe: the file, spans of every decoder
---     layer's modules in both phases, the step's phases, the same losses
---     as the run without it; bad fields and an unwritable path.
+--     layer's modules in both phases, the step's phases, each unit's
+--     all-gathers and reduction on the comm track, the same losses as the
+--     run without it; bad fields and an unwritable path.
 local fsdp = require "fsdp"
 local profile = require "fsdp.profile"
 local json = require "fsdp.json"
@@ -96,7 +99,41 @@ do
   check(profile.active == nil, "abandon() ends the recording (a run that failed)")
 end
 
--- 4. train.profile on the tiny recipe
+-- 4. the measure of interval unions and of an overlap, against a brute
+-- force over the elementary segments between all endpoints (exact to 1e-12)
+do
+  local seed = 12345
+  local function rnd() seed = (seed * 1103515245 + 12345) % 2147483648; return seed / 2147483648 end
+  local function brute(a, b)
+    local xs = {}
+    for _, v in ipairs(a) do xs[#xs + 1] = v[1]; xs[#xs + 1] = v[2] end
+    for _, v in ipairs(b or {}) do xs[#xs + 1] = v[1]; xs[#xs + 1] = v[2] end
+    table.sort(xs)
+    local function inside(set, x) for _, v in ipairs(set) do if v[1] <= x and x <= v[2] then return true end end return false end
+    local ua, both = 0, 0
+    for i = 1, #xs - 1 do
+      local mid = (xs[i] + xs[i + 1]) / 2
+      if inside(a, mid) then
+        ua = ua + (xs[i + 1] - xs[i])
+        if b and inside(b, mid) then both = both + (xs[i + 1] - xs[i]) end
+      end
+    end
+    return ua, both
+  end
+  local worst = 0
+  for _ = 1, 200 do
+    local a, b = {}, {}
+    for _ = 1, 1 + math.floor(rnd() * 8) do local x = rnd(); a[#a + 1] = { x, x + rnd() * 0.3 } end
+    for _ = 1, 1 + math.floor(rnd() * 8) do local x = rnd(); b[#b + 1] = { x, x + rnd() * 0.3 } end
+    local ua, both = brute(a, b)
+    worst = math.max(worst, math.abs(profile.union_length({ unpack(a) }) - ua), math.abs(profile.overlap_length(a, b) - both))
+  end
+  check(worst < 1e-12, string.format("union and overlap lengths of 200 random interval sets as the brute force's (worst %.1e)",
+    worst))
+  check(profile.union_length({}) == 0 and profile.overlap_length({ { 0, 1 } }, {}) == 0, "empty sets measure 0")
+end
+
+-- 5. train.profile on the tiny recipe
 local function tiny() return dofile(root .. "/recipes/tiny.lua") end
 local args = { "train.steps=3", "train.log_every=10", "data.seq=32", "data.micro_batch=2", "model.num_hidden_layers=2" }
 local plain = train.run(tiny(), "plain.lua", args)
@@ -118,6 +155,20 @@ for _, want in ipairs({ "model.layers.0.mlp.down_proj/forward", "model.layers.1.
   "optimizer/step", "grads: wait, norm, loss/step" }) do
   check(seen[want], "the trace has " .. want)
 end
+-- the units' collectives on the comm streams' track: each unit's
+-- all-gathers and its reduction, inside the step, ends after beginnings
+local comm_spans, sane = {}, true
+for _, e in ipairs(tr and tr.traceEvents or {}) do
+  if e.cat == "comm" then
+    comm_spans[e.name] = true
+    sane = sane and e.tid == 3 and e.dur >= 0 and e.ts >= 0
+  end
+end
+for _, want in ipairs({ "all-gather model.layers.0", "all-gather model.layers.1", "reduce model.layers.0",
+  "reduce model.layers.1", "reduce embed", "all-gather head" }) do
+  check(comm_spans[want], "the trace's comm track has " .. want)
+end
+check(sane, "comm spans on their own track (3), with lengths >= 0")
 a2[#a2] = "train.profile_step=3"
 fails(function() train.run(tiny(), "p.lua", a2) end, "train.profile_step = 3 without train.profile", "a step without a file")
 a2[#a2] = "train.profile_step=0"
