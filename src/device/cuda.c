@@ -17,6 +17,7 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "../../kernels/kernels.h"
 #include "../base/error.h"
@@ -149,9 +150,11 @@ int fsdp_cuda_stream_create(fsdp_stream **out) {
   return FSDP_OK;
 }
 
+static int guarded_wait(cudaStream_t s, cudaEvent_t e, const char *what);
+
 int fsdp_cuda_stream_destroy(fsdp_stream *base) {
   cuda_stream *s = (cuda_stream *)base;
-  int rc = CU(cudaStreamSynchronize(s->s));
+  int rc = guarded_wait(s->s, NULL, "a CUDA stream's last work before it is destroyed");
   cudaStreamDestroy(s->s);
   free(s);
   return rc;
@@ -161,7 +164,32 @@ void *fsdp_cuda_stream_handle(fsdp_stream *base) { return base ? (void *)((cuda_
 
 static cudaStream_t handle(fsdp_stream *base) { return base ? ((cuda_stream *)base)->s : (cudaStream_t)0; }
 
-int fsdp_cuda_stream_synchronize(fsdp_stream *s) { return CU(cudaStreamSynchronize(handle(s))); }
+/* ---- waits a dead peer could make endless ----
+ * While NCCL communicators are alive, a stream or an event may wait behind
+ * a collective that a dead peer never joins (the compute stream waits on a
+ * gather's event; evaluation reads a loss; a gather reads a parameter).
+ * Then a wait polls and asks the guard the NCCL transport installed
+ * (comm_nccl.c: a peer left, an NCCL error, the comm timeout), which aborts
+ * the communicators and fails the wait naming why. Without one: CUDA's own
+ * blocking wait. */
+static int (*wait_guard)(const char *what, double waited_s);
+
+void fsdp_cuda_set_wait_guard(int (*guard)(const char *what, double waited_s)) { wait_guard = guard; }
+
+static int guarded_wait(cudaStream_t s, cudaEvent_t e, const char *what) {
+  if (!wait_guard) return CU(e ? cudaEventSynchronize(e) : cudaStreamSynchronize(s));
+  double start = fsdp_time_now();
+  for (;;) {
+    cudaError_t r = e ? cudaEventQuery(e) : cudaStreamQuery(s);
+    if (r == cudaSuccess) return FSDP_OK;
+    if (r != cudaErrorNotReady) return CU(r);
+    double waited = fsdp_time_now() - start;
+    FSDP_CHECK(wait_guard(what, waited));
+    if (waited > 1e-3) usleep(50); /* spin the first millisecond: short waits stay short */
+  }
+}
+
+int fsdp_cuda_stream_synchronize(fsdp_stream *s) { return guarded_wait(handle(s), NULL, "a CUDA stream"); }
 
 int fsdp_cuda_stream_wait_event(fsdp_stream *s, fsdp_event *e) {
   return CU(cudaStreamWaitEvent(handle(s), ((cuda_event *)e)->e, 0));
@@ -224,16 +252,16 @@ int fsdp_cuda_event_query(fsdp_event *base) {
   return e == cudaSuccess ? 1 : CU(e);
 }
 
-int fsdp_cuda_event_synchronize(fsdp_event *e) { return CU(cudaEventSynchronize(((cuda_event *)e)->e)); }
+int fsdp_cuda_event_synchronize(fsdp_event *e) { return guarded_wait(NULL, ((cuda_event *)e)->e, "a CUDA event"); }
 
 int fsdp_cuda_memcpy(void *dst, const void *src, size_t bytes, fsdp_stream *s) {
   FSDP_CHECK(CU(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, handle(s))));
-  return s ? FSDP_OK : CU(cudaStreamSynchronize(0));
+  return s ? FSDP_OK : guarded_wait(0, NULL, "a copy on the default stream");
 }
 
 int fsdp_cuda_memset(void *dst, int value, size_t bytes, fsdp_stream *s) {
   FSDP_CHECK(CU(cudaMemsetAsync(dst, value, bytes, handle(s))));
-  return s ? FSDP_OK : CU(cudaStreamSynchronize(0));
+  return s ? FSDP_OK : guarded_wait(0, NULL, "a copy on the default stream");
 }
 
 int fsdp_cuda_is_pinned_ptr(const void *ptr) {

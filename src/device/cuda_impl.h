@@ -27,6 +27,11 @@ int fsdp_cuda_event_destroy(fsdp_event *e);
 int fsdp_cuda_event_record(fsdp_event *e, fsdp_stream *s);
 int fsdp_cuda_event_query(fsdp_event *e);
 int fsdp_cuda_event_synchronize(fsdp_event *e);
+/* guard(what, seconds waited): asked while a stream or event wait polls;
+ * nonzero (a status, its message set) ends the wait with it. NULL: waits
+ * block (the default). The NCCL transport installs one while it has
+ * communicators (comm_nccl.c). */
+void fsdp_cuda_set_wait_guard(int (*guard)(const char *what, double waited_s));
 int fsdp_cuda_event_create_timed(fsdp_event **out);
 int fsdp_cuda_event_elapsed(fsdp_event *a, fsdp_event *b, double *seconds);
 /* s may be NULL (synchronous). Any direction; CUDA works out which from UVA. */

@@ -45,6 +45,9 @@ typedef struct nccl_comm {
 static pthread_mutex_t live_lock = PTHREAD_MUTEX_INITIALIZER;
 static nccl_comm *live_comms;
 
+static int device_wait_guard(const char *what, double waited_s);
+
+/* (and the device's waits are guarded while any communicator lives) */
 static void track(nccl_comm *nc, int on) {
   pthread_mutex_lock(&live_lock);
   nccl_comm **p = &live_comms;
@@ -55,6 +58,7 @@ static void track(nccl_comm *nc, int on) {
   } else if (!on && *p) {
     *p = nc->next;
   }
+  fsdp_cuda_set_wait_guard(live_comms ? device_wait_guard : NULL);
   pthread_mutex_unlock(&live_lock);
 }
 
@@ -199,6 +203,42 @@ static int nccl_synchronize(fsdp_comm *c) {
     fsdp_heartbeat_pulse(); /* waiting for a peer is not being stuck */
     if (shm_now() - start > 1e-3) usleep(50); /* spin the first millisecond: short waits stay short */
   }
+}
+
+/* A device wait (a stream, an event: cuda.c) asks this while it polls: a
+ * rank that left the job, an NCCL error on any live communicator, or a wait
+ * longer than the comm timeout end it, every communicator aborted, so the
+ * stream behind the collective drains and the rank can exit (evaluation,
+ * a gather to the host and teardown waited without a bound before). */
+static int device_wait_guard(const char *what, double waited_s) {
+  int gone = fsdp_peer_left();
+  if (gone >= 0) {
+    abort_all();
+    return fsdp_fail(FSDP_ECOMM, "rank %d left the job while this rank waited for %s; every NCCL communicator of "
+                     "this rank was aborted", gone, what);
+  }
+  ncclResult_t async = ncclSuccess;
+  const char *bad = NULL;
+  pthread_mutex_lock(&live_lock);
+  for (nccl_comm *nc = live_comms; nc && !bad; nc = nc->next) {
+    if (!nc->comm || nc->aborted) continue;
+    ncclCommGetAsyncError(nc->comm, &async);
+    if (async != ncclSuccess && async != ncclInProgress) bad = ncclGetErrorString(async);
+  }
+  pthread_mutex_unlock(&live_lock);
+  if (bad) {
+    abort_all();
+    return fsdp_fail(FSDP_ECOMM, "an NCCL communicator failed (%s) while this rank waited for %s; every NCCL "
+                     "communicator of this rank was aborted", bad, what);
+  }
+  double limit = fsdp_comm_default_timeout();
+  if (waited_s > limit) {
+    abort_all();
+    return fsdp_fail(FSDP_ETIMEOUT, "%s did not finish within %.0f s (FSDP_COMM_TIMEOUT: work behind a collective a "
+                     "peer never joined); every NCCL communicator of this rank was aborted", what, limit);
+  }
+  fsdp_heartbeat_pulse(); /* waiting for a peer is not being stuck */
+  return FSDP_OK;
 }
 
 static void nccl_destroy(fsdp_comm *c) {
