@@ -40,8 +40,10 @@ done | awk '/=>/ && $3 ~ /^\// {print $1, $3}' | sort -u |
 ls .whl/peers/*.whl >/dev/null 2>&1 || scripts/peer_wheels.sh .whl/peers >/dev/null
 du -shc build-gpu .devlibs .whl/peers
 # the stages in the order a lent GPU's few minutes should spend them: the
-# kernels written since the last GPU run checked and timed first, the
-# peers (their wheels installed offline from .whl/peers) after our own
+# code no GPU has run yet checked first (the units' checked states and
+# overlap_step in train, the bounded device waits in multirank, the dry
+# run's CUDA branches in planner), then the peers (their wheels installed
+# offline from .whl/peers) and the timelines
 echo "gpu_bundle: carry [\"build-gpu\", \".devlibs\", \".whl/peers\"]; on the GPU machine:"
-echo "  GPU_CHECK_STAGES=\"tests multirank kernels train vs_peers vs_peers_offload planner timeline adamw repl demos offload offload_probe\" \\"
+echo "  GPU_CHECK_STAGES=\"tests train multirank planner vs_peers timeline4 vs_peers_offload generate kernels timeline adamw repl demos offload offload_probe\" \\"
 echo "    TINY_STEPS=100 bash scripts/gpu_check.sh build-gpu \$OUT"
