@@ -21,7 +21,7 @@ local autograd = require "fsdp.autograd"
 local tensor = require "fsdp.tensor"
 local ops = require "fsdp.ops"
 local profile = require "fsdp.profile"
-local streams = require "fsdp.stream"
+local hooks = require "fsdp.unit_hooks"
 local ffi, C, check = base.ffi, base.C, base.check
 
 local M = {}
@@ -30,9 +30,9 @@ Sharded.__index = Sharded
 
 local init_kinds = { normal = C.FSDP_INIT_NORMAL, uniform = C.FSDP_INIT_UNIFORM, constant = C.FSDP_INIT_CONSTANT }
 
--- the assignment (fsdp.units) and the schedule (fsdp.unit_schedule) live
--- in their own files; their functions stay reachable here (shard.assign,
--- shard.simulate, ...)
+-- the assignment (fsdp.units), the schedule (fsdp.unit_schedule) and its
+-- hooks around each module (fsdp.unit_hooks) live in their own files; the
+-- first two's functions stay reachable here (shard.assign, shard.simulate, ...)
 local units = require "fsdp.units"
 local sched = require "fsdp.unit_schedule"
 for _, k in ipairs({ "unit_options", "offload_mode", "assign", "plan_units" }) do M[k] = units[k] end
@@ -201,201 +201,6 @@ function Sharded:free()
   self.ppool, self.gpool = nil, nil
 end
 
--- CPU ranks with bf16 params: the fp32 copies of the running module's
--- weights and grads, one pair of buffers for the whole model (one module
--- runs at a time), grown to the largest module's parameters (the planner
--- counts it: units.cpu_staging_bytes). Returns float pointers.
-local function cpu_staging(s, n)
-  local st = s.staging
-  if not st or st.n < n then
-    if st then st.w:free(); st.g:free() end
-    st = { n = n, w = tensor.new(n), g = tensor.new(n) }
-    s.staging = st
-  end
-  return st.w:ptr(), st.g:ptr()
-end
-
--- Bind a module's parameter (and grad) pointers into its unit's full
--- buffers. The ops compute in fp32: with bf16 params on CPU ranks the
--- module gets fp32 copies (cpu_staging), and its fp32 grads are added into
--- the bf16 grad buffer (one rounding) when it leaves the backward
--- (flush_grads).
-local function bind(s, m, with_grads)
-  local u = s.unit_of[m]
-  local w = C.fsdp_unit_params(u.handle)
-  local g
-  if with_grads then
-    local gp = ffi.new("void *[1]")
-    check(C.fsdp_unit_grads(u.handle, s.cs, gp), "unit '" .. u.name .. "' grads")
-    g = gp[0]
-  end
-  m.bound, m.grad, m.flush = {}, {}, {}
-  m.act_dtype = s.param_dtype
-  local owner = m.shares or m
-  local sw, sg, at -- CPU bf16: the staging, and where the next parameter goes in it
-  if s.param_dtype ~= "fp32" and s.device ~= "cuda" then
-    local n = 0
-    for _, p in ipairs(u.params) do if p.module == owner then n = n + p.spec.numel end end
-    sw, sg = cpu_staging(s, n)
-    at = 0
-  end
-  for _, p in ipairs(u.params) do
-    if p.module == owner then
-      local name, n = p.spec.name, p.spec.numel
-      if s.param_dtype == "fp32" or s.device == "cuda" then -- views into the unit's full buffers (no copy)
-        local v = ffi.new("fsdp_tensor")
-        local shape = ffi.new("int64_t[1]", n)
-        check(C.fsdp_unit_param_view(u.handle, p.index - 1, C.FSDP_VIEW_PARAM, 1, shape, v), "bind '" .. p.name .. "'")
-        -- CPU ops take float *; the CUDA ones take the compute dtype's void *
-        m.bound[name] = s.device == "cuda" and v.data or ffi.cast("float *", v.data)
-        if g then
-          check(C.fsdp_unit_param_view(u.handle, p.index - 1, C.FSDP_VIEW_GRAD, 1, shape, v), "bind '" .. p.name .. "' grad")
-          m.grad[name] = s.device == "cuda" and v.data or ffi.cast("float *", v.data)
-        end
-      else
-        local pw, pg = sw + at, sg + at
-        at = at + n
-        check(C.fsdp_convert(pw, C.FSDP_FP32, ffi.cast("uint16_t *", w) + p.offset, C.FSDP_BF16, n), "bind")
-        m.bound[name] = pw
-        if g then
-          ffi.fill(pg, n * 4, 0)
-          m.grad[name] = pg
-          m.flush[#m.flush + 1] = { dst = ffi.cast("uint16_t *", g) + p.offset, src = pg, n = n }
-        end
-      end
-    end
-  end
-end
-
-local function flush_grads(m)
-  for _, f in ipairs(m.flush or {}) do
-    check(C.fsdp_accumulate(f.dst, C.FSDP_BF16, f.src, C.FSDP_FP32, f.n), "grads")
-  end
-  m.flush = nil
-end
-
--- opts.trace (a table) collects the schedule in the order it is issued:
--- {op = "unshard" | "compute" | "reduce" | "step", unit = name, phase = ...},
--- with times (fsdp.now() seconds): compute t0, t1 on this thread; unshard
--- and reduce begin, finish: when the comm stream ran the all-gather or the
--- reduction; step begin, finish: when an offloaded unit's optimizer step
--- ran on the host (filled in once that work has been waited for: the
--- step's in the next train_step).
-local function trace(s, op, u, phase)
-  if not s.trace then return nil end
-  local e = { op = op, unit = u.name, phase = phase }
-  s.trace[#s.trace + 1] = e
-  return e
-end
-
-local times = ffi.new("fsdp_unit_times")
-local function time_of(field) -- (read as every double from C is: ffi.lua)
-  return base.f64(ffi.cast("double *", times), ffi.offsetof("fsdp_unit_times", field) / 8)
-end
-local function comm_times(u, e, which)
-  if not e then return end
-  check(C.fsdp_unit_times_get(u.handle, times), "unit '" .. u.name .. "' times")
-  e.begin, e.finish = time_of(which .. "_begin"), time_of(which .. "_end")
-end
-
--- train.profile: a unit's collective as a span of the comm streams, from
--- the two timed events it records there (fsdp_unit_probe); kept when the
--- call ran one (a gather already done or a micro-batch that only adds up
--- runs none)
-local function probe(u, which)
-  local p = profile.active
-  if not p then return nil end
-  local b, e = streams.event(p.device, true), streams.event(p.device, true)
-  check(C.fsdp_unit_probe(u.handle, which, b.handle, e.handle), "unit '" .. u.name .. "' probe")
-  return { p = p, b = b, e = e }
-end
-local function probed(u, which, pr, name)
-  if not pr then return end
-  if check(C.fsdp_unit_probe(u.handle, which, nil, nil), "unit '" .. u.name .. "' probe") == 1 and profile.active == pr.p then
-    pr.p:comm(name .. " " .. u.name, pr.b, pr.e)
-  else
-    pr.b:free()
-    pr.e:free()
-  end
-end
-
--- zero 3: start gathering u's params unless already there (or at the
--- pool's bound); a no-op for the resident levels. A prefetch also skips a
--- unit whose offloaded step still runs on the host (rather than wait here).
-local function unshard(u, s, prefetch)
-  local pr = probe(u, C.FSDP_PROBE_GATHER)
-  local rc = (prefetch and C.fsdp_unit_prefetch or C.fsdp_unit_unshard)(u.handle)
-  probed(u, C.FSDP_PROBE_GATHER, pr, "all-gather")
-  check(rc, "unit '" .. u.name .. "' unshard")
-  if rc == 0 and not u.gathered and s and u.zero == 3 then
-    u.gathered = true
-    u.gather_trace = trace(s, "unshard", u)
-  end
-  return rc == 0
-end
-
-local function reshard(u, s)
-  u.gathered = false
-  check(C.fsdp_unit_reshard(u.handle, s and s.cs or nil), "unit '" .. u.name .. "' reshard")
-end
-
--- the real units as M.switch_unit drives them
-local function engine(s)
-  if not s.eng then
-    s.eng = { unshard = function(u, prefetch) return unshard(u, s, prefetch) end, reshard = function(u) reshard(u, s) end }
-  end
-  return s.eng
-end
-
--- The schedule, as hooks around each module.
-local Ctx = {}
-Ctx.__index = Ctx
-
-function Ctx:enter(m, phase)
-  local s = self.s
-  local u = s.unit_of[m]
-  if not u then return end
-  -- phases: "forward", "backward", and "recompute" (activation
-  -- checkpointing re-runs a unit's forward inside its backward: params
-  -- bound, no grads, prefetching in the backward direction)
-  local forward = phase == "forward"
-  if self.cur ~= u then
-    M.switch_unit(self.cur, u, forward, m.shares, s.prefetch, s.units, engine(s))
-    check(C.fsdp_unit_wait(u.handle, s.cs), "unit '" .. u.name .. "' wait")
-    comm_times(u, u.gather_trace, "gather")
-    u.gather_trace = nil
-    self.cur = u
-  end
-  bind(s, m, phase == "backward")
-  -- a unit's backward is over when every forward call it made has had
-  -- its backward (not when its first module's has: a module may run its
-  -- children's backward in any order, e.g. the MLP's gate before up)
-  if phase == "forward" and not self.no_grad then self.pending[u] = (self.pending[u] or 0) + 1 end
-  local e = trace(s, "compute", u, phase)
-  if e then e.t0 = C.fsdp_time_now(); self.computing = e end
-end
-
-function Ctx:leave(m, phase)
-  if self.computing then self.computing.t1 = C.fsdp_time_now(); self.computing = nil end
-  local u = self.s.unit_of[m]
-  if phase == "backward" and u then flush_grads(m) end
-  if phase ~= "backward" or not u then return end
-  local left = (self.pending[u] or 1) - 1
-  self.pending[u] = left
-  if left == 0 then
-    if u.zero == 3 then reshard(u, self.s) end
-    self.cur = nil
-    local pr = probe(u, C.FSDP_PROBE_REDUCE)
-    local rc = C.fsdp_unit_reduce(u.handle, self.s.cs, self.sync and 1 or 0)
-    probed(u, C.FSDP_PROBE_REDUCE, pr, "reduce")
-    check(rc, "unit '" .. u.name .. "' reduce")
-    -- the last micro-batch: its share of the grad norm, queued behind the
-    -- reduction, computed while the other units run their backward
-    if self.sync then check(C.fsdp_unit_grad_norm_start(u.handle), "unit '" .. u.name .. "' grad norm") end
-    u.reduce_trace = trace(self.s, "reduce", u)
-  end
-end
-
 -- One optimizer step over micro-batches {{x = tensor, y = tensor}, ...}:
 -- forward, loss, backward per micro-batch, reduce, clip, AdamW.
 -- opt.loss(y, batch, scale) -> loss, dy (default: MSE against batch.y);
@@ -502,7 +307,7 @@ function Sharded:train_step(batches, opt)
       self.micro_batches), 2)
   end
   for k, b in ipairs(batches) do
-    parts[k] = M.micro_batch(self.model, setmetatable({ s = self, sync = k == K, pending = {} }, Ctx), b, K, opt)
+    parts[k] = M.micro_batch(self.model, setmetatable({ s = self, sync = k == K, pending = {} }, hooks.Ctx), b, K, opt)
   end
   -- global grad norm and non-finite counts: every unit's share, one
   -- all-reduce over the shard group (HSDP replicas hold the same shards)
@@ -515,12 +320,11 @@ function Sharded:train_step(batches, opt)
   local first, last = math.huge, 0
   for i, u in ipairs(self.units) do
     check(C.fsdp_unit_synchronize(u.handle), "unit '" .. u.name .. "' synchronize")
-    comm_times(u, u.reduce_trace, "reduce")
-    comm_times(u, u.step_trace, "step") -- the previous step, on the host
+    hooks.comm_times(u, u.reduce_trace, "reduce")
+    hooks.comm_times(u, u.step_trace, "step") -- the previous step, on the host
     u.reduce_trace, u.step_trace = nil, nil
     if u.offload then -- the previous step's host span (self.host_step_s)
-      check(C.fsdp_unit_times_get(u.handle, times), "unit '" .. u.name .. "' times")
-      local b, e = time_of("step_begin"), time_of("step_end")
+      local b, e = hooks.unit_time(u, "step_begin"), hooks.unit_time(u, "step_end")
       if e > 0 then first, last = math.min(first, b), math.max(last, e) end
     end
     local sq, bad = ffi.new("double[1]"), ffi.new("int64_t[1]")
@@ -571,7 +375,7 @@ function Sharded:train_step(batches, opt)
   -- offloaded units step on the host while the next forward runs; their
   -- trace entries get their times once that step has been waited for
   for _, u in ipairs(self.units) do
-    if u.offload then u.step_trace = trace(self, "step", u) end
+    if u.offload then u.step_trace = hooks.trace(self, "step", u) end
   end
   local optimizer = opt.optimizer or "adamw"
   if p then p:enter("optimizer", "step") end
@@ -615,11 +419,11 @@ end
 -- after forwards without grads: the last unit resharded (ZeRO 3), and any
 -- prefetched but unused unit's gather landed and resharded
 local function forward_done(s, ctx, what)
-  if ctx.cur and ctx.cur.zero == 3 then reshard(ctx.cur, s) end
+  if ctx.cur and ctx.cur.zero == 3 then hooks.reshard(ctx.cur, s) end
   for _, u in ipairs(s.units) do
     if u.gathered then
       check(C.fsdp_unit_wait(u.handle, s.cs), what)
-      reshard(u, s)
+      hooks.reshard(u, s)
     end
   end
 end
@@ -630,7 +434,7 @@ end
 -- caller). Not collective beyond what the forward itself gathers.
 function Sharded:infer(fn, kv)
   live(self, "infer")
-  local ctx = setmetatable({ s = self, no_grad = true, kv = kv }, Ctx)
+  local ctx = setmetatable({ s = self, no_grad = true, kv = kv }, hooks.Ctx)
   local a, b = autograd.scope(fn, self.model, ctx)
   forward_done(self, ctx, "infer")
   return a, b
@@ -644,7 +448,7 @@ end
 function Sharded:evaluate(batches, lossfn, opt)
   live(self, "evaluate")
   local total, parts = 0, {}
-  local ctx = setmetatable({ s = self, no_grad = true }, Ctx) -- nothing is saved: activations go as they are used
+  local ctx = setmetatable({ s = self, no_grad = true }, hooks.Ctx) -- nothing is saved: activations go as they are used
   local every, done = opt and opt.stop_every, #batches
   for k, b in ipairs(batches) do
     if every and k > 1 and (k - 1) % every == 0 then
@@ -676,7 +480,7 @@ function Sharded:gather(name)
   for _, u in ipairs(self.units) do
     for _, p in ipairs(u.params) do
       if p.name == name then
-        unshard(u)
+        hooks.unshard(u)
         check(C.fsdp_unit_wait(u.handle, nil), "gather")
         local es = self.param_dtype == "fp32" and 4 or 2
         -- this parameter's elements; on CUDA copied to the host first
@@ -693,7 +497,7 @@ function Sharded:gather(name)
           local h, bf16 = ffi.cast("uint16_t *", src), base.bf16
           for i = 0, p.spec.numel - 1 do out[i + 1] = bf16(h, i) end
         end
-        reshard(u, self)
+        hooks.reshard(u, self)
         return out
       end
     end
