@@ -120,8 +120,11 @@ local function exclusive(p)
   end
 end
 
--- The measure of a set of intervals {{a, b}, ...}: their union's length.
-function M.union_length(iv)
+-- The measure of a set of intervals {{a, b}, ...}: their union's length
+-- (the list is left as it was)
+function M.union_length(list)
+  local iv = {}
+  for i, v in ipairs(list) do iv[i] = v end
   table.sort(iv, function(x, y) return x[1] < y[1] end)
   local total, lo, hi = 0, nil, nil
   for _, v in ipairs(iv) do
@@ -141,7 +144,7 @@ function M.overlap_length(a, b)
   local all = {}
   for _, v in ipairs(a) do all[#all + 1] = v end
   for _, v in ipairs(b) do all[#all + 1] = v end
-  return M.union_length({ unpack(a) }) + M.union_length({ unpack(b) }) - M.union_length(all)
+  return M.union_length(a) + M.union_length(b) - M.union_length(all)
 end
 
 -- How much of the comm streams' time the compute stream spent inside a
@@ -161,7 +164,7 @@ function P:overlap()
       compute[#compute + 1] = { s.dev_ready or s.dev_begin, s.dev_end }
     end
   end
-  local out = { comm = M.union_length({ unpack(comm) }), hidden = M.overlap_length(comm, compute), kinds = {} }
+  local out = { comm = M.union_length(comm), hidden = M.overlap_length(comm, compute), kinds = {} }
   for k, v in pairs(kinds) do out.kinds[k] = M.union_length(v) end
   return out
 end

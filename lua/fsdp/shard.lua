@@ -324,7 +324,7 @@ function Sharded:train_step(batches, opt)
     hooks.comm_times(u, u.step_trace, "step") -- the previous step, on the host
     u.reduce_trace, u.step_trace = nil, nil
     if u.offload then -- the previous step's host span (self.host_step_s)
-      local b, e = hooks.unit_time(u, "step_begin"), hooks.unit_time(u, "step_end")
+      local b, e = hooks.unit_times(u, "step_begin", "step_end")
       if e > 0 then first, last = math.min(first, b), math.max(last, e) end
     end
     local sq, bad = ffi.new("double[1]"), ffi.new("int64_t[1]")

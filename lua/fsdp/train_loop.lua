@@ -22,15 +22,13 @@ local human = require("fsdp.pretty").count
 
 local M = {}
 
-pcall(ffi.cdef, "int mkdir(const char *path, unsigned int mode);")
 pcall(ffi.cdef, "int kill(int pid, int sig); int getpid(void); int usleep(unsigned int us);")
 
-function M.mkdir_p(dir)
-  local path = ""
-  for part in dir:gmatch("[^/]+") do
-    path = (path == "" and dir:sub(1, 1) == "/") and ("/" .. part) or (path == "" and part or path .. "/" .. part)
-    ffi.C.mkdir(path, tonumber("755", 8))
-  end
+-- the folder of a file the run writes (metrics, profile): a failure here
+-- shows as the file's own, named, when it is opened
+local function make_parent(path)
+  local dir = path:match("^(.*)/[^/]*$")
+  if dir and dir ~= "" then C.fsdp_fs_mkdirs(dir) end
 end
 
 function M.duration(s)
@@ -155,8 +153,7 @@ end
 local function open_metrics(J)
   local r = J.r
   if J.info.rank ~= 0 or not r.train.metrics then return end
-  local dir = r.train.metrics:match("^(.*)/[^/]*$")
-  if dir then M.mkdir_p(dir) end
+  make_parent(r.train.metrics)
   local metrics = metrics_file.open(r.train.metrics, { resumed_at = J.resumed and J.start - 1 or nil, where = J.where })
   J.metrics = metrics
   if metrics.failed then -- (a resumed run: it goes on without them, as after a failed write mid-run)
@@ -201,8 +198,7 @@ local function profile_end(J, prof, settle, step)
   prof:finish(settle)
   J.say("%s", prof:report(15))
   local path = J.r.train.profile
-  local dir = path:match("^(.*)/[^/]*$")
-  if dir then M.mkdir_p(dir) end
+  make_parent(path)
   local f, err = io.open(path .. ".tmp", "w")
   local ok = f and f:write(prof:trace({ step = step, recipe = J.where, device = J.device })) and f:close()
   if ok and os.rename(path .. ".tmp", path) then

@@ -213,10 +213,10 @@ end
 
 M.Ctx = Ctx
 M.unshard, M.reshard, M.trace, M.comm_times = unshard, reshard, trace, comm_times
--- a unit's comm-stream time stamp (fsdp_unit_times' field, e.g. "step_end")
-function M.unit_time(u, field)
+-- a unit's comm-stream time stamps (fsdp_unit_times' fields, e.g. "step_begin", "step_end"), from one read
+function M.unit_times(u, a, b)
   check(C.fsdp_unit_times_get(u.handle, times), "unit '" .. u.name .. "' times")
-  return time_of(field)
+  return time_of(a), time_of(b)
 end
 
 return M

@@ -35,20 +35,22 @@ int fsdp_unit_states(const fsdp_unit *u, int *params, int *grads) {
   return FSDP_OK;
 }
 
-/* the state an event leads to from each state; -1: refused */
-static const signed char params_next[3][4] = {
+/* the state an event leads to from each state; -1: refused. The grads'
+ * events follow the params' (unit_event), their rows from GRADS_FIRST. */
+#define GRADS_FIRST UNIT_EV_GRADS
+static const signed char params_next[GRADS_FIRST][4] = {
     /*                 SHARDED GATHERING GATHERED RESIDENT */
     [UNIT_EV_UNSHARD] = {1, 1, 2, 3},
     [UNIT_EV_WAIT] = {-1, 2, 2, 3},
     [UNIT_EV_RESHARD] = {0, 0, 0, 3},
 };
-static const signed char grads_next[5][3] = {
+static const signed char grads_next[UNIT_EV_ZERO_GRAD - GRADS_FIRST + 1][3] = {
     /*                     CLEAN ACCUMULATING REDUCED */
-    [UNIT_EV_GRADS - 3] = {1, 1, -1},
-    [UNIT_EV_REDUCE_PART - 3] = {-1, 1, -1},
-    [UNIT_EV_REDUCE_LAST - 3] = {-1, 2, -1},
-    [UNIT_EV_STEP - 3] = {-1, -1, 0},
-    [UNIT_EV_ZERO_GRAD - 3] = {0, 0, 0},
+    [UNIT_EV_GRADS - GRADS_FIRST] = {1, 1, -1},
+    [UNIT_EV_REDUCE_PART - GRADS_FIRST] = {-1, 1, -1},
+    [UNIT_EV_REDUCE_LAST - GRADS_FIRST] = {-1, 2, -1},
+    [UNIT_EV_STEP - GRADS_FIRST] = {-1, -1, 0},
+    [UNIT_EV_ZERO_GRAD - GRADS_FIRST] = {0, 0, 0},
 };
 
 static const char *const event_names[] = {"unshard()", "wait()", "reshard()", "grads()", "reduce() of a micro-batch",
@@ -74,9 +76,9 @@ static const char *advice(unit_event e, int state) {
 }
 
 int fsdp_unit_check(const fsdp_unit *u, unit_event e) {
-  int params = e <= UNIT_EV_RESHARD;
+  int params = e < GRADS_FIRST;
   int state = params ? u->params_state : u->grads_state;
-  int next = params ? params_next[e][state] : grads_next[e - 3][state];
+  int next = params ? params_next[e][state] : grads_next[e - GRADS_FIRST][state];
   if (next >= 0) return FSDP_OK;
   return fsdp_fail(FSDP_ESTATE, "unit '%s': %s while its %s are %s: %s", u->name, event_names[e],
                    params ? "params" : "grads",
@@ -84,11 +86,11 @@ int fsdp_unit_check(const fsdp_unit *u, unit_event e) {
 }
 
 void fsdp_unit_enter(fsdp_unit *u, unit_event e) {
-  if (e <= UNIT_EV_RESHARD) {
+  if (e < GRADS_FIRST) {
     int next = params_next[e][u->params_state];
     if (next >= 0) u->params_state = next;
   } else {
-    int next = grads_next[e - 3][u->grads_state];
+    int next = grads_next[e - GRADS_FIRST][u->grads_state];
     if (next >= 0) u->grads_state = next;
   }
 }

@@ -126,11 +126,19 @@ do
     for _ = 1, 1 + math.floor(rnd() * 8) do local x = rnd(); a[#a + 1] = { x, x + rnd() * 0.3 } end
     for _ = 1, 1 + math.floor(rnd() * 8) do local x = rnd(); b[#b + 1] = { x, x + rnd() * 0.3 } end
     local ua, both = brute(a, b)
-    worst = math.max(worst, math.abs(profile.union_length({ unpack(a) }) - ua), math.abs(profile.overlap_length(a, b) - both))
+    worst = math.max(worst, math.abs(profile.union_length(a) - ua), math.abs(profile.overlap_length(a, b) - both))
   end
   check(worst < 1e-12, string.format("union and overlap lengths of 200 random interval sets as the brute force's (worst %.1e)",
     worst))
   check(profile.union_length({}) == 0 and profile.overlap_length({ { 0, 1 } }, {}) == 0, "empty sets measure 0")
+  -- a large model's step has tens of thousands of spans: no list is unpacked
+  local many, half = {}, {}
+  for i = 1, 30000 do many[i] = { 2 * i, 2 * i + 1 } end
+  for i = 1, 15000 do half[i] = { 2 * i + 0.5, 2 * i + 2 } end
+  local ok, n = pcall(profile.union_length, many)
+  local ok2, o = pcall(profile.overlap_length, many, half)
+  check(ok and n == 30000 and ok2 and o == 15000 * 0.5 and many[1][1] == 2,
+    "30000 intervals: union 30000, overlap 7500, the list untouched: " .. tostring(n) .. ", " .. tostring(o))
 end
 
 -- 5. train.profile on the tiny recipe
