@@ -42,8 +42,9 @@ du -shc build-gpu .devlibs .whl/peers
 # the stages in the order a lent GPU's few minutes should spend them: the
 # code no GPU has run yet checked first (the units' checked states and
 # overlap_step in train, the bounded device waits in multirank, the dry
-# run's CUDA branches in planner), then the peers (their wheels installed
+# run's CUDA branches in planner), the host's CPU (issue 38: the only Intel
+# host a session reaches), then the peers (their wheels installed
 # offline from .whl/peers) and the timelines
 echo "gpu_bundle: carry [\"build-gpu\", \".devlibs\", \".whl/peers\"]; on the GPU machine:"
-echo "  GPU_CHECK_STAGES=\"tests train multirank planner vs_peers timeline4 vs_peers_offload generate kernels timeline adamw repl demos offload offload_probe\" \\"
+echo "  GPU_CHECK_STAGES=\"tests train multirank planner host_cpu vs_peers timeline4 vs_peers_offload generate kernels timeline adamw repl demos offload offload_probe\" \\"
 echo "    TINY_STEPS=100 bash scripts/gpu_check.sh build-gpu \$OUT"

@@ -36,6 +36,10 @@
 #   offload_probe      the 4.4B model, param shards offloaded: start-up and 3 steps
 #   attention   our attention kernels vs SDPA's cuDNN and flash backends (bench/attention_vs_torch.py)
 #   collectives the collective benchmarks and the multi-rank CPU tests
+#   host_cpu    the GPU machine's host CPU (issue 38: an Intel Xeon where the suite's
+#               machines are AMD): the clock and FLOPs per cycle against each other
+#               (bench/cpu_clock.lua), test_peak, OpenBLAS's kernels (test_blas_core),
+#               GEMMs against the core's peak on 1 core and all, the demo's first lines
 # Without GPU_CHECK_STAGES: tests multirank train generate planner demos repl adamw
 # kernels offload, then with GPU_CHECK_BENCH=1 blas vs_fsdp2 vs_fsdp2_offload
 # timeline offload_probe attention, then with GPU_CHECK_COLLECTIVES=1
@@ -232,6 +236,21 @@ stage_collectives() {
   echo "== units and fully_shard parity, 4 ranks"
   "$build/fsdprun" -n 4 --rank0-only --host "$build/tests/test_units" 2>&1 | tail -2 | tee "$out/test_units.log" || rc=1
   "$build/fsdprun" -n 4 --rank0-only --host "$build/fsdp" tests/lua/test_fully_shard.lua 2>&1 | tail -2 | tee "$out/test_fully_shard.log" || rc=1
+  return $rc
+}
+
+stage_host_cpu() {
+  local d="$out/host_cpu" rc=0
+  mkdir -p "$d"
+  echo "== the host's CPU: $(grep -m1 '^model name' /proc/cpuinfo | cut -d: -f2-)"
+  { lscpu; grep -m1 '^flags' /proc/cpuinfo; env | grep '^OPENBLAS' || true; } >"$d/lscpu.txt" 2>&1
+  "$build/fsdp" bench/cpu_clock.lua 9 2>&1 | tee "$d/cpu_clock.txt" || rc=1
+  "$build/fsdp" tests/lua/test_peak.lua 2>&1 | tail -4 | tee "$d/test_peak.txt" || rc=1
+  bash tests/scripts/test_blas_core.sh "$build/fsdp" 2>&1 | tail -4 | tee "$d/test_blas_core.txt" || rc=1
+  FSDP_BLAS_THREADS=1 "$build/fsdp" bench/gemm_peak.lua 2>&1 | tee "$d/gemm_peak_1.txt" || rc=1
+  "$build/fsdp" bench/gemm_peak.lua 2>&1 | tee "$d/gemm_peak_all.txt" || rc=1
+  OPENBLAS_VERBOSE=2 "$build/fsdprun" -n 2 --host "$build/fsdp" recipes/tiny.lua train.steps=20 train.eval_every=0 \
+    train.device=cpu 2>&1 | head -10 | tee "$d/demo.txt"
   return $rc
 }
 

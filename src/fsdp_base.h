@@ -51,6 +51,15 @@ double fsdp_core_clock_hz(void);
  * Hz), the faster of the two; 0 when they differ by more than 10% or one
  * reads above 7 GHz: then one of them is no clock on this core. */
 double fsdp_core_clock_pick(double by_add, double by_mul);
+/* The vector instructions this CPU and its OS run (1 or 0 each): AVX,
+ * AVX2 with FMA, AVX-512 F/BW/DQ/VL; CPUID and XGETBV, never vendor or
+ * model (src/base/cpu_features.c). All 0 off x86-64. */
+void fsdp_cpu_vector_features(int *avx, int *avx2_fma, int *avx512);
+/* fp32 FLOP/s of one core's fused multiply-adds on vectors of `bits` (512
+ * or 256; 0: the widest the CPU and OS run), timed now: the fastest of 7
+ * runs of about 1 ms. 0 where the CPU or OS cannot run them
+ * (src/base/fma_rate.c). */
+double fsdp_core_fma_flops(int bits);
 /* The stop signals (SIGTERM, SIGINT, SIGHUP, SIGUSR1) recorded instead of
  * acted on while watched (on = 1; on = 0 restores the previous handlers);
  * a second one acts at once; on = 2 (the stop is saved, the process is

@@ -66,9 +66,10 @@ function M.parse_cpuinfo(text)
   return cpus
 end
 
--- fp32 FLOPs per cycle of one core: vector lanes x 2 (a fused multiply-add,
--- or a multiply and an add) x the units that issue them each cycle; and the
--- instruction set it reads that from
+-- fp32 FLOPs per cycle of one core by its flags: vector lanes x 2 (a fused
+-- multiply-add, or a multiply and an add) x the units that issue them each
+-- cycle; the instruction set it reads that from; and the widest the flags
+-- allow (the cap of a timed figure, below)
 local function per_cycle(c)
   local f = c.flags
   local bits, units, isa
@@ -77,14 +78,27 @@ local function per_cycle(c)
   elseif f.avx then bits, units, isa = 256, 1, "avx"
   elseif f.sse2 or f.sse then bits, units, isa = 128, 1, "sse"
   else return nil end
-  -- AMD before Zen 5 (family 26) has no wider datapath than 256 bits
-  -- (Zen 4 runs AVX-512 as two halves), Zen and Zen+ 128 bits
+  local widest = bits / 32 * 2 * units
+  -- untimed, AMD before Zen 5 (family 26) has no wider datapath than 256
+  -- bits (Zen 4 runs AVX-512 as two halves), Zen and Zen+ 128 bits
   if c.vendor == "AuthenticAMD" and (c.family or 0) < 26 then
     local width = ((c.family or 0) == 23 and (c.model or 0) < 0x30) and 128 or 256
     if bits > width then isa = string.format("%s on %d-bit units", isa, width) end
     bits = math.min(bits, width)
   end
-  return bits / 32 * 2 * units, isa
+  return bits / 32 * 2 * units, isa, widest
+end
+
+-- FLOPs per cycle from timed fused multiply-adds (fsdp_core_fma_flops over
+-- the clock): a core's units and their width are powers of two, so the
+-- nearest one, which absorbs a timing off by up to 41% either way; never
+-- above what the flags allow (a clock read low, the kernel's nominal one,
+-- only makes the rate look faster). nil where nothing was timed.
+function M.timed_per_cycle(fma_flops, hz, widest)
+  if not (fma_flops and fma_flops > 0 and hz and hz > 0) then return nil end
+  local raw = fma_flops / hz
+  local p2 = 2 ^ math.floor(math.log(raw) / math.log(2) + 0.5)
+  return math.max(math.min(p2, widest), 1), raw
 end
 
 -- The peak of the CPUs this process may use: cores x clock x FLOPs per
@@ -93,8 +107,11 @@ end
 -- cpufreq's cpuinfo_max_freq } where it exists (else cpuinfo's "cpu MHz");
 -- opts.measured_mhz: the clock a core was measured at (fsdp_core_clock_hz),
 -- taken where it is higher (a VM's cpuinfo says the nominal clock while
--- the core boosts: 2596 against 3700 MHz on a Zen 4).
--- Returns { flops, cores, mhz, per_cycle, isa, name, what }, or nil and why.
+-- the core boosts: 2596 against 3700 MHz on a Zen 4); opts.fma_flops: one
+-- core's timed fused multiply-adds (fsdp_core_fma_flops), which set the
+-- FLOPs per cycle where given (M.timed_per_cycle), else the flags do.
+-- Returns { flops, cores, mhz, per_cycle, isa, name, widest (the flags'
+-- most FLOPs per cycle), what }, or nil and why.
 function M.cpu(text, opts)
   opts = opts or {}
   local allowed = opts.allowed and M.cpu_list(opts.allowed)
@@ -110,7 +127,7 @@ function M.cpu(text, opts)
     end
   end
   if not first then return nil, "no processor of /proc/cpuinfo is available to this process" end
-  local fpc, isa = per_cycle(first)
+  local fpc, isa, widest = per_cycle(first)
   if not fpc then return nil, "/proc/cpuinfo names no x86 vector unit (avx512f, avx2, avx, sse)" end
   local clock = string.format("%.0f MHz", mhz)
   local measured = opts.measured_mhz or 0
@@ -120,18 +137,39 @@ function M.cpu(text, opts)
     mhz = measured
   end
   if mhz <= 0 then return nil, "neither cpufreq nor /proc/cpuinfo gives a clock, and none was measured" end
+  local timed, raw = M.timed_per_cycle(opts.fma_flops, mhz * 1e6, widest)
+  if timed then
+    fpc, isa = timed, string.format("%s, timed at %.1f", isa:match("^%S+"), raw)
+  end
   local flops = n * mhz * 1e6 * fpc
   local name = first.name or "CPU"
-  return { flops = flops, cores = n, mhz = mhz, per_cycle = fpc, isa = isa, name = name,
+  return { flops = flops, cores = n, mhz = mhz, per_cycle = fpc, isa = isa, name = name, widest = widest,
     what = string.format("%s, %d cores x %s x %d fp32 FLOP/cycle (%s)", name, n, clock, fpc, isa) }
 end
 
--- the core's clock, measured once per process (~10 ms; later calls, e.g. a
--- second run in one process, get the same peak)
-local measured_mhz
+-- the core's clock and its fused multiply-adds, measured once per process
+-- (~10 ms + ~10 ms; later calls, e.g. a second run in one process, get the
+-- same peak). A rate below the flags' widest unit is timed twice more, 20
+-- ms apart, and the best kept: a rank whose measurement shared a core's
+-- units with another (hardware threads) reads half.
+local measured_mhz, measured_fma
 local function core_mhz()
   measured_mhz = measured_mhz or require("fsdp.ffi").C.fsdp_core_clock_hz() / 1e6
   return measured_mhz
+end
+local function core_fma(hz, widest)
+  if measured_fma then return measured_fma end
+  local C, ffi = require("fsdp.ffi").C, require "ffi"
+  pcall(ffi.cdef, "int usleep(unsigned int us);")
+  local bits = widest == 64 and 512 or widest == 32 and 256 or -1 -- -1: nothing to time (AVX, SSE)
+  local best = C.fsdp_core_fma_flops(bits)
+  for _ = 1, 2 do
+    if not (best > 0 and hz > 0) or M.timed_per_cycle(best, hz, widest) >= widest then break end
+    ffi.C.usleep(20000)
+    best = math.max(best, C.fsdp_core_fma_flops(bits))
+  end
+  measured_fma = best
+  return best
 end
 
 -- M.cpu on this machine's files and its measured clock
@@ -144,8 +182,12 @@ function M.this_cpu()
   for _, c in ipairs(M.parse_cpuinfo(text)) do
     max_khz[c.id] = tonumber(slurp(string.format("/sys/devices/system/cpu/cpu%d/cpufreq/cpuinfo_max_freq", c.id)) or "")
   end
-  return M.cpu(text, { allowed = status:match("Cpus_allowed_list:%s*([%d,%-]+)"), max_khz = max_khz,
-    measured_mhz = core_mhz() })
+  local opts = { allowed = status:match("Cpus_allowed_list:%s*([%d,%-]+)"), max_khz = max_khz,
+    measured_mhz = core_mhz() }
+  local untimed, why = M.cpu(text, opts)
+  if not untimed then return nil, why end
+  opts.fma_flops = core_fma(untimed.mhz * 1e6, untimed.widest)
+  return M.cpu(text, opts)
 end
 
 -- The peak one rank divides by. o.device ("cpu", "cuda"), o.dtype (the

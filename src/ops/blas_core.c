@@ -13,8 +13,8 @@
  * results once against float64. A core the user set (OPENBLAS_CORETYPE) is
  * never replaced.
  *
- * The choice goes by features alone, each checked with CPUID and with the
- * OS's saved register state (XGETBV), never by vendor or model: AVX-512
+ * The choice goes by features alone (src/base/cpu_features.c: CPUID and the
+ * OS's saved register state, never vendor or model): AVX-512
  * F/BW/DQ/VL -> SkylakeX, AVX2 + FMA -> Haswell, AVX -> Sandybridge. A core
  * is replaced only by one of a higher level; other CPUs (AArch64) keep
  * OpenBLAS's choice. */
@@ -23,9 +23,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#if defined(__x86_64__)
-#include <cpuid.h>
-#endif
 
 #include "../base/error.h"
 #include "../fsdp_ops.h"
@@ -54,27 +51,6 @@ const char *fsdp_blas_core_for_features(int avx, int avx2_fma, int avx512) {
   return avx512 ? "SkylakeX" : avx2_fma ? "Haswell" : avx ? "Sandybridge" : NULL;
 }
 
-/* What this CPU and OS can run: *avx, *avx2_fma, *avx512 (F, BW, DQ, VL). */
-static void cpu_features(int *avx, int *avx2_fma, int *avx512) {
-  *avx = *avx2_fma = *avx512 = 0;
-#if defined(__x86_64__)
-  unsigned a, b, c, d;
-  if (!__get_cpuid(1, &a, &b, &c, &d)) return;
-  int osxsave = (c >> 27) & 1, has_avx = (c >> 28) & 1, fma = (c >> 12) & 1;
-  if (!osxsave || !has_avx) return;
-  unsigned lo, hi;
-  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-  (void)hi;
-  int ymm = (lo & 0x6) == 0x6, zmm = ymm && (lo & 0xe0) == 0xe0; /* the OS saves YMM, and opmask + ZMM */
-  if (!ymm) return;
-  *avx = 1;
-  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return;
-  int avx2 = (b >> 5) & 1, f = (b >> 16) & 1, dq = (b >> 17) & 1, bw = (b >> 30) & 1, vl = (b >> 31) & 1;
-  *avx2_fma = avx2 && fma;
-  *avx512 = zmm && f && dq && bw && vl && *avx2_fma;
-#endif
-}
-
 const char *fsdp_blas_core(void) {
   const char *test = getenv("FSDP_TEST_BLAS_CORE"); /* the tests: OpenBLAS "picked" this */
   if (test && test[0]) return test;
@@ -86,7 +62,7 @@ const char *fsdp_blas_core_choice(void) {
   const char *set = getenv("OPENBLAS_CORETYPE");
   if (set && set[0]) return NULL; /* the user's (or this choice, after the run again) */
   int avx, avx2_fma, avx512;
-  cpu_features(&avx, &avx2_fma, &avx512);
+  fsdp_cpu_vector_features(&avx, &avx2_fma, &avx512);
   const char *want = fsdp_blas_core_for_features(avx, avx2_fma, avx512);
   int have = fsdp_blas_core_level(fsdp_blas_core());
   if (!want || have < 0 || have >= fsdp_blas_core_level(want)) return NULL;
@@ -98,7 +74,7 @@ const char *fsdp_blas_core_note(void) {
   const char *core = openblas_get_corename(), *from = getenv("FSDP_BLAS_CORE_FROM"),
              *set = getenv("OPENBLAS_CORETYPE");
   int avx, avx2_fma, avx512;
-  cpu_features(&avx, &avx2_fma, &avx512);
+  fsdp_cpu_vector_features(&avx, &avx2_fma, &avx512);
   const char *isa = avx512 ? "AVX-512" : avx2_fma ? "AVX2" : avx ? "AVX" : "its";
   char version[32] = "?"; /* the library loaded, not the header built against */
   const char *config = openblas_get_config();

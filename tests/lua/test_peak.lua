@@ -68,6 +68,30 @@ do
   check(p and near(p.flops, 2 * 3500e6 * 64), "cpufreq's turbo clock over a lower measured one")
 end
 
+-- FLOPs per cycle timed: fused multiply-adds over the clock, to the nearest
+-- power of two, never above the flags' widest unit; they replace the flags'
+-- rule, which a VM's CPUID (another family) or a Xeon with one AVX-512 unit
+-- gets wrong
+do
+  local t = peak.timed_per_cycle
+  check(t(265e9, 4.15e9, 64) == 64, "two 512-bit units: 64")
+  check(t(133e9, 4.15e9, 64) == 32, "512-bit vectors on 256-bit units, or one 512-bit unit: 32")
+  check(t(67.2e9, 2.1e9, 64) == 32, "a Xeon with one AVX-512 unit at 2.1 GHz: 32")
+  check(t(46e9, 1e9, 64) == 64 and t(45e9, 1e9, 64) == 32, "the nearest power of two (the boundary at 45.25)")
+  check(t(190e9, 2.1e9, 64) == 64, "a nominal clock under the real one reads faster: capped at the flags' 64")
+  check(t(138e9, 4.3e9, 32) == 32, "AVX2 + FMA: 32")
+  check(t(0, 4e9, 64) == nil and t(100e9, 0, 64) == nil and t(nil, 4e9, 64) == nil, "nothing timed: nil")
+  local zen4 = { vendor = "AuthenticAMD", family = 25, model = 17, name = "AMD EPYC", mhz = "2596.142",
+    flags = "sse sse2 ssse3 fma sse4_1 sse4_2 avx avx2 avx512f avx512bw avx512vl" }
+  local p = peak.cpu(cpuinfo({ zen4, zen4 }), { measured_mhz = 4200, fma_flops = 268.8e9 })
+  check(p and p.per_cycle == 64 and near(p.flops, 2 * 4200e6 * 64) and p.what:find("x 64 fp32 FLOP/cycle (avx512f, timed at 64.0)", 1, true),
+    "a VM naming family 25 on cores that time 64 FLOP a cycle: 64, said so: " .. (p and p.what or "nil"))
+  p = peak.cpu(xeon4, { fma_flops = 2000e6 * 32 })
+  check(p and p.per_cycle == 32 and near(p.flops, 2 * 2000e6 * 32), "a Xeon whose AVX-512 times 32 FLOP a cycle: 32")
+  p = peak.cpu(cpuinfo({ zen4, zen4 }), { fma_flops = 0 })
+  check(p and p.per_cycle == 32 and p.isa == "avx512f on 256-bit units", "nothing timed: the flags' rule")
+end
+
 -- older vector units
 do
   local function one(flags) return peak.cpu(cpuinfo({ { vendor = "GenuineIntel", family = 6, model = 60, name = "x",
@@ -146,6 +170,17 @@ do
   check(pick(15.96e9, 2.1e9) == 0 and pick(5.32e9, 2.1e9) == 0, "a chain folded by the renamer: no clock")
   check(pick(8.2e9, 8.3e9) == 0, "both chains above 7 GHz: no clock")
   check(pick(0, 3e9) == 0 and pick(3e9, 0) == 0, "a chain that did not run: no clock")
+  -- the timed multiply-adds against what the flags allow: a rate above it
+  -- is a wrong timing (16 chains that the compiler merged into one read 128
+  -- FLOP a cycle on a 64-FLOP core); the 10% is the clock's own tolerance
+  for _, bits in ipairs({ 512, 256 }) do
+    local f = fsdp.C.fsdp_core_fma_flops(bits)
+    if f > 0 and hz > 0 then
+      local most = bits / 32 * 2 * 2
+      check(f / hz <= most * 1.1 and f / hz >= most / 4, string.format("%d-bit multiply-adds: %.1f FLOP a cycle, at most %d",
+        bits, f / hz, most))
+    end
+  end
   if p then
     local gemm = peak.gemm_rate(fsdp, "cpu", "fp32")
     check(gemm <= p.flops * 1.02, string.format("a 1024-cube GEMM at %.1f GFLOP/s is within the peak of %.1f (%s)",
