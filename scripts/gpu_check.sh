@@ -40,6 +40,8 @@
 #               machines are AMD): the clock and FLOPs per cycle against each other
 #               (bench/cpu_clock.lua), test_peak, OpenBLAS's kernels (test_blas_core),
 #               GEMMs against the core's peak on 1 core and all, the demo's first lines
+#   host_suite  the whole CPU suite on the host's CPU (scripts/host_suite.sh build-host: carry
+#               build-host/, which scripts/gpu_bundle.sh makes)
 # Without GPU_CHECK_STAGES: tests multirank train generate planner demos repl adamw
 # kernels offload, then with GPU_CHECK_BENCH=1 blas vs_fsdp2 vs_fsdp2_offload
 # timeline offload_probe attention, then with GPU_CHECK_COLLECTIVES=1
@@ -252,6 +254,12 @@ stage_host_cpu() {
   OPENBLAS_VERBOSE=2 "$build/fsdprun" -n 2 --host "$build/fsdp" recipes/tiny.lua train.steps=20 train.eval_every=0 \
     train.device=cpu 2>&1 | head -10 | tee "$d/demo.txt"
   return $rc
+}
+
+stage_host_suite() {
+  echo "== the CPU suite on the host's CPU (scripts/host_suite.sh build-host)"
+  bash scripts/host_suite.sh build-host "$out/host_suite" 2>&1 | tail -40
+  return "${PIPESTATUS[0]}"
 }
 
 steps=${TINY_STEPS:-400}

@@ -9,6 +9,9 @@
 # Prints the environment's python on stdout (messages go to stderr); exits 1
 # when it cannot be made, saying why. Safe to run again: a part already
 # installed at these versions is not installed again.
+# FSDP_PYTHON=PATH: a Python that already has these packages (a conda
+# environment, a machine with no package index): used as it is, after
+# checking that they import; nothing is installed.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 env=${FSDP_PYTHON_ENV:-$root/.venv}
@@ -32,6 +35,17 @@ for a in "$@"; do
     *) say "unknown option '$a' (expected --torch)"; exit 1 ;;
   esac
 done
+
+if [ -n "${FSDP_PYTHON:-}" ]; then
+  mods="tokenizers, pyarrow"
+  [ $want_torch = 1 ] && mods="$mods, torch, transformers"
+  if ! err=$("$FSDP_PYTHON" -c "import $mods" 2>&1); then
+    say "FSDP_PYTHON=$FSDP_PYTHON cannot import $mods: $(echo "$err" | tail -1)"
+    exit 1
+  fi
+  echo "$FSDP_PYTHON"
+  exit 0
+fi
 
 if [ ! -x "$py" ]; then
   say "making $env"

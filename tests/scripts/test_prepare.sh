@@ -35,6 +35,16 @@ if ! py=$(bash "$root/scripts/python_env.sh" 2>"$work/env.err"); then
 fi
 prep() { "$fsdp" prepare "$@"; }
 
+# ---- FSDP_PYTHON: a ready Python used as it is, or refused naming what it lacks
+out=$(FSDP_PYTHON="$py" bash "$root/scripts/python_env.sh" 2>&1)
+check "FSDP_PYTHON with tokenizers and pyarrow: used as it is ($out)" "[ \"\$out\" = \"$py\" ]"
+printf '#!/bin/sh\necho "ModuleNotFoundError: No module named tokenizers" >&2\nexit 1\n' >"$work/nopy"
+chmod +x "$work/nopy"
+out=$(FSDP_PYTHON="$work/nopy" bash "$root/scripts/python_env.sh" 2>&1)
+rc=$?
+check "FSDP_PYTHON without them: refused, naming them ($out)" \
+  "[ $rc = 1 ] && grep -q 'FSDP_PYTHON=.*cannot import tokenizers, pyarrow: ModuleNotFoundError' <<<\"\$out\""
+
 # ---- a tokenizer of our own
 prep train-tokenizer --vocab-size 512 --out "$work/tok" "$root"/docs/*.md 2>"$work/tt.err"
 check "train-tokenizer writes tokenizer.json, tokenizer_config.json, special_tokens_map.json" \
