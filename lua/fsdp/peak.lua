@@ -115,7 +115,7 @@ end
 function M.cpu(text, opts)
   opts = opts or {}
   local allowed = opts.allowed and M.cpu_list(opts.allowed)
-  local cores, n, mhz, first = {}, 0, 0, nil
+  local cores, n, mhz, first, cpufreq = {}, 0, 0, nil, false
   for _, c in ipairs(M.parse_cpuinfo(text)) do
     if not allowed or allowed[c.id] then
       first = first or c
@@ -123,6 +123,7 @@ function M.cpu(text, opts)
       local key = c.core and ((c.package or "0") .. ":" .. c.core) or ("cpu" .. c.id)
       if not cores[key] then cores[key] = true; n = n + 1 end
       local khz = opts.max_khz and opts.max_khz[c.id]
+      cpufreq = cpufreq or khz ~= nil
       mhz = math.max(mhz, khz and khz / 1000 or c.mhz or 0)
     end
   end
@@ -137,7 +138,12 @@ function M.cpu(text, opts)
     mhz = measured
   end
   if mhz <= 0 then return nil, "neither cpufreq nor /proc/cpuinfo gives a clock, and none was measured" end
-  local timed, raw = M.timed_per_cycle(opts.fma_flops, mhz * 1e6, widest)
+  -- timed FLOPs per cycle need a clock near the one the core ran them at:
+  -- a measured one or cpufreq's; a VM's `cpu MHz` alone is often the
+  -- nominal clock, far under the boosted one (Zen 4's 32 read as 45.5
+  -- there, nearer 64), and then the flags decide
+  local timed, raw
+  if cpufreq or measured > 0 then timed, raw = M.timed_per_cycle(opts.fma_flops, mhz * 1e6, widest) end
   if timed then
     fpc, isa = timed, string.format("%s, timed at %.1f", isa:match("^%S+"), raw)
   end

@@ -8,7 +8,7 @@
  *
  * Twelve independent accumulators, more than latency x issue rate (4 cycles
  * x 2 units on the cores of both vendors), so the units, not the latency, bound
- * the rate; the fastest of a few ~2 ms runs (a run the scheduler interrupts,
+ * the rate; the fastest of 7 runs of ~1 ms (a run the scheduler interrupts,
  * or AVX-512's warm-up on Intel, only reads lower). */
 #include "../fsdp_base.h"
 #if defined(__x86_64__)

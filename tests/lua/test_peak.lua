@@ -86,10 +86,15 @@ do
   local p = peak.cpu(cpuinfo({ zen4, zen4 }), { measured_mhz = 4200, fma_flops = 268.8e9 })
   check(p and p.per_cycle == 64 and near(p.flops, 2 * 4200e6 * 64) and p.what:find("x 64 fp32 FLOP/cycle (avx512f, timed at 64.0)", 1, true),
     "a VM naming family 25 on cores that time 64 FLOP a cycle: 64, said so: " .. (p and p.what or "nil"))
-  p = peak.cpu(xeon4, { fma_flops = 2000e6 * 32 })
+  p = peak.cpu(xeon4, { measured_mhz = 2000, fma_flops = 2000e6 * 32 })
   check(p and p.per_cycle == 32 and near(p.flops, 2 * 2000e6 * 32), "a Xeon whose AVX-512 times 32 FLOP a cycle: 32")
-  p = peak.cpu(cpuinfo({ zen4, zen4 }), { fma_flops = 0 })
+  p = peak.cpu(cpuinfo({ zen4, zen4 }), { measured_mhz = 4200, fma_flops = 0 })
   check(p and p.per_cycle == 32 and p.isa == "avx512f on 256-bit units", "nothing timed: the flags' rule")
+  p = peak.cpu(cpuinfo({ zen4, zen4 }), { fma_flops = 3700e6 * 32 })
+  check(p and p.per_cycle == 32 and p.isa == "avx512f on 256-bit units",
+    "no clock but a VM's cpu MHz (2596 where the core runs 3700: 45.6 a cycle): the flags' rule, not 64")
+  p = peak.cpu(xeon4, { max_khz = { [0] = 3500000, 3500000, 3500000, 3500000 }, fma_flops = 3500e6 * 32 })
+  check(p and p.per_cycle == 32, "cpufreq's clock: the timing stands (32)")
 end
 
 -- older vector units
