@@ -183,6 +183,7 @@ static int guarded_wait(cudaStream_t s, cudaEvent_t e, const char *what) {
     cudaError_t r = e ? cudaEventQuery(e) : cudaStreamQuery(s);
     if (r == cudaSuccess) return FSDP_OK;
     if (r != cudaErrorNotReady) return CU(r);
+    cudaGetLastError(); /* as event_query: a "not ready" left as the last error fails the next launch's check */
     double waited = fsdp_time_now() - start;
     FSDP_CHECK(wait_guard(what, waited));
     if (waited > 1e-3) usleep(50); /* spin the first millisecond: short waits stay short */

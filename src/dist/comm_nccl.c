@@ -177,6 +177,7 @@ static int nccl_synchronize(fsdp_comm *c) {
     cudaError_t e = cudaStreamQuery(stream_of(c));
     if (e == cudaSuccess) return FSDP_OK;
     if (e != cudaErrorNotReady) return cuda_fail(e, c, "waiting for the comm's stream");
+    cudaGetLastError(); /* a "not ready" left as the last error would fail the next launch's check */
     ncclResult_t async = ncclSuccess;
     ncclCommGetAsyncError(nc->comm, &async);
     if (async != ncclSuccess && async != ncclInProgress) {
