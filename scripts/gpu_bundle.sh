@@ -52,16 +52,22 @@ done | awk '/=>/ && $3 ~ /^\// {print $1, $3}' | sort -u |
   while read -r name path; do cp -L "$path" ".devlibs/$name"; done
 ls .whl/peers/*.whl >/dev/null 2>&1 || scripts/peer_wheels.sh .whl/peers >/dev/null
 du -shc build-gpu .devlibs build-host .whl/peers
-# the stages in the order a lent GPU's few minutes should spend them: the
-# code no GPU has run yet checked first (the units' checked states and
-# overlap_step in train, the bounded device waits in multirank, the dry
-# run's CUDA branches in planner), the host's CPU (issue 38: the only Intel
-# host a session reaches), then the peers (their wheels installed
-# offline from .whl/peers) and the timelines
-echo "gpu_bundle: carry [\"build-gpu\", \".devlibs\", \"build-host\"] (the stages without the peers, host_suite"
-echo "  among them) or [\"build-gpu\", \".devlibs\", \".whl/peers\"] (vs_peers, vs_peers_offload): 64 MiB in all"
-echo "  with the working tree. On the GPU machine:"
-echo "  1. GPU_CHECK_STAGES=\"tests train multirank planner host_cpu host_suite timeline4 generate\" \\"
-echo "       TINY_STEPS=100 bash scripts/gpu_check.sh build-gpu \$OUT         (build-host carried)"
-echo "  2. GPU_CHECK_STAGES=\"vs_peers vs_peers_offload kernels timeline adamw repl demos offload offload_probe\" \\"
-echo "       TINY_STEPS=100 bash scripts/gpu_check.sh build-gpu \$OUT         (.whl/peers carried)"
+# all four in one xz pack (about 16 MiB): the device tool carries 64 MiB
+# with the working tree, and the folders take 62; gpu_check.sh and
+# host_suite.sh unpack it there (scripts/gpu_unpack.sh)
+mkdir -p .devpack
+rm -f .devpack/unpacked
+tar -cf - build-gpu .devlibs build-host .whl/peers | xz -T0 -6 >.devpack/bundle.tar.xz
+du -sh .devpack/bundle.tar.xz
+# One device call of at most 600 s, each stage stopped at
+# GPU_CHECK_STAGE_LIMIT: first what no GPU has run yet (the units' checked
+# states and overlap_step in train, generate's CUDA path, the dry run's
+# CUDA branches in planner), the Intel host's CPU (issue 38: the only
+# other vendor a session reaches), the 4-rank timeline (NCCL live, so every
+# device wait goes through the bounded waits), the peers, the host's whole
+# CPU suite, and last the multi-rank matrix (270 s on the H100; its fault
+# cases at its end run the bounded waits' abort path), which a second call
+# can take where the first ran out
+echo "gpu_bundle: carry [\".devpack\"]; on the GPU machine, in one call (timeout_s 600):"
+echo "  GPU_CHECK_STAGE_LIMIT=300 TINY_STEPS=100 GPU_CHECK_STAGES=\"tests train generate planner host_cpu timeline4 \\"
+echo "    vs_peers host_suite multirank vs_peers_offload\" bash scripts/gpu_check.sh build-gpu \$OUT"

@@ -42,6 +42,7 @@
 #               GEMMs against the core's peak on 1 core and all, the demo's first lines
 #   host_suite  the whole CPU suite on the host's CPU (scripts/host_suite.sh build-host: carry
 #               build-host/, which scripts/gpu_bundle.sh makes)
+# GPU_CHECK_STAGE_LIMIT=S stops a stage that runs past S seconds (below).
 # Without GPU_CHECK_STAGES: tests multirank train generate planner demos repl adamw
 # kernels offload, then with GPU_CHECK_BENCH=1 blas vs_fsdp2 vs_fsdp2_offload
 # timeline offload_probe attention, then with GPU_CHECK_COLLECTIVES=1
@@ -54,6 +55,7 @@ build=${1:-build}
 export FSDPRUN_OVERSUBSCRIBE=1 # CPU checks run more ranks than the one GPU (fsdprun counts GPUs as slots)
 out=${2:-${OUT:-/tmp/fsdp-gpu}}
 mkdir -p "$out"
+bash scripts/gpu_unpack.sh # the folders below, where only gpu_bundle.sh's pack was carried
 . scripts/gpu_env.sh "$build"
 if [ ! -f "$build/libfsdp_cuda.so" ]; then
   echo "gpu_check: $build/libfsdp_cuda.so is missing: the CUDA backend, built beside libfsdp.so by a CUDA build" >&2
@@ -275,10 +277,37 @@ for st in $stages; do
     exit 2
   fi
 done
+# GPU_CHECK_STAGE_LIMIT=S: a stage still running after S seconds is
+# stopped, its whole process group (status 124), and the next one starts:
+# one hang (the bounded waits have never run on a GPU) must not spend the
+# lease. 0 or unset: no limit.
+stage_limit=${GPU_CHECK_STAGE_LIMIT:-0}
+run_stage() {
+  if [ "$stage_limit" -le 0 ]; then
+    "stage_$1"
+    return
+  fi
+  local pid dog rc
+  set -m # each its own process group, so a stop reaches every process the stage started
+  ("stage_$1") &
+  pid=$!
+  (exec >/dev/null 2>&1; sleep "$stage_limit"; kill -TERM -- "-$pid"; sleep 5; kill -KILL -- "-$pid") &
+  dog=$!
+  set +m
+  wait "$pid"
+  rc=$?
+  kill -- "-$dog" 2>/dev/null
+  wait "$dog" 2>/dev/null
+  if [ "$rc" -ge 128 ]; then
+    echo "gpu_check: stage $1 stopped after its $stage_limit s (GPU_CHECK_STAGE_LIMIT)"
+    rc=124
+  fi
+  return "$rc"
+}
 echo "stage seconds status" > "$out/stages.txt"
 for st in $stages; do
   t0=$(date +%s)
-  "stage_$st"
+  run_stage "$st"
   rc=$?
   [ $rc = 0 ] || status=1
   echo "$st $(( $(date +%s) - t0 )) $rc" | tee -a "$out/stages.txt"

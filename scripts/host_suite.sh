@@ -18,6 +18,7 @@ cd "$(dirname "$0")/.."
 build=${1:-build-host}
 out=${2:-/tmp/fsdp-host-suite}
 mkdir -p "$out"
+bash scripts/gpu_unpack.sh # build-host/ and .devlibs/, where only gpu_bundle.sh's pack was carried
 cache=$build/CMakeCache.txt
 [ -f "$cache" ] || { echo "host_suite: $cache is missing: make $build with scripts/gpu_bundle.sh" >&2; exit 2; }
 src=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$cache")
