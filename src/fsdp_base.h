@@ -56,7 +56,7 @@ double fsdp_core_clock_pick(double by_add, double by_mul);
  * model (src/base/cpu_features.c). All 0 off x86-64. */
 void fsdp_cpu_vector_features(int *avx, int *avx2_fma, int *avx512);
 /* fp32 FLOP/s of one core's fused multiply-adds on vectors of `bits` (512
- * or 256; 0: the widest the CPU and OS run), timed now: the fastest of 7
+ * or 256), timed now: the fastest of 7
  * runs of about 1 ms. 0 where the CPU or OS cannot run them
  * (src/base/fma_rate.c). */
 double fsdp_core_fma_flops(int bits);

@@ -45,7 +45,6 @@ double fsdp_core_fma_flops(int bits) {
 #if defined(__x86_64__)
   int avx, avx2_fma, avx512;
   fsdp_cpu_vector_features(&avx, &avx2_fma, &avx512);
-  if (bits == 0) bits = avx512 ? 512 : avx2_fma ? 256 : 0;
   if (!((bits == 512 && avx512) || (bits == 256 && avx2_fma))) return 0; /* the flags' rule stands */
   float (*kernel)(unsigned long) = bits == 512 ? fma512 : fma256;
   double flop_per_iteration = 12.0 * (bits / 32) * 2;
