@@ -17,38 +17,45 @@
  * kernel's clock stands. */
 #include "../fsdp_base.h"
 
+/* Each chain's whole loop is one asm statement, so its value stays in a
+ * register in any build: with the loop in C, an unoptimised build (the
+ * sanitizers' Debug) stores and reloads it each iteration, which lengthens
+ * the chain and reads a slower clock. The loop's counter runs beside it. */
+#define ADD16(op) op op op op op op op op op op op op op op op op
+
 /* 16 dependent adds of a register per iteration (its value hidden from the
- * compiler and from any renamer); the loop's own counter runs beside them */
+ * compiler and from any renamer) */
 static void add_chain(unsigned long iterations) {
   unsigned long x = 0, one = 1;
-  __asm__ volatile("" : "+r"(one));
-  for (unsigned long i = 0; i < iterations; i++) {
+  if (!iterations) return;
 #if defined(__x86_64__)
-    __asm__ volatile("add %1,%0\n\tadd %1,%0\n\tadd %1,%0\n\tadd %1,%0\n\t"
-                     "add %1,%0\n\tadd %1,%0\n\tadd %1,%0\n\tadd %1,%0\n\t"
-                     "add %1,%0\n\tadd %1,%0\n\tadd %1,%0\n\tadd %1,%0\n\t"
-                     "add %1,%0\n\tadd %1,%0\n\tadd %1,%0\n\tadd %1,%0"
-                     : "+r"(x)
-                     : "r"(one));
+  __asm__ volatile("1:\n\t" ADD16("add %[one],%[x]\n\t") "dec %[n]\n\tjnz 1b"
+                   : [x] "+r"(x), [n] "+r"(iterations)
+                   : [one] "r"(one)
+                   : "cc");
 #elif defined(__aarch64__)
-    __asm__ volatile("add %0,%0,%1\n\tadd %0,%0,%1\n\tadd %0,%0,%1\n\tadd %0,%0,%1\n\t"
-                     "add %0,%0,%1\n\tadd %0,%0,%1\n\tadd %0,%0,%1\n\tadd %0,%0,%1\n\t"
-                     "add %0,%0,%1\n\tadd %0,%0,%1\n\tadd %0,%0,%1\n\tadd %0,%0,%1\n\t"
-                     "add %0,%0,%1\n\tadd %0,%0,%1\n\tadd %0,%0,%1\n\tadd %0,%0,%1"
-                     : "+r"(x)
-                     : "r"(one));
+  __asm__ volatile("1:\n\t" ADD16("add %[x],%[x],%[one]\n\t") "subs %[n],%[n],#1\n\tb.ne 1b"
+                   : [x] "+r"(x), [n] "+r"(iterations)
+                   : [one] "r"(one)
+                   : "cc");
+#else
+  (void)x, (void)one;
 #endif
-  }
 }
+#undef ADD16
 
 #if defined(__x86_64__)
 /* 8 dependent 64-bit multiplies per iteration: 24 cycles */
 static void mul_chain(unsigned long iterations) {
   unsigned long x = 3;
-  for (unsigned long i = 0; i < iterations; i++)
-    __asm__ volatile("imul %0,%0\n\timul %0,%0\n\timul %0,%0\n\timul %0,%0\n\t"
-                     "imul %0,%0\n\timul %0,%0\n\timul %0,%0\n\timul %0,%0"
-                     : "+r"(x));
+  if (!iterations) return;
+  __asm__ volatile("1:\n\t"
+                   "imul %[x],%[x]\n\timul %[x],%[x]\n\timul %[x],%[x]\n\timul %[x],%[x]\n\t"
+                   "imul %[x],%[x]\n\timul %[x],%[x]\n\timul %[x],%[x]\n\timul %[x],%[x]\n\t"
+                   "dec %[n]\n\tjnz 1b"
+                   : [x] "+r"(x), [n] "+r"(iterations)
+                   :
+                   : "cc");
 }
 #endif
 
