@@ -483,8 +483,11 @@ class OutDir:
     def __init__(self, out, force, ours):
         self.out = os.path.normpath(out)
         parent = os.path.dirname(self.out) or "."
-        if not os.path.isdir(parent):
-            fail(f"--out {out}: its folder {parent} does not exist")
+        if not os.path.isdir(parent):  # missing folders are made, as the trainer makes its outputs'
+            try:
+                os.makedirs(parent, exist_ok=True)
+            except OSError as e:
+                fail(f"--out {out}: cannot make its folder {parent} ({e.strerror or e})")
         if os.path.lexists(self.out):
             if not force:
                 fail(f"--out {out} exists; give --force to replace it")
@@ -796,7 +799,7 @@ def parsers():
     main.add_argument("inputs", nargs="+", metavar="INPUT",
                       help="files (.txt, .md, .jsonl, .json, .parquet, .arrow, .txt.gz, .jsonl.gz) or folders of them")
     main.add_argument("--tokenizer", required=True, metavar="DIR|bytes", help=tok_help)
-    main.add_argument("--out", "-o", required=True, metavar="OUT", help="the folder to write (must not exist; see --force)")
+    main.add_argument("--out", "-o", required=True, metavar="OUT", help="the folder to write (must not exist, see --force; missing parent folders are made)")
     _input_options(main)
     main.add_argument("--eot-id", metavar="ID|none",
                       help="the end-of-text id after each document (default: the tokenizer's eos; bytes: 0)")
@@ -831,7 +834,7 @@ def parsers():
                                              "(transformers' AutoTokenizer loads DIR)")
     tr.add_argument("inputs", nargs="+", metavar="INPUT", help="as for preparing: files or folders")
     tr.add_argument("--vocab-size", type=int, required=True, help="ids in all: 256 bytes, the special token, merges")
-    tr.add_argument("--out", "-o", required=True, metavar="DIR", help="the folder to write (must not exist; see --force)")
+    tr.add_argument("--out", "-o", required=True, metavar="DIR", help="the folder to write (must not exist, see --force; missing parent folders are made)")
     tr.add_argument("--min-frequency", type=int, default=2, help="a pair seen fewer times is never merged (default 2)")
     tr.add_argument("--force", action="store_true", help="replace DIR when it exists (only a folder of this tool's files)")
     _input_options(tr)

@@ -27,3 +27,18 @@ r.data.corpus = { root = "$1", include = { "text.txt" } }
 return r
 EOF
 }
+
+# hf_jobs PY DIR JOB...: the checks against transformers named by the JOBs
+# (NAME<tab>SCRIPT<tab>ARG..., tests/scripts/hf_jobs.py) in one Python
+# process, their outputs and statuses in DIR; job_rc DIR NAME prints a
+# job's status (none: 3) and its output, without transformers' loading chatter
+hf_jobs() {
+  local py=$1 dir=$2
+  shift 2
+  mkdir -p "$dir"
+  "$py" "$(dirname "${BASH_SOURCE[0]}")/hf_jobs.py" "$dir" "$@" >"$dir/jobs.log" 2>&1 || cat "$dir/jobs.log" >&2
+}
+job_rc() {
+  [ -f "$1/$2.out" ] && grep -v "Loading weights" "$1/$2.out" >&2
+  cat "$1/$2.rc" 2>/dev/null || echo 3
+}

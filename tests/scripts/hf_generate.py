@@ -34,10 +34,10 @@ def make(out, src):
     return 0
 
 
-def main():
-    if sys.argv[1] == "--make":
-        return make(sys.argv[2], sys.argv[3])
-    folder, prompt, ours = sys.argv[1], [int(v) for v in sys.argv[2].split()], [int(v) for v in sys.argv[3].split()]
+def main(argv):
+    if argv[0] == "--make":
+        return make(argv[1], argv[2])
+    folder, prompt, ours = argv[0], [int(v) for v in argv[1].split()], [int(v) for v in argv[2].split()]
     torch.manual_seed(0)
     model = LlamaForCausalLM.from_pretrained(folder, dtype=torch.float64)
     model.eval()
@@ -66,4 +66,4 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -19,11 +19,12 @@ except ImportError as e:
     print(f"skipped: {e}")
     sys.exit(77)
 
-if sys.argv[1] == "--make":
+
+def make(out, src, variant=None):
     from transformers import LlamaConfig
     torch.manual_seed(0)
-    cfg = LlamaConfig.from_pretrained(sys.argv[3])
-    if sys.argv[4:] == ["llama3"]:
+    cfg = LlamaConfig.from_pretrained(src)
+    if variant == "llama3":
         cfg = LlamaConfig(hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
                           num_attention_heads=cfg.num_attention_heads, num_key_value_heads=cfg.num_key_value_heads,
                           num_hidden_layers=cfg.num_hidden_layers, vocab_size=cfg.vocab_size, rms_norm_eps=cfg.rms_norm_eps,
@@ -35,24 +36,35 @@ if sys.argv[1] == "--make":
         for name, p in m.named_parameters():
             if "norm" in name:
                 p.add_(0.1 * torch.randn_like(p))
-    m.save_pretrained(sys.argv[2])
-    print(f"written {sys.argv[2]} ({sum(p.numel() for p in m.parameters())} parameters)")
-    sys.exit(0)
+    m.save_pretrained(out)
+    print(f"written {out} ({sum(p.numel() for p in m.parameters())} parameters)")
+    return 0
 
-B, T = 2, 48
-d, ours_path = sys.argv[1], sys.argv[2]
-vals = [float(l) for l in open(ours_path)]
-ids = torch.tensor([int(v) for v in vals[: B * T]]).view(B, T)
-ours = torch.tensor(vals[B * T :], dtype=torch.float64)
-model = LlamaForCausalLM.from_pretrained(d, torch_dtype=torch.float64)
-model.eval()
-with torch.no_grad():
-    ref = model(ids).logits.reshape(-1)
-if ref.numel() != ours.numel():
-    print(f"FAILED: {ours.numel()} logits from fsdp, {ref.numel()} from transformers")
-    sys.exit(1)
-scale = ref.abs().max().item()
-err = (ref - ours).abs().max().item()
-print(f"transformers {__import__('transformers').__version__}: {ref.numel()} logits, largest |difference| {err:.3e} "
-      f"of largest |logit| {scale:.3e} ({err / scale:.2e} relative; bound 1e-4)")
-sys.exit(0 if err <= 1e-4 * scale else 1)
+
+def compare(d, ours_path):
+    B, T = 2, 48
+    vals = [float(l) for l in open(ours_path)]
+    ids = torch.tensor([int(v) for v in vals[: B * T]]).view(B, T)
+    ours = torch.tensor(vals[B * T :], dtype=torch.float64)
+    model = LlamaForCausalLM.from_pretrained(d, torch_dtype=torch.float64)
+    model.eval()
+    with torch.no_grad():
+        ref = model(ids).logits.reshape(-1)
+    if ref.numel() != ours.numel():
+        print(f"FAILED: {ours.numel()} logits from fsdp, {ref.numel()} from transformers")
+        return 1
+    scale = ref.abs().max().item()
+    err = (ref - ours).abs().max().item()
+    print(f"transformers {__import__('transformers').__version__}: {ref.numel()} logits, largest |difference| {err:.3e} "
+          f"of largest |logit| {scale:.3e} ({err / scale:.2e} relative; bound 1e-4)")
+    return 0 if err <= 1e-4 * scale else 1
+
+
+def main(argv):
+    if argv[0] == "--make":
+        return make(argv[1], argv[2], argv[3] if len(argv) > 3 else None)
+    return compare(argv[0], argv[1])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -23,6 +23,10 @@ fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 export FSDPRUN_OVERSUBSCRIBE=1
+T=$'\t'
+# Our side first, then transformers' checks in two Python processes
+# (tests/scripts/hf_jobs.py): what ours must read from transformers is made
+# in the first, what transformers must read from ours checked in the second.
 # fp32 with the head its own; bf16 with the head tied to the embedding
 for v in "fp32 untied false" "bf16 tied true"; do
   set -- $v
@@ -30,75 +34,66 @@ for v in "fp32 untied false" "bf16 tied true"; do
   "$fsdprun" -n 2 --timeout 120 "$root/recipes/tiny.lua" train.steps=30 train.eval_every=0 train.log_every=30 \
     data.seq=64 model.tie_word_embeddings=$3 checkpoint.export_hf="$d" checkpoint.export_dtype=$1 >"$work/train.out" 2>&1
   check "$1 $2: the demo trains and exports" "[ -f '$d/config.json' ]" || cat "$work/train.out"
-  "$fsdp" "$root/tests/lua/hf_logits.lua" "$d" "$root" "$work/ours.txt" $2 >"$work/ours.out" 2>&1
-  check "$1 $2: our logits on the export" "[ -s '$work/ours.txt' ]" || cat "$work/ours.out"
-  "$py" "$root/tests/scripts/hf_transformers_logits.py" "$d" "$work/ours.txt" >"$work/cmp.out" 2>&1
-  rc=$?
-  grep -v "Loading weights" "$work/cmp.out"
-  check "$1 $2: transformers' logits on the export equal ours" "[ $rc = 0 ]"
-  rm -f "$work/ours.txt"
+  "$fsdp" "$root/tests/lua/hf_logits.lua" "$d" "$root" "$work/ours-$1.txt" $2 >"$work/ours.out" 2>&1
+  check "$1 $2: our logits on the export" "[ -s '$work/ours-$1.txt' ]" || cat "$work/ours.out"
 done
-# the other way: a folder written by transformers (save_pretrained, random
-# weights) imported by our model
-"$py" "$root/tests/scripts/hf_transformers_logits.py" --make "$work/from-hf" "$work/fp32-untied" >"$work/make.out" 2>&1
-check "transformers writes a model" "[ -f '$work/from-hf/config.json' ]" || cat "$work/make.out"
-"$fsdp" "$root/tests/lua/hf_logits.lua" "$work/from-hf" "$root" "$work/ours.txt" >"$work/ours.out" 2>&1
-check "our model imports transformers' folder" "[ -s '$work/ours.txt' ]" || cat "$work/ours.out"
-"$py" "$root/tests/scripts/hf_transformers_logits.py" "$work/from-hf" "$work/ours.txt" >"$work/cmp.out" 2>&1
-rc=$?
-grep -v "Loading weights" "$work/cmp.out"
-check "transformers' model imported: its logits equal ours" "[ $rc = 0 ]"
-# Llama 3.1's rotary scaling and a head_dim that is not hidden / heads, as
-# transformers writes them (rope_parameters): imported, our logits equal
-# theirs; exported again by us (rope_theta, rope_scaling and head_dim in our
-# config.json), transformers reads the same model. The control: the same
-# folder with the scaling taken out gives other logits (the check sees it).
-"$py" "$root/tests/scripts/hf_transformers_logits.py" --make "$work/llama3" "$work/fp32-untied" llama3 >"$work/make.out" 2>&1
-check "transformers writes a llama3-scaled model" "[ -f '$work/llama3/config.json' ]" || cat "$work/make.out"
-rm -f "$work/ours.txt"
-"$fsdp" "$root/tests/lua/hf_logits.lua" "$work/llama3" "$root" "$work/ours.txt" folder "$work/llama3-ours" >"$work/ours.out" 2>&1
-check "our model imports it, its architecture from config.json" "[ -s '$work/ours.txt' ]" || cat "$work/ours.out"
-for d in llama3 llama3-ours; do
-  "$py" "$root/tests/scripts/hf_transformers_logits.py" "$work/$d" "$work/ours.txt" >"$work/cmp.out" 2>&1
-  rc=$?
-  grep -v "Loading weights" "$work/cmp.out"
-  check "rope_type llama3, head_dim 48 ($d): transformers' logits equal ours" "[ $rc = 0 ]"
+# an export is a whole Hugging Face folder: transformers' AutoTokenizer
+# loads its byte-level tokenizer (each byte its own id) and decodes back
+text=$'h\xc3\xa9llo, w\xc3\xb6rld\n'
+bytes=$(printf '%s' "$text" | od -An -tu1 | tr -s ' \n' '  ' | sed 's/^ //; s/ $//')
+# the other way: folders transformers writes (save_pretrained, random
+# weights) for our model to import: as from the Hub; with Llama 3.1's
+# rotary scaling and a head_dim that is not hidden / heads (rope_parameters);
+# with wide random weights (generated tokens that vary)
+hf_jobs "$py" "$work/py1" \
+  "fp32${T}hf_transformers_logits.py${T}$work/fp32-untied${T}$work/ours-fp32.txt" \
+  "bf16${T}hf_transformers_logits.py${T}$work/bf16-tied${T}$work/ours-bf16.txt" \
+  "tokenizer${T}hf_tokenizer.py${T}$work/fp32-untied${T}$text${T}$bytes" \
+  "make_from_hf${T}hf_transformers_logits.py${T}--make${T}$work/from-hf${T}$work/fp32-untied" \
+  "make_llama3${T}hf_transformers_logits.py${T}--make${T}$work/llama3${T}$work/fp32-untied${T}llama3" \
+  "make_wide${T}hf_generate.py${T}--make${T}$work/wide${T}$work/fp32-untied"
+for v in "fp32 untied" "bf16 tied"; do
+  set -- $v
+  check "$1 $2: transformers' logits on the export equal ours" "[ $(job_rc "$work/py1" $1) = 0 ]"
 done
+check "AutoTokenizer loads the export's tokenizer: ids are the bytes" "[ $(job_rc "$work/py1" tokenizer) = 0 ]"
+check "transformers writes a model" "[ -f '$work/from-hf/config.json' ]" || job_rc "$work/py1" make_from_hf
+check "transformers writes a llama3-scaled model" "[ -f '$work/llama3/config.json' ]" || job_rc "$work/py1" make_llama3
+check "transformers writes a wide random model" "[ -f '$work/wide/config.json' ]" || job_rc "$work/py1" make_wide
+
+"$fsdp" "$root/tests/lua/hf_logits.lua" "$work/from-hf" "$root" "$work/ours-from-hf.txt" >"$work/ours.out" 2>&1
+check "our model imports transformers' folder" "[ -s '$work/ours-from-hf.txt' ]" || cat "$work/ours.out"
+# llama3: imported, its architecture from config.json, and exported again by
+# us (rope_theta, rope_scaling and head_dim in our config.json); the
+# control: the same folder with the scaling taken out gives other logits
+"$fsdp" "$root/tests/lua/hf_logits.lua" "$work/llama3" "$root" "$work/ours-llama3.txt" folder "$work/llama3-ours" >"$work/ours.out" 2>&1
+check "our model imports it, its architecture from config.json" "[ -s '$work/ours-llama3.txt' ]" || cat "$work/ours.out"
 check "our export says head_dim 48 and rope_type llama3" \
   "grep -q '\"head_dim\": *48' '$work/llama3-ours/config.json' && grep -q '\"rope_type\": *\"llama3\"' '$work/llama3-ours/config.json'"
 cp -r "$work/llama3" "$work/unscaled"
 "$py" -c "import json, sys; p = sys.argv[1]; c = json.load(open(p)); c['rope_parameters'] = {'rope_type': 'default', 'rope_theta': 500000.0}; c.pop('rope_scaling', None); json.dump(c, open(p, 'w'))" "$work/unscaled/config.json"
-"$py" "$root/tests/scripts/hf_transformers_logits.py" "$work/unscaled" "$work/ours.txt" >"$work/cmp.out" 2>&1
-rc=$?
-grep -v "Loading weights" "$work/cmp.out"
-check "control: without the scaling transformers' logits differ from ours" "[ $rc = 1 ]"
-# an export is a whole Hugging Face folder: transformers' AutoTokenizer
-# loads its byte-level tokenizer (each byte its own id) and generates
-"$py" - "$work/fp32-untied" >"$work/tok.out" 2>&1 <<'PY'
-import sys
-from transformers import AutoTokenizer
-t = AutoTokenizer.from_pretrained(sys.argv[1])
-text = "héllo, wörld\n"
-ids = t(text)["input_ids"]
-assert ids == list(text.encode()), ids
-assert t.decode(ids) == text
-print("AutoTokenizer: ok")
-PY
-check "AutoTokenizer loads the export's tokenizer: ids are the bytes" "grep -q 'AutoTokenizer: ok' '$work/tok.out'" ||
-  cat "$work/tok.out"
 # fsdp generate's greedy tokens (KV cache, fp32) against transformers'
 # generate (float64, its KV cache) token for token: on the trained export,
-# and on a model with wide random weights (tokens that vary)
-"$py" "$root/tests/scripts/hf_generate.py" --make "$work/wide" "$work/fp32-untied" >"$work/make.out" 2>&1
-check "transformers writes a wide random model" "[ -f '$work/wide/config.json' ]" || cat "$work/make.out"
+# and on the model with wide random weights
 prompt="84 104 101 32 115 104 97 114 100"
 for d in fp32-untied wide; do
-  ours=$("$fsdp" generate "$work/$d" --ids "$prompt" --max-new-tokens 48 --greedy --no-stop --print-ids 2>"$work/gen.err" |
-    sed -n 's/^ids: //p')
-  check "$d: fsdp generate makes 48 tokens" "[ \$(echo '$ours' | wc -w) = 48 ]" || cat "$work/gen.err"
-  "$py" "$root/tests/scripts/hf_generate.py" "$work/$d" "$prompt" "$ours" >"$work/cmp.out" 2>&1
-  rc=$?
-  grep -v "Loading weights" "$work/cmp.out"
-  check "$d: transformers' greedy generate gives our tokens" "[ $rc = 0 ]"
+  "$fsdp" generate "$work/$d" --ids "$prompt" --max-new-tokens 48 --greedy --no-stop --print-ids 2>"$work/gen.err" |
+    sed -n 's/^ids: //p' >"$work/gen-$d.txt"
+  check "$d: fsdp generate makes 48 tokens" "[ \$(wc -w <'$work/gen-$d.txt') = 48 ]" || cat "$work/gen.err"
+done
+hf_jobs "$py" "$work/py2" \
+  "from_hf${T}hf_transformers_logits.py${T}$work/from-hf${T}$work/ours-from-hf.txt" \
+  "llama3${T}hf_transformers_logits.py${T}$work/llama3${T}$work/ours-llama3.txt" \
+  "llama3-ours${T}hf_transformers_logits.py${T}$work/llama3-ours${T}$work/ours-llama3.txt" \
+  "unscaled${T}hf_transformers_logits.py${T}$work/unscaled${T}$work/ours-llama3.txt" \
+  "gen_fp32-untied${T}hf_generate.py${T}$work/fp32-untied${T}$prompt${T}$(cat "$work/gen-fp32-untied.txt")" \
+  "gen_wide${T}hf_generate.py${T}$work/wide${T}$prompt${T}$(cat "$work/gen-wide.txt")"
+check "transformers' model imported: its logits equal ours" "[ $(job_rc "$work/py2" from_hf) = 0 ]"
+for d in llama3 llama3-ours; do
+  check "rope_type llama3, head_dim 48 ($d): transformers' logits equal ours" "[ $(job_rc "$work/py2" $d) = 0 ]"
+done
+check "control: without the scaling transformers' logits differ from ours" "[ $(job_rc "$work/py2" unscaled) = 1 ]"
+for d in fp32-untied wide; do
+  check "$d: transformers' greedy generate gives our tokens" "[ $(job_rc "$work/py2" gen_$d) = 0 ]"
 done
 finish test_hf_transformers

@@ -281,6 +281,17 @@ check "... with --force: replaced" "cmp -s '$work/o_txt/train.bin' '$work/b_txt/
 touch "$work/o_txt/notes.txt"
 prep --tokenizer bytes --out "$work/o_txt" --force "$in/txt" 2>"$work/ex.err"
 check "... --force over a folder holding other files: refused" "grep -q 'holds files this tool does not write (notes.txt)' '$work/ex.err'"
+# OUT's missing folders are made (a fresh clone has no runs/); a file in
+# their way is refused, naming it
+prep --tokenizer bytes --out "$work/new/deeper/o_txt" --val-fraction 0 "$in/txt" 2>"$work/ex.err"
+check "an OUT whose folders do not exist yet: they are made" "cmp -s '$work/new/deeper/o_txt/train.bin' '$work/b_txt/train.bin'" ||
+  cat "$work/ex.err"
+touch "$work/afile"
+prep --tokenizer bytes --out "$work/afile/o_txt" "$in/txt" 2>"$work/ex.err"
+rc=$?
+check "... a file where a folder of OUT should be: refused (status $rc) naming it" \
+  "[ $rc = 1 ] && grep -q -- '--out $work/afile/o_txt: cannot make its folder $work/afile' '$work/ex.err' && ! grep -q Traceback '$work/ex.err'" ||
+  cat "$work/ex.err"
 
 # ---- interrupted runs leave no train.bin
 FSDP_PREPARE_TEST_SIGNAL=TERM:2 prep --tokenizer "$work/tok" --out "$work/int" --workers 2 "$in/txt" 2>"$work/int.err"
