@@ -2,7 +2,8 @@
 # The project's Python environment, made on demand and never needed to
 # train: a virtual environment (.venv/ in the checkout, or FSDP_PYTHON_ENV)
 # with Hugging Face `tokenizers` and `pyarrow`, for `fsdp prepare` and the
-# tokenizer of `fsdp generate`.
+# tokenizer of `fsdp generate`, and `tensorboard`, to watch a run's
+# train.tensorboard event files (and for the test that reads them back).
 #   scripts/python_env.sh            the base environment
 #   scripts/python_env.sh --torch    also torch and transformers, for the
 #                                    checks against Hugging Face's own code
@@ -19,7 +20,7 @@ py=$env/bin/python
 say() { echo "python_env: $*" >&2; }
 
 # pinned: a preparation made today gives the same ids next year
-base=(tokenizers==0.23.3 pyarrow==26.0.1)
+base=(tokenizers==0.23.3 pyarrow==26.0.1 tensorboard==2.21.0)
 # torch's Linux wheel on PyPI is its CUDA build; its pure-Python deps and
 # the four NVIDIA libraries the CUDA toolkit here lacks are enough for it
 # to run on the CPU (cuBLAS, cuDNN and the runtime come from the toolkit),
@@ -57,7 +58,7 @@ mark=$env/.fsdp-base
 if [ "$(cat "$mark" 2>/dev/null)" != "${base[*]}" ]; then
   say "installing ${base[*]}"
   pip_in "${base[@]}" || { say "could not install ${base[*]} from PyPI"; exit 1; }
-  "$py" -c "import tokenizers, pyarrow" || { say "tokenizers or pyarrow does not import"; exit 1; }
+  "$py" -c "import tokenizers, pyarrow, tensorboard" || { say "tokenizers, pyarrow or tensorboard does not import"; exit 1; }
   echo "${base[*]}" >"$mark"
 fi
 

@@ -212,3 +212,11 @@ foreach(n 1 2)
            COMMAND $<TARGET_FILE:fsdprun> -n ${n} --timeout 120 ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_plan_model.lua)
   set_tests_properties(lua_plan_model_np${n} PROPERTIES LABELS multirank TIMEOUT 150 RUN_SERIAL ON)
 endforeach()
+# train.tensorboard (lua/fsdp/tensorboard.lua): our event files against
+# TensorBoard's own protobuf classes and RecordWriter byte for byte, and
+# read back by its EventAccumulator equal to the JSONL metrics, on 2 ranks
+# and across a killed run's resume (tests/lua/test_tensorboard.lua;
+# skipped without a Python that has tensorboard)
+add_test(NAME lua_tensorboard
+         COMMAND fsdp-host ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_tensorboard.lua $<TARGET_FILE:fsdprun> ${CMAKE_SOURCE_DIR})
+set_tests_properties(lua_tensorboard PROPERTIES LABELS multirank TIMEOUT 120 RUN_SERIAL ON SKIP_RETURN_CODE 77)

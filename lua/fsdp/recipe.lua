@@ -35,6 +35,7 @@ M.schema = {
   train = {
     steps = { "int", 100 }, grad_accum = { "int", 1 }, global_batch_tokens = { "int", nil }, seed = { "int", 1234 },
     eval_every = { "int", 0 }, eval_batches = { "int", 4 }, log_every = { "int", 1 }, metrics = { "string", nil },
+    tensorboard = { "string", nil },
     device = { { "cpu", "cuda" }, "cpu" }, min_free_fraction = { "number", 0.9 }, resume = { "string", nil },
     stop_after = { "int", nil }, loss_chunk_mb = { "number", 256 }, peak_tflops = { "number", nil },
     max_bad_steps = { "int", 5 }, profile = { "string", nil }, profile_step = { "int", nil },

@@ -252,6 +252,7 @@ local function finish(J)
       human(S.tokens_done) .. " tokens", info.size)
   end
   if J.metrics then J.metrics:close() end
+  if J.tensorboard then J.tensorboard:close() end
   -- every rank: fsdprun --ranks-per-gpu checks each one's bytes against its plan
   if os.getenv("FSDPRUN_RANKS_PER_GPU") ~= nil and S.first_loss then
     local plan = J.device == "cuda" and J.need.device or J.need.total
@@ -274,7 +275,8 @@ local function finish(J)
   J.sharded:free()
   J.mesh:free()
   return { first_loss = S.first_loss, last_loss = S.last_loss, losses = S.losses, tokens_per_s = steady,
-    peak = J.the_peak, flops_per_token = J.flops_tok, metrics_failed = J.metrics and J.metrics.failed, signalled = s }
+    peak = J.the_peak, flops_per_token = J.flops_tok, metrics_failed = J.metrics and J.metrics.failed,
+    tensorboard_failed = J.tensorboard and J.tensorboard.failed, signalled = s }
 end
 
 local function run(r, where, args, break_at, owned)

@@ -1,10 +1,10 @@
 -- fsdp.train_loop: the trainer's steps, from the first to the last or a
 -- stop: per step the batches, sharded:train_step, the step line and the
--- metrics record, an evaluation and a sample, a checkpoint, the REPL's
--- break, a step's profile. It works on the job that fsdp.train built (J:
--- the recipe, the mesh, the sharded model, the data, the checkpoint
--- manager) and leaves in it how the loop ended (J.signalled, J.stopped)
--- and what it measured (J.stats) for fsdp.train's finish.
+-- metrics record (and TensorBoard event), an evaluation and a sample, a
+-- checkpoint, the REPL's break, a step's profile. It works on the job that
+-- fsdp.train built (J: the recipe, the mesh, the sharded model, the data,
+-- the checkpoint manager) and leaves in it how the loop ended (J.signalled,
+-- J.stopped) and what it measured (J.stats) for fsdp.train's finish.
 local fsdp = require "fsdp"
 local schedule = require "fsdp.schedule"
 local llama = require "fsdp.models.llama"
@@ -12,6 +12,7 @@ local checkpoint = require "fsdp.checkpoint"
 local ops = require "fsdp.ops"
 local peak = require "fsdp.peak"
 local metrics_file = require "fsdp.metrics"
+local tensorboard = require "fsdp.tensorboard"
 local autograd = require "fsdp.autograd"
 local restarts = require "fsdp.restarts"
 local profile = require "fsdp.profile"
@@ -166,12 +167,34 @@ local function open_metrics(J)
   end
 end
 
+-- train.tensorboard: the same records as TensorBoard events in rank 0's
+-- directory (fsdp.tensorboard), kept across resumes and failing as metrics do
+local function open_tensorboard(J)
+  local r = J.r
+  if J.info.rank ~= 0 or not r.train.tensorboard then return end
+  local tb = tensorboard.open(r.train.tensorboard, { resumed_at = J.resumed and J.start - 1 or nil, where = J.where })
+  J.tensorboard = tb
+  if tb.failed then
+    tb.warned = true
+    io.stderr:write(string.format("fsdp: warning: train.tensorboard: %s; this resumed run goes on without TensorBoard " ..
+      "events\n", tb.failed))
+  elseif tb.dropped > 0 then
+    J.say("tensorboard: %s continues after step %d (%d events of steps after the checkpoint dropped)", tb.path,
+      J.start - 1, tb.dropped)
+  end
+end
+
 local function record(J, t)
-  local metrics = J.metrics
+  local metrics, tb = J.metrics, J.tensorboard
   if metrics and not metrics:record(t) and not metrics.warned then
     metrics.warned = true
     io.stderr:write(string.format("fsdp: warning: train.metrics: writing %s failed (%s); no more metrics are written " ..
       "in this run\n", J.r.train.metrics, metrics.failed))
+  end
+  if tb and not tb:record(t) and not tb.warned then
+    tb.warned = true
+    io.stderr:write(string.format("fsdp: warning: train.tensorboard: writing %s failed (%s); no more events are " ..
+      "written in this run\n", tb.path, tb.failed))
   end
 end
 
@@ -250,10 +273,11 @@ local function log_step(J, step, m)
   end
   local host = J.sharded.host_step_s
   local line = string.format("%sstep %d/%d | loss %.4f | lr %.2e | gnorm %.3f | %s tok/s | %.3f s | mfu %s | mem %.0f MiB%s | " ..
-    "eta %s%s%s", bar, step, r.train.steps, m.loss, m.lr, m.grad_norm, human(m.tokens_per_s), m.step_time_s,
+    "eta %s%s%s%s", bar, step, r.train.steps, m.loss, m.lr, m.grad_norm, human(m.tokens_per_s), m.step_time_s,
     m.mfu and string.format("%.1f%%", 100 * m.mfu) or "n/a", m.mem_bytes / 2 ^ 20,
     host and string.format(" | host step %.3f s", host) or "", M.duration(eta), restarts.suffix(J.restart),
-    J.metrics and J.metrics.failed and " | metrics NOT written" or "")
+    J.metrics and J.metrics.failed and " | metrics NOT written" or "",
+    J.tensorboard and J.tensorboard.failed and " | tensorboard NOT written" or "")
   if logged then J.say("%s", line) else J.progress(line) end
 end
 
@@ -332,6 +356,7 @@ function M.open(J)
   J.last = math.min(r.train.steps, r.train.stop_after or r.train.steps)
   open_rates(J)
   open_metrics(J)
+  open_tensorboard(J)
   open_sampler(J)
   J.tty = J.info.rank == 0 and fsdp.on_terminal(J.info)
   local warmup_note = require("fsdp.preflight").warmup_warning(r)
