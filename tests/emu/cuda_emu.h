@@ -1,60 +1,112 @@
 // cuda_emu.h: enough of CUDA to run a kernel's source on the CPU, for
-// tests that check a kernel's logic where no GPU exists. One std::thread per
-// CUDA thread of a block (blocks one after another); __syncthreads and
-// __syncwarp are barriers; __shfl_xor_sync goes through a per-warp slot
-// array; a WMMA fragment is the whole 16x16 tile, computed redundantly by
-// every lane of the warp, with the warp synchronised around loads and stores
-// (the collective semantics of *_matrix_sync); bf16 rounds to nearest even.
-// Slow (thousands of threads), so tests keep their shapes small.
+// tests that check a kernel's logic where no GPU exists. Each CUDA thread of
+// a block is a fiber (ucontext) on the test's one OS thread, run in turn
+// until it waits at a barrier or ends (blocks one after another);
+// __syncthreads and __syncwarp are barriers; __shfl_xor_sync goes through a
+// per-warp slot array; a WMMA fragment is the whole 16x16 tile, computed
+// redundantly by every lane of the warp, with the warp synchronised around
+// loads and stores (the collective semantics of *_matrix_sync); bf16 rounds
+// to nearest even. Fibers, not threads: a barrier of 128 OS threads cost
+// the kernel's futex wake-ups and context switches (20 of the 23 CPU
+// seconds of test_attention_tc_emu were the kernel's), and a kernel whose
+// threads can never all reach a barrier (a __syncthreads in a branch some
+// threads skip) is reported, where threads hung.
+// Slow all the same (thousands of threads), so tests keep their shapes small.
 #ifndef FSDP_TESTS_CUDA_EMU_H
 #define FSDP_TESTS_CUDA_EMU_H
 
+#include <sys/mman.h>
+#include <ucontext.h>
+
 #include <cmath>
-#include <condition_variable>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
-#include <mutex>
-#include <thread>
 #include <vector>
 
 #include "../../src/base/bf16.h"
 
 namespace cuda_emu {
 
-struct Barrier {
-  std::mutex m;
-  std::condition_variable cv;
-  int n, count = 0;
-  unsigned long gen = 0;
-  explicit Barrier(int n_) : n(n_) {}
-  void wait() {
-    std::unique_lock<std::mutex> l(m);
-    unsigned long g = gen;
-    if (++count == n) {
-      count = 0;
-      gen++;
-      cv.notify_all();
-    } else {
-      cv.wait(l, [&] { return gen != g; });
-    }
-  }
-};
-
 struct dim3 {
   unsigned x = 1, y = 1, z = 1;
 };
 
+struct Barrier;
 struct Thread {
   dim3 thread, block, block_dim, grid_dim;
   unsigned char *smem;
   Barrier *block_bar, *warp_bar;
   float *warp_slots;
 };
-inline thread_local Thread self;
+
+struct Fiber {
+  ucontext_t ctx;
+  Thread t;
+  bool done;
+};
+
+inline Thread self;              /* the running fiber's (the scheduler sets it before each switch) */
+inline Fiber *current;           /* the running fiber */
+inline ucontext_t scheduler;     /* where a fiber goes when it waits or ends */
+inline unsigned long progress;   /* barrier arrivals and ended fibers: a round without any is a deadlock */
+inline const std::function<void()> *kernel;
+
+inline void yield() { swapcontext(&current->ctx, &scheduler); }
+
+struct Barrier {
+  int n, count = 0;
+  unsigned long gen = 0;
+  explicit Barrier(int n_) : n(n_) {}
+  void wait() {
+    unsigned long g = gen;
+    progress++;
+    if (++count == n) {
+      count = 0;
+      gen++;
+      return;
+    }
+    while (gen == g) yield();
+  }
+};
+
+inline void fiber_main() {
+  (*kernel)();
+  current->done = true;
+  progress++;
+} /* uc_link: back to the scheduler */
+
+/* getcontext and swapcontext return twice, as setjmp does: kept in frames
+ * of their own, so that no variable of launch() lives across them */
+__attribute__((noinline)) inline void start_fiber(Fiber &f, unsigned char *stack, size_t size) {
+  getcontext(&f.ctx);
+  f.ctx.uc_stack.ss_sp = stack;
+  f.ctx.uc_stack.ss_size = size;
+  f.ctx.uc_link = &scheduler;
+  makecontext(&f.ctx, fiber_main, 0);
+}
+__attribute__((noinline)) inline void resume(Fiber &f) {
+  current = &f;
+  self = f.t;
+  swapcontext(&scheduler, &f.ctx);
+}
 
 /* runs kern() on every thread of every block of grid */
 inline void launch(dim3 grid, int threads, size_t smem, const std::function<void()> &kern) {
+  const size_t stack = 1u << 20; /* a kernel's fragments live on its stack */
+  std::vector<unsigned char *> stacks(threads);
+  for (auto &st : stacks) {
+    void *m = mmap(nullptr, stack, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (m == MAP_FAILED) {
+      perror("cuda_emu: mmap of a fiber's stack");
+      abort();
+    }
+    st = (unsigned char *)m;
+  }
+  kernel = &kern;
+  std::vector<Fiber> fibers(threads);
   for (unsigned z = 0; z < grid.z; z++)
     for (unsigned y = 0; y < grid.y; y++)
       for (unsigned x = 0; x < grid.x; x++) {
@@ -62,25 +114,38 @@ inline void launch(dim3 grid, int threads, size_t smem, const std::function<void
         unsigned char *base = sm.data() + (128 - (uintptr_t)sm.data() % 128) % 128; /* __align__(128) */
         Barrier block(threads);
         int nw = (threads + 31) / 32;
-        std::vector<Barrier *> wb;
+        std::vector<Barrier> wb(nw, Barrier(32));
         std::vector<std::vector<float>> slots(nw, std::vector<float>(32));
-        for (int w = 0; w < nw; w++) wb.push_back(new Barrier(32));
-        std::vector<std::thread> ts;
-        for (int t = 0; t < threads; t++)
-          ts.emplace_back([&, t] {
-            self.thread.x = t;
-            self.block.x = x, self.block.y = y, self.block.z = z;
-            self.block_dim.x = threads;
-            self.grid_dim = grid;
-            self.smem = base;
-            self.block_bar = &block;
-            self.warp_bar = wb[t / 32];
-            self.warp_slots = slots[t / 32].data();
-            kern();
-          });
-        for (auto &th : ts) th.join();
-        for (auto *b : wb) delete b;
+        for (int t = 0; t < threads; t++) {
+          Fiber &f = fibers[t];
+          f.done = false;
+          f.t = Thread{};
+          f.t.thread.x = t;
+          f.t.block.x = x, f.t.block.y = y, f.t.block.z = z;
+          f.t.block_dim.x = threads;
+          f.t.grid_dim = grid;
+          f.t.smem = base;
+          f.t.block_bar = &block;
+          f.t.warp_bar = &wb[t / 32];
+          f.t.warp_slots = slots[t / 32].data();
+          start_fiber(f, stacks[t], stack);
+        }
+        for (int left = threads; left > 0;) {
+          unsigned long before = progress;
+          left = 0;
+          for (auto &f : fibers) {
+            if (f.done) continue;
+            resume(f);
+            left += !f.done;
+          }
+          if (left > 0 && progress == before) {
+            fprintf(stderr, "cuda_emu: block (%u, %u, %u): %d of %d threads wait at a barrier the others never reach\n",
+                    x, y, z, left, threads);
+            abort();
+          }
+        }
       }
+  for (auto *st : stacks) munmap(st, stack);
 }
 
 }  // namespace cuda_emu
