@@ -46,9 +46,10 @@ no_leftovers() { # what marker
   rm -rf "${TMPDIR:?}"/*
 }
 
-# Waits (5 s at most) until file $3 has $1 lines matching regex $2.
+# Waits (30 s at most: the suite runs tests side by side, and ranks can be
+# slow to start on busy cores) until file $3 has $1 lines matching regex $2.
 wait_lines() {
-  for _ in $(seq 100); do
+  for _ in $(seq 600); do
     [ "$(grep -Ec -- "$2" "$3" 2>/dev/null)" -ge "$1" ] && return 0
     sleep 0.05
   done

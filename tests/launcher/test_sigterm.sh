@@ -13,7 +13,7 @@ signal_case() {
   shift 4
   "$LAUNCHER" "$@" >"$work/out" 2>"$work/err" &
   local pid=$! t0 rc
-  wait_lines 3 ' ok$' "$work/out" # every rank is up
+  wait_lines 3 ' ok$' "$work/out" || bad "$name: the 3 ranks did not start within 30 s" # every rank is up
   t0=$(ms)
   for s in $sigs; do
     kill -"$s" $pid
@@ -31,7 +31,7 @@ signal_case "SIGTERM" TERM 143 3000 -n 3 --host "$PROBE" --sleep 60 --grandchild
 check "SIGTERM: fsdprun says so" "grep -q '^fsdprun: got signal 15 (Terminated); stopping 3 ranks' '$work/err'"
 signal_case "SIGINT" INT 130 3000 -n 3 --host "$PROBE" --sleep 60 --marker $MARK
 signal_case "SIGUSR1" USR1 138 3000 -n 3 --host "$PROBE" --sleep 60 --marker $MARK
-check "SIGUSR1: fsdprun says so" "grep -q '^fsdprun: got signal 10 (User defined signal 1); stopping 3 ranks' '$work/err'"
+check "SIGUSR1: fsdprun says so" "grep -q '^fsdprun: got signal 10 (User defined signal 1); stopping 3 ranks' '$work/err'" || cat "$work/err"
 # ranks that ignore SIGTERM: the grace period, then SIGKILL
 signal_case "SIGTERM, ranks ignoring it, --grace 2" TERM 143 4000 -n 3 --grace 2 --host "$PROBE" --sleep 60 --ignore-term --marker $MARK
 check "--grace 2: the ranks got SIGKILL only after it ($dt ms)" "[ $dt -ge 1900 ]"

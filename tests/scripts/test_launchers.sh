@@ -108,7 +108,8 @@ launcher_cases() {
   timeout 120 "$@" "$fsdp" "$recipe" $quick train.steps=6 train.stop_after=3 checkpoint.dir="$dir/ck" \
     train.metrics="$dir/r.jsonl" >"$dir/save.out" 2>&1
   rc=$?
-  check "$name: stops after step 3 with a checkpoint (exit $rc)" "[ $rc = 0 ] && [ -f '$dir/ck/latest' ]"
+  check "$name: stops after step 3 with a checkpoint (exit $rc)" "[ $rc = 0 ] && [ -f '$dir/ck/latest' ]" ||
+    { tail -n 20 "$dir/save.out"; ls -la "$dir/ck"; }
   "$fsdprun" -n 2 --timeout 120 "$recipe" $quick train.steps=6 checkpoint.dir="$dir/ck" train.resume=auto \
     train.metrics="$dir/r.jsonl" >"$dir/resume.out" 2>&1
   rc=$?
