@@ -30,7 +30,7 @@ set_tests_properties(base device device_no_cuda_backend philox layout pool comm_
 foreach(n ${FSDP_LONG_TEST_RANKS})
   add_test(NAME collectives_np${n}
            COMMAND $<TARGET_FILE:fsdprun> -n ${n} --timeout 400 --host $<TARGET_FILE:test_collectives>)
-  set_tests_properties(collectives_np${n} PROPERTIES LABELS multirank TIMEOUT 450 RUN_SERIAL ON)
+  set_tests_properties(collectives_np${n} PROPERTIES LABELS multirank TIMEOUT 450)
 endforeach()
 # A peer that vanishes, and one that is late past the timeout: the others
 # must fail with a message naming it, within seconds, never hang.
@@ -38,14 +38,14 @@ add_test(NAME collectives_dead_peer
          COMMAND $<TARGET_FILE:fsdprun> -n 3 --timeout 60 --host $<TARGET_FILE:test_collectives> --dead-peer)
 add_test(NAME collectives_late_peer
          COMMAND $<TARGET_FILE:fsdprun> -n 3 --timeout 60 --host $<TARGET_FILE:test_collectives> --late-peer)
-set_tests_properties(collectives_dead_peer collectives_late_peer PROPERTIES LABELS multirank TIMEOUT 90 RUN_SERIAL ON)
+set_tests_properties(collectives_dead_peer collectives_late_peer PROPERTIES LABELS multirank TIMEOUT 90)
 
 # Meta init: the gathered shards equal the full model drawn on one rank, for
 # any world size and unit grouping.
 foreach(n 1 2 3 4)
   add_test(NAME meta_init_np${n}
            COMMAND $<TARGET_FILE:fsdprun> -n ${n} --timeout 60 --host $<TARGET_FILE:test_meta_init>)
-  set_tests_properties(meta_init_np${n} PROPERTIES LABELS multirank TIMEOUT 90 RUN_SERIAL ON)
+  set_tests_properties(meta_init_np${n} PROPERTIES LABELS multirank TIMEOUT 90)
 endforeach()
 
 # Units: 20 training steps on 1 to 4 ranks, zero 0-3, HSDP 2x2, with and
@@ -53,20 +53,20 @@ endforeach()
 foreach(n 1 2 3 4)
   add_test(NAME units_np${n}
            COMMAND $<TARGET_FILE:fsdprun> -n ${n} --timeout 200 --host $<TARGET_FILE:test_units>)
-  set_tests_properties(units_np${n} PROPERTIES LABELS multirank TIMEOUT 240 RUN_SERIAL ON)
+  set_tests_properties(units_np${n} PROPERTIES LABELS multirank TIMEOUT 240)
 endforeach()
 # Split main params (bf16 compute: the compute copy is the fp32 main
 # params' high half): bit for bit against fp32 units, one rank and uneven shards.
 foreach(n 1 3)
   add_test(NAME units_split_np${n}
            COMMAND $<TARGET_FILE:fsdprun> -n ${n} --timeout 60 --host $<TARGET_FILE:test_units_split>)
-  set_tests_properties(units_split_np${n} PROPERTIES LABELS multirank TIMEOUT 90 RUN_SERIAL ON)
+  set_tests_properties(units_split_np${n} PROPERTIES LABELS multirank TIMEOUT 90)
 endforeach()
 # a unit's named states: every call out of order refused, changing nothing
 foreach(n 1 3)
   add_test(NAME unit_lifecycle_np${n}
            COMMAND $<TARGET_FILE:fsdprun> -n ${n} --timeout 60 --host $<TARGET_FILE:test_unit_lifecycle>)
-  set_tests_properties(unit_lifecycle_np${n} PROPERTIES LABELS multirank TIMEOUT 90 RUN_SERIAL ON)
+  set_tests_properties(unit_lifecycle_np${n} PROPERTIES LABELS multirank TIMEOUT 90)
 endforeach()
 # the layers hold: no include reaches up, no include cycle in src/, kernels/,
 # launcher/ (scripts/check_layers.py), and the checker fails when one does

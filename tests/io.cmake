@@ -20,7 +20,7 @@ set_tests_properties(checkpoint_io PROPERTIES LABELS unit TIMEOUT 60)
 add_test(NAME hf_transformers
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_hf_transformers.sh $<TARGET_FILE:fsdprun> $<TARGET_FILE:fsdp-host>
                  ${CMAKE_SOURCE_DIR})
-set_tests_properties(hf_transformers PROPERTIES LABELS multirank TIMEOUT 300 RUN_SERIAL ON SKIP_RETURN_CODE 77)
+set_tests_properties(hf_transformers PROPERTIES LABELS multirank TIMEOUT 300 SKIP_RETURN_CODE 77)
 # one job per checkpoint directory: the advisory lock between processes,
 # a killed holder leaving none (tests/c/test_dir_lock.c)
 fsdp_c_test(test_dir_lock)
@@ -35,4 +35,4 @@ set_tests_properties(dir_lock PROPERTIES LABELS unit TIMEOUT 60)
 add_test(NAME prepare
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_prepare.sh $<TARGET_FILE:fsdprun> $<TARGET_FILE:fsdp-host>
                  ${CMAKE_SOURCE_DIR})
-set_tests_properties(prepare PROPERTIES LABELS multirank TIMEOUT 180 RUN_SERIAL ON SKIP_RETURN_CODE 77)
+set_tests_properties(prepare PROPERTIES LABELS multirank TIMEOUT 180 SKIP_RETURN_CODE 77)

@@ -31,5 +31,5 @@ set_tests_properties(launcher_shm_cleanup PROPERTIES LABELS launcher TIMEOUT 60)
 if(NOT FSDP_SANITIZE)
   add_test(NAME launchers
            COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_launchers.sh $<TARGET_FILE:fsdprun> ${CMAKE_SOURCE_DIR})
-  set_tests_properties(launchers PROPERTIES LABELS "launcher;multirank" TIMEOUT 240 RUN_SERIAL ON)
+  set_tests_properties(launchers PROPERTIES LABELS "launcher;multirank" TIMEOUT 240)
 endif()

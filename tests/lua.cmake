@@ -18,10 +18,10 @@ set_tests_properties(lua_ffi lua_globals lua_frontend lua_peak lua_autograd lua_
 foreach(n 1 2 3 4)
   add_test(NAME lua_collectives_np${n}
            COMMAND $<TARGET_FILE:fsdprun> -n ${n} --timeout 120 ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_collectives.lua)
-  set_tests_properties(lua_collectives_np${n} PROPERTIES LABELS multirank TIMEOUT 150 RUN_SERIAL ON)
+  set_tests_properties(lua_collectives_np${n} PROPERTIES LABELS multirank TIMEOUT 150)
 endforeach()
 add_test(NAME demo_collectives COMMAND $<TARGET_FILE:fsdprun> -n 4 --timeout 120 ${CMAKE_SOURCE_DIR}/recipes/demo_collectives.lua)
-set_tests_properties(demo_collectives PROPERTIES LABELS multirank TIMEOUT 150 RUN_SERIAL ON)
+set_tests_properties(demo_collectives PROPERTIES LABELS multirank TIMEOUT 150)
 
 # `require "fsdp"` from a plain LuaJIT, not only from the fsdp host
 # (not under the sanitizers: an instrumented library cannot be loaded into an
@@ -39,7 +39,7 @@ endif()
 foreach(n 1 2 3 4)
   add_test(NAME lua_fully_shard_np${n}
            COMMAND $<TARGET_FILE:fsdprun> -n ${n} --timeout 120 ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_fully_shard.lua)
-  set_tests_properties(lua_fully_shard_np${n} PROPERTIES LABELS multirank TIMEOUT 150 RUN_SERIAL ON)
+  set_tests_properties(lua_fully_shard_np${n} PROPERTIES LABELS multirank TIMEOUT 150)
 endforeach()
 
 # the Llama model: against a float64 Hugging Face reference, and sharded
@@ -47,13 +47,13 @@ endforeach()
 foreach(n 1 2 3 4)
   add_test(NAME lua_llama_np${n}
            COMMAND $<TARGET_FILE:fsdprun> -n ${n} --timeout 200 ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_llama.lua)
-  set_tests_properties(lua_llama_np${n} PROPERTIES LABELS multirank TIMEOUT 240 RUN_SERIAL ON)
+  set_tests_properties(lua_llama_np${n} PROPERTIES LABELS multirank TIMEOUT 240)
 endforeach()
 # the trainer: recipes, schedule, data, the pre-flight check, the demo recipe
 foreach(n 1 2)
   add_test(NAME lua_trainer_np${n}
            COMMAND $<TARGET_FILE:fsdprun> -n ${n} --timeout 300 ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_trainer.lua ${CMAKE_SOURCE_DIR})
-  set_tests_properties(lua_trainer_np${n} PROPERTIES LABELS multirank TIMEOUT 330 RUN_SERIAL ON)
+  set_tests_properties(lua_trainer_np${n} PROPERTIES LABELS multirank TIMEOUT 330)
 endforeach()
 # the metrics plot (gnuplot)
 add_test(NAME plot_metrics COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_plot_metrics.sh ${CMAKE_SOURCE_DIR})
@@ -62,7 +62,7 @@ set_tests_properties(plot_metrics PROPERTIES LABELS unit TIMEOUT 60 SKIP_RETURN_
 # corruptions, Hugging Face export/import (runs fsdprun itself, 1-4 ranks)
 add_test(NAME lua_checkpoint
          COMMAND fsdp-host ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_checkpoint.lua $<TARGET_FILE:fsdprun> ${CMAKE_SOURCE_DIR})
-set_tests_properties(lua_checkpoint PROPERTIES LABELS multirank TIMEOUT 600 RUN_SERIAL ON)
+set_tests_properties(lua_checkpoint PROPERTIES LABELS multirank TIMEOUT 600)
 if(FSDP_SANITIZE) # the resumes that only check numerics stay in the normal pass
   set_tests_properties(lua_checkpoint PROPERTIES ENVIRONMENT FSDP_TEST_QUICK=1)
 endif()
@@ -71,14 +71,14 @@ endif()
 foreach(n 1 2 4)
   add_test(NAME lua_offload_np${n}
            COMMAND $<TARGET_FILE:fsdprun> -n ${n} --timeout 120 ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_offload.lua)
-  set_tests_properties(lua_offload_np${n} PROPERTIES LABELS multirank TIMEOUT 150 RUN_SERIAL ON)
+  set_tests_properties(lua_offload_np${n} PROPERTIES LABELS multirank TIMEOUT 150)
 endforeach()
 # the planner against the engine's allocations and pool peaks, the policies
 # in recipes/policies (tests/lua/test_planner.lua)
 foreach(n ${FSDP_LONG_TEST_RANKS})
   add_test(NAME lua_planner_np${n}
            COMMAND $<TARGET_FILE:fsdprun> -n ${n} --timeout 200 ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_planner.lua ${CMAKE_SOURCE_DIR})
-  set_tests_properties(lua_planner_np${n} PROPERTIES LABELS multirank TIMEOUT 240 RUN_SERIAL ON)
+  set_tests_properties(lua_planner_np${n} PROPERTIES LABELS multirank TIMEOUT 240)
   if(FSDP_SANITIZE) # the policies' and offload's training runs: numerics the normal pass checks
     set_tests_properties(lua_planner_np${n} PROPERTIES ENVIRONMENT FSDP_TEST_QUICK=1)
   endif()
@@ -86,19 +86,19 @@ endforeach()
 # the REPL (offline and live through fsdprun --repl) and `fsdp plan`
 add_test(NAME lua_repl
          COMMAND fsdp-host ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_repl.lua $<TARGET_FILE:fsdp-host> $<TARGET_FILE:fsdprun> ${CMAKE_SOURCE_DIR})
-set_tests_properties(lua_repl PROPERTIES LABELS multirank TIMEOUT 120 RUN_SERIAL ON)
+set_tests_properties(lua_repl PROPERTIES LABELS multirank TIMEOUT 120)
 # Hugging Face folders against the model: config.json checked field by
 # field, the index deciding the files, a tied head, model.from_hf
 foreach(n 1 2)
   add_test(NAME lua_hf_np${n}
            COMMAND $<TARGET_FILE:fsdprun> -n ${n} --timeout 200 ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_hf.lua)
-  set_tests_properties(lua_hf_np${n} PROPERTIES LABELS multirank TIMEOUT 240 RUN_SERIAL ON)
+  set_tests_properties(lua_hf_np${n} PROPERTIES LABELS multirank TIMEOUT 240)
 endforeach()
 # Teardown by the collector alone, many times, in whatever order the
 # finalizers run (tests/lua/test_teardown.lua); under ASan in the sanitizer build
 add_test(NAME lua_teardown
          COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_teardown.sh $<TARGET_FILE:fsdprun> ${CMAKE_CURRENT_SOURCE_DIR}/lua)
-set_tests_properties(lua_teardown PROPERTIES LABELS multirank TIMEOUT 300 RUN_SERIAL ON)
+set_tests_properties(lua_teardown PROPERTIES LABELS multirank TIMEOUT 300)
 # the run's own records and meaningless values (issue 18): metrics across a
 # resume, a full disk, non-finite numbers, a diverged run, absurd sizes,
 # nested recipe tables
@@ -106,49 +106,49 @@ foreach(n 1 2)
   add_test(NAME lua_run_records_np${n}
            COMMAND $<TARGET_FILE:fsdprun> -n ${n} --timeout 120 ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_run_records.lua
                    ${CMAKE_SOURCE_DIR})
-  set_tests_properties(lua_run_records_np${n} PROPERTIES LABELS multirank TIMEOUT 150 RUN_SERIAL ON)
+  set_tests_properties(lua_run_records_np${n} PROPERTIES LABELS multirank TIMEOUT 150)
 endforeach()
 # a run stopped by SIGTERM / SIGUSR1 saves and resumes bit for bit; a second
 # signal ends it at once (tests/scripts/test_stop_signal.sh)
 add_test(NAME stop_signal
          COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_stop_signal.sh $<TARGET_FILE:fsdprun> ${CMAKE_SOURCE_DIR})
-set_tests_properties(stop_signal PROPERTIES LABELS multirank TIMEOUT 200 RUN_SERIAL ON)
+set_tests_properties(stop_signal PROPERTIES LABELS multirank TIMEOUT 200)
 # fsdprun --max-restarts: ranks killed at random steps, the losses bit for
 # bit as uninterrupted; killed on 2 ranks, continued on 1 within a tolerance
 # (tests/scripts/test_elastic.sh)
 add_test(NAME elastic
          COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_elastic.sh $<TARGET_FILE:fsdprun> ${CMAKE_SOURCE_DIR})
-set_tests_properties(elastic PROPERTIES LABELS multirank TIMEOUT 120 RUN_SERIAL ON)
+set_tests_properties(elastic PROPERTIES LABELS multirank TIMEOUT 120)
 # NaNs with payload bits read from C memory: plain NaN numbers in Lua
 # (LuaJIT's NaN boxing would take them for pointers; tests/lua/test_nan_payload.lua)
 add_test(NAME lua_nan_payload
          COMMAND $<TARGET_FILE:fsdprun> -n 2 --timeout 60 ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_nan_payload.lua)
-set_tests_properties(lua_nan_payload PROPERTIES LABELS multirank TIMEOUT 90 RUN_SERIAL ON)
+set_tests_properties(lua_nan_payload PROPERTIES LABELS multirank TIMEOUT 90)
 # faults that must be refused up front, naming what is wrong: non-finite
 # weights at load, token ids outside the vocabulary, resumes in another data
 # geometry or history, ranks that never reach fsdp.init (tests/lua/test_faults.lua)
 add_test(NAME lua_faults
          COMMAND fsdp-host ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_faults.lua $<TARGET_FILE:fsdprun> ${CMAKE_SOURCE_DIR})
-set_tests_properties(lua_faults PROPERTIES LABELS multirank TIMEOUT 300 RUN_SERIAL ON)
+set_tests_properties(lua_faults PROPERTIES LABELS multirank TIMEOUT 300)
 # checkpoints a save or a resume cannot use (issue 18): a full disk on
 # `latest` fails every rank at once; `latest` naming a checkpoint that is
 # gone is refused; data failing its CRC falls back to the checkpoint before
 # (tests/lua/test_resume_faults.lua)
 add_test(NAME lua_resume_faults
          COMMAND fsdp-host ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_resume_faults.lua $<TARGET_FILE:fsdprun> ${CMAKE_SOURCE_DIR})
-set_tests_properties(lua_resume_faults PROPERTIES LABELS multirank TIMEOUT 120 RUN_SERIAL ON)
+set_tests_properties(lua_resume_faults PROPERTIES LABELS multirank TIMEOUT 120)
 # a rank alive but stuck (SIGSTOP, spinning in Lua) ends the job within
 # fsdprun --heartbeat-timeout, naming it and its last step (tests/scripts/test_heartbeat.sh)
 add_test(NAME heartbeat
          COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_heartbeat.sh $<TARGET_FILE:fsdprun> ${CMAKE_SOURCE_DIR})
-set_tests_properties(heartbeat PROPERTIES LABELS multirank TIMEOUT 120 RUN_SERIAL ON)
+set_tests_properties(heartbeat PROPERTIES LABELS multirank TIMEOUT 120)
 # the CPU half of the multi-rank matrix (scripts/multirank_check.sh; its GPU
 # half runs on a lent GPU, scripts/gpu_check.sh multirank): a sample of the
 # cases on 2 and 4 CPU ranks against 1, within the stated bounds, and the
 # planted mistakes caught
 add_test(NAME multirank_cpu
          COMMAND bash ${CMAKE_SOURCE_DIR}/scripts/multirank_check.sh ${CMAKE_BINARY_DIR} ${CMAKE_CURRENT_BINARY_DIR}/multirank_cpu cpu)
-set_tests_properties(multirank_cpu PROPERTIES LABELS multirank TIMEOUT 300 RUN_SERIAL ON
+set_tests_properties(multirank_cpu PROPERTIES LABELS multirank TIMEOUT 300
   ENVIRONMENT "MULTIRANK_CASES=z1_fp32_2 z3_bf16_2 hsdp_fp32_4 hfsdp_fp32_4 live1_4 offload_all_2 accum_4 planted_lr_2 planted_wd_4 planted_lr_bf16_2")
 # OpenBLAS's kernels: chosen by the CPU's features where OpenBLAS falls back
 # to SSE3 ones, checked against float64, a core the user set kept
@@ -159,12 +159,12 @@ set_tests_properties(blas_core PROPERTIES LABELS unit TIMEOUT 60)
 # (tests/scripts/test_doc_commands.sh)
 add_test(NAME doc_commands
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_doc_commands.sh $<TARGET_FILE:fsdprun> ${CMAKE_SOURCE_DIR})
-set_tests_properties(doc_commands PROPERTIES LABELS multirank TIMEOUT 300 RUN_SERIAL ON)
+set_tests_properties(doc_commands PROPERTIES LABELS multirank TIMEOUT 300)
 # the progress line at a terminal moves every step, through fsdprun
 # (tests/scripts/test_progress.sh; skipped without script(1))
 add_test(NAME progress
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_progress.sh $<TARGET_FILE:fsdprun> ${CMAKE_SOURCE_DIR})
-set_tests_properties(progress PROPERTIES LABELS multirank TIMEOUT 120 RUN_SERIAL ON SKIP_RETURN_CODE 77)
+set_tests_properties(progress PROPERTIES LABELS multirank TIMEOUT 120 SKIP_RETURN_CODE 77)
 # the planner's figures the docs quote are the planner's
 # (tests/scripts/test_doc_figures.sh)
 add_test(NAME doc_figures COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_doc_figures.sh $<TARGET_FILE:fsdp-host> ${CMAKE_SOURCE_DIR})
@@ -174,7 +174,7 @@ set_tests_properties(doc_figures PROPERTIES LABELS unit TIMEOUT 120)
 # without --max-restarts (tests/scripts/test_run_guard.sh)
 add_test(NAME run_guard
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_run_guard.sh $<TARGET_FILE:fsdprun> ${CMAKE_SOURCE_DIR})
-set_tests_properties(run_guard PROPERTIES LABELS multirank TIMEOUT 400 RUN_SERIAL ON)
+set_tests_properties(run_guard PROPERTIES LABELS multirank TIMEOUT 400)
 
 # generation (lua/fsdp/generate.lua, sample.lua): greedy and sampled tokens
 # with the KV cache against the reference without it, stopping, refusals,
@@ -188,7 +188,7 @@ set_tests_properties(lua_generate PROPERTIES LABELS unit TIMEOUT 60)
 add_test(NAME generate
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_generate.sh $<TARGET_FILE:fsdprun> $<TARGET_FILE:fsdp-host>
                  ${CMAKE_SOURCE_DIR})
-set_tests_properties(generate PROPERTIES LABELS multirank TIMEOUT 180 RUN_SERIAL ON)
+set_tests_properties(generate PROPERTIES LABELS multirank TIMEOUT 180)
 # recipes/own_data.lua, from a folder of text to a model (tests/scripts/
 # test_own_data.sh): a BPE tokenizer, fsdp prepare, training with samples,
 # the tokenizer carried to the export, fsdp generate against transformers,
@@ -196,21 +196,21 @@ set_tests_properties(generate PROPERTIES LABELS multirank TIMEOUT 180 RUN_SERIAL
 add_test(NAME own_data
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_own_data.sh $<TARGET_FILE:fsdprun> $<TARGET_FILE:fsdp-host>
                  ${CMAKE_SOURCE_DIR})
-set_tests_properties(own_data PROPERTIES LABELS multirank TIMEOUT 300 RUN_SERIAL ON SKIP_RETURN_CODE 77)
+set_tests_properties(own_data PROPERTIES LABELS multirank TIMEOUT 300 SKIP_RETURN_CODE 77)
 # a user's model calling one layer twice in its forward (autograd frames,
 # rule 7 of lua/fsdp/autograd.lua): gradients through both calls against
 # float64 central differences, sharded over 1 and 2 ranks at ZeRO 0, 2, 3
 foreach(n 1 2)
   add_test(NAME lua_shared_layer_np${n}
            COMMAND $<TARGET_FILE:fsdprun> -n ${n} --timeout 120 ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_shared_layer.lua)
-  set_tests_properties(lua_shared_layer_np${n} PROPERTIES LABELS multirank TIMEOUT 150 RUN_SERIAL ON)
+  set_tests_properties(lua_shared_layer_np${n} PROPERTIES LABELS multirank TIMEOUT 150)
 endforeach()
 # a user's own model planned by running it on the counting device
 # (fsdp.plan_model): against the allocator, to the byte, on 1 and 2 ranks
 foreach(n 1 2)
   add_test(NAME lua_plan_model_np${n}
            COMMAND $<TARGET_FILE:fsdprun> -n ${n} --timeout 120 ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_plan_model.lua)
-  set_tests_properties(lua_plan_model_np${n} PROPERTIES LABELS multirank TIMEOUT 150 RUN_SERIAL ON)
+  set_tests_properties(lua_plan_model_np${n} PROPERTIES LABELS multirank TIMEOUT 150)
 endforeach()
 # train.tensorboard (lua/fsdp/tensorboard.lua): our event files against
 # TensorBoard's own protobuf classes and RecordWriter byte for byte, and
@@ -219,4 +219,4 @@ endforeach()
 # skipped without a Python that has tensorboard)
 add_test(NAME lua_tensorboard
          COMMAND fsdp-host ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_tensorboard.lua $<TARGET_FILE:fsdprun> ${CMAKE_SOURCE_DIR})
-set_tests_properties(lua_tensorboard PROPERTIES LABELS multirank TIMEOUT 120 RUN_SERIAL ON SKIP_RETURN_CODE 77)
+set_tests_properties(lua_tensorboard PROPERTIES LABELS multirank TIMEOUT 120 SKIP_RETURN_CODE 77)
