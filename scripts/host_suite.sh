@@ -51,7 +51,7 @@ skip=()
   echo "FSDP_PYTHON=${FSDP_PYTHON:-none} FSDP_TEST_PYTHON=${FSDP_TEST_PYTHON:-none} OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}"
 } | tee "$out/host.txt"
 # shellcheck disable=SC2086 # HOST_SUITE_ARGS is a list of arguments
-"$ctest_bin" --test-dir "$build" -j"$(nproc)" --output-on-failure "${skip[@]}" ${HOST_SUITE_ARGS:-} 2>&1 | tee "$out/ctest.log"
+"$ctest_bin" --test-dir "$build" -j"$((4 * $(nproc)))" --output-on-failure "${skip[@]}" ${HOST_SUITE_ARGS:-} 2>&1 | tee "$out/ctest.log"
 rc=${PIPESTATUS[0]}
 grep -E '^[0-9]+% tests passed' "$out/ctest.log" | tail -1
 exit "$rc"
