@@ -266,6 +266,11 @@ end
 
 -- One event with the record's numbers under M.tags (sorted by tag); false
 -- (and self.failed, the reason) once a write has failed.
+-- (fsdp.metrics' record writes and flushes the same way, on purpose apart:
+-- one helper shared by both, fed a concatenated string, let Debian's LuaJIT
+-- 2.1 (2022) report a write to a full disk as done in ~15% of trainer runs,
+-- and never with the JIT off for it; this writer is checked against
+-- /dev/full in the trainer and in lua_tensorboard)
 function Board:record(t)
   if self.failed then return false end
   local values = {}
