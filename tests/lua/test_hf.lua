@@ -42,17 +42,7 @@ end
 if R == 0 then C.fsdp_fs_remove_tree(work); C.fsdp_fs_mkdirs(work) end
 barrier()
 
-local function read(path)
-  local f = assert(io.open(path, "rb"))
-  local t = f:read("*a")
-  f:close()
-  return t
-end
-local function write(path, text)
-  local f = assert(io.open(path, "wb"))
-  f:write(text)
-  f:close()
-end
+local read, write = T.read, T.write
 
 -- ---- JSON: floats written as floats, the decoder ----
 do

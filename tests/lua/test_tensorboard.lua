@@ -46,17 +46,7 @@ local function python(...)
 end
 
 local work = T.workdir("tensorboard")
-local function read(path)
-  local f = assert(io.open(path, "rb"))
-  local s = f:read("*a")
-  f:close()
-  return s
-end
-local function write(path, s, mode)
-  local f = assert(io.open(path, mode or "wb"))
-  f:write(s)
-  f:close()
-end
+local read, write = T.read, T.write
 local function event_files(dir)
   local p = io.popen(string.format("ls '%s' | grep tfevents", dir))
   local names = {}

@@ -4,6 +4,7 @@
 --   T.workdir(name) -> a fresh /tmp directory; T.launch(fsdprun, n, args, env) -> ok, output
 --   T.params(s) -> a sharded model's parameters; T.same_params(a, b) -> ok, where not
 --   T.losses(path) -> {step = loss as written} of a metrics file
+--   T.read(path) -> the file's bytes; T.write(path, bytes[, mode]) (mode "wb" unless given: "ab" appends)
 --   T.joined(list, ...) -> a new list: the lists' items in order (a run's common arguments and its own)
 --   T.measured(fsdp, device, fn) -> the allocator's peak during fn(), its start, what stays (collector stopped)
 --   T.unit_bytes_diff(fsdp, s, p) -> where a sharded model's units hold other bytes than plan p says
@@ -16,6 +17,17 @@ return function(label)
       T.failed = T.failed + 1
       io.stderr:write(label, ": FAILED: ", tostring(what), "\n")
     end
+  end
+  function T.read(path)
+    local f = assert(io.open(path, "rb"))
+    local text = f:read("*a")
+    f:close()
+    return text
+  end
+  function T.write(path, bytes, mode)
+    local f = assert(io.open(path, mode or "wb"))
+    assert(f:write(bytes))
+    f:close()
   end
   function T.joined(...)
     local out = {}
