@@ -74,6 +74,22 @@ int fsdp_cuda_attention_forward(void *out, float *lse, const void *q, const void
 int fsdp_cuda_attention_backward(void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
                                  const void *v, const void *out, const float *lse, int64_t batch, int64_t seq,
                                  int64_t heads, int64_t kv_heads, int64_t head_dim, fsdp_dtype dtype, fsdp_stream *s);
+/* packed rows, as fsdp_attention_forward_docs (fsdp_ops.h): doc_start is
+ * device memory [batch, seq], checked by the caller (fsdp_doc_start_check
+ * on its host copy); our fp32 CUDA-core kernels (kernels/attention.cu)
+ * run them whatever the impl setting */
+int fsdp_cuda_attention_forward_docs(void *out, float *lse, const void *q, const void *k, const void *v,
+                                     const int32_t *doc_start, int64_t batch, int64_t seq, int64_t heads,
+                                     int64_t kv_heads, int64_t head_dim, fsdp_dtype dtype, fsdp_stream *s);
+int fsdp_cuda_attention_backward_docs(void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
+                                      const void *v, const void *out, const float *lse, const int32_t *doc_start,
+                                      int64_t batch, int64_t seq, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                                      fsdp_dtype dtype, fsdp_stream *s);
+/* rope at positions pos [batch, seq] (device memory, each in [0, seq)) */
+int fsdp_cuda_rope_forward_at(void *x, const float *cos_t, const float *sin_t, const int32_t *pos, int64_t batch,
+                              int64_t seq, int64_t heads, int64_t head_dim, fsdp_dtype dtype, fsdp_stream *s);
+int fsdp_cuda_rope_backward_at(void *dx, const float *cos_t, const float *sin_t, const int32_t *pos, int64_t batch,
+                               int64_t seq, int64_t heads, int64_t head_dim, fsdp_dtype dtype, fsdp_stream *s);
 /* generation's attention against a KV cache, as fsdp_attention_cached (fsdp_ops.h); head_dim <= 512 */
 int fsdp_cuda_attention_cached(void *out, const void *q, const void *k_cache, const void *v_cache, int64_t batch,
                                int64_t tq, int64_t pos, int64_t cap, int64_t heads, int64_t kv_heads, int64_t head_dim,

@@ -52,6 +52,25 @@ int fsdp_attention_forward(float *out, float *lse, const float *q, const float *
 int fsdp_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
                             const float *v, const float *out, const float *lse, int64_t batch, int64_t seq, int64_t heads,
                             int64_t kv_heads, int64_t head_dim);
+/* Packed rows (several documents in one row of T): doc_start [B, T] is the
+ * first position of the document position t is in (t - doc_start[t] is its
+ * position within it). Within a row it starts at 0, and each entry is t
+ * itself (a document starts) or the entry before it. Query t sees keys
+ * doc_start[t] .. t alone: no attention crosses a document boundary.
+ * fsdp_doc_start_check: FSDP_EINVAL, naming the row and position, unless so. */
+int fsdp_doc_start_check(const int32_t *doc_start, int64_t batch, int64_t seq);
+int fsdp_attention_forward_docs(float *out, float *lse, const float *q, const float *k, const float *v,
+                                const int32_t *doc_start, int64_t batch, int64_t seq, int64_t heads, int64_t kv_heads,
+                                int64_t head_dim);
+int fsdp_attention_backward_docs(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
+                                 const float *v, const float *out, const float *lse, const int32_t *doc_start,
+                                 int64_t batch, int64_t seq, int64_t heads, int64_t kv_heads, int64_t head_dim);
+/* rope at given positions: pos [batch, seq], each in [0, seq) (a row of
+ * the tables; packed rows: t - doc_start[t]) */
+int fsdp_rope_forward_at(float *x, const float *cos_t, const float *sin_t, const int32_t *pos, int64_t batch, int64_t seq,
+                         int64_t heads, int64_t head_dim);
+int fsdp_rope_backward_at(float *dx, const float *cos_t, const float *sin_t, const int32_t *pos, int64_t batch,
+                          int64_t seq, int64_t heads, int64_t head_dim);
 /* generation: the queries of positions pos .. pos + tq - 1 (q, out [B, tq, H, D]) against
  * a KV cache (k_cache, v_cache [B, cap, Hkv, D]) that already holds positions 0 .. pos + tq - 1;
  * each query sees the keys up to its own position (src/ops/attention_cached.c) */

@@ -27,7 +27,13 @@
  * thread (fsdp_parallel_gemms); each item computes as it would alone on
  * one thread, so the bits are the same for any number of threads sharing
  * the heads (a run whose heads stay on one thread, their GEMMs threaded,
- * may differ in the last bits: OpenBLAS's threads split a GEMM otherwise). */
+ * may differ in the last bits: OpenBLAS's threads split a GEMM otherwise).
+ * Packed rows (the _docs calls): query i sees keys doc_start[i] .. i, so
+ * block [i0, i1) multiplies with keys doc_start[i0] .. i1 - 1 alone (the
+ * block's first row has the earliest start) and each row's softmax runs
+ * over its own document's keys: a row of short documents costs less than
+ * a causal row, and with doc_start all 0 it is the causal computation, the
+ * same bits. */
 #include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -87,6 +93,7 @@ static void scatter_rows(float *x, const float *src, const float *scale, int64_t
 typedef struct attn_job {
   float *out, *lse_out, *dq, *dk, *dv;
   const float *q, *k, *v, *dout, *o, *lse;
+  const int32_t *doc_start; /* [B, T], or NULL: every row one document */
   int64_t B, T, H, Hkv, D;
   atomic_int no_memory; /* a thread found no memory for its scratch */
 } attn_job;
@@ -110,42 +117,72 @@ static void forward_heads(void *arg, int64_t lo, int64_t hi) {
     const int64_t b = item / (Hkv * stacks), g = item / stacks % Hkv, h0 = g * G + item % stacks * gs;
     const int64_t nh = min64(gs, g * G + G - h0);
     const float *kh = j->k + b * T * ldk + g * D, *vh = j->v + b * T * ldk + g * D;
+    const int32_t *ds = j->doc_start ? j->doc_start + b * T : NULL;
     for (int64_t i0 = 0; i0 < T; i0 += BLOCK) {
-      const int64_t i1 = min64(i0 + BLOCK, T); /* rows i0 .. i1 - 1 see keys 0 .. i1 - 1 */
+      /* rows i0 .. i1 - 1 see keys k0 .. i1 - 1 (row i: from its document's start) */
+      const int64_t i1 = min64(i0 + BLOCK, T), k0 = ds ? ds[i0] : 0;
       const int64_t bq = i1 - i0, rowoff = b * T * ldq + i0 * ldq + h0 * D;
-      const int m = (int)(nh * bq), n = (int)i1;
+      const int m = (int)(nh * bq), n = (int)(i1 - k0);
       gather_rows(Qs, j->q + rowoff, nh, bq, D, ldq);
-      fsdp_sgemm(0, 1, m, n, d, scale, Qs, D, kh, ldk, 0.0f, S, n);
-      for (int64_t s = 0; s < m; s++) { /* e^(S_ij - max_i) for j <= i, else 0; their sum */
-        const int64_t i = i0 + s % bq;
+      fsdp_sgemm(0, 1, m, n, d, scale, Qs, D, kh + k0 * ldk, ldk, 0.0f, S, n);
+      for (int64_t s = 0; s < m; s++) { /* e^(S_ij - max_i) for the keys row i sees, else 0; their sum */
+        const int64_t i = i0 + s % bq, a = (ds ? ds[i] : 0) - k0, e = i - k0 + 1; /* columns [a, e) */
         float *row = S + s * n;
-        const float mx = fsdp_row_max(row, i + 1), sum = fsdp_row_exp_sum(row, i + 1, mx);
+        const float mx = fsdp_row_max(row + a, e - a), sum = fsdp_row_exp_sum(row + a, e - a, mx);
         j->lse_out[(b * H + h0 + s / bq) * T + i] = mx + logf(sum);
         inv[s] = 1.0f / sum;
-        memset(row + i + 1, 0, sizeof(float) * (size_t)(n - i - 1));
+        memset(row, 0, sizeof(float) * (size_t)a);
+        memset(row + e, 0, sizeof(float) * (size_t)(n - e));
       }
       /* O = P V with P's rows normalised after the product: D values a
        * row instead of i + 1 */
-      fsdp_sgemm(0, 0, m, d, n, 1.0f, S, n, vh, ldk, 0.0f, Os, d);
+      fsdp_sgemm(0, 0, m, d, n, 1.0f, S, n, vh + k0 * ldk, ldk, 0.0f, Os, d);
       scatter_rows(j->out + rowoff, Os, inv, nh, bq, D, ldq);
     }
   }
   free(S);
 }
 
-int fsdp_attention_forward(float *out, float *lse, const float *q, const float *k, const float *v, int64_t B, int64_t T,
-                           int64_t H, int64_t Hkv, int64_t D) {
-  FSDP_CHECK(check_dims("attention_forward", B, T, H, Hkv, D));
+int fsdp_doc_start_check(const int32_t *ds, int64_t B, int64_t T) {
+  if (B < 0 || T < 0 || (B && T && !ds))
+    return fsdp_fail(FSDP_EINVAL, "doc_start: batch=%lld seq=%lld, buffer %p", (long long)B, (long long)T, (const void *)ds);
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t t = 0; t < T; t++) {
+      const int32_t v = ds[b * T + t];
+      if (v != t && (t == 0 || v != ds[b * T + t - 1]))
+        return fsdp_fail(FSDP_EINVAL, "doc_start: row %lld position %lld holds %d; expected %lld (a document starts) or "
+                         "%d (the position before's)", (long long)b, (long long)t, v, (long long)t,
+                         t ? ds[b * T + t - 1] : 0);
+    }
+  return FSDP_OK;
+}
+
+static int forward(const char *op, float *out, float *lse, const float *q, const float *k, const float *v,
+                   const int32_t *ds, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D) {
+  FSDP_CHECK(check_dims(op, B, T, H, Hkv, D));
   if (!B || !T) return FSDP_OK;
-  if (!out || !lse || !q || !k || !v) return fsdp_fail(FSDP_EINVAL, "attention_forward: NULL buffer");
-  attn_job j = {.out = out, .lse_out = lse, .q = q, .k = k, .v = v, .B = B, .T = T, .H = H, .Hkv = Hkv, .D = D};
+  if (!out || !lse || !q || !k || !v) return fsdp_fail(FSDP_EINVAL, "%s: NULL buffer", op);
+  if (ds) FSDP_CHECK(fsdp_doc_start_check(ds, B, T));
+  attn_job j = {.out = out, .lse_out = lse, .q = q, .k = k, .v = v, .doc_start = ds, .B = B, .T = T, .H = H, .Hkv = Hkv,
+                .D = D};
   atomic_init(&j.no_memory, 0);
   const int64_t G = H / Hkv, gs = stack_heads(G, T);
   fsdp_parallel_gemms(B * Hkv * ((G + gs - 1) / gs), forward_heads, &j);
   if (atomic_load(&j.no_memory))
-    return fsdp_fail(FSDP_ENOMEM, "attention_forward: no memory for a %lld x %lld score block",
-                     (long long)(gs * block_rows(T)), (long long)T);
+    return fsdp_fail(FSDP_ENOMEM, "%s: no memory for a %lld x %lld score block", op, (long long)(gs * block_rows(T)),
+                     (long long)T);
   return FSDP_OK;
+}
+
+int fsdp_attention_forward(float *out, float *lse, const float *q, const float *k, const float *v, int64_t B, int64_t T,
+                           int64_t H, int64_t Hkv, int64_t D) {
+  return forward("attention_forward", out, lse, q, k, v, NULL, B, T, H, Hkv, D);
+}
+
+int fsdp_attention_forward_docs(float *out, float *lse, const float *q, const float *k, const float *v,
+                                const int32_t *doc_start, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D) {
+  if (!doc_start && B && T) return fsdp_fail(FSDP_EINVAL, "attention_forward_docs: doc_start is NULL");
+  return forward("attention_forward_docs", out, lse, q, k, v, doc_start, B, T, H, Hkv, D);
 }
 
 /* backward of kv heads lo .. hi - 1 (item = b * Hkv + kv head) with their
@@ -166,6 +203,7 @@ static void backward_groups(void *arg, int64_t lo, int64_t hi) {
   for (int64_t item = lo; item < hi; item++) {
     const int64_t b = item / Hkv, g = item % Hkv, ko = b * T * ldk + g * D;
     const float *kh = j->k + ko, *vh = j->v + ko;
+    const int32_t *ds = j->doc_start ? j->doc_start + b * T : NULL;
     for (int64_t t = 0; t < T; t++) { /* this group's dK, dV rows: sums start at 0 */
       memset(j->dk + ko + t * ldk, 0, sizeof(float) * (size_t)D);
       memset(j->dv + ko + t * ldk, 0, sizeof(float) * (size_t)D);
@@ -174,7 +212,8 @@ static void backward_groups(void *arg, int64_t lo, int64_t hi) {
       const int64_t nh = min64(gs, g * G + G - h0);
       for (int64_t i0 = 0; i0 < T; i0 += BLOCK) {
         const int64_t i1 = min64(i0 + BLOCK, T), bq = i1 - i0, rowoff = b * T * ldq + i0 * ldq + h0 * D;
-        const int m = (int)(nh * bq), n = (int)i1;
+        const int64_t k0 = ds ? ds[i0] : 0; /* keys k0 .. i1 - 1, as in forward */
+        const int m = (int)(nh * bq), n = (int)(i1 - k0);
         gather_rows(Qs, j->q + rowoff, nh, bq, D, ldq);
         gather_rows(dOs, j->dout + rowoff, nh, bq, D, ldq);
         for (int64_t s = 0; s < m; s++) { /* rowsum(dO * O) = sum_j P_ij dP_ij */
@@ -183,41 +222,56 @@ static void backward_groups(void *arg, int64_t lo, int64_t hi) {
           for (int64_t c = 0; c < D; c++) di += (double)dOs[s * D + c] * o[c];
           Di[s] = (float)di;
         }
-        fsdp_sgemm(0, 1, m, n, d, scale, Qs, D, kh, ldk, 0.0f, P, n);
-        fsdp_sgemm(0, 1, m, n, d, 1.0f, dOs, D, vh, ldk, 0.0f, dP, n);
+        fsdp_sgemm(0, 1, m, n, d, scale, Qs, D, kh + k0 * ldk, ldk, 0.0f, P, n);
+        fsdp_sgemm(0, 1, m, n, d, 1.0f, dOs, D, vh + k0 * ldk, ldk, 0.0f, dP, n);
         for (int64_t s = 0; s < m; s++) {
-          const int64_t i = i0 + s % bq;
+          const int64_t i = i0 + s % bq, a = (ds ? ds[i] : 0) - k0, e = i - k0 + 1; /* columns [a, e) */
           float *p = P + s * n, *dp = dP + s * n;
-          fsdp_row_exp_scaled(p, i + 1, j->lse[(b * H + h0 + s / bq) * T + i], 1.0f);
-          fsdp_row_softmax_grad(dp, p, i + 1, Di[s]);
-          memset(p + i + 1, 0, sizeof(float) * (size_t)(n - i - 1));
-          memset(dp + i + 1, 0, sizeof(float) * (size_t)(n - i - 1));
+          fsdp_row_exp_scaled(p + a, e - a, j->lse[(b * H + h0 + s / bq) * T + i], 1.0f);
+          fsdp_row_softmax_grad(dp + a, p + a, e - a, Di[s]);
+          memset(p, 0, sizeof(float) * (size_t)a);
+          memset(dp, 0, sizeof(float) * (size_t)a);
+          memset(p + e, 0, sizeof(float) * (size_t)(n - e));
+          memset(dp + e, 0, sizeof(float) * (size_t)(n - e));
         }
-        /* dQ rows i0 .. i1 - 1 of the stack's heads; dK, dV rows 0 .. i1 - 1
+        /* dQ rows i0 .. i1 - 1 of the stack's heads; dK, dV rows k0 .. i1 - 1
          * gather this block's share */
-        fsdp_sgemm(0, 0, m, d, n, scale, dP, n, kh, ldk, 0.0f, dQs, d);
+        fsdp_sgemm(0, 0, m, d, n, scale, dP, n, kh + k0 * ldk, ldk, 0.0f, dQs, d);
         scatter_rows(j->dq + rowoff, dQs, NULL, nh, bq, D, ldq);
-        fsdp_sgemm(1, 0, n, d, m, scale, dP, n, Qs, D, 1.0f, j->dk + ko, ldk);
-        fsdp_sgemm(1, 0, n, d, m, 1.0f, P, n, dOs, D, 1.0f, j->dv + ko, ldk);
+        fsdp_sgemm(1, 0, n, d, m, scale, dP, n, Qs, D, 1.0f, j->dk + ko + k0 * ldk, ldk);
+        fsdp_sgemm(1, 0, n, d, m, 1.0f, P, n, dOs, D, 1.0f, j->dv + ko + k0 * ldk, ldk);
       }
     }
   }
   free(P);
 }
 
-int fsdp_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
-                            const float *v, const float *out, const float *lse, int64_t B, int64_t T, int64_t H,
-                            int64_t Hkv, int64_t D) {
-  FSDP_CHECK(check_dims("attention_backward", B, T, H, Hkv, D));
+static int backward(const char *op, float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
+                    const float *v, const float *out, const float *lse, const int32_t *ds, int64_t B, int64_t T,
+                    int64_t H, int64_t Hkv, int64_t D) {
+  FSDP_CHECK(check_dims(op, B, T, H, Hkv, D));
   if (!B || !T) return FSDP_OK;
-  if (!dq || !dk || !dv || !dout || !q || !k || !v || !out || !lse)
-    return fsdp_fail(FSDP_EINVAL, "attention_backward: NULL buffer");
+  if (!dq || !dk || !dv || !dout || !q || !k || !v || !out || !lse) return fsdp_fail(FSDP_EINVAL, "%s: NULL buffer", op);
+  if (ds) FSDP_CHECK(fsdp_doc_start_check(ds, B, T));
   attn_job j = {.lse = lse, .dq = dq, .dk = dk, .dv = dv, .q = q, .k = k, .v = v, .dout = dout, .o = out,
-                .B = B, .T = T, .H = H, .Hkv = Hkv, .D = D};
+                .doc_start = ds, .B = B, .T = T, .H = H, .Hkv = Hkv, .D = D};
   atomic_init(&j.no_memory, 0);
   fsdp_parallel_gemms(B * Hkv, backward_groups, &j);
   if (atomic_load(&j.no_memory))
-    return fsdp_fail(FSDP_ENOMEM, "attention_backward: no memory for two %lld x %lld blocks",
+    return fsdp_fail(FSDP_ENOMEM, "%s: no memory for two %lld x %lld blocks", op,
                      (long long)(stack_heads(H / Hkv, T) * block_rows(T)), (long long)T);
   return FSDP_OK;
+}
+
+int fsdp_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
+                            const float *v, const float *out, const float *lse, int64_t B, int64_t T, int64_t H,
+                            int64_t Hkv, int64_t D) {
+  return backward("attention_backward", dq, dk, dv, dout, q, k, v, out, lse, NULL, B, T, H, Hkv, D);
+}
+
+int fsdp_attention_backward_docs(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
+                                 const float *v, const float *out, const float *lse, const int32_t *doc_start, int64_t B,
+                                 int64_t T, int64_t H, int64_t Hkv, int64_t D) {
+  if (!doc_start && B && T) return fsdp_fail(FSDP_EINVAL, "attention_backward_docs: doc_start is NULL");
+  return backward("attention_backward_docs", dq, dk, dv, dout, q, k, v, out, lse, doc_start, B, T, H, Hkv, D);
 }

@@ -44,17 +44,24 @@ int fsdp_rope_table(float *cos_t, float *sin_t, int64_t seq, int64_t head_dim, d
   return FSDP_OK;
 }
 
-/* sign +1: forward rotation; -1: its transpose (the backward) */
-static int rotate(const char *op, float *x, const float *cos_t, const float *sin_t, int64_t batch, int64_t seq,
-                  int64_t heads, int64_t d, float sign) {
+/* sign +1: forward rotation; -1: its transpose (the backward). Row (b, t)
+ * of x turns by table row pos[b, t] (pos NULL: t) */
+static int rotate(const char *op, float *x, const float *cos_t, const float *sin_t, const int32_t *pos, int64_t batch,
+                  int64_t seq, int64_t heads, int64_t d, float sign) {
   if (batch < 0 || seq < 0 || heads < 1 || d < 2 || d % 2)
     return fsdp_fail(FSDP_EINVAL, "%s: batch=%lld seq=%lld heads=%lld head_dim=%lld (must be even)", op, (long long)batch,
                      (long long)seq, (long long)heads, (long long)d);
   if (batch && seq && (!x || !cos_t || !sin_t)) return fsdp_fail(FSDP_EINVAL, "%s: NULL buffer", op);
+  if (pos)
+    for (int64_t i = 0; i < batch * seq; i++)
+      if (pos[i] < 0 || pos[i] >= seq)
+        return fsdp_fail(FSDP_EINVAL, "%s: position %d at row %lld, %lld is outside the table's [0, %lld)", op, pos[i],
+                         (long long)(i / seq), (long long)(i % seq), (long long)seq);
   int64_t h = d / 2;
   for (int64_t b = 0; b < batch; b++)
     for (int64_t t = 0; t < seq; t++) {
-      const float *c = cos_t + t * d, *s = sin_t + t * d;
+      const int64_t p = pos ? pos[b * seq + t] : t;
+      const float *c = cos_t + p * d, *s = sin_t + p * d;
       for (int64_t hd = 0; hd < heads; hd++) {
         float *v = x + ((b * seq + t) * heads + hd) * d;
         for (int64_t j = 0; j < h; j++) {
@@ -69,10 +76,22 @@ static int rotate(const char *op, float *x, const float *cos_t, const float *sin
 
 int fsdp_rope_forward(float *x, const float *cos_t, const float *sin_t, int64_t batch, int64_t seq, int64_t heads,
                       int64_t head_dim) {
-  return rotate("rope_forward", x, cos_t, sin_t, batch, seq, heads, head_dim, 1.0f);
+  return rotate("rope_forward", x, cos_t, sin_t, NULL, batch, seq, heads, head_dim, 1.0f);
 }
 
 int fsdp_rope_backward(float *dx, const float *cos_t, const float *sin_t, int64_t batch, int64_t seq, int64_t heads,
                        int64_t head_dim) {
-  return rotate("rope_backward", dx, cos_t, sin_t, batch, seq, heads, head_dim, -1.0f);
+  return rotate("rope_backward", dx, cos_t, sin_t, NULL, batch, seq, heads, head_dim, -1.0f);
+}
+
+int fsdp_rope_forward_at(float *x, const float *cos_t, const float *sin_t, const int32_t *pos, int64_t batch, int64_t seq,
+                         int64_t heads, int64_t head_dim) {
+  if (!pos && batch && seq) return fsdp_fail(FSDP_EINVAL, "rope_forward_at: pos is NULL");
+  return rotate("rope_forward_at", x, cos_t, sin_t, pos, batch, seq, heads, head_dim, 1.0f);
+}
+
+int fsdp_rope_backward_at(float *dx, const float *cos_t, const float *sin_t, const int32_t *pos, int64_t batch,
+                          int64_t seq, int64_t heads, int64_t head_dim) {
+  if (!pos && batch && seq) return fsdp_fail(FSDP_EINVAL, "rope_backward_at: pos is NULL");
+  return rotate("rope_backward_at", dx, cos_t, sin_t, pos, batch, seq, heads, head_dim, -1.0f);
 }

@@ -16,5 +16,10 @@ int ref_mismatches(const char *label, const float *got, const double *want, int6
 double ref_central(double (*loss)(void *ctx), void *ctx, double *v, double h);
 /* a float buffer filled with NaN, so unwritten outputs are caught */
 float *ref_poisoned(int64_t n);
+/* float64 attention (ref_attention.c): q, r, out, gq [B, T, H, D]; k, v, gk,
+ * gv [B, T, Hkv, D]; query i sees keys ds[i] .. i (ds NULL: causal); the
+ * gradients of sum r * out when gq is not NULL */
+void ref_attention(int B, int T, int H, int Hkv, int D, const int32_t *ds, const double *q, const double *k,
+                   const double *v, const double *r, double *out, double *gq, double *gk, double *gv);
 
 #endif

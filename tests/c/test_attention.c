@@ -25,67 +25,14 @@ typedef struct {
 } prob;
 
 static void ref_forward(const prob *p, double *out) {
-  int B = p->B, T = p->T, H = p->H, Hkv = p->Hkv, D = p->D, G = H / Hkv;
-  double *s = malloc(sizeof(double) * (size_t)T);
-  for (int b = 0; b < B; b++)
-    for (int h = 0; h < H; h++)
-      for (int i = 0; i < T; i++) {
-        double m = -INFINITY, z = 0;
-        for (int j = 0; j <= i; j++) {
-          double dot = 0;
-          for (int c = 0; c < D; c++)
-            dot += p->q[((b * T + i) * H + h) * D + c] * p->k[((b * T + j) * Hkv + h / G) * D + c];
-          s[j] = dot / sqrt((double)D);
-          m = s[j] > m ? s[j] : m;
-        }
-        for (int j = 0; j <= i; j++) z += (s[j] = exp(s[j] - m));
-        for (int c = 0; c < D; c++) {
-          double o = 0;
-          for (int j = 0; j <= i; j++) o += s[j] / z * p->v[((b * T + j) * Hkv + h / G) * D + c];
-          out[((b * T + i) * H + h) * D + c] = o;
-        }
-      }
-  free(s);
+  ref_attention(p->B, p->T, p->H, p->Hkv, p->D, NULL, p->q, p->k, p->v, p->r, out, NULL, NULL, NULL);
 }
 
 /* d(sum r * out) / d(q, k, v), float64, by the chain rule */
 static void ref_backward(const prob *p, double *gq, double *gk, double *gv) {
-  int B = p->B, T = p->T, H = p->H, Hkv = p->Hkv, D = p->D, G = H / Hkv;
-  double *pr = malloc(sizeof(double) * (size_t)T), *dp = malloc(sizeof(double) * (size_t)T), sc = 1 / sqrt((double)D);
-  memset(gq, 0, sizeof(double) * (size_t)B * T * H * D);
-  memset(gk, 0, sizeof(double) * (size_t)B * T * Hkv * D);
-  memset(gv, 0, sizeof(double) * (size_t)B * T * Hkv * D);
-#define Q(i) (((b * T + (i)) * H + h) * D)
-#define K(j) (((b * T + (j)) * Hkv + h / G) * D)
-  for (int b = 0; b < B; b++)
-    for (int h = 0; h < H; h++)
-      for (int i = 0; i < T; i++) {
-        double m = -INFINITY, z = 0, di = 0;
-        for (int j = 0; j <= i; j++) {
-          double dot = 0;
-          for (int c = 0; c < D; c++) dot += p->q[Q(i) + c] * p->k[K(j) + c];
-          pr[j] = dot * sc;
-          m = pr[j] > m ? pr[j] : m;
-        }
-        for (int j = 0; j <= i; j++) z += (pr[j] = exp(pr[j] - m));
-        for (int j = 0; j <= i; j++) {
-          pr[j] /= z;
-          dp[j] = 0;
-          for (int c = 0; c < D; c++) dp[j] += p->r[Q(i) + c] * p->v[K(j) + c];
-          di += pr[j] * dp[j];
-        }
-        for (int j = 0; j <= i; j++) {
-          double ds = pr[j] * (dp[j] - di) * sc;
-          for (int c = 0; c < D; c++) {
-            gq[Q(i) + c] += ds * p->k[K(j) + c];
-            gk[K(j) + c] += ds * p->q[Q(i) + c];
-            gv[K(j) + c] += pr[j] * p->r[Q(i) + c];
-          }
-        }
-      }
-#undef Q
-#undef K
-  free(pr), free(dp);
+  double *out = malloc(sizeof(double) * (size_t)p->B * p->T * p->H * p->D);
+  ref_attention(p->B, p->T, p->H, p->Hkv, p->D, NULL, p->q, p->k, p->v, p->r, out, gq, gk, gv);
+  free(out);
 }
 
 static double ref_loss(void *ctx) {
