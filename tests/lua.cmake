@@ -55,6 +55,13 @@ foreach(n 1 2)
            COMMAND $<TARGET_FILE:fsdprun> -n ${n} --timeout 300 ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_trainer.lua ${CMAKE_SOURCE_DIR})
   set_tests_properties(lua_trainer_np${n} PROPERTIES LABELS multirank TIMEOUT 330)
 endforeach()
+# packed documents and masked targets: packing, packed rows against each
+# document alone, the loss over every target of any rank and micro-batch split
+foreach(n 1 2 4)
+  add_test(NAME lua_packing_np${n}
+           COMMAND $<TARGET_FILE:fsdprun> -n ${n} --timeout 120 ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_packing.lua)
+  set_tests_properties(lua_packing_np${n} PROPERTIES LABELS multirank TIMEOUT 150)
+endforeach()
 # the metrics plot (gnuplot)
 add_test(NAME plot_metrics COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_plot_metrics.sh ${CMAKE_SOURCE_DIR})
 set_tests_properties(plot_metrics PROPERTIES LABELS unit TIMEOUT 60 SKIP_RETURN_CODE 77)

@@ -112,13 +112,42 @@ function M.rope_tables_free(t)
   t.sin:free()
 end
 
+-- Packed rows (several documents in a row of T): doc_start, an int32
+-- {B, T} CPU tensor, holds the first position of the document each
+-- position is in (fsdp_doc_start_check says what is allowed). The layout
+-- the ops read: it checked, each position's place in its document (pos,
+-- rope's table row) and, on a GPU, both on the device.
+function M.doc_layout(doc_start, device)
+  local B, T = doc_start.shape[1], doc_start.shape[2]
+  local l = { start = doc_start, pos = tensor.new({ B, T }, "int32") }
+  if device == "cuda" then l.start_dev, l.pos_dev = tensor.new({ B, T }, "int32", "cuda"), tensor.new({ B, T }, "int32", "cuda") end
+  if doc_start.meta then return l end -- (a dry run: the same tensors, nothing to read)
+  local ds, pp = doc_start:ptr(), l.pos:ptr()
+  check(C.fsdp_doc_start_check(ds, B, T), "packed rows")
+  for i = 0, B * T - 1 do pp[i] = i % T - ds[i] end
+  if device == "cuda" then
+    l.start_dev:copy_from(doc_start)
+    l.pos_dev:copy_from(l.pos)
+  end
+  return l
+end
+
 -- pos: the first position of x's T (generation's new tokens; default 0):
--- the tables' rows from there on, which must exist
-function M.rope(x, t, B, T, heads, hd, backward, pos)
+-- the tables' rows from there on, which must exist. docs (packed rows,
+-- M.doc_layout): each position turns by its place in its document.
+function M.rope(x, t, B, T, heads, hd, backward, pos, docs)
   pos = pos or 0
   if pos + T > t.seq then error(string.format("rope: positions up to %d with tables of %d", pos + T, t.seq), 2) end
   local xp, cp, sp = ptrs("rope", x, t.cos, t.sin)
   cp, sp = cp + pos * hd, sp + pos * hd
+  if docs then
+    if on_cuda(x) then
+      local f = backward and CU().fsdp_cuda_rope_backward_at or CU().fsdp_cuda_rope_forward_at
+      return check(f(xp, cp, sp, docs.pos_dev:ptr(), B, T, heads, hd, x.dtype_id, S()), "rope")
+    end
+    local f = backward and C.fsdp_rope_backward_at or C.fsdp_rope_forward_at
+    return check(f(xp, cp, sp, docs.pos:ptr(), B, T, heads, hd), "rope")
+  end
   if on_cuda(x) then
     local f = backward and CU().fsdp_cuda_rope_backward or CU().fsdp_cuda_rope_forward
     return check(f(xp, cp, sp, B, T, heads, hd, x.dtype_id, S()), "rope")
@@ -127,16 +156,32 @@ function M.rope(x, t, B, T, heads, hd, backward, pos)
   check(f(xp, cp, sp, B, T, heads, hd), "rope")
 end
 
-function M.attention_forward(out, lse, q, k, v, B, T, nh, nkv, hd)
+-- docs (packed rows, M.doc_layout): no query sees a key of another document
+function M.attention_forward(out, lse, q, k, v, B, T, nh, nkv, hd, docs)
   local op, lp, qp, kp, vp = ptrs("attention", out, lse, q, k, v)
+  if docs then
+    if on_cuda(out) then
+      return check(CU().fsdp_cuda_attention_forward_docs(op, lp, qp, kp, vp, docs.start_dev:ptr(), B, T, nh, nkv, hd,
+        out.dtype_id, S()), "attention")
+    end
+    return check(C.fsdp_attention_forward_docs(op, lp, qp, kp, vp, docs.start:ptr(), B, T, nh, nkv, hd), "attention")
+  end
   if on_cuda(out) then
     return check(CU().fsdp_cuda_attention_forward(op, lp, qp, kp, vp, B, T, nh, nkv, hd, out.dtype_id, S()), "attention")
   end
   check(C.fsdp_attention_forward(op, lp, qp, kp, vp, B, T, nh, nkv, hd), "attention")
 end
 
-function M.attention_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, nh, nkv, hd)
+function M.attention_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, nh, nkv, hd, docs)
   local dqp, dkp, dvp, dop, qp, kp, vp, op, lp = ptrs("attention backward", dq, dk, dv, dout, q, k, v, out, lse)
+  if docs then
+    if on_cuda(dq) then
+      return check(CU().fsdp_cuda_attention_backward_docs(dqp, dkp, dvp, dop, qp, kp, vp, op, lp, docs.start_dev:ptr(), B, T,
+        nh, nkv, hd, dq.dtype_id, S()), "attention backward")
+    end
+    return check(C.fsdp_attention_backward_docs(dqp, dkp, dvp, dop, qp, kp, vp, op, lp, docs.start:ptr(), B, T, nh, nkv,
+      hd), "attention backward")
+  end
   if on_cuda(dq) then
     return check(CU().fsdp_cuda_attention_backward(dqp, dkp, dvp, dop, qp, kp, vp, op, lp, B, T, nh, nkv, hd, dq.dtype_id, S()),
       "attention backward")

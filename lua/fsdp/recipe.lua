@@ -30,7 +30,7 @@ M.schema = {
   data = {
     corpus = { "table", nil }, token_file = { "string", nil }, val_token_file = { "string", nil },
     format = { { "auto", "raw_u16", "raw_u32" }, "auto" }, val_fraction = { "number", 0.1 },
-    seq = { "int", 256 }, micro_batch = { "int", 8 },
+    seq = { "int", 256 }, micro_batch = { "int", 8 }, pack = { "boolean", nil }, split_long = { "boolean", true },
   },
   train = {
     steps = { "int", 100 }, grad_accum = { "int", 1 }, global_batch_tokens = { "int", nil }, seed = { "int", 1234 },
@@ -273,6 +273,9 @@ function M.check(r, where)
       "read as bytes", d.val_token_file and "val_token_file" or "format")
   end
   if d.val_fraction < 0 or d.val_fraction >= 1 then fail(where, "data.val_fraction = %g; expected in [0, 1)", d.val_fraction) end
+  if d.corpus and d.pack then -- (its bytes have no document index)
+    fail(where, "data.pack applies to data.token_file (documents from `fsdp prepare`'s index); a corpus is one stream")
+  end
   if t.steps < 1 then fail(where, "train.steps = %d; expected >= 1", t.steps) end
   if t.grad_accum < 1 then fail(where, "train.grad_accum = %d; expected >= 1", t.grad_accum) end
   if t.log_every < 1 then fail(where, "train.log_every = %d; expected >= 1", t.log_every) end

@@ -255,16 +255,20 @@ end
 -- is left of it when the backward has run is freed then (fsdp.autograd),
 -- not by the collector. Returns the loss, on a GPU still on the device
 -- (ops.deferred).
-function M.micro_batch(model, ctx, b, K, opt)
+-- weight: the micro-batch's share of the step's targets (token_weights; 1
+-- when every micro-batch has as many). b.doc_start (packed rows) goes to
+-- the model's forward with the ids.
+function M.micro_batch(model, ctx, b, K, opt, weight)
+  local scale = (weight or 1) / K
   return autograd.scope(function()
     if opt.forward_loss then -- the model's own forward and loss (Llama's fused head), then backward from there
-      local loss = span("forward + loss", opt.forward_loss, model, ctx, b, 1 / K)
+      local loss = span("forward + loss", opt.forward_loss, model, ctx, b, scale)
       span("backward", model.backward, model, ctx)
       return loss
     end
-    local lossfn = opt.loss or function(y, bb, scale) return nn.mse(y, bb.y, scale) end
-    local y = span("forward", model.forward, model, ctx, b.x)
-    local loss, dy = span("loss", lossfn, y, b, 1 / K)
+    local lossfn = opt.loss or function(y, bb, sc) return nn.mse(y, bb.y, sc) end
+    local y = span("forward", model.forward, model, ctx, b.x, b.doc_start)
+    local loss, dy = span("loss", lossfn, y, b, scale)
     span("backward", model.backward, model, ctx, dy) -- (consumes dy)
     return loss
   end)
@@ -290,6 +294,34 @@ local function drop_unfinished(self)
   for _, u in ipairs(self.units) do check(C.fsdp_unit_zero_grad(u.handle), "unit '" .. u.name .. "' zero_grad") end
 end
 
+-- Each micro-batch's loss is the mean over its targets (b.count of them:
+-- masked or packed rows have fewer than their tokens, and the counts then
+-- differ between micro-batches and ranks). Weighting micro-batch k by
+-- w_k = count_k * K * W / N (N: the targets of all K micro-batches of all W
+-- data-parallel ranks; one small all-reduce) makes the step's loss the
+-- mean over all N targets and its gradient independent of how the targets
+-- fall into micro-batches and ranks. With equal counts every w_k is
+-- exactly 1: the same bits as no weighting. nil when a batch has no count.
+function M.token_weights(s, batches)
+  local K = #batches
+  for _, b in ipairs(batches) do
+    if type(b.count) ~= "number" then return nil end
+  end
+  local t = tensor.new(1)
+  local local_n = 0
+  for _, b in ipairs(batches) do local_n = local_n + b.count end
+  t:set(0, local_n)
+  all_reduce_host(s.shard, t, "sum")
+  local W = s.shard:size()
+  if s.outer then
+    all_reduce_host(s.outer, t, "sum")
+    W = W * s.outer:size()
+  end
+  local N, w = t:get(0), {}
+  for k, b in ipairs(batches) do w[k] = N > 0 and b.count * K * W / N or 0 end
+  return w, N
+end
+
 function Sharded:train_step(batches, opt)
   live(self, "train_step")
   opt = opt or {}
@@ -306,8 +338,11 @@ function Sharded:train_step(batches, opt)
     error(string.format("train_step: %d micro-batches, but fully_shard was made with micro_batches = %d", K,
       self.micro_batches), 2)
   end
+  local weights, targets = M.token_weights(self, batches)
+  self.step_targets = targets
   for k, b in ipairs(batches) do
-    parts[k] = M.micro_batch(self.model, setmetatable({ s = self, sync = k == K, pending = {} }, hooks.Ctx), b, K, opt)
+    parts[k] = M.micro_batch(self.model, setmetatable({ s = self, sync = k == K, pending = {} }, hooks.Ctx), b, K, opt,
+      weights and weights[k])
   end
   -- global grad norm and non-finite counts: every unit's share, one
   -- all-reduce over the shard group (HSDP replicas hold the same shards)
@@ -333,7 +368,7 @@ function Sharded:train_step(batches, opt)
     sums:set(nu + i - 1, tonumber(bad[0]))
   end
   if last > 0 then self.host_step_s = last - first end
-  for k = 1, K do total = total + ops.value(parts[k]) / K end
+  for k = 1, K do total = total + ops.value(parts[k]) * (weights and weights[k] or 1) / K end
   sums:set(2 * nu, total)
   sums:set(2 * nu + 1, C.fsdp_stop_signal())
   all_reduce_host(self.shard, sums, "sum")
@@ -460,13 +495,25 @@ function Sharded:evaluate(batches, lossfn, opt)
     end
     parts[k] = autograd.scope(function()
       if opt and opt.forward_loss then return opt.forward_loss(self.model, ctx, b, 1) end
-      local y = self.model:forward(ctx, b.x)
+      local y = self.model:forward(ctx, b.x, b.doc_start)
       local loss = lossfn(y, b)
       return loss, type(loss) == "table" and y or nil -- (a deferred loss may still read y: it outlives the scope)
     end)
   end
-  for k = 1, done do total = total + ops.value(parts[k]) / done end
   forward_done(self, ctx, "evaluate")
+  local counted = true -- batches with b.count: the mean over all their targets, as train_step's
+  for k = 1, done do counted = counted and type(batches[k].count) == "number" end
+  if counted then
+    local l = tensor.new(2)
+    for k = 1, done do total = total + ops.value(parts[k]) * batches[k].count end
+    l:set(0, total)
+    l:set(1, 0)
+    for k = 1, done do l:set(1, l:get(1) + batches[k].count) end
+    all_reduce_host(self.shard, l, "sum")
+    if self.outer then all_reduce_host(self.outer, l, "sum") end
+    return l:get(1) > 0 and l:get(0) / l:get(1) or 0, done
+  end
+  for k = 1, done do total = total + ops.value(parts[k]) / done end
   local l = tensor.new(1)
   l:set(0, total)
   all_reduce_host(self.shard, l, "avg")

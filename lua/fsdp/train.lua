@@ -48,8 +48,14 @@ local function dataset_of(r, vocab_size)
     return data.corpus(c)
   end
   require("fsdp.token_manifest").check(r, vocab_size) -- `fsdp prepare`'s manifest against the model
-  return data.token_file({ path = d.token_file, format = d.format, val_path = d.val_token_file, val_fraction = d.val_fraction,
-    vocab_size = vocab_size })
+  local ds = data.token_file({ path = d.token_file, format = d.format, val_path = d.val_token_file,
+    val_fraction = d.val_fraction, vocab_size = vocab_size })
+  -- data.pack (default: when a loss mask says the data is chat data):
+  -- whole documents packed into rows, none seeing another
+  local pack = d.pack
+  if pack == nil then pack = ds.masked and ds.documents end
+  if pack then ds:pack({ seq = d.seq, split_long = d.split_long }) end
+  return ds
 end
 
 -- Rank 0's lines: J.say(fmt, ...) prints one; J.progress(line) draws the

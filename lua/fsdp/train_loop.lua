@@ -64,11 +64,14 @@ local function as_ids(v, B, T)
   return t
 end
 
--- a micro-batch from loader: ids checked on a GPU (its embedding cannot report one)
+-- a micro-batch from loader: ids checked on a GPU (its embedding cannot
+-- report one); packed rows' layout and masked or packed targets' count
+-- ride along (train_step weights micro-batches by their targets)
 local function next_batch(J, loader)
   local B, T, V = J.B, J.T, J.cfg.vocab_size
-  local x, y = loader:next()
+  local x, y, extra = loader:next()
   local b = { x = as_ids(x, B, T), y = as_ids(y, B, T) }
+  if extra then b.doc_start, b.count = extra.doc_start, extra.count end
   if J.device == "cuda" then
     local p = b.x:ptr()
     for i = 0, B * T - 1 do

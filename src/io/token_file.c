@@ -5,7 +5,7 @@
  * rest zero; then exactly count tokens. Two (magic, version) pairs exist:
  * (20240520, 1) with uint16 tokens (GPT-2) and (20240801, 7) with uint32
  * tokens (Llama 3), as llm.c's dev/data/data_common.py writes them.
- * Headerless files are taken whole as uint16 or uint32 tokens when the caller
+ * Headerless files are taken whole as uint8, uint16 or uint32 tokens when the caller
  * says so: nothing in them can be checked but their size.
  *
  * Every check happens at open, so that a malformed file fails there with a
@@ -99,8 +99,9 @@ int fsdp_token_file_open(const char *path, int32_t format, fsdp_token_file **out
   if (!out) return fsdp_fail(FSDP_EINVAL, "fsdp_token_file_open: out is NULL");
   *out = NULL;
   if (!path) return fsdp_fail(FSDP_EINVAL, "fsdp_token_file_open: path is NULL");
-  if (format != FSDP_TOKENS_AUTO && format != FSDP_TOKENS_RAW_U16 && format != FSDP_TOKENS_RAW_U32)
-    return fsdp_fail(FSDP_EINVAL, "token file '%s': unknown format %d (expected auto, raw_u16 or raw_u32)", path,
+  if (format != FSDP_TOKENS_AUTO && format != FSDP_TOKENS_RAW_U16 && format != FSDP_TOKENS_RAW_U32 &&
+      format != FSDP_TOKENS_RAW_U8)
+    return fsdp_fail(FSDP_EINVAL, "token file '%s': unknown format %d (expected auto, raw_u8, raw_u16 or raw_u32)", path,
                      (int)format);
   size_t plen = strlen(path);
   fsdp_token_file *f = calloc(1, sizeof *f + plen + 1);
@@ -129,7 +130,7 @@ int fsdp_token_file_open(const char *path, int32_t format, fsdp_token_file **out
       f->map = m;
       f->map_bytes = (size_t)st.st_size;
       if (format == FSDP_TOKENS_AUTO) rc = parse_header(f, st.st_size);
-      else rc = parse_raw(f, st.st_size, format == FSDP_TOKENS_RAW_U16 ? 2 : 4);
+      else rc = parse_raw(f, st.st_size, format == FSDP_TOKENS_RAW_U8 ? 1 : format == FSDP_TOKENS_RAW_U16 ? 2 : 4);
     }
   }
   if (fd >= 0) close(fd); /* the mapping outlives the descriptor */
@@ -153,7 +154,9 @@ int fsdp_token_file_read(const fsdp_token_file *f, int64_t start, int64_t n, int
                      (long long)n, (long long)start, (long long)f->count);
   if (n > 0 && !out) return fsdp_fail(FSDP_EINVAL, "token file '%s': read into NULL", f->path);
   const unsigned char *p = f->tokens + (size_t)start * (size_t)f->width;
-  if (f->width == 2) {
+  if (f->width == 1) {
+    for (int64_t i = 0; i < n; i++) out[i] = p[i];
+  } else if (f->width == 2) {
     for (int64_t i = 0; i < n; i++, p += 2) out[i] = (int32_t)((uint32_t)p[0] | (uint32_t)p[1] << 8);
   } else {
     for (int64_t i = 0; i < n; i++, p += 4) {
@@ -171,7 +174,13 @@ int fsdp_token_file_check_ids(const fsdp_token_file *f, int64_t vocab) {
   if (!f) return fsdp_fail(FSDP_EINVAL, "fsdp_token_file_check_ids: the file is NULL");
   if (vocab < 1) return fsdp_fail(FSDP_EINVAL, "token file '%s': vocabulary size %lld", f->path, (long long)vocab);
   uint32_t bound = vocab > INT32_MAX ? (uint32_t)INT32_MAX + 1u : (uint32_t)vocab, v = 0;
-  int64_t at = fsdp_scan_tokens_at_least(f->tokens, f->width, f->count, bound, &v);
+  int64_t at = -1;
+  if (f->width == 1) { /* byte files (loss masks) are small beside their tokens: a plain loop */
+    for (int64_t i = 0; i < f->count && at < 0; i++)
+      if (f->tokens[i] >= bound) at = i, v = f->tokens[i];
+  } else {
+    at = fsdp_scan_tokens_at_least(f->tokens, f->width, f->count, bound, &v);
+  }
   if (at < 0) return FSDP_OK;
   return fsdp_fail(FSDP_EINVAL,
                    "token file '%s': token %lld (byte offset %lld) is id %lu, outside the vocabulary of %lld ids "

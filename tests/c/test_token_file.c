@@ -112,6 +112,18 @@ int main(void) {
   round_trip("raw u16", write_file("raw16.bin", 0, 0, 0, t16, N, 2, 0), FSDP_TOKENS_RAW_U16, t16, N, 2);
   round_trip("raw u32", write_file("raw32.bin", 0, 0, 0, t32, N, 4, 0), FSDP_TOKENS_RAW_U32, t32, N, 4);
   round_trip("one token", write_file("one.bin", 20240520, 1, 1, t16, 1, 2, 0), FSDP_TOKENS_AUTO, t16, 1, 2);
+  { /* raw u8 (loss masks): bytes widen to int32; check_ids(2) finds the first byte that is not 0 or 1 */
+    uint32_t *t8 = malloc(N * sizeof *t8);
+    for (int i = 0; i < N; i++) t8[i] = next_u32() & 1;
+    t8[7] = 0xFF;
+    round_trip("raw u8", write_file("raw8.bin", 0, 0, 0, t8, N, 1, 0), FSDP_TOKENS_RAW_U8, t8, N, 1);
+    fsdp_token_file *m = NULL;
+    CHECK_OK(fsdp_token_file_open(tmp_path("raw8.bin"), FSDP_TOKENS_RAW_U8, &m));
+    CHECK_FAILS(fsdp_token_file_check_ids(m, 2), FSDP_EINVAL, "token 7 (byte offset 7) is id 255, outside the vocabulary of 2");
+    CHECK_OK(fsdp_token_file_check_ids(m, 256));
+    fsdp_token_file_close(m);
+    free(t8);
+  }
 
   /* ---- malformed files: refused at open ---- */
   expect_open_fails(tmp_path("no_such.bin"), FSDP_TOKENS_AUTO, FSDP_EIO, "cannot open: No such file");

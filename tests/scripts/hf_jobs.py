@@ -14,7 +14,7 @@ import sys
 import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-CHECKERS = {"hf_transformers_logits.py", "hf_generate.py", "hf_tokenizer.py"}
+CHECKERS = {"hf_transformers_logits.py", "hf_generate.py", "hf_tokenizer.py", "hf_packed.py"}
 
 
 def run(out_dir, job):

@@ -63,6 +63,9 @@ check "transformers writes a wide random model" "[ -f '$work/wide/config.json' ]
 
 "$fsdp" "$root/tests/lua/hf_logits.lua" "$work/from-hf" "$root" "$work/ours-from-hf.txt" >"$work/ours.out" 2>&1
 check "our model imports transformers' folder" "[ -s '$work/ours-from-hf.txt' ]" || cat "$work/ours.out"
+# packed rows (several documents a row, masked targets) on that model
+"$fsdp" "$root/tests/lua/hf_packed.lua" "$work/from-hf" "$work/ours-packed.txt" >"$work/ours.out" 2>&1
+check "our model runs packed rows" "[ -s '$work/ours-packed.txt' ]" || cat "$work/ours.out"
 # llama3: imported, its architecture from config.json, and exported again by
 # us (rope_theta, rope_scaling and head_dim in our config.json); the
 # control: the same folder with the scaling taken out gives other logits
@@ -87,8 +90,11 @@ hf_jobs "$py" "$work/py2" \
   "llama3-ours${T}hf_transformers_logits.py${T}$work/llama3-ours${T}$work/ours-llama3.txt" \
   "unscaled${T}hf_transformers_logits.py${T}$work/unscaled${T}$work/ours-llama3.txt" \
   "gen_fp32-untied${T}hf_generate.py${T}$work/fp32-untied${T}$prompt${T}$(cat "$work/gen-fp32-untied.txt")" \
-  "gen_wide${T}hf_generate.py${T}$work/wide${T}$prompt${T}$(cat "$work/gen-wide.txt")"
+  "gen_wide${T}hf_generate.py${T}$work/wide${T}$prompt${T}$(cat "$work/gen-wide.txt")" \
+  "packed${T}hf_packed.py${T}$work/from-hf${T}$work/ours-packed.txt"
 check "transformers' model imported: its logits equal ours" "[ $(job_rc "$work/py2" from_hf) = 0 ]"
+check "packed rows: each document's log-probs are transformers' on it alone; the masked loss is torch's" \
+  "[ $(job_rc "$work/py2" packed) = 0 ]"
 for d in llama3 llama3-ours; do
   check "rope_type llama3, head_dim 48 ($d): transformers' logits equal ours" "[ $(job_rc "$work/py2" $d) = 0 ]"
 done

@@ -154,11 +154,11 @@ end
 local Attention = class("LlamaAttention")
 
 
-local function new_attention(cfg, rope)
+local function new_attention(cfg, rope, packed)
   local h, hd = cfg.hidden_size, cfg.head_dim
   local nh, nkv = cfg.num_attention_heads, cfg.num_key_value_heads
   local o = { std = cfg.initializer_range, bias = false }
-  local a = setmetatable({ cfg = cfg, rope = rope, params = {},
+  local a = setmetatable({ cfg = cfg, rope = rope, packed = packed, params = {},
     children = { nn.Linear(h, nh * hd, o), nn.Linear(h, nkv * hd, o), nn.Linear(h, nkv * hd, o), nn.Linear(nh * hd, h, o) },
     child_names = { "q_proj", "k_proj", "v_proj", "o_proj" } }, Attention)
   return a
@@ -228,12 +228,12 @@ function Attention:forward(ctx, x, phase)
   local k = nn.call(ctx, ch[2], phase, x)
   local v = nn.call(ctx, ch[3], phase, x)
   if self.input_norm then nn.let_go({ ch[1], ch[2], ch[3] }) end
-  local t = self:tables(T, x.device)
-  ops.rope(q, t, B, T, nh, hd)
-  ops.rope(k, t, B, T, nkv, hd)
+  local t, docs = self:tables(T, x.device), self.packed.docs
+  ops.rope(q, t, B, T, nh, hd, false, nil, docs)
+  ops.rope(k, t, B, T, nkv, hd, false, nil, docs)
   local out, lse = ops.like(q, { B, T, nh * hd }), tensor.new({ B, nh, T }, "fp32", q.device)
-  ops.attention_forward(out, lse, q, k, v, B, T, nh, nkv, hd)
-  self.saved = { q = q, k = k, v = v, out = out, lse = lse, B = B, T = T }
+  ops.attention_forward(out, lse, q, k, v, B, T, nh, nkv, hd, docs)
+  self.saved = { q = q, k = k, v = v, out = out, lse = lse, B = B, T = T, docs = docs }
   return nn.call(ctx, ch[4], phase, out)
 end
 
@@ -243,10 +243,10 @@ function Attention:backward(ctx, dy)
   local B, T = s.B, s.T
   local dout = nn.call(ctx, ch[4], "backward", dy)
   local dq, dk, dv = ops.like(s.q), ops.like(s.k), ops.like(s.v)
-  ops.attention_backward(dq, dk, dv, dout, s.q, s.k, s.v, s.out, s.lse, B, T, nh, nkv, hd)
+  ops.attention_backward(dq, dk, dv, dout, s.q, s.k, s.v, s.out, s.lse, B, T, nh, nkv, hd, s.docs)
   local t = self:tables(T, dq.device)
-  ops.rope(dq, t, B, T, nh, hd, true)
-  ops.rope(dk, t, B, T, nkv, hd, true)
+  ops.rope(dq, t, B, T, nh, hd, true, nil, s.docs)
+  ops.rope(dk, t, B, T, nkv, hd, true, nil, s.docs)
   local n = self.input_norm and nn.bring_back(ctx, self.input_norm, { ch[1], ch[2], ch[3] })
   local dx = nn.call(ctx, ch[1], "backward", dq)
   ops.add(dx, dx, nn.call(ctx, ch[2], "backward", dk))
@@ -316,8 +316,8 @@ local Layer = class("LlamaDecoderLayer")
 -- recompute "light": the norms' outputs and the SwiGLU product are not
 -- kept for backward but made again there (attention and MLP know their
 -- input's norm); "mlp": the MLP's gate and up projections too
-local function new_layer(cfg, rope, checkpoint, recompute)
-  local norm1, attn = nn.RMSNorm(cfg.hidden_size, cfg.rms_norm_eps), new_attention(cfg, rope)
+local function new_layer(cfg, rope, checkpoint, recompute, packed)
+  local norm1, attn = nn.RMSNorm(cfg.hidden_size, cfg.rms_norm_eps), new_attention(cfg, rope, packed)
   local norm2, mlp = nn.RMSNorm(cfg.hidden_size, cfg.rms_norm_eps), new_mlp(cfg)
   if recompute ~= "none" then attn.input_norm, mlp.input_norm = norm1, norm2 end
   mlp.again = recompute == "mlp"
@@ -365,11 +365,13 @@ function M.model(cfg, opts)
   if rc ~= "light" and rc ~= "mlp" and rc ~= "none" then
     error(string.format("llama.model: recompute = %s; expected 'light', 'mlp' or 'none'", tostring(rc)), 2)
   end
-  local rope = {}
+  -- shared by the layers: the rope tables, and the packed rows' layout of
+  -- the batch being run (CausalLM's forwards set it)
+  local rope, packed = {}, {}
   local layers = {}
   for i = 1, cfg.num_hidden_layers do
     local on = ck == "full" or (type(ck) == "number" and (i - 1) % ck == 0)
-    layers[i] = new_layer(cfg, rope, on, rc)
+    layers[i] = new_layer(cfg, rope, on, rc, packed)
   end
   local model = setmetatable({ params = {}, children = {
     nn.Embedding(cfg.vocab_size, cfg.hidden_size, { std = cfg.initializer_range }),
@@ -379,7 +381,7 @@ function M.model(cfg, opts)
   if cfg.tie_word_embeddings then -- the head computes with the embedding's weight (HF's tying)
     head.params, head.shares = {}, model.children[1]
   end
-  return setmetatable({ cfg = cfg, params = {}, rope = rope,
+  return setmetatable({ cfg = cfg, params = {}, rope = rope, packed = packed,
     children = { model, head },
     child_names = { "model", "lm_head" } }, CausalLM)
 end
@@ -400,8 +402,22 @@ local function trunk(self)
   return { m.children[1], m.children[2], m.children[3] }
 end
 
-function CausalLM:forward(ctx, ids)
+-- Packed rows (documents one after another in a row of ids): doc_start,
+-- an int32 {B, T} CPU tensor, the first position of each position's
+-- document (ops.doc_layout); nil: each row is one sequence. The layers
+-- read it until the next forward (a checkpointed layer's backward runs its
+-- forward again with it).
+local function pack(self, ids, doc_start)
+  if doc_start and (doc_start.shape[1] ~= ids.shape[1] or doc_start.shape[2] ~= ids.shape[2]) then
+    error(string.format("llama: doc_start is {%s}, the ids {%s}", table.concat(doc_start.shape, ", "),
+      table.concat(ids.shape, ", ")), 3)
+  end
+  self.packed.docs = doc_start and ops.doc_layout(doc_start, ids.device) or nil
+end
+
+function CausalLM:forward(ctx, ids, doc_start)
   ctx = ctx or nn.plain
+  pack(self, ids, doc_start)
   local mods = trunk(self)
   mods[4] = self.children[2]
   return nn.forward_chain(ctx, mods, ids)
@@ -412,6 +428,7 @@ end
 function CausalLM:forward_last(ctx, ids)
   ctx = ctx or nn.plain
   if ids.shape[1] ~= 1 then error("llama forward_last: one sequence at a time (batch " .. ids.shape[1] .. ")", 2) end
+  pack(self, ids, nil)
   local h = self.cfg.hidden_size
   return autograd.scope(function()
     local nf = nn.forward_chain(ctx, trunk(self), ids)
@@ -446,7 +463,8 @@ end
 -- tokens of a 128256 vocabulary in bf16), never exist. scale multiplies the
 -- gradient (1 / micro-batches); backward(ctx) then starts from the head's
 -- input. Without grads (ctx.no_grad) only the loss. targets: a CPU int32
--- tensor; on CUDA, targets_dev is its device copy. Returns the loss (a
+-- tensor; on CUDA, targets_dev is its device copy. o.doc_start: packed
+-- rows (CausalLM:forward). Returns the loss (a
 -- number, or an ops.deferred on a GPU) and the count.
 function CausalLM:forward_loss(ctx, ids, targets, o)
   ctx = ctx or nn.plain
@@ -455,6 +473,7 @@ function CausalLM:forward_loss(ctx, ids, targets, o)
   local ignore = o.ignore_index or -100
   local V, h = cfg.vocab_size, cfg.hidden_size
   local count
+  pack(self, ids, o.doc_start)
   local sum, dnf = autograd.scope(function()
     local nf = nn.forward_chain(ctx, trunk(self), ids)
     local n = nf:numel() / h
@@ -496,10 +515,12 @@ function M.loss_rows(n, V, esize, chunk_bytes)
 end
 
 -- train_step's and evaluate's opt.forward_loss for batches {x = ids,
--- y = targets, y_dev = their device copy on CUDA}, chunk_bytes of logits at a time
+-- y = targets, y_dev = their device copy on CUDA, doc_start = packed rows'
+-- layout or nil}, chunk_bytes of logits at a time
 function M.forward_loss(chunk_bytes)
   return function(model, ctx, b, scale)
-    return (model:forward_loss(ctx, b.x, b.y, { scale = scale, targets_dev = b.y_dev, chunk_bytes = chunk_bytes }))
+    return (model:forward_loss(ctx, b.x, b.y, { scale = scale, targets_dev = b.y_dev, chunk_bytes = chunk_bytes,
+      doc_start = b.doc_start }))
   end
 end
 
