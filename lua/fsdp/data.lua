@@ -184,6 +184,9 @@ local function docs_in(idx, lo, hi)
   return { n = n, starts = starts, lengths = lengths }
 end
 
+-- whether `fsdp prepare --chat` wrote a loss mask beside token file path
+function M.has_mask(path) return exists(beside(path, ".mask")) end
+
 function M.token_file(o)
   if type(o) ~= "table" or type(o.path) ~= "string" then error("data.token_file: expected {path = 'file.bin', ...}", 2) end
   local train = open_tokens(o.path, o.format, "data.token_file", o.vocab_size)

@@ -78,11 +78,12 @@ end
 
 -- A micro-batch of ids and targets {B, T} for a dry run, as the trainer
 -- makes them: ids on the device, targets on the host (counted), and on a
--- GPU their device copy
-local function llama_batch(B, T, device)
+-- GPU their device copy; packed rows (data.pack) their doc_start on the host
+local function llama_batch(B, T, device, packed)
   return function()
     local b = { x = tensor.new({ B, T }, "int32", device), y = tensor.new({ B, T }, "int32") }
     if device == "cuda" then b.y_dev = tensor.new({ B, T }, "int32", "cuda") end
+    if packed then b.doc_start = tensor.new({ B, T }, "int32") end
     return b
   end
 end
@@ -295,7 +296,7 @@ function M.plan(r, o)
   local step_loss = llama.step_loss(chunk)
   return plan_assigned(p, model, a, { param_dtype = f.param_dtype, reduce_dtype = f.reduce_dtype,
     comm_register = f.comm_register, separate_reduce = f.separate_reduce, prefetch = f.prefetch,
-    max_live_units = f.max_live_units, batch = llama_batch(B, T, r.train.device), loss = step_loss.loss,
+    max_live_units = f.max_live_units, batch = llama_batch(B, T, r.train.device, r.data.pack), loss = step_loss.loss,
     forward_loss = step_loss.forward_loss, attention_workspace = ws })
 end
 

@@ -307,17 +307,21 @@ function M.token_weights(s, batches)
   for _, b in ipairs(batches) do
     if type(b.count) ~= "number" then return nil end
   end
-  local t = tensor.new(1)
+  -- summed exactly: in 10-bit chunks (the collectives reduce fp32, exact
+  -- below 2^24: up to 16384 ranks), freed at once (the planner's count)
   local local_n = 0
   for _, b in ipairs(batches) do local_n = local_n + b.count end
-  t:set(0, local_n)
+  local t = tensor.new(4)
+  for i = 0, 3 do t:set(i, math.floor(local_n / 1024 ^ i) % 1024) end
   all_reduce_host(s.shard, t, "sum")
   local W = s.shard:size()
   if s.outer then
     all_reduce_host(s.outer, t, "sum")
     W = W * s.outer:size()
   end
-  local N, w = t:get(0), {}
+  local N, w = 0, {}
+  for i = 0, 3 do N = N + t:get(i) * 1024 ^ i end
+  t:free()
   for k, b in ipairs(batches) do w[k] = N > 0 and b.count * K * W / N or 0 end
   return w, N
 end

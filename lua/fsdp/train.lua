@@ -50,11 +50,9 @@ local function dataset_of(r, vocab_size)
   require("fsdp.token_manifest").check(r, vocab_size) -- `fsdp prepare`'s manifest against the model
   local ds = data.token_file({ path = d.token_file, format = d.format, val_path = d.val_token_file,
     val_fraction = d.val_fraction, vocab_size = vocab_size })
-  -- data.pack (default: when a loss mask says the data is chat data):
-  -- whole documents packed into rows, none seeing another
-  local pack = d.pack
-  if pack == nil then pack = ds.masked and ds.documents end
-  if pack then ds:pack({ seq = d.seq, split_long = d.split_long }) end
+  -- data.pack (build() settles its default): whole documents packed into
+  -- rows, none seeing another
+  if d.pack then ds:pack({ seq = d.seq, split_long = d.split_long }) end
   return ds
 end
 
@@ -208,6 +206,9 @@ local function build(r, where, args, owned)
   local info = fsdp.init()
   local appended, original_resume = restarts.original_resume(r, args)
   r = recipe.check(recipe.apply_overrides(r, args, where), where)
+  -- data.pack's default, settled before the plan (packed rows hold a
+  -- doc_start a micro-batch): on for chat data (a loss mask beside the file)
+  if r.data.pack == nil then r.data.pack = r.data.token_file ~= nil and data.has_mask(r.data.token_file) end
   local J = { r = r, where = where, owned = owned, info = info, device = r.train.device, seed = r.train.seed,
     B = r.data.micro_batch, T = r.data.seq, ranks_per_device = info.local_size }
   console(J)

@@ -53,6 +53,7 @@ local function tiny(over)
   r.train.device = device
   for k, v in pairs(over or {}) do
     local sec, field = k:match("^(%w+)%.([%w_]+)$")
+    if v == false and field == "corpus" then v = nil end -- (a table cannot hold nil: false takes the corpus out)
     if sec then r[sec][field] = v else r[k] = v end
   end
   return recipe.check(r, "tiny.lua")
@@ -91,6 +92,11 @@ local function one_step(s, cfg, r, measure)
       batches[k] = { x = fsdp.tensor({ B, L }, "int32", "cuda"):copy_from(x), y = y,
         y_dev = fsdp.tensor({ B, L }, "int32", "cuda"):copy_from(y) }
     end
+    if r.data.pack then -- packed rows (data.pack): documents of 16 tokens, as the loader hands them
+      local ds = fsdp.tensor({ B, L }, "int32")
+      for i = 0, B * L - 1 do ds:set(i, i % L - i % L % 16) end
+      batches[k].doc_start, batches[k].count = ds, B * L
+    end
   end
   -- as the trainer does: the head and loss fused over chunks of rows unless train.loss_chunk_mb = 0
   local chunk = r.train.loss_chunk_mb * 2 ^ 20
@@ -102,7 +108,7 @@ local function one_step(s, cfg, r, measure)
   -- configuration's bytes kept between steps are measured to the byte
   local function free_batches()
     for _, b in ipairs(batches) do
-      for _, t in pairs(b) do t:free() end
+      for _, t in pairs(b) do if type(t) == "table" then t:free() end end -- (b.count is a number)
     end
   end
   if not measure then
@@ -230,6 +236,8 @@ compare("recompute mlp, checkpoint every 2nd layer, bf16", { ["fsdp.recompute"] 
   ["fsdp.param_dtype"] = "bf16" })
 compare("recompute mlp, a narrow MLP (attention holds the peak)", { ["fsdp.recompute"] = "mlp", ["model.intermediate_size"] = 32 })
 compare("a narrow MLP (intermediate 32)", { ["model.intermediate_size"] = 32 })
+-- packed rows: their doc_start and each position's place in its document
+compare("packed rows (data.pack)", { ["data.corpus"] = false, ["data.token_file"] = "packed.bin", ["data.pack"] = true })
 compare("a narrow MLP, checkpoint full", { ["model.intermediate_size"] = 32, ["fsdp.checkpoint"] = "full" })
 compare("a wide MLP, 8 heads of 16, checkpoint every 3rd", { ["model.intermediate_size"] = 1024,
   ["model.num_attention_heads"] = 8, ["model.num_key_value_heads"] = 8, ["fsdp.checkpoint"] = 3 })
