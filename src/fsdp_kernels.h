@@ -103,6 +103,11 @@ int fsdp_cuda_scale_add(void *y, float alpha, const void *x, int64_t n, fsdp_dty
 int fsdp_cuda_cross_entropy(double *loss_sum, int64_t *count, void *dlogits, const void *logits, const int32_t *targets,
                             int64_t n, int64_t vocab, int32_t ignore_index, float grad_scale, fsdp_dtype dtype,
                             fsdp_stream *s);
+/* as fsdp_token_logprobs (fsdp_ops.h): logits fp32 or bf16 (dlogits in
+ * their dtype, may alias them); logp, entropy, coef fp32; all device memory */
+int fsdp_cuda_token_logprobs(float *logp, float *entropy, void *dlogits, const void *logits, const int32_t *targets,
+                             const float *coef, int64_t n, int64_t vocab, int32_t ignore_index, fsdp_dtype dtype,
+                             fsdp_stream *s);
 /* optimizers on flat fp32 device shards; out (may be NULL) gets the new
  * values in out_dtype in the same pass (bf16: ties away from zero). Split
  * params (low not NULL, param NULL, out bf16): each fp32 param is out[i]

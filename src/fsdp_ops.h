@@ -88,6 +88,12 @@ int fsdp_scale_add(float *y, float alpha, const float *x, int64_t n);
  * NULL, may alias logits) = grad_scale (softmax - onehot), 0 on ignored rows */
 int fsdp_cross_entropy(double *loss_sum, int64_t *count, float *dlogits, const float *logits, const int32_t *targets,
                        int64_t n, int64_t vocab, int32_t ignore_index, float grad_scale);
+/* per row whose target is not ignore_index: logp = log softmax(logits)[t],
+ * entropy = -sum p log p (each may be NULL), and with coef (dL/dlogp per
+ * row) dlogits = coef (onehot(t) - softmax) (may be NULL, may alias
+ * logits); ignored rows get 0 (src/ops/token_logprobs.c) */
+int fsdp_token_logprobs(float *logp, float *entropy, float *dlogits, const float *logits, const int32_t *targets,
+                        const float *coef, int64_t n, int64_t vocab, int32_t ignore_index);
 
 /* ---- which OpenBLAS kernels the CPU GEMMs run on (src/ops/blas_core.c) - */
 /* The core OpenBLAS runs ("Haswell", "Prescott", ...). */

@@ -62,6 +62,13 @@ foreach(n 1 2 4)
            COMMAND $<TARGET_FILE:fsdprun> -n ${n} --timeout 120 ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_packing.lua)
   set_tests_properties(lua_packing_np${n} PROPERTIES LABELS multirank TIMEOUT 150)
 endforeach()
+# fsdp.engine and fsdp.losses: log-probs, a loss written over them trained
+# exactly (GRPO against the cross-entropy), the losses' derivatives
+foreach(n 1 2)
+  add_test(NAME lua_engine_np${n}
+           COMMAND $<TARGET_FILE:fsdprun> -n ${n} --timeout 120 ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_engine.lua)
+  set_tests_properties(lua_engine_np${n} PROPERTIES LABELS multirank TIMEOUT 150)
+endforeach()
 # the metrics plot (gnuplot)
 add_test(NAME plot_metrics COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_plot_metrics.sh ${CMAKE_SOURCE_DIR})
 set_tests_properties(plot_metrics PROPERTIES LABELS unit TIMEOUT 60 SKIP_RETURN_CODE 77)

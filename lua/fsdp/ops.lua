@@ -320,6 +320,20 @@ function M.cross_entropy(logits, targets, tdev, n, V, ignore_index, grad_scale)
   return base.f64(sum)
 end
 
+-- Per-token log-probabilities of the targets (post-training, fsdp.engine):
+-- logp and entropy (each may be nil) {n} fp32 tensors on the logits'
+-- device; with coef (dL/dlogp per row, on the logits' device) the logits
+-- are overwritten by the gradient coef (onehot - softmax) of a loss written
+-- over them. targets: the CPU tensor; on CUDA tdev is its device copy.
+function M.token_logprobs(logp, entropy, logits, targets, tdev, coef, n, V, ignore_index)
+  local lpp, enp, xp, tp, cp = ptrs("token log-probs", logp, entropy, logits, on_cuda(logits) and tdev or targets, coef)
+  if on_cuda(logits) then
+    return check(CU().fsdp_cuda_token_logprobs(lpp, enp, cp and xp or nil, xp, tp, cp, n, V, ignore_index, logits.dtype_id,
+      S()), "token log-probs")
+  end
+  check(C.fsdp_token_logprobs(lpp, enp, cp and xp or nil, xp, tp, cp, n, V, ignore_index), "token log-probs")
+end
+
 function M.tanh_forward(y, x)
   cpu_only(y, "Tanh")
   local yp, xp = ptrs("Tanh forward", y, x)
@@ -355,7 +369,7 @@ local dry = {
 }
 for _, name in ipairs({ "linear_forward", "linear_backward", "embedding_forward", "embedding_backward", "rmsnorm_forward",
   "rmsnorm_backward", "rope_tables", "rope", "attention_forward", "attention_backward", "attention_cached", "swiglu_forward",
-  "swiglu_backward", "add", "cross_entropy", "tanh_forward", "tanh_backward" }) do
+  "swiglu_backward", "add", "cross_entropy", "token_logprobs", "tanh_forward", "tanh_backward" }) do
   local work, shape_only = M[name], dry[name]
   M[name] = function(...)
     if tensor.is_counting() then

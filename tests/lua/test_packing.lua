@@ -31,14 +31,7 @@ local W, R = info.size, info.rank
 local T = dofile((arg[0]:match("^(.*/)") or "./") .. "testkit.lua")(string.format("test_packing rank %d/%d", R, W))
 local check = T.check
 
--- a small deterministic generator (the same on every rank)
-local function lcg(seed)
-  local s = seed
-  return function(n)
-    s = (s * 1103515245 + 12345) % 2147483648
-    return s % n
-  end
-end
+local lcg = T.lcg
 
 ---------------------------------------------------------------- 1. packing
 do
@@ -124,11 +117,7 @@ local V = cfg.vocab_size
 local mesh = fsdp.mesh({ { "dp", W }, { "solo", 1 } })
 local dp, solo = mesh:group("dp"), mesh:group("solo")
 
-local function ids_tensor(list, shape)
-  local t = fsdp.tensor(shape, "int32")
-  for i, v in ipairs(list) do t:set(i - 1, v) end
-  return t
-end
+local function ids_tensor(list, shape) return T.int32(fsdp, list, shape) end
 
 -- doc_start of rows of documents of these lengths
 local function starts_of(rows, S)

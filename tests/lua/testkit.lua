@@ -8,6 +8,8 @@
 --   T.joined(list, ...) -> a new list: the lists' items in order (a run's common arguments and its own)
 --   T.measured(fsdp, device, fn) -> the allocator's peak during fn(), its start, what stays (collector stopped)
 --   T.unit_bytes_diff(fsdp, s, p) -> where a sharded model's units hold other bytes than plan p says
+--   T.lcg(seed) -> rnd(n): integers in [0, n) from a small LCG, the same on every rank and machine
+--   T.int32(fsdp, list, shape) -> an int32 CPU tensor of the list's values
 return function(label)
   local T = { passed = 0, failed = 0 }
   function T.check(ok, what)
@@ -87,6 +89,18 @@ return function(label)
   -- fn() with the garbage collector stopped: the allocator's peak during
   -- it above its start, that start, and what stays allocated above it (activations are freed at their
   -- last use, not when Lua collects them)
+  function T.lcg(seed)
+    local st = seed
+    return function(n)
+      st = (st * 1103515245 + 12345) % 2147483648
+      return st % n
+    end
+  end
+  function T.int32(fsdp, list, shape)
+    local t = fsdp.tensor(shape, "int32")
+    for i, v in ipairs(list) do t:set(i - 1, v) end
+    return t
+  end
   function T.measured(fsdp, device, fn)
     collectgarbage()
     collectgarbage("stop")

@@ -483,23 +483,60 @@ function CausalLM:forward_loss(ctx, ids, targets, o)
     local gscale = count > 0 and (o.scale or 1) / count or 0
     local grad = not ctx.no_grad and ops.like(nf) or nil
     local parts = {}
+    if o.coef and o.coef:numel() ~= n then error(string.format("llama forward_loss: %d coefficients for %d positions", o.coef:numel(), n), 0) end
     for r0 = 0, n - 1, rows do
       local r = math.min(rows, n - r0)
       autograd.scope(function() -- one chunk's logits, turned into their gradient in place
         local logits = nn.call(ctx, head, "forward", nf:view(r0 * h, { r, h }))
-        parts[#parts + 1] = ops.cross_entropy(logits, targets:view(r0, r), o.targets_dev and o.targets_dev:view(r0, r), r,
-          V, ignore, gscale)
+        local tv, tdv = targets:view(r0, r), o.targets_dev and o.targets_dev:view(r0, r)
+        if o.coef then -- a loss written over the log-probs: its gradient, coef (onehot - softmax)
+          ops.token_logprobs(nil, nil, logits, tv, tdv, o.coef:view(r0, r), r, V, ignore)
+        else
+          parts[#parts + 1] = ops.cross_entropy(logits, tv, tdv, r, V, ignore, gscale)
+        end
         if grad then
           head.dx_into = grad:view(r0 * h, { r, h })
           nn.call(ctx, head, "backward", logits)
         end
       end)
     end
-    return ops.sum(parts), grad
+    return #parts > 0 and ops.sum(parts) or 0, grad
   end)
   self.dnf = dnf
-  if count == 0 then return 0, 0 end
+  if count == 0 or o.coef then return 0, count end
   return sum / count, count
+end
+
+-- Forward only (ctx.no_grad): each position's log-probability of its
+-- target (0 where the target is ignore_index) and, with o.entropy, the
+-- entropy of its distribution: fp32 {n} tensors on the model's device,
+-- computed over chunks of rows as forward_loss does (the full logits never
+-- exist). o.doc_start, o.targets_dev, o.chunk_bytes as there.
+function CausalLM:forward_logprobs(ctx, ids, targets, o)
+  ctx = ctx or nn.plain
+  o = o or {}
+  local cfg, head = self.cfg, self.children[2]
+  local ignore = o.ignore_index or -100
+  local V, h = cfg.vocab_size, cfg.hidden_size
+  pack(self, ids, o.doc_start)
+  return autograd.scope(function()
+    local nf = nn.forward_chain(ctx, trunk(self), ids)
+    local n = nf:numel() / h
+    count_targets(targets, n, V, ignore)
+    if nf.device == "cuda" and not o.targets_dev then error("llama forward_logprobs: on cuda the targets' device copy is needed", 0) end
+    local lp = tensor.new({ n }, "fp32", nf.device)
+    local en = o.entropy and tensor.new({ n }, "fp32", nf.device) or nil
+    local rows = M.loss_rows(n, V, nf.esize, o.chunk_bytes or M.loss_chunk_bytes)
+    for r0 = 0, n - 1, rows do
+      local r = math.min(rows, n - r0)
+      autograd.scope(function()
+        local logits = nn.call(ctx, head, "forward", nf:view(r0 * h, { r, h }))
+        ops.token_logprobs(lp:view(r0, r), en and en:view(r0, r), logits, targets:view(r0, r),
+          o.targets_dev and o.targets_dev:view(r0, r), nil, r, V, ignore)
+      end)
+    end
+    return lp, en
+  end)
 end
 -- chunk bytes of logits in forward_loss (the recipe's train.loss_chunk_mb)
 M.loss_chunk_bytes = 256 * 2 ^ 20
