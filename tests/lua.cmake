@@ -69,6 +69,10 @@ foreach(n 1 2)
            COMMAND $<TARGET_FILE:fsdprun> -n ${n} --timeout 120 ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_engine.lua)
   set_tests_properties(lua_engine_np${n} PROPERTIES LABELS multirank TIMEOUT 150)
 endforeach()
+# recipes/grpo_arith.lua: the RL loop in one job, its reward rising
+add_test(NAME grpo_arith COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_grpo_arith.sh $<TARGET_FILE:fsdprun>
+         ${CMAKE_SOURCE_DIR})
+set_tests_properties(grpo_arith PROPERTIES LABELS multirank TIMEOUT 300)
 # the metrics plot (gnuplot)
 add_test(NAME plot_metrics COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_plot_metrics.sh ${CMAKE_SOURCE_DIR})
 set_tests_properties(plot_metrics PROPERTIES LABELS unit TIMEOUT 60 SKIP_RETURN_CODE 77)
