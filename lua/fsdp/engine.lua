@@ -7,6 +7,7 @@
 --   local E = engine.new(sharded, cfg, {chunk_bytes = 256 * 2^20})
 --   local lp, ent = E:logprobs(batch, {entropy = true})
 --   local loss, norm, warn, stats = E:step({batch, ...}, losses.grpo{clip = 0.2, kl = 0.04}, {lr = 1e-5, ...})
+--   E:export_weights("out/", {dtype = "bf16"}) or E:export_weights(function(bucket) ... end, {bucket_bytes = 2^29})
 --
 -- A batch is {x = ids, y = targets (-100: no target), doc_start = packed
 -- rows' layout or nil, and the loss's own fields}: int32 {B, T} CPU
@@ -161,6 +162,22 @@ function Engine:step(batches, loss, opt)
     for i, name in ipairs(names) do stats[name] = t:get(i - 1) end
   end
   return value, norm, warn, stats
+end
+
+-- The full weights under their Hugging Face names, streamed one unit at a
+-- time in buckets of o.bucket_bytes (default 512 MiB), cast to o.dtype
+-- ("bf16", the default, or "fp32"), to consumer: a folder (safetensors
+-- files, the index, config.json and o.files, as the checkpoint's export
+-- writes them) or a function(bucket) called on rank 0 for each bucket
+-- ({tensors = {{name, shape, numel, offset}}, bytes, data, dtype}; data
+-- is valid only during the call). Collective. fsdp.weight_stream.
+function Engine:export_weights(consumer, o)
+  local ws = require "fsdp.weight_stream"
+  if type(consumer) == "string" then return ws.to_folder(self.s, self.cfg, consumer, o) end
+  if type(consumer) ~= "function" then
+    error("engine:export_weights: consumer must be a folder (a string) or a function(bucket)", 2)
+  end
+  return ws.stream(self.s, o, consumer)
 end
 
 return M

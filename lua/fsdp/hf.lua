@@ -332,4 +332,5 @@ function M.import(s, cfg, dir, o)
   return { notes = notes }
 end
 
+M.plan_files, M.header = plan_files, header -- (fsdp.weight_stream writes files as these do)
 return M

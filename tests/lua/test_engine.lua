@@ -17,10 +17,16 @@
 --    + 1e-8.
 -- 4. A DPO step runs; a loss returning the wrong coefficients is refused
 --    naming the micro-batch.
+-- 5. export_weights: to a callback, every tensor in model order in buckets
+--    of at most bucket_bytes (a larger tensor alone), its values the
+--    gathered ones; to a folder, the checkpoint export's files (bf16) byte
+--    for byte; the allocator's peak while streaming at most the largest
+--    unit's params; a failing consumer fails it on every rank.
 local fsdp = require "fsdp"
 local llama = require "fsdp.models.llama"
 local engine = require "fsdp.engine"
 local losses = require "fsdp.losses"
+local ffi = require "ffi"
 
 local info = fsdp.init()
 local W, R = info.size, info.rank
@@ -216,6 +222,68 @@ do
     string.format("dpo: at the reference the loss is log 2 (%.9f), a gradient (%.3g)", l, norm))
   T.fails(function() E:step({ b }, function(lp) return 0, fsdp.tensor(lp:numel() - 1) end, {}) end,
     "for micro-batch 1; expected a number and a tensor of", "a loss with the wrong coefficients is refused")
+  m:free()
+end
+
+---------------------------------------------------------------- 5. streamed weights
+do
+  local hf = require "fsdp.hf"
+  local m = fsdp.fully_shard(llama.model(cfg), { shard = dp, units = llama.units, zero = 3, seed = 11 })
+  local E = engine.new(m, cfg)
+  pcall(ffi.cdef, "int getppid(void);")
+  local dir = string.format("/tmp/fsdp-test-engine-%d", ffi.C.getppid()) -- (fsdprun's: the same on every rank)
+  if R == 0 then os.execute("rm -rf '" .. dir .. "' && mkdir -p '" .. dir .. "'") end
+  -- the callback: buckets in model order, none over bucket_bytes unless one tensor alone, all names
+  local names, seen, over, big = {}, {}, 0, 0
+  for _, u in ipairs(m.units) do for _, p in ipairs(u.params) do names[#names + 1] = p.name end end
+  local largest_unit = 0
+  for _, u in ipairs(m.units) do
+    local n = 0
+    for _, p in ipairs(u.params) do n = n + p.spec.numel end
+    largest_unit = math.max(largest_unit, n * 4)
+  end
+  local values = {}
+  local stats = E:export_weights(function(bucket)
+    if bucket.bytes > 2000 and #bucket.tensors > 1 then over = over + 1 end
+    big = math.max(big, bucket.bytes)
+    for _, t in ipairs(bucket.tensors) do
+      seen[#seen + 1] = t.name
+      local f = ffi.cast("float *", bucket.data + t.offset)
+      values[t.name] = { f[0], f[t.numel - 1], t.numel }
+    end
+  end, { dtype = "fp32", bucket_bytes = 2000 })
+  local gathered = {}
+  for _, name in ipairs(names) do gathered[name] = m:gather(name) end -- (collective: every rank)
+  if R == 0 then
+    check(#seen == #names and over == 0 and stats.buckets > 3, string.format("export_weights: %d of %d tensors in %d " ..
+      "buckets, %d over 2000 bytes with more than one tensor", #seen, #names, stats.buckets, over))
+    local same = true
+    for i, name in ipairs(names) do
+      local g, v = gathered[name], values[name]
+      same = same and seen[i] == name and v and v[1] == g[1] and v[2] == g[#g] and v[3] == #g
+    end
+    check(same, "export_weights: every tensor in model order, its values the gathered ones")
+  end
+  -- the folder: the same files as the checkpoint's export (bf16), byte for byte
+  E:export_weights(dir .. "/streamed", { dtype = "bf16", bucket_bytes = 3000 })
+  hf.export(m, cfg, dir .. "/export", { dtype = "bf16", shard_bytes = 3000 })
+  if R == 0 then
+    local p = io.popen("cd '" .. dir .. "' && for f in export/*; do cmp -s \"$f\" \"streamed/${f#export/}\" || echo \"$f\"; done; " ..
+      "ls export | wc -l; ls streamed | wc -l")
+    local out = p:read("*a")
+    p:close()
+    local differ, a, b = out:match("^(.-)(%d+)\n(%d+)\n$")
+    check(differ == "" and a == b and tonumber(a) > 3, "export_weights to a folder: the checkpoint export's files byte " ..
+      "for byte (" .. out:gsub("\n", " ") .. ")")
+    os.execute("rm -rf '" .. dir .. "'")
+  end
+  -- a consumer that fails: every rank raises, naming it
+  -- memory: the allocator's peak above its start while streaming, at most one unit's full params
+  local peak = T.measured(fsdp, "cpu", function() E:export_weights(function() end, { bucket_bytes = 2000 }) end)
+  check(peak <= largest_unit, string.format("export_weights holds at most one unit: %d bytes at its peak, the largest " ..
+    "unit %d", peak, largest_unit))
+  T.fails(function() E:export_weights(function() error("disk full") end, { bucket_bytes = 2000 }) end,
+    R == 0 and "disk full" or "export_weights: rank 0 failed", "a failing consumer fails the export on every rank")
   m:free()
 end
 
