@@ -91,6 +91,11 @@ int fsdp_pool_peak(const fsdp_pool *p);
 /* Reallocate the pool's buffers with fsdp_comm_mem_alloc and register them
  * with c in `mode` (before any is acquired; collective for windows). */
 int fsdp_pool_register(fsdp_pool *p, fsdp_comm *c, int mode);
+/* Phase offload (fsdp.engine): park frees every buffer (none may be
+ * taken; each waited for), unpark allocates them again; acquiring from a
+ * parked pool is refused. Not for registered pools. */
+int fsdp_pool_park(fsdp_pool *p);
+int fsdp_pool_unpark(fsdp_pool *p);
 
 typedef enum { FSDP_OFFLOAD_OPTIMIZER = 1, FSDP_OFFLOAD_PARAMS = 2, FSDP_OFFLOAD_GRADS = 4 } fsdp_offload_bits;
 typedef struct fsdp_unit_config {
@@ -327,6 +332,22 @@ typedef struct fsdp_unit_memory {
                              host staging of the compute shard */
 } fsdp_unit_memory;
 int fsdp_unit_memory_info(const fsdp_unit *u, fsdp_unit_memory *out);
+
+/* Phase offload (post-training, fsdp.engine: the device freed while a
+ * rollout engine generates). offload: with the unit at rest (its pending
+ * step applied, params sharded or resident, grads clean), every row it
+ * holds on its device (params, grads, optimizer state) is copied to host
+ * memory (pinned on a GPU) and its device memory freed, its shares of the
+ * comms' scratch given back. onload: the rows back in new device memory,
+ * bit for bit; params_only: the rows that hold the compute params alone (a
+ * forward-only phase), the rest left in host memory until a full onload.
+ * While a row is off the device the calls that need it are refused
+ * (FSDP_ESTATE, naming the unit). Not with registered buffers
+ * (fsdp.comm_register). Both are idempotent. */
+typedef enum { FSDP_PLACED_DEVICE = 0, FSDP_PLACED_PARAMS = 1, FSDP_PLACED_HOST = 2 } fsdp_unit_placement;
+int fsdp_unit_offload(fsdp_unit *u);
+int fsdp_unit_onload(fsdp_unit *u, int params_only);
+int fsdp_unit_placement_get(const fsdp_unit *u);
 
 /* A unit's training state, for checkpoints (src/shard/unit_state.c): the
  * fp32 main params and the optimizer's arrays (AdamW: exp_avg, exp_avg_sq;

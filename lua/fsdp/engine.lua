@@ -8,6 +8,7 @@
 --   local lp, ent = E:logprobs(batch, {entropy = true})
 --   local loss, norm, warn, stats = E:step({batch, ...}, losses.grpo{clip = 0.2, kl = 0.04}, {lr = 1e-5, ...})
 --   E:export_weights("out/", {dtype = "bf16"}) or E:export_weights(function(bucket) ... end, {bucket_bytes = 2^29})
+--   E:offload(); ...; E:onload() (or E:onload({params_only = true}) for forwards only)
 --
 -- A batch is {x = ids, y = targets (-100: no target), doc_start = packed
 -- rows' layout or nil, and the loss's own fields}: int32 {B, T} CPU
@@ -163,6 +164,14 @@ function Engine:step(batches, loss, opt)
   end
   return value, norm, warn, stats
 end
+
+-- Phase offload: the params, grads and optimizer state in host memory and
+-- the device's memory given back (while a rollout engine generates), then
+-- onload: everything, or with o.params_only the compute params alone (a
+-- forward-only phase: logprobs, sampling); a step needs a full onload. Not
+-- collective; fully_shard's offload and onload.
+function Engine:offload() return self.s:offload() end
+function Engine:onload(o) return self.s:onload(o and o.params_only) end
 
 -- The full weights under their Hugging Face names, streamed one unit at a
 -- time in buckets of o.bucket_bytes (default 512 MiB), cast to o.dtype

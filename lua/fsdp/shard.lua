@@ -439,6 +439,33 @@ function Sharded:train_step(batches, opt)
   return loss, norm
 end
 
+-- Phase offload (fsdp.engine, post-training): every unit's params, grads
+-- and optimizer state copied to host memory and their device memory freed
+-- (fsdp_unit_offload), the pools' full buffers and the allocator's cached
+-- blocks given back; onload(params_only) brings back everything, or the
+-- compute params alone for a forward-only phase (no grads, no optimizer:
+-- a step then needs onload()). Training after onload() goes on bit for bit.
+-- Not collective. Returns the bytes the allocator holds afterwards.
+function Sharded:offload()
+  live(self, "offload")
+  self:synchronize()
+  for _, u in ipairs(self.units) do check(C.fsdp_unit_offload(u.handle), "unit '" .. u.name .. "' offload") end
+  if self.ppool ~= nil then check(C.fsdp_pool_park(self.ppool), "offload: the param pool") end
+  if self.gpool ~= nil then check(C.fsdp_pool_park(self.gpool), "offload: the grad pool") end
+  check(C.fsdp_memory_empty_cache(self.device == "cuda" and C.FSDP_CUDA or C.FSDP_CPU), "offload: the allocator's cache")
+  self.placed = "host"
+end
+
+function Sharded:onload(params_only)
+  live(self, "onload")
+  if self.ppool ~= nil then check(C.fsdp_pool_unpark(self.ppool), "onload: the param pool") end
+  if self.gpool ~= nil and not params_only then check(C.fsdp_pool_unpark(self.gpool), "onload: the grad pool") end
+  for _, u in ipairs(self.units) do
+    check(C.fsdp_unit_onload(u.handle, params_only and 1 or 0), "unit '" .. u.name .. "' onload")
+  end
+  self.placed = params_only and "params" or nil
+end
+
 -- Forward only over batches, under the same schedule (no grads, no
 -- reduction): the mean of lossfn(y, batch) over batches and data-parallel
 -- ranks (opt.forward_loss(model, ctx, batch, 1): the model's own forward

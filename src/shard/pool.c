@@ -100,6 +100,28 @@ int fsdp_pool_destroy(fsdp_pool *p) {
   return FSDP_OK;
 }
 
+int fsdp_pool_park(fsdp_pool *p) {
+  if (!p) return fsdp_fail(FSDP_EINVAL, "pool_park: NULL pool");
+  if (p->comm) return fsdp_fail(FSDP_EUNSUPPORTED, "pool_park: the pool's buffers are registered with a comm "
+                                "(fsdp.comm_register): they cannot be freed and made again");
+  for (int i = 0; i < p->nslots; i++)
+    if (p->taken[i]) return fsdp_fail(FSDP_ESTATE, "pool_park: buffer %d is in use (a unit is gathered): reshard first", i);
+  for (int i = 0; i < p->nslots; i++) {
+    if (!p->buf[i]) continue;
+    FSDP_CHECK(fsdp_event_synchronize(p->released[i])); /* its last user is done with it */
+    fsdp_free(p->device, p->buf[i]);
+    p->buf[i] = NULL;
+  }
+  return FSDP_OK;
+}
+
+int fsdp_pool_unpark(fsdp_pool *p) {
+  if (!p) return fsdp_fail(FSDP_EINVAL, "pool_unpark: NULL pool");
+  for (int i = 0; i < p->nslots; i++)
+    if (!p->buf[i]) FSDP_CHECK(fsdp_alloc(p->device, (size_t)p->bytes[i], &p->buf[i]));
+  return FSDP_OK;
+}
+
 int fsdp_pool_acquire(fsdp_pool *p, size_t bytes, fsdp_stream *user, int *slot, void **ptr) {
   int64_t largest = 0;
   for (int i = 0; i < p->nslots; i++)
@@ -109,6 +131,7 @@ int fsdp_pool_acquire(fsdp_pool *p, size_t bytes, fsdp_stream *user, int *slot, 
                      (long long)largest);
   int i = fsdp_pool_pick(p->nslots, p->bytes, p->taken, (int64_t)bytes);
   if (i < 0) return FSDP_DEFERRED; /* no free buffer fits */
+  if (!p->buf[i]) return fsdp_fail(FSDP_ESTATE, "pool: its buffers are in host memory (offloaded): onload first");
   /* A buffer is free once given back, which is when its last collective
    * is issued, not done: the unit just resharded or reduced gives back a
    * buffer still being read. Of the free ones of the size the pick chose

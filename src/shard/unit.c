@@ -41,7 +41,7 @@ static int check_spec(const fsdp_unit_spec *sp) {
 
 /* ---- a row of the plan: allocate, free ---- */
 
-static int alloc_zeroed(int device, size_t bytes, void **out) {
+int fsdp_unit_alloc_zeroed(int device, size_t bytes, void **out) {
   FSDP_CHECK(fsdp_alloc(device, bytes, out));
   if (device == FSDP_CUDA) return fsdp_memset(*out, 0, bytes, NULL);
   memset(*out, 0, bytes ? bytes : 1);
@@ -52,7 +52,7 @@ static int alloc_zeroed(int device, size_t bytes, void **out) {
  * registered with it when the config asks (fsdp.comm_register) */
 static int alloc_comm(fsdp_unit *u, fsdp_comm *c, size_t bytes, void **out) {
   int mode = u->cfg.comm_register;
-  if (!mode) return alloc_zeroed(u->device, bytes, out);
+  if (!mode) return fsdp_unit_alloc_zeroed(u->device, bytes, out);
   FSDP_CHECK(fsdp_comm_mem_alloc(c, mode, bytes, out));
   u->registered_with[u->nregistrations] = c;
   return fsdp_comm_register(c, *out, bytes, mode, &u->registrations[u->nregistrations++]);
@@ -75,7 +75,7 @@ static int alloc_row(fsdp_unit *u, int row, fsdp_comm *c, void **rows, void **ou
     return FSDP_OK;
   }
   if (b->held == FSDP_HELD_DEVICE && b->comm) return alloc_comm(u, c, bytes, out);
-  return alloc_zeroed(u->device, bytes, out);
+  return fsdp_unit_alloc_zeroed(u->device, bytes, out);
 }
 
 static void free_row(fsdp_unit *u, int row, fsdp_comm *c, void *p) {
@@ -92,12 +92,9 @@ static fsdp_comm *comm_of(const fsdp_unit *u, int row) {
   return row == FSDP_UBUF_GRADS_FULL ? u->reduce_comm : u->shard_comm;
 }
 
-static int alloc_rows(fsdp_unit *u) {
-  void *rows[FSDP_UBUF_COUNT] = {0};
-  /* held rows first, then the aliases of any of them */
-  for (int alias = 0; alias <= 1; alias++)
-    for (int i = 0; i < FSDP_UBUF_COUNT; i++)
-      if ((u->plan.rows[i].held == FSDP_HELD_ALIAS) == alias) FSDP_CHECK(alloc_row(u, i, comm_of(u, i), rows, &rows[i]));
+/* the unit's fields from the rows' memory, by fsdp_unit_buffer (aliases
+ * resolved by the caller) */
+void fsdp_unit_rows_set(fsdp_unit *u, void *const rows[FSDP_UBUF_COUNT]) {
   if (u->main_split) u->main_low = rows[FSDP_UBUF_MAIN_PARAMS];
   else u->main_params = rows[FSDP_UBUF_MAIN_PARAMS];
   u->opt1 = rows[FSDP_UBUF_OPT1];
@@ -110,14 +107,31 @@ static int alloc_rows(fsdp_unit *u) {
   u->grads_full = rows[FSDP_UBUF_GRADS_FULL];
   u->host_stage = rows[FSDP_UBUF_HOST_STAGE];
   u->grads_sum = rows[FSDP_UBUF_GRADS_SUM];
+}
+
+/* the rows' memory from the unit's fields (an alias row: its target's) */
+void fsdp_unit_rows_get(const fsdp_unit *u, void *rows[FSDP_UBUF_COUNT]) {
+  void *main = u->main_split ? (void *)u->main_low : (void *)u->main_params;
+  void *r[FSDP_UBUF_COUNT] = {main,           u->opt1,        u->opt2,       u->main_grads, NULL,
+                              u->param_shard, u->params_full, u->grads_full, u->host_stage, u->grads_sum};
+  if (u->grad_accum != u->main_grads) r[FSDP_UBUF_GRAD_ACCUM] = u->grad_accum; /* (NULL: compact) */
+  memcpy(rows, r, sizeof r);
+}
+
+static int alloc_rows(fsdp_unit *u) {
+  void *rows[FSDP_UBUF_COUNT] = {0};
+  /* held rows first, then the aliases of any of them */
+  for (int alias = 0; alias <= 1; alias++)
+    for (int i = 0; i < FSDP_UBUF_COUNT; i++)
+      if ((u->plan.rows[i].held == FSDP_HELD_ALIAS) == alias) FSDP_CHECK(alloc_row(u, i, comm_of(u, i), rows, &rows[i]));
+  fsdp_unit_rows_set(u, rows);
   return FSDP_OK;
 }
 
 static void free_rows(fsdp_unit *u) {
-  void *main = u->main_split ? (void *)u->main_low : (void *)u->main_params;
-  void *rows[FSDP_UBUF_COUNT] = {main,           u->opt1,        u->opt2,       u->main_grads, NULL,
-                                 u->param_shard, u->params_full, u->grads_full, u->host_stage, u->grads_sum};
-  if (u->grad_accum != u->main_grads) rows[FSDP_UBUF_GRAD_ACCUM] = u->grad_accum; /* (NULL: compact) */
+  void *rows[FSDP_UBUF_COUNT]; /* (rows offloaded by fsdp_unit_offload are NULL here, their host copies in u->parked) */
+  fsdp_unit_rows_get(u, rows);
+  fsdp_unit_phase_free(u);
   for (int i = 0; i < u->nregistrations; i++) fsdp_comm_deregister(u->registered_with[i], u->registrations[i]);
   for (int i = 0; i < FSDP_UBUF_COUNT; i++) free_row(u, i, comm_of(u, i), rows[i]);
 }
@@ -225,7 +239,7 @@ static int build(fsdp_unit *u, const fsdp_unit_spec *sp) {
     u->holds_gather_stage = 1;
   }
   if (u->offload) FSDP_CHECK(fsdp_offload_attach(u));
-  if (p->norm_sums) FSDP_CHECK(alloc_zeroed(u->device, (size_t)p->norm_sums, &u->norm_device));
+  if (p->norm_sums) FSDP_CHECK(fsdp_unit_alloc_zeroed(u->device, (size_t)p->norm_sums, &u->norm_device));
   FSDP_CHECK(fsdp_event_create(u->device, &u->gathered));
   FSDP_CHECK(fsdp_event_create(u->device, &u->handoff));
   if ((u->reduce_comm != u->shard_comm || u->grads_compact) && u->device == FSDP_CUDA)
@@ -284,8 +298,9 @@ int fsdp_unit_destroy(fsdp_unit *u) {
   if (u->outer_comm) fsdp_stream_synchronize(u->outer_comm->stream);
   if (u->param_slot >= 0) fsdp_pool_give_back(u->param_pool, u->param_slot, NULL);
   if (u->grad_slot >= 0) fsdp_pool_give_back(u->grad_pool, u->grad_slot, NULL);
-  if (u->holds_reduce_scratch) fsdp_comm_scratch_release(u->reduce_comm);
-  if (u->holds_gather_stage) fsdp_comm_scratch_release(u->shard_comm);
+  /* the scratch shares it holds where it is (unit_phase.c) */
+  if (u->holds_reduce_scratch && u->placed == FSDP_PLACED_DEVICE) fsdp_comm_scratch_release(u->reduce_comm);
+  if (u->holds_gather_stage && u->placed != FSDP_PLACED_HOST) fsdp_comm_scratch_release(u->shard_comm);
   free_rows(u);
   fsdp_free(u->device, u->norm_device);
   fsdp_event_destroy(u->gathered);

@@ -117,6 +117,7 @@ int fsdp_unit_probe(fsdp_unit *u, int which, fsdp_event *begin, fsdp_event *end)
 
 int fsdp_unit_unshard(fsdp_unit *u) {
   fsdp_heartbeat_pulse(); /* a unit reached is progress, even where no collective runs (one rank) */
+  FSDP_CHECK(fsdp_unit_placed_check(u, 0, "unshard()"));
   FSDP_CHECK(fsdp_unit_settle(u));
   if (u->params_state != FSDP_PARAMS_SHARDED) return FSDP_OK; /* resident, or on its way */
   fsdp_stream *cs = u->shard_comm->stream;
@@ -174,6 +175,7 @@ void *fsdp_unit_params(fsdp_unit *u) { return u->cfg.zero == 3 ? u->gathered_par
 
 int fsdp_unit_param_view(fsdp_unit *u, int param, int which, int ndim, const int64_t *shape, fsdp_tensor *out) {
   if (!u || !out) return fsdp_fail(FSDP_EINVAL, "unit_param_view: NULL unit or out");
+  FSDP_CHECK(fsdp_unit_placed_check(u, which == FSDP_VIEW_GRAD, "param_view()"));
   FSDP_CHECK(fsdp_unit_settle(u));
   if (param < 0 || param >= u->nparams)
     return fsdp_fail(FSDP_EINVAL, "unit '%s': parameter %d does not exist (it has %d)", u->name, param, u->nparams);

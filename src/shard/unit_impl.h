@@ -1,6 +1,7 @@
 /* unit_impl.h: an FSDP unit's fields, and how its files call one another.
  *
  * One unit, eight files, each one idea, calls going down this list only:
+ *   unit_phase.c   offload / onload of the whole state     -> apply, unit
  *   unit_state.c   training state for checkpoints         -> apply, comm, unit
  *   unit_step.c    grad norm, zero_grad, the step's entry  -> apply, comm, unit
  *   unit_comm.c    gather / reduce on the comm streams, views -> apply, offload, update, unit
@@ -134,6 +135,11 @@ struct fsdp_unit {
   fsdp_event *grads_reduced, *grads_moved, *shard_uploaded; /* GPU */
   int step_pending;       /* a step is queued on the host stream, not yet settled */
   int grads_stale;        /* main_grads hold grads a step already used (no reduce since) */
+
+  /* phase offload (unit_phase.c): where its device rows are (fsdp_unit_placement),
+   * and the host copies of those moved off the device */
+  int placed;
+  void *parked[FSDP_UBUF_COUNT];
 };
 
 /* The reduce comm's shared fp32 scratch (at least shard_numel floats): the
@@ -148,7 +154,21 @@ int fsdp_unit_check(const fsdp_unit *u, unit_event e);
 /* the state e leads to, once the operation it names has succeeded */
 void fsdp_unit_enter(fsdp_unit *u, unit_event e);
 
+/* FSDP_OK when the unit's placement allows the call (what: its name),
+ * else FSDP_ESTATE naming the unit: need_all 1 for everything on the
+ * device (grads, reductions, steps, state), 0 for the params alone */
+int fsdp_unit_placed_check(const fsdp_unit *u, int need_all, const char *what);
+
+/* ---- unit_phase.c ---- */
+/* frees the host copies of offloaded rows (destroy) */
+void fsdp_unit_phase_free(fsdp_unit *u);
+
 /* ---- unit.c ---- */
+/* the unit's row pointers, by fsdp_unit_buffer: read, and set from an array */
+void fsdp_unit_rows_get(const fsdp_unit *u, void *rows[FSDP_UBUF_COUNT]);
+void fsdp_unit_rows_set(fsdp_unit *u, void *const rows[FSDP_UBUF_COUNT]);
+/* device memory of bytes, zeroed */
+int fsdp_unit_alloc_zeroed(int device, size_t bytes, void **out);
 /* the element ranges this rank's optimizer holds (to_save 0), or saves: see
  * fsdp_unit_state_pieces; a malloc'ed array in *out, its length returned */
 int fsdp_unit_owned_pieces(const fsdp_unit *u, fsdp_layout_piece **out);

@@ -15,7 +15,8 @@
  *
  * An operation checks its event first (fsdp_unit_check) and enters the new
  * state only once it has succeeded (fsdp_unit_enter), so a refused or
- * failed call leaves the unit as it was. */
+ * failed call leaves the unit as it was. Before either, the unit's rows
+ * must be on the device (fsdp_unit_placed_check: phase offload). */
 #include "../base/error.h"
 #include "../fsdp_shard.h"
 #include "unit_impl.h"
@@ -75,8 +76,20 @@ static const char *advice(unit_event e, int state) {
   }
 }
 
+/* where the rows are (unit_phase.c): every call needs its params on the
+ * device, the grads' calls (and the state's) everything */
+static const char *const placed_names[] = {"on the device", "on the device for forwards only (its params)",
+                                           "in host memory (offloaded)"};
+
+int fsdp_unit_placed_check(const fsdp_unit *u, int need_all, const char *what) {
+  if (u->placed == FSDP_PLACED_DEVICE || (!need_all && u->placed == FSDP_PLACED_PARAMS)) return FSDP_OK;
+  return fsdp_fail(FSDP_ESTATE, "unit '%s': %s while its state is %s: onload()%s first", u->name, what,
+                   placed_names[u->placed], need_all && u->placed == FSDP_PLACED_PARAMS ? " of everything" : "");
+}
+
 int fsdp_unit_check(const fsdp_unit *u, unit_event e) {
   int params = e < GRADS_FIRST;
+  FSDP_CHECK(fsdp_unit_placed_check(u, !params, event_names[e]));
   int state = params ? u->params_state : u->grads_state;
   int next = params ? params_next[e][state] : grads_next[e - GRADS_FIRST][state];
   if (next >= 0) return FSDP_OK;

@@ -26,6 +26,7 @@ static int state_buffer(fsdp_unit *u, int kind, int64_t off, int64_t n, float **
 int fsdp_unit_state_get(fsdp_unit *u, int kind, int64_t off, int64_t n, float *dst) {
   float *src = NULL;
   FSDP_CHECK(state_buffer(u, kind, off, n, &src));
+  FSDP_CHECK(fsdp_unit_placed_check(u, 1, "state_get()"));
   if (n && !dst) return fsdp_fail(FSDP_EINVAL, "unit_state_get: NULL destination");
   /* the last step's optimizer work (kernels on the shard stream) first */
   FSDP_CHECK(fsdp_unit_synchronize(u));
@@ -36,6 +37,7 @@ int fsdp_unit_state_get(fsdp_unit *u, int kind, int64_t off, int64_t n, float *d
 int fsdp_unit_state_set(fsdp_unit *u, int kind, int64_t off, int64_t n, const float *src) {
   float *dst = NULL;
   FSDP_CHECK(state_buffer(u, kind, off, n, &dst));
+  FSDP_CHECK(fsdp_unit_placed_check(u, 1, "state_set()"));
   if (n && !src) return fsdp_fail(FSDP_EINVAL, "unit_state_set: NULL source");
   FSDP_CHECK(fsdp_unit_synchronize(u));
   if (!n) return FSDP_OK;
@@ -44,6 +46,7 @@ int fsdp_unit_state_set(fsdp_unit *u, int kind, int64_t off, int64_t n, const fl
 
 int fsdp_unit_state_publish(fsdp_unit *u) {
   if (!u) return fsdp_fail(FSDP_EINVAL, "unit_state_publish: NULL unit");
+  FSDP_CHECK(fsdp_unit_placed_check(u, 1, "state_publish()"));
   FSDP_CHECK(fsdp_unit_synchronize(u));
   FSDP_CHECK(fsdp_unit_publish_params(u));
   return fsdp_unit_synchronize(u);

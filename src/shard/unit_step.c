@@ -40,6 +40,7 @@ static fsdp_stream *last_stream(const fsdp_unit *u) {
 
 int fsdp_unit_grad_norm_start(fsdp_unit *u) {
   if (!u) return fsdp_fail(FSDP_EINVAL, "unit_grad_norm_start: NULL unit");
+  FSDP_CHECK(fsdp_unit_placed_check(u, 1, "grad_norm_start()"));
   fsdp_stream *s = last_stream(u);
   if (u->device == FSDP_CPU) { /* a task behind the reduction on the comm worker */
     u->norm_status = FSDP_OK;
@@ -56,6 +57,7 @@ int fsdp_unit_grad_norm_start(fsdp_unit *u) {
 
 int fsdp_unit_grad_norm_get(fsdp_unit *u, double *sum, int64_t *nonfinite) {
   if (!u || !sum || !nonfinite) return fsdp_fail(FSDP_EINVAL, "unit_grad_norm_get: NULL argument");
+  FSDP_CHECK(fsdp_unit_placed_check(u, 1, "grad_norm_get()"));
   FSDP_CHECK(fsdp_unit_synchronize(u));
   int pending = u->norm_pending;
   u->norm_pending = 0;
@@ -103,6 +105,7 @@ static int drop_unreduced(fsdp_unit *u) {
 }
 
 int fsdp_unit_zero_grad(fsdp_unit *u) {
+  FSDP_CHECK(fsdp_unit_placed_check(u, 1, "zero_grad()"));
   FSDP_CHECK(fsdp_unit_synchronize(u));
   u->sum_pending = 0; /* a micro-batch sum begun (zero 0-1, fp32 sums) starts again */
   FSDP_CHECK(drop_unreduced(u));

@@ -43,6 +43,7 @@ int main(void) {
   SIZE(fsdp_unit_state_kind);
   SIZE(fsdp_unit_params_state);
   SIZE(fsdp_unit_grads_state);
+  SIZE(fsdp_unit_placement);
   SIZE(fsdp_unit_probe_kind);
   SIZE(fsdp_token_format);
   printf("},\noffsets = {\n");
@@ -219,6 +220,9 @@ int main(void) {
   CONST(FSDP_GRADS_CLEAN);
   CONST(FSDP_GRADS_ACCUMULATING);
   CONST(FSDP_GRADS_REDUCED);
+  CONST(FSDP_PLACED_DEVICE);
+  CONST(FSDP_PLACED_PARAMS);
+  CONST(FSDP_PLACED_HOST);
   CONST(FSDP_PROBE_GATHER);
   CONST(FSDP_PROBE_REDUCE);
   CONST(FSDP_CPU);
