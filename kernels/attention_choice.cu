@@ -1,5 +1,6 @@
 // attention_choice.cu: which attention kernels run a call, and the public
-// entry points fsdp_cuda_attention_forward / _backward.
+// entry points fsdp_cuda_attention_forward / _backward (and their packed-row
+// _docs twins).
 //
 // AUTO (the default): cuDNN's fused flash attention where it takes the call
 // (bf16, head_dim a multiple of 8, libcudnn 9 present, a plan for the
@@ -10,7 +11,9 @@
 // The environment's FSDP_ATTENTION=auto|cudnn|own|tc|simple sets the start.
 // All three families keep the same lse, so a backward may run on another
 // family than its forward did (e.g. cuDNN has a forward plan for a shape
-// and no backward one).
+// and no backward one). Packed rows (the _docs entry points) run on our
+// fp32 CUDA-core kernels whatever the choice: the other families take no
+// doc_start.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -125,7 +128,8 @@ extern "C" int fsdp_cuda_attention_forward(void *out, float *lse, const void *q,
     return fsdp_attention_cudnn_forward(out, lse, q, k, v, batch, seq, heads, kv_heads, head_dim, stream_of(s));
   if (kind == FSDP_ATTN_TENSOR_CORES)
     return fsdp_attention_tc_forward(out, lse, q, k, v, batch, seq, heads, kv_heads, head_dim, stream_of(s));
-  return fsdp_attention_simple_forward(out, lse, q, k, v, batch, seq, heads, kv_heads, head_dim, dtype, stream_of(s));
+  return fsdp_attention_simple_forward(out, lse, q, k, v, nullptr, batch, seq, heads, kv_heads, head_dim, dtype,
+                                       stream_of(s));
 }
 
 extern "C" int fsdp_cuda_attention_backward(void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
@@ -146,6 +150,29 @@ extern "C" int fsdp_cuda_attention_backward(void *dq, void *dk, void *dv, const 
   if (kind == FSDP_ATTN_TENSOR_CORES)
     return fsdp_attention_tc_backward(dq, dk, dv, dout, q, k, v, out, lse, batch, seq, heads, kv_heads, head_dim,
                                       stream_of(s));
-  return fsdp_attention_simple_backward(dq, dk, dv, dout, q, k, v, out, lse, batch, seq, heads, kv_heads, head_dim,
-                                        dtype, stream_of(s));
+  return fsdp_attention_simple_backward(dq, dk, dv, dout, q, k, v, out, lse, nullptr, batch, seq, heads, kv_heads,
+                                        head_dim, dtype, stream_of(s));
+}
+
+extern "C" int fsdp_cuda_attention_forward_docs(void *out, float *lse, const void *q, const void *k, const void *v,
+                                                const int32_t *doc_start, int64_t batch, int64_t seq, int64_t heads,
+                                                int64_t kv_heads, int64_t head_dim, fsdp_dtype dtype, fsdp_stream *s) {
+  const char *what = "cuda attention docs";
+  FSDP_CHECK(fsdp_attention_check_args(batch, seq, heads, kv_heads, head_dim, dtype, what));
+  if (batch * seq == 0) return FSDP_OK;
+  FSDP_NEED_PTRS(what, out, lse, q, k, v, doc_start);
+  return fsdp_attention_simple_forward(out, lse, q, k, v, doc_start, batch, seq, heads, kv_heads, head_dim, dtype,
+                                       stream_of(s));
+}
+
+extern "C" int fsdp_cuda_attention_backward_docs(void *dq, void *dk, void *dv, const void *dout, const void *q,
+                                                 const void *k, const void *v, const void *out, const float *lse,
+                                                 const int32_t *doc_start, int64_t batch, int64_t seq, int64_t heads,
+                                                 int64_t kv_heads, int64_t head_dim, fsdp_dtype dtype, fsdp_stream *s) {
+  const char *what = "cuda attention docs backward";
+  FSDP_CHECK(fsdp_attention_check_args(batch, seq, heads, kv_heads, head_dim, dtype, what));
+  if (batch * seq == 0) return FSDP_OK;
+  FSDP_NEED_PTRS(what, dq, dk, dv, dout, q, k, v, out, lse, doc_start);
+  return fsdp_attention_simple_backward(dq, dk, dv, dout, q, k, v, out, lse, doc_start, batch, seq, heads, kv_heads,
+                                        head_dim, dtype, stream_of(s));
 }

@@ -18,12 +18,15 @@ extern "C" {
 
 /* the arguments every family accepts (else FSDP_EINVAL naming `what`) */
 int fsdp_attention_check_args(int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, int32_t dtype, const char *what);
-/* the fp32 CUDA-core kernels: fp32 or bf16, any head_dim up to 256 */
-int fsdp_attention_simple_forward(void *out, float *lse, const void *q, const void *k, const void *v, int64_t B,
-                                  int64_t T, int64_t H, int64_t Hkv, int64_t D, int32_t dtype, void *stream);
+/* the fp32 CUDA-core kernels: fp32 or bf16, any head_dim up to 256;
+ * doc_start [B, T] on the device (packed rows: query i sees keys
+ * doc_start[i] .. i) or NULL (causal) */
+int fsdp_attention_simple_forward(void *out, float *lse, const void *q, const void *k, const void *v,
+                                  const int32_t *doc_start, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
+                                  int32_t dtype, void *stream);
 int fsdp_attention_simple_backward(void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
-                                   const void *v, const void *out, const float *lse, int64_t B, int64_t T, int64_t H,
-                                   int64_t Hkv, int64_t D, int32_t dtype, void *stream);
+                                   const void *v, const void *out, const float *lse, const int32_t *doc_start, int64_t B,
+                                   int64_t T, int64_t H, int64_t Hkv, int64_t D, int32_t dtype, void *stream);
 
 #ifdef __cplusplus
 }

@@ -8,6 +8,10 @@
 # status go to OUT/stages.txt as it ends, so a run cut off still says how
 # far it got:
 #   tests       test_cuda, test_kernels
+#   docs        test_kernels docs alone (seconds): packed rows, the _docs attention
+#               and rope_*_at kernels against their CPU twins (tests runs them too;
+#               this is for a session that checks only them); skipped, status 0,
+#               without test_kernels or a GPU
 #   multirank   2 and 4 GPU ranks on the GPU at hand (fsdprun --ranks-per-gpu):
 #               the matrix of scripts/multirank_check.sh against 1 GPU rank and
 #               CPU ranks, checkpoints across worlds, a killed rank, the REPL
@@ -75,6 +79,19 @@ stage_tests() {
   echo "== test_kernels" | tee "$out/test_kernels.log"
   "$build/tests/test_kernels" 2>&1 | tee -a "$out/test_kernels.log" || rc=1
   return $rc
+}
+
+stage_docs() {
+  local log="$out/test_kernels_docs.log" rc=0
+  echo "== packed rows: attention_*_docs and rope_*_at against the CPU twins (test_kernels docs)" | tee "$log"
+  if [ ! -x "$build/tests/test_kernels" ]; then
+    echo "no $build/tests/test_kernels (a build without CUDA): skipped" | tee -a "$log"
+    return 0
+  fi
+  "$build/tests/test_kernels" docs >>"$log" 2>&1 || rc=$?
+  sed 1d "$log" | tail -20 # the test's own lines
+  [ "$rc" = 77 ] && return 0 # no GPU here: it said so
+  return "$rc"
 }
 
 stage_multirank() {

@@ -23,6 +23,12 @@ int main(void) {
   refused(fsdp_cuda_rmsnorm_forward(y, r, a, NULL, 2, 4, 1e-5f, FSDP_FP32, NULL), "cuda rmsnorm: w is NULL");
   refused(fsdp_cuda_rope_forward(NULL, a, b, 1, 2, 1, 4, FSDP_FP32, NULL), "cuda rope forward: x is NULL");
   refused(fsdp_cuda_attention_forward(y, r, a, NULL, b, 1, 4, 2, 2, 8, FSDP_FP32, NULL), "cuda attention: k is NULL");
+  refused(fsdp_cuda_attention_forward_docs(y, r, a, a, b, NULL, 1, 4, 2, 2, 8, FSDP_FP32, NULL),
+          "cuda attention docs: doc_start is NULL");
+  refused(fsdp_cuda_attention_backward_docs(y, y, y, a, a, a, a, a, r, NULL, 1, 4, 2, 2, 8, FSDP_FP32, NULL),
+          "cuda attention docs backward: doc_start is NULL");
+  refused(fsdp_cuda_rope_forward_at(y, a, b, NULL, 1, 2, 1, 4, FSDP_FP32, NULL), "cuda rope forward_at: pos is NULL");
+  refused(fsdp_cuda_rope_backward_at(y, a, b, NULL, 1, 2, 1, 4, FSDP_FP32, NULL), "cuda rope backward_at: pos is NULL");
   refused(fsdp_cuda_cross_entropy((double *)r, (int64_t *)(r + 8), y, a, NULL, 2, 4, -1, 1.0f, FSDP_FP32, NULL),
           "cuda cross_entropy: targets is NULL");
   refused(fsdp_cuda_sum_squares(NULL, FSDP_FP32, 4, (double *)r, (int64_t *)(r + 8), NULL), "cuda sum_squares: x is NULL");

@@ -352,6 +352,106 @@ static void test_attention_cached(int64_t B, int64_t tq, int64_t pos, int64_t H,
   }
 }
 
+/* packed rows: doc_start for row b of T, documents cut by a list of
+ * lengths (1 to 90, across the kernels' 32-row blocks); row `whole` is one
+ * document (all 0) */
+static void docs_layout(int32_t *ds, int64_t B, int64_t T, int64_t whole) {
+  static const int lens[] = {5, 1, 40, 17, 90, 3, 33, 64, 2, 21};
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t t = 0, start = 0, d = b * 8; t < T; t++) {
+      if (b != whole && t - start == lens[d % 10]) start = t, d++;
+      ds[b * T + t] = (int32_t)start;
+    }
+}
+
+/* fsdp_cuda_attention_*_docs and rope_*_at against their CPU twins; the
+ * docs calls run our fp32 CUDA-core kernels whatever the impl setting (set
+ * to tensor cores here, which fp32 would refuse); doc_start all 0 gives the
+ * causal fp32-core kernels' bits */
+static void test_attention_docs(int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, int64_t whole) {
+  const int64_t nq = B * T * H * D, nk = B * T * Hkv * D, nl = B * H * T;
+  int32_t *ds = malloc(sizeof(int32_t) * B * T), *pos = malloc(sizeof(int32_t) * B * T), *DS = NULL, *POS = NULL;
+  docs_layout(ds, B, T, whole);
+  for (int64_t i = 0; i < B * T; i++) pos[i] = (int32_t)(i % T - ds[i]);
+  CHECK_OK(fsdp_doc_start_check(ds, B, T));
+  CHECK_OK(fsdp_alloc(FSDP_CUDA, sizeof(int32_t) * B * T, (void **)&DS));
+  CHECK_OK(fsdp_alloc(FSDP_CUDA, sizeof(int32_t) * B * T, (void **)&POS));
+  CHECK_OK(fsdp_memcpy(DS, ds, sizeof(int32_t) * B * T, NULL));
+  CHECK_OK(fsdp_memcpy(POS, pos, sizeof(int32_t) * B * T, NULL));
+  char what[160];
+  DT_LOOP {
+    float *q = rand_host(nq, 2, dt), *k = rand_host(nk, 1, dt), *v = rand_host(nk, 1, dt), *dout = rand_host(nq, 1, dt);
+    float *out = malloc(sizeof(float) * nq), *lse = malloc(sizeof(float) * nl);
+    float *dq = malloc(sizeof(float) * nq), *dk = malloc(sizeof(float) * nk), *dv = malloc(sizeof(float) * nk);
+    CHECK_OK(fsdp_attention_forward_docs(out, lse, q, k, v, ds, B, T, H, Hkv, D));
+    void *Q = up(q, nq, dt), *K = up(k, nk, dt), *V = up(v, nk, dt), *DO = up(dout, nq, dt);
+    void *O = poisoned(nq, dt), *L = poisoned(nl, FSDP_FP32);
+    CHECK(fsdp_cuda_attention_impl_set(FSDP_ATTN_TENSOR_CORES) >= 0);
+    CHECK_OK(fsdp_cuda_attention_forward_docs(O, L, Q, K, V, DS, B, T, H, Hkv, D, dt, NULL));
+    float *og = down(O, nq, dt), *lg = down(L, nl, FSDP_FP32); /* backward from the device's own forward */
+    CHECK_OK(fsdp_attention_backward_docs(dq, dk, dv, dout, q, k, v, og, lg, ds, B, T, H, Hkv, D));
+    void *DQ = poisoned(nq, dt), *DK = poisoned(nk, dt), *DV = poisoned(nk, dt);
+    CHECK_OK(fsdp_cuda_attention_backward_docs(DQ, DK, DV, DO, Q, K, V, O, L, DS, B, T, H, Hkv, D, dt, NULL));
+    { /* doc_start all 0: the causal fp32-core kernels' bits (out, lse) */
+      int32_t *zero = calloc((size_t)(B * T), sizeof(int32_t));
+      void *Z = NULL, *O2 = poisoned(nq, dt), *L2 = poisoned(nl, FSDP_FP32);
+      void *O3 = poisoned(nq, dt), *L3 = poisoned(nl, FSDP_FP32);
+      CHECK_OK(fsdp_alloc(FSDP_CUDA, sizeof(int32_t) * B * T, &Z));
+      CHECK_OK(fsdp_memcpy(Z, zero, sizeof(int32_t) * B * T, NULL));
+      CHECK_OK(fsdp_cuda_attention_forward_docs(O2, L2, Q, K, V, Z, B, T, H, Hkv, D, dt, NULL));
+      CHECK(fsdp_cuda_attention_impl_set(FSDP_ATTN_SIMPLE) >= 0);
+      CHECK_OK(fsdp_cuda_attention_forward(O3, L3, Q, K, V, B, T, H, Hkv, D, dt, NULL));
+      size_t es = fsdp_dtype_size(dt);
+      void *h2 = malloc(es * nq), *h3 = malloc(es * nq), *l2 = malloc(4 * nl), *l3 = malloc(4 * nl);
+      CHECK_OK(fsdp_memcpy(h2, O2, es * nq, NULL));
+      CHECK_OK(fsdp_memcpy(h3, O3, es * nq, NULL));
+      CHECK_OK(fsdp_memcpy(l2, L2, 4 * nl, NULL));
+      CHECK_OK(fsdp_memcpy(l3, L3, 4 * nl, NULL));
+      CHECK(!memcmp(h2, h3, es * nq) && !memcmp(l2, l3, 4 * nl));
+      CHECK(fsdp_cuda_attention_impl_set(FSDP_ATTN_TENSOR_CORES) >= 0);
+      void *bufs[] = {Z, O2, L2, O3, L3};
+      for (int i = 0; i < 5; i++) fsdp_free(FSDP_CUDA, bufs[i]);
+      free(zero), free(h2), free(h3), free(l2), free(l3);
+    }
+    snprintf(what, sizeof what, "attention docs B%lld T%lld H%lld/%lld D%lld", (long long)B, (long long)T, (long long)H,
+             (long long)Hkv, (long long)D);
+    same(what, dt, O, out, nq, 2e-5);
+    same("attention docs lse", FSDP_FP32, L, lse, nl, dt == FSDP_BF16 ? 1e-3 : 2e-6);
+    same("attention docs dq", dt, DQ, dq, nq, 5e-5);
+    same("attention docs dk", dt, DK, dk, nk, 5e-5);
+    same("attention docs dv", dt, DV, dv, nk, 5e-5);
+    void *bufs[] = {Q, K, V, DO};
+    for (int i = 0; i < 4; i++) fsdp_free(FSDP_CUDA, bufs[i]);
+    free(q), free(k), free(v), free(dout), free(out), free(lse), free(dq), free(dk), free(dv), free(og), free(lg);
+    /* rope at positions t - doc_start[t] (q's layout) */
+    float *c = malloc(sizeof(float) * T * D), *sn = malloc(sizeof(float) * T * D);
+    CHECK_OK(fsdp_rope_table(c, sn, T, D, 500000.0, NULL));
+    float *x = rand_host(nq, 1, dt), *ref = malloc(sizeof(float) * nq), *bref = malloc(sizeof(float) * nq);
+    memcpy(ref, x, sizeof(float) * nq), memcpy(bref, x, sizeof(float) * nq);
+    CHECK_OK(fsdp_rope_forward_at(ref, c, sn, pos, B, T, H, D));
+    CHECK_OK(fsdp_rope_backward_at(bref, c, sn, pos, B, T, H, D));
+    void *Cd = up(c, T * D, FSDP_FP32), *Sd = up(sn, T * D, FSDP_FP32), *X = up(x, nq, dt), *X2 = up(x, nq, dt);
+    CHECK_OK(fsdp_cuda_rope_forward_at(X, Cd, Sd, POS, B, T, H, D, dt, NULL));
+    CHECK_OK(fsdp_cuda_rope_backward_at(X2, Cd, Sd, POS, B, T, H, D, dt, NULL));
+    same("rope forward_at", dt, X, ref, nq, 2e-6);
+    same("rope backward_at", dt, X2, bref, nq, 2e-6);
+    fsdp_free(FSDP_CUDA, Cd), fsdp_free(FSDP_CUDA, Sd);
+    free(c), free(sn), free(x), free(ref), free(bref);
+  }
+  CHECK(fsdp_cuda_attention_impl_set(FSDP_ATTN_AUTO) >= 0);
+  fsdp_free(FSDP_CUDA, DS), fsdp_free(FSDP_CUDA, POS);
+  free(ds), free(pos);
+}
+
+/* the packed-row cases alone (`test_kernels docs`: scripts/gpu_check.sh's docs stage) */
+static void test_docs_all(void) {
+  test_attention_docs(2, 70, 4, 2, 16, 0);   /* row 0 one document, row 1 several */
+  test_attention_docs(2, 70, 4, 2, 64, -1);  /* documents in both rows */
+  test_attention_docs(2, 150, 8, 2, 128, 1);
+  test_attention_docs(1, 512, 32, 8, 64, -1); /* the Llama 3.2 1B head shape */
+  test_attention_docs(1, 100, 2, 1, 64, 0);  /* doc_start all 0 */
+}
+
 static void test_attention_choice(void) {
   /* asking for a family where it does not apply is an error, not a fallback */
   void *Q = poisoned(64, FSDP_FP32), *O = poisoned(64, FSDP_FP32), *L = poisoned(4, FSDP_FP32);
@@ -573,12 +673,16 @@ static void test_cast_rows(size_t rows, size_t cols, size_t stride) {
   fsdp_free(FSDP_CUDA, src);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
   if (!fsdp_device_available(FSDP_CUDA)) {
     printf("test_kernels: no CUDA device here; skipped\n");
     return 77;
   }
   CHECK_OK(fsdp_device_set(FSDP_CUDA, 0));
+  if (argc > 1 && !strcmp(argv[1], "docs")) {
+    test_docs_all();
+    return fsdp_test_summary("test_kernels docs");
+  }
   test_linear();
   test_linear_views();
   test_grad_sums();
@@ -594,6 +698,7 @@ int main(void) {
   /* the Llama 3.2 1B head shape at a longer sequence (several cuDNN tiles) */
   test_attention(1, 512, 32, 8, 64);
   test_attention_choice();
+  test_docs_all();
   test_attention_cached(1, 1, 0, 4, 2, 16);
   test_attention_cached(1, 1, 300, 32, 8, 64);  /* one token after 300: two chunks of keys */
   test_attention_cached(2, 5, 7, 4, 4, 128);

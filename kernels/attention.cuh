@@ -1,0 +1,235 @@
+// attention.cuh: the fp32 CUDA-core attention kernels (attention.cu says
+// what they compute), the source nvcc (attention.cu) and
+// tests/emu/test_attention_docs_emu.cpp share.
+//
+// DOCS (packed rows, doc_start [B, T] not NULL): query i sees keys
+// doc_start[i] .. i alone. A query block's key loop starts at its first
+// row's doc_start (the earliest of the block: doc_start never decreases
+// along a row), a key block's query loop ends at the first query whose
+// doc_start passes the block's last key, and the keys between are masked
+// per row; so a row of short documents costs less than a causal one.
+// DOCS false compiles to the causal kernels, unchanged.
+//
+// The includer provides ld(p, i) / st(p, i, v) for float and
+// __nv_bfloat16, __expf, __syncthreads, and FSDP_ATTN_SHARED(name), the
+// block's dynamic shared memory as float *name.
+#ifndef FSDP_KERNELS_ATTENTION_CUH
+#define FSDP_KERNELS_ATTENTION_CUH
+
+namespace fsdp_attn {
+
+enum { QROWS = 32, KTILE = 16 };
+
+struct Shape {
+  int64_t B, T, H, Hkv, D;
+  float scale;
+};
+
+// rows [r0, r0 + R) of head h of one or two [B, T, heads, D] tensors into
+// shared memory (row pitch `pitch`), zeros past the sequence's end; the
+// block's QROWS threads share the copy
+template <typename T>
+__device__ void load_rows(float *d1, const T *s1, float *d2, const T *s2, int pitch, int64_t b, int64_t r0, int R,
+                          int64_t heads, int64_t h, const Shape &sh) {
+  const int D = (int)sh.D;
+  for (int e = threadIdx.x; e < R * D; e += QROWS) {
+    int r = e / D, c = e % D;
+    int64_t t = r0 + r;
+    size_t off = ((b * sh.T + t) * heads + h) * D + c;
+    d1[r * pitch + c] = t < sh.T ? ld(s1, off) : 0.0f;
+    if (d2) d2[r * pitch + c] = t < sh.T ? ld(s2, off) : 0.0f;
+  }
+}
+
+// smem: QROWS * (D + 1) + 2 * KTILE * D floats
+template <typename T, int MAXD, bool DOCS>
+__global__ void attn_fwd(T *out, float *lse, const T *q, const T *k, const T *v, const int32_t *doc_start, Shape sh) {
+  FSDP_ATTN_SHARED(smem);
+  const int D = (int)sh.D, P = D + 1;
+  float *qs = smem;                     // [QROWS][P]
+  float *ks = qs + QROWS * P;           // [KTILE][D]
+  float *vs = ks + KTILE * D;           // [KTILE][D]
+  int64_t b = blockIdx.z, h = blockIdx.y, i0 = (int64_t)blockIdx.x * QROWS;
+  int64_t hk = h / (sh.H / sh.Hkv);
+  int tid = threadIdx.x;
+  int64_t i = i0 + tid;
+  const int32_t *ds = DOCS ? doc_start + b * sh.T : nullptr;
+  const int64_t first = DOCS ? ds[i0] : 0, lo = DOCS && i < sh.T ? ds[i] : 0;  // the block's, this row's first key
+  load_rows(qs, q, (float *)nullptr, (const T *)nullptr, P, b, i0, QROWS, sh.H, h, sh);
+  float acc[MAXD];
+#pragma unroll
+  for (int c = 0; c < MAXD; c++) acc[c] = 0;
+  float m = -INFINITY, l = 0;
+  int64_t last = i0 + QROWS - 1 < sh.T - 1 ? i0 + QROWS - 1 : sh.T - 1;
+  for (int64_t j0 = first; j0 <= last; j0 += KTILE) {
+    __syncthreads();
+    load_rows(ks, k, vs, v, D, b, j0, KTILE, sh.Hkv, hk, sh);
+    __syncthreads();
+    if (i >= sh.T) continue;
+    for (int r = 0; r < KTILE; r++) {
+      int64_t j = j0 + r;
+      if (j > i) break;
+      if (DOCS && j < lo) continue;
+      float sdot = 0;
+#pragma unroll
+      for (int c = 0; c < MAXD; c++)
+        if (c < D) sdot += qs[tid * P + c] * ks[r * D + c];
+      sdot *= sh.scale;
+      float mn = fmaxf(m, sdot), corr = __expf(m - mn), p = __expf(sdot - mn);
+      l = l * corr + p;
+#pragma unroll
+      for (int c = 0; c < MAXD; c++)
+        if (c < D) acc[c] = acc[c] * corr + p * vs[r * D + c];
+      m = mn;
+    }
+  }
+  if (i < sh.T) {
+    float inv = 1.0f / l;
+#pragma unroll
+    for (int c = 0; c < MAXD; c++)
+      if (c < D) st(out, ((b * sh.T + i) * sh.H + h) * D + c, acc[c] * inv);
+    lse[(b * sh.H + h) * sh.T + i] = m + logf(l);
+  }
+}
+
+// dq_i = scale sum_j p_ij (dp_ij - Di) k_j, dp_ij = dout_i . v_j, Di = dout_i . out_i
+// smem: 2 * QROWS * (D + 1) + 2 * KTILE * D floats
+template <typename T, int MAXD, bool DOCS>
+__global__ void attn_bwd_dq(T *dq, const T *dout, const T *q, const T *k, const T *v, const T *out, const float *lse,
+                            const int32_t *doc_start, Shape sh) {
+  FSDP_ATTN_SHARED(smem);
+  const int D = (int)sh.D, P = D + 1;
+  float *qs = smem, *dos = qs + QROWS * P, *ks = dos + QROWS * P, *vs = ks + KTILE * D;
+  int64_t b = blockIdx.z, h = blockIdx.y, i0 = (int64_t)blockIdx.x * QROWS;
+  int64_t hk = h / (sh.H / sh.Hkv);
+  int tid = threadIdx.x;
+  int64_t i = i0 + tid;
+  const int32_t *ds = DOCS ? doc_start + b * sh.T : nullptr;
+  const int64_t first = DOCS ? ds[i0] : 0, lo = DOCS && i < sh.T ? ds[i] : 0;  // as in attn_fwd
+  load_rows(qs, q, dos, dout, P, b, i0, QROWS, sh.H, h, sh);
+  __syncthreads();
+  float Di = 0, L = 0;
+  if (i < sh.T) {
+    for (int c = 0; c < D; c++) Di += dos[tid * P + c] * ld(out, ((b * sh.T + i) * sh.H + h) * D + c);
+    L = lse[(b * sh.H + h) * sh.T + i];
+  }
+  float acc[MAXD];
+#pragma unroll
+  for (int c = 0; c < MAXD; c++) acc[c] = 0;
+  int64_t last = i0 + QROWS - 1 < sh.T - 1 ? i0 + QROWS - 1 : sh.T - 1;
+  for (int64_t j0 = first; j0 <= last; j0 += KTILE) {
+    __syncthreads();
+    load_rows(ks, k, vs, v, D, b, j0, KTILE, sh.Hkv, hk, sh);
+    __syncthreads();
+    if (i >= sh.T) continue;
+    for (int r = 0; r < KTILE; r++) {
+      int64_t j = j0 + r;
+      if (j > i) break;
+      if (DOCS && j < lo) continue;
+      float sdot = 0, dp = 0;
+#pragma unroll
+      for (int c = 0; c < MAXD; c++)
+        if (c < D) {
+          sdot += qs[tid * P + c] * ks[r * D + c];
+          dp += dos[tid * P + c] * vs[r * D + c];
+        }
+      float p = __expf(sdot * sh.scale - L), ds_ = p * (dp - Di) * sh.scale;
+#pragma unroll
+      for (int c = 0; c < MAXD; c++)
+        if (c < D) acc[c] += ds_ * ks[r * D + c];
+    }
+  }
+  if (i < sh.T) {
+#pragma unroll
+    for (int c = 0; c < MAXD; c++)
+      if (c < D) st(dq, ((b * sh.T + i) * sh.H + h) * D + c, acc[c]);
+  }
+}
+
+// dv_j = sum_{h in group, i >= j} p_ij dout_i;  dk_j = scale sum p_ij (dp_ij - Di) q_i
+// smem: 3 * QROWS * (D + 1) + 2 * KTILE * D + 2 * KTILE floats (DOCS: + KTILE)
+template <typename T, int MAXD, bool DOCS>
+__global__ void attn_bwd_dkv(T *dk, T *dv, const T *dout, const T *q, const T *k, const T *v, const T *out,
+                             const float *lse, const int32_t *doc_start, Shape sh) {
+  FSDP_ATTN_SHARED(smem);
+  const int D = (int)sh.D, P = D + 1;
+  float *ks = smem, *vs = ks + QROWS * P, *dks = vs + QROWS * P;  // this block's key rows [QROWS][P]
+  float *qt = dks + QROWS * P, *dot = qt + KTILE * D;             // a tile of query rows [KTILE][D]
+  float *Lt = dot + KTILE * D, *Dt = Lt + KTILE;                   // their lse and Di
+  int32_t *St = (int32_t *)(Dt + KTILE);                           // DOCS: their doc_start
+  int64_t b = blockIdx.z, hk = blockIdx.y, j0 = (int64_t)blockIdx.x * QROWS;
+  int64_t group = sh.H / sh.Hkv;
+  int tid = threadIdx.x;
+  int64_t j = j0 + tid;
+  const int32_t *ds = DOCS ? doc_start + b * sh.T : nullptr;
+  // causal: queries j0 .. T - 1; DOCS: up to the first whose document
+  // starts past this block's last key (queries i <= that key start at or
+  // before it, doc_start[i] <= i, so the search starts after it)
+  int64_t iend = sh.T;
+  if (DOCS) {
+    const int64_t jl = j0 + QROWS - 1 < sh.T - 1 ? j0 + QROWS - 1 : sh.T - 1;
+    int64_t a = jl + 1, e = sh.T;
+    while (a < e) {
+      const int64_t mid = a + (e - a) / 2;
+      if (ds[mid] > jl) e = mid;
+      else a = mid + 1;
+    }
+    iend = a;
+  }
+  load_rows(ks, k, vs, v, P, b, j0, QROWS, sh.Hkv, hk, sh);
+  for (int e = tid; e < QROWS * P; e += QROWS) dks[e] = 0;
+  float dvacc[MAXD];
+#pragma unroll
+  for (int c = 0; c < MAXD; c++) dvacc[c] = 0;
+  for (int64_t g = 0; g < group; g++) {
+    int64_t h = hk * group + g;
+    for (int64_t i0 = j0; i0 < iend; i0 += KTILE) {
+      __syncthreads();
+      load_rows(qt, q, dot, dout, D, b, i0, KTILE, sh.H, h, sh);
+      if (tid < KTILE) {
+        int64_t ii = i0 + tid;
+        float Di = 0;
+        if (ii < sh.T)
+          for (int c = 0; c < D; c++) Di += ld(dout, ((b * sh.T + ii) * sh.H + h) * D + c) * ld(out, ((b * sh.T + ii) * sh.H + h) * D + c);
+        Dt[tid] = Di;
+        Lt[tid] = ii < sh.T ? lse[(b * sh.H + h) * sh.T + ii] : 0.0f;
+        if (DOCS) St[tid] = ii < sh.T ? ds[ii] : 0;
+      }
+      __syncthreads();
+      if (j >= sh.T) continue;
+      for (int r = 0; r < KTILE; r++) {
+        int64_t ii = i0 + r;
+        if (ii >= sh.T) break;
+        if (ii < j) continue;
+        if (DOCS && St[r] > j) continue;
+        float sdot = 0, dp = 0;
+#pragma unroll
+        for (int c = 0; c < MAXD; c++)
+          if (c < D) {
+            sdot += qt[r * D + c] * ks[tid * P + c];
+            dp += dot[r * D + c] * vs[tid * P + c];
+          }
+        float p = __expf(sdot * sh.scale - Lt[r]), ds_ = p * (dp - Dt[r]) * sh.scale;
+#pragma unroll
+        for (int c = 0; c < MAXD; c++)
+          if (c < D) {
+            dvacc[c] += p * dot[r * D + c];
+            dks[tid * P + c] += ds_ * qt[r * D + c];
+          }
+      }
+    }
+  }
+  if (j < sh.T) {
+#pragma unroll
+    for (int c = 0; c < MAXD; c++)
+      if (c < D) {
+        size_t off = ((b * sh.T + j) * sh.Hkv + hk) * D + c;
+        st(dv, off, dvacc[c]);
+        st(dk, off, dks[tid * P + c]);
+      }
+  }
+}
+
+}  // namespace fsdp_attn
+
+#endif

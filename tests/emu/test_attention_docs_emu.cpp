@@ -1,0 +1,263 @@
+// test_attention_docs_emu: packed-row (document-causal) attention and rope
+// at given positions in the fp32 CUDA-core kernels (kernels/attention.cuh:
+// forward, dq per query row, dk/dv per key row; kernels/rope.cuh) run on the
+// CPU under tests/emu/cuda_emu.h. B = 2, T = 70 (query blocks of 32 and key
+// tiles of 16 end part way), GQA heads 4/2, head_dim 16 and 64, rows of 1,
+// 3 and 7 documents (lengths 1 to 36, across block and tile edges), fp32
+// and bf16 storage:
+//   * against float64 from the stored inputs: naive softmax over the keys
+//     doc_start[i] .. i, and its gradient by the chain rule for dout.
+//     Tolerances, max |error| / max |want| (measured: fp32 6e-7, bf16 out
+//     2.0e-3, grads 3.3e-3): fp32 out, dq, dk, dv 5e-6 (fp32 sums over up
+//     to 70 keys and 64 dims); bf16 out 8e-3 (one rounding, 2^-8 relative,
+//     of an fp32 value), dq, dk, dv 8e-3 (also the kernel's Di = dout . out
+//     from its rounded out); lse 5e-6 absolute (fp32 either way). Outputs
+//     start NaN: every element must be written.
+//   * doc_start all 0 (one document a row) gives the causal kernels' bits,
+//     out, lse, dq, dk, dv.
+//   * rope at positions t - doc_start[t] against float64 (fp32 1e-6, bf16
+//     8e-3 of the largest value); backward_at undoes forward_at (fp32 1e-6);
+//     positions pos[t] = t give the plain kernel's bits.
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#include "emu_kit.h"
+
+#define FSDP_ATTN_SHARED(name) float *name = reinterpret_cast<float *>(cuda_emu::self.smem)
+#include "../../kernels/attention.cuh"
+#include "../../kernels/rope.cuh"
+
+static EmuKit kit{"test_attention_docs_emu"};
+
+using fsdp_attn::KTILE;
+using fsdp_attn::QROWS;
+using fsdp_attn::Shape;
+
+/* doc_start of a row of documents of the given lengths (summing to T) */
+static void doc_starts(int32_t *ds, const std::vector<int> &lens) {
+  int t = 0;
+  for (int n : lens) {
+    for (int i = 0; i < n; i++) ds[t + i] = t;
+    t += n;
+  }
+}
+
+template <typename T>
+struct Attn {
+  std::vector<T> out, dq, dk, dv;
+  std::vector<float> lse;
+};
+
+/* the three kernels as attention.cu launches them; ds NULL: the causal instances */
+template <typename T, int MAXD, bool DOCS>
+static Attn<T> run_kernels(const std::vector<T> &q, const std::vector<T> &k, const std::vector<T> &v,
+                           const std::vector<T> &dout, const int32_t *ds, const Shape &sh) {
+  const float nan = NAN;
+  Attn<T> a{std::vector<T>(q.size(), from<T>(nan)), std::vector<T>(q.size(), from<T>(nan)),
+            std::vector<T>(k.size(), from<T>(nan)), std::vector<T>(k.size(), from<T>(nan)),
+            std::vector<float>((size_t)(sh.B * sh.H * sh.T), nan)};
+  const unsigned nb = (unsigned)((sh.T + QROWS - 1) / QROWS);
+  const int64_t D = sh.D;
+  cuda_emu::launch({nb, (unsigned)sh.H, (unsigned)sh.B}, QROWS, sizeof(float) * (QROWS * (D + 1) + 2 * KTILE * D), [&] {
+    fsdp_attn::attn_fwd<T, MAXD, DOCS>(a.out.data(), a.lse.data(), q.data(), k.data(), v.data(), ds, sh);
+  });
+  cuda_emu::launch({nb, (unsigned)sh.H, (unsigned)sh.B}, QROWS, sizeof(float) * (2 * QROWS * (D + 1) + 2 * KTILE * D),
+                   [&] {
+                     fsdp_attn::attn_bwd_dq<T, MAXD, DOCS>(a.dq.data(), dout.data(), q.data(), k.data(), v.data(),
+                                                           a.out.data(), a.lse.data(), ds, sh);
+                   });
+  cuda_emu::launch({nb, (unsigned)sh.Hkv, (unsigned)sh.B}, QROWS,
+                   sizeof(float) * (3 * QROWS * (D + 1) + 2 * KTILE * D + (DOCS ? 3 : 2) * KTILE), [&] {
+                     fsdp_attn::attn_bwd_dkv<T, MAXD, DOCS>(a.dk.data(), a.dv.data(), dout.data(), q.data(), k.data(),
+                                                            v.data(), a.out.data(), a.lse.data(), ds, sh);
+                   });
+  return a;
+}
+
+template <typename T, bool DOCS>
+static Attn<T> run_any(const std::vector<T> &q, const std::vector<T> &k, const std::vector<T> &v,
+                       const std::vector<T> &dout, const int32_t *ds, const Shape &sh) {
+  return sh.D <= 32 ? run_kernels<T, 32, DOCS>(q, k, v, dout, ds, sh) : run_kernels<T, 64, DOCS>(q, k, v, dout, ds, sh);
+}
+
+struct Want {
+  std::vector<double> out, lse, dq, dk, dv;
+};
+
+/* float64: query i of row b sees keys ds[b, i] .. i */
+template <typename T>
+static Want reference(const std::vector<T> &q, const std::vector<T> &k, const std::vector<T> &v,
+                      const std::vector<T> &dout, const std::vector<int32_t> &ds, const Shape &sh) {
+  const int64_t B = sh.B, Tn = sh.T, H = sh.H, Hkv = sh.Hkv, D = sh.D, G = H / Hkv;
+  const double scale = 1.0 / std::sqrt((double)D);
+  Want w{std::vector<double>(q.size()), std::vector<double>((size_t)(B * H * Tn)), std::vector<double>(q.size()),
+         std::vector<double>(k.size()), std::vector<double>(k.size())};
+  std::vector<double> p(Tn), dp(Tn);
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t h = 0; h < H; h++)
+      for (int64_t i = 0; i < Tn; i++) {
+        const int64_t lo = ds[b * Tn + i], qo = ((b * Tn + i) * H + h) * D;
+        auto ko = [&](int64_t j) { return ((b * Tn + j) * Hkv + h / G) * D; };
+        double m = -INFINITY, z = 0;
+        for (int64_t j = lo; j <= i; j++) {
+          double s = 0;
+          for (int64_t c = 0; c < D; c++) s += (double)ld(q.data(), qo + c) * ld(k.data(), ko(j) + c);
+          p[j] = s * scale;
+          m = std::fmax(m, p[j]);
+        }
+        for (int64_t j = lo; j <= i; j++) z += (p[j] = std::exp(p[j] - m));
+        w.lse[(b * H + h) * Tn + i] = m + std::log(z);
+        double Di = 0;
+        for (int64_t j = lo; j <= i; j++) {
+          p[j] /= z;
+          dp[j] = 0;
+          for (int64_t c = 0; c < D; c++) {
+            w.out[qo + c] += p[j] * ld(v.data(), ko(j) + c);
+            dp[j] += (double)ld(dout.data(), qo + c) * ld(v.data(), ko(j) + c);
+          }
+          Di += p[j] * dp[j];
+        }
+        for (int64_t j = lo; j <= i; j++) {
+          const double dsc = p[j] * (dp[j] - Di) * scale;
+          for (int64_t c = 0; c < D; c++) {
+            w.dq[qo + c] += dsc * ld(k.data(), ko(j) + c);
+            w.dk[ko(j) + c] += dsc * ld(q.data(), qo + c);
+            w.dv[ko(j) + c] += p[j] * ld(dout.data(), qo + c);
+          }
+        }
+      }
+  return w;
+}
+
+/* max |got - want| / max |want| (abs: max |got - want|); a non-finite value fails */
+template <typename T>
+static void expect_close(const char *what, const T *got, const std::vector<double> &want, double tol, bool abs = false) {
+  double err = 0, big = abs ? 1.0 : 1e-30;
+  for (size_t i = 0; i < want.size(); i++) {
+    const double g = ld(got, (int64_t)i);
+    err = std::isfinite(g) ? std::fmax(err, std::fabs(g - want[i])) : INFINITY;
+    if (!abs) big = std::fmax(big, std::fabs(want[i]));
+  }
+  kit.expect(err / big <= tol, what, err / big, tol);
+}
+
+template <typename T>
+static bool same_bits(const std::vector<T> &a, const std::vector<T> &b) {
+  return a.size() == b.size() && !memcmp(a.data(), b.data(), a.size() * sizeof(T));
+}
+
+template <typename T>
+static void check_attention(const char *name, const std::vector<int> &row0, const std::vector<int> &row1, int64_t D,
+                            bool bf16) {
+  const int64_t B = 2, Tn = 70, H = 4, Hkv = 2;
+  const Shape sh{B, Tn, H, Hkv, D, 1.0f / std::sqrt((float)D)};
+  std::vector<int32_t> ds((size_t)(B * Tn));
+  doc_starts(ds.data(), row0);
+  doc_starts(ds.data() + Tn, row1);
+  std::vector<T> q((size_t)(B * Tn * H * D)), dout(q.size()), k((size_t)(B * Tn * Hkv * D)), v(k.size());
+  uint32_t s = (uint32_t)(D * 131 + row0.size() * 7 + row1.size());
+  for (size_t i = 0; i < q.size(); i++) q[i] = from<T>(2 * rnd(s)), dout[i] = from<T>(rnd(s));
+  for (size_t i = 0; i < k.size(); i++) k[i] = from<T>(rnd(s)), v[i] = from<T>(rnd(s));
+  const Attn<T> got = run_any<T, true>(q, k, v, dout, ds.data(), sh);
+  const Want want = reference(q, k, v, dout, ds, sh);
+  char what[160];
+  auto label = [&](const char *x) {
+    snprintf(what, sizeof what, "%s, head_dim %lld, %s: %s", bf16 ? "bf16" : "fp32", (long long)D, name, x);
+    return what;
+  };
+  const double tol = bf16 ? 8e-3 : 5e-6;
+  expect_close(label("out"), got.out.data(), want.out, tol);
+  expect_close(label("lse (absolute)"), got.lse.data(), want.lse, 5e-6, true);
+  expect_close(label("dq"), got.dq.data(), want.dq, tol);
+  expect_close(label("dk"), got.dk.data(), want.dk, tol);
+  expect_close(label("dv"), got.dv.data(), want.dv, tol);
+  bool causal = true;
+  for (int32_t x : ds) causal = causal && x == 0;
+  if (causal) { /* one document a row: the causal instances' bits */
+    const Attn<T> c = run_any<T, false>(q, k, v, dout, nullptr, sh);
+    const bool same = same_bits(got.out, c.out) && same_bits(got.lse, c.lse) && same_bits(got.dq, c.dq) &&
+                      same_bits(got.dk, c.dk) && same_bits(got.dv, c.dv);
+    kit.expect(same, label("out, lse, dq, dk, dv bit for bit the causal kernels'"), same ? 0 : 1, 0);
+  }
+}
+
+/* HF's cat(freqs, freqs) table, fp32, as fsdp_rope_table makes it (theta 10000, no scaling) */
+static void rope_table(std::vector<float> &c, std::vector<float> &sn, int64_t T, int64_t D) {
+  c.resize((size_t)(T * D)), sn.resize((size_t)(T * D));
+  for (int64_t t = 0; t < T; t++)
+    for (int64_t j = 0; j < D; j++) {
+      const double f = (double)t / std::pow(10000.0, (double)(2 * (j % (D / 2))) / (double)D);
+      c[t * D + j] = (float)std::cos(f), sn[t * D + j] = (float)std::sin(f);
+    }
+}
+
+template <typename T, bool AT>
+static void run_rope(std::vector<T> &x, const std::vector<float> &c, const std::vector<float> &sn, const int32_t *pos,
+                     int64_t B, int64_t T_, int64_t H, int64_t D, float sign) {
+  const int64_t rows = B * T_ * H;
+  /* fewer threads than elements: the grid-stride loop runs twice or more */
+  cuda_emu::launch({3, 1, 1}, 64, 0, [&] {
+    fsdp_rope::rope_kernel<T, AT>(x.data(), c.data(), sn.data(), pos, rows, T_, H, D, sign);
+  });
+}
+
+template <typename T>
+static void check_rope(int64_t D, bool bf16) {
+  const int64_t B = 2, Tn = 70, H = 4;
+  std::vector<int32_t> ds((size_t)(B * Tn)), pos(ds.size()), ident(ds.size());
+  doc_starts(ds.data(), {5, 1, 20, 9, 16, 12, 7});
+  doc_starts(ds.data() + Tn, {33, 1, 36});
+  for (int64_t i = 0; i < B * Tn; i++) pos[i] = (int32_t)(i % Tn - ds[i]), ident[i] = (int32_t)(i % Tn);
+  std::vector<float> c, sn;
+  rope_table(c, sn, Tn, D);
+  std::vector<T> x((size_t)(B * Tn * H * D));
+  uint32_t s = (uint32_t)(D * 17 + 3);
+  for (auto &e : x) e = from<T>(rnd(s));
+  std::vector<double> want(x.size());
+  for (int64_t r = 0; r < B * Tn * H; r++) {
+    const int64_t p = pos[r / H], half = D / 2;
+    for (int64_t j = 0; j < half; j++) {
+      const double x1 = ld(x.data(), r * D + j), x2 = ld(x.data(), r * D + j + half);
+      const double cc = c[p * D + j], ss = sn[p * D + j];
+      want[r * D + j] = x1 * cc - x2 * ss;
+      want[r * D + j + half] = x2 * cc + x1 * ss;
+    }
+  }
+  std::vector<T> y = x;
+  run_rope<T, true>(y, c, sn, pos.data(), B, Tn, H, D, 1.0f);
+  char what[128];
+  snprintf(what, sizeof what, "%s, head_dim %lld: rope forward_at", bf16 ? "bf16" : "fp32", (long long)D);
+  expect_close(what, y.data(), want, bf16 ? 8e-3 : 1e-6);
+  if (!bf16) { /* backward_at is the transposed rotation: it undoes forward_at */
+    run_rope<T, true>(y, c, sn, pos.data(), B, Tn, H, D, -1.0f);
+    std::vector<double> x0(x.size());
+    for (size_t i = 0; i < x.size(); i++) x0[i] = ld(x.data(), (int64_t)i);
+    snprintf(what, sizeof what, "fp32, head_dim %lld: rope backward_at undoes forward_at", (long long)D);
+    expect_close(what, y.data(), x0, 1e-6);
+  }
+  std::vector<T> a = x, b = x;
+  run_rope<T, true>(a, c, sn, ident.data(), B, Tn, H, D, 1.0f);
+  run_rope<T, false>(b, c, sn, nullptr, B, Tn, H, D, 1.0f);
+  snprintf(what, sizeof what, "%s, head_dim %lld: rope at positions t, the plain kernel's bits", bf16 ? "bf16" : "fp32",
+           (long long)D);
+  kit.expect(same_bits(a, b), what, same_bits(a, b) ? 0 : 1, 0);
+}
+
+template <typename T>
+static void check_all(bool bf16) {
+  const std::vector<int> one{70}, three{33, 1, 36}, seven{5, 1, 20, 9, 16, 12, 7};
+  for (int64_t D : {16, 64}) {
+    check_attention<T>("rows of 7 and 3 documents", seven, three, D, bf16);
+    check_attention<T>("rows of 1 and 7 documents", one, seven, D, bf16);
+    check_attention<T>("one document a row (doc_start all 0)", one, one, D, bf16);
+    check_rope<T>(D, bf16);
+  }
+}
+
+int main() {
+  check_all<float>(false);
+  check_all<__nv_bfloat16>(true);
+  return kit.finish();
+}
