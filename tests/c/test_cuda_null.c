@@ -31,6 +31,12 @@ int main(void) {
   refused(fsdp_cuda_rope_backward_at(y, a, b, NULL, 1, 2, 1, 4, FSDP_FP32, NULL), "cuda rope backward_at: pos is NULL");
   refused(fsdp_cuda_cross_entropy((double *)r, (int64_t *)(r + 8), y, a, NULL, 2, 4, -1, 1.0f, FSDP_FP32, NULL),
           "cuda cross_entropy: targets is NULL");
+  refused(fsdp_cuda_token_logprobs(y, r, NULL, NULL, (const int32_t *)b, NULL, 2, 4, -1, FSDP_FP32, NULL),
+          "cuda token_logprobs: logits is NULL");
+  refused(fsdp_cuda_token_logprobs(y, NULL, NULL, a, NULL, NULL, 2, 4, -1, FSDP_FP32, NULL),
+          "cuda token_logprobs: targets is NULL");
+  refused(fsdp_cuda_token_logprobs(NULL, NULL, y, a, (const int32_t *)b, NULL, 2, 4, -1, FSDP_FP32, NULL),
+          "cuda token_logprobs: dlogits without coef");
   refused(fsdp_cuda_sum_squares(NULL, FSDP_FP32, 4, (double *)r, (int64_t *)(r + 8), NULL), "cuda sum_squares: x is NULL");
   /* nothing to do: no pointer is needed */
   CHECK(fsdp_cuda_add(NULL, NULL, NULL, 0, FSDP_FP32, NULL) == FSDP_OK);

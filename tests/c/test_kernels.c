@@ -528,6 +528,37 @@ static void test_cross_entropy(void) {
   fsdp_free(FSDP_CUDA, TG), fsdp_free(FSDP_CUDA, sums);
 }
 
+/* per-token logp, entropy and coef (onehot - softmax): in place over the
+ * logits, then logp and entropy alone; logp and entropy are fp32 from the
+ * same (rounded) logits in either dtype, so fp32's tolerance */
+static void test_token_logprobs(void) {
+  const int64_t n = 13, V = 3001;
+  int32_t tg[13];
+  float cf[13];
+  for (int i = 0; i < n; i++) tg[i] = (i * 977 + 11) % V, cf[i] = 0.3f * (float)(i % 5) - 0.7f;
+  tg[4] = -100; /* ignored */
+  int32_t *TG = NULL;
+  CHECK_OK(fsdp_alloc(FSDP_CUDA, sizeof tg, (void **)&TG));
+  CHECK_OK(fsdp_memcpy(TG, tg, sizeof tg, NULL));
+  void *CF = up(cf, n, FSDP_FP32);
+  DT_LOOP {
+    float *x = rand_host(n * V, 4, dt), *d = malloc(sizeof(float) * n * V), lp[13], en[13];
+    CHECK_OK(fsdp_token_logprobs(lp, en, d, x, tg, cf, n, V, -100));
+    void *X = up(x, n * V, dt), *X2 = up(x, n * V, dt), *LP = poisoned(n, FSDP_FP32), *EN = poisoned(n, FSDP_FP32);
+    CHECK_OK(fsdp_cuda_token_logprobs(LP, EN, X, X, TG, CF, n, V, -100, dt, NULL));
+    same_tol("token_logprobs logp", FSDP_FP32, LP, lp, n, 2e-5);
+    same_tol("token_logprobs entropy", FSDP_FP32, EN, en, n, 2e-5);
+    same("token_logprobs dlogits (in place)", dt, X, d, n * V, 2e-5);
+    LP = poisoned(n, FSDP_FP32), EN = poisoned(n, FSDP_FP32);
+    CHECK_OK(fsdp_cuda_token_logprobs(LP, EN, NULL, X2, TG, NULL, n, V, -100, dt, NULL));
+    same_tol("token_logprobs logp (no dlogits)", FSDP_FP32, LP, lp, n, 2e-5);
+    same_tol("token_logprobs entropy (no dlogits)", FSDP_FP32, EN, en, n, 2e-5);
+    fsdp_free(FSDP_CUDA, X2);
+    free(x), free(d);
+  }
+  fsdp_free(FSDP_CUDA, TG), fsdp_free(FSDP_CUDA, CF);
+}
+
 static void test_optimizers(void) {
   const int64_t n = 5003;
   fsdp_adamw_config cfg = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
@@ -708,6 +739,7 @@ int main(int argc, char **argv) {
   test_cast_rows(3, 70000, 70000);
   test_cast_rows(70000, 3, 5);
   test_cross_entropy();
+  test_token_logprobs();
   test_optimizers();
   test_optimizers_bf16_grads();
   return fsdp_test_summary("test_kernels");
