@@ -2,7 +2,9 @@
 # The project's Python environment, made on demand and never needed to
 # train: a virtual environment (.venv/ in the checkout, or FSDP_PYTHON_ENV)
 # with Hugging Face `tokenizers` and `pyarrow`, for `fsdp prepare` and the
-# tokenizer of `fsdp generate`, and `tensorboard`, to watch a run's
+# tokenizer of `fsdp generate`; `jinja2`, which renders chat templates for
+# `fsdp prepare --chat` (the library transformers' apply_chat_template
+# renders them with: the same ids); and `tensorboard`, to watch a run's
 # train.tensorboard event files (and for the test that reads them back).
 #   scripts/python_env.sh            the base environment
 #   scripts/python_env.sh --torch    also torch and transformers, for the
@@ -20,7 +22,7 @@ py=$env/bin/python
 say() { echo "python_env: $*" >&2; }
 
 # pinned: a preparation made today gives the same ids next year
-base=(tokenizers==0.23.3 pyarrow==26.0.1 tensorboard==2.21.0)
+base=(tokenizers==0.23.3 pyarrow==26.0.1 jinja2==3.1.6 tensorboard==2.21.0)
 # torch's Linux wheel on PyPI is its CUDA build; its pure-Python deps and
 # the four NVIDIA libraries the CUDA toolkit here lacks are enough for it
 # to run on the CPU (cuBLAS, cuDNN and the runtime come from the toolkit),
@@ -58,7 +60,7 @@ mark=$env/.fsdp-base
 if [ "$(cat "$mark" 2>/dev/null)" != "${base[*]}" ]; then
   say "installing ${base[*]}"
   pip_in "${base[@]}" || { say "could not install ${base[*]} from PyPI"; exit 1; }
-  "$py" -c "import tokenizers, pyarrow, tensorboard" || { say "tokenizers, pyarrow or tensorboard does not import"; exit 1; }
+  "$py" -c "import tokenizers, pyarrow, jinja2, tensorboard" || { say "tokenizers, pyarrow, jinja2 or tensorboard does not import"; exit 1; }
   echo "${base[*]}" >"$mark"
 fi
 

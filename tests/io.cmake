@@ -36,3 +36,13 @@ add_test(NAME prepare
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_prepare.sh $<TARGET_FILE:fsdprun> $<TARGET_FILE:fsdp-host>
                  ${CMAKE_SOURCE_DIR})
 set_tests_properties(prepare PROPERTIES LABELS multirank TIMEOUT 180 SKIP_RETURN_CODE 77)
+# `fsdp prepare --chat` against transformers' own apply_chat_template: the
+# ids, the loss mask (generation blocks, and the prefix rule without them),
+# --mask all, the document index of every preparation, any worker count the
+# same bytes, refusals naming file:line, plain text byte for byte as before
+# (tests/scripts/test_prepare_chat.sh, check_chat.py; skipped without
+# transformers in FSDP_TEST_PYTHON)
+add_test(NAME prepare_chat
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_prepare_chat.sh $<TARGET_FILE:fsdprun> $<TARGET_FILE:fsdp-host>
+                 ${CMAKE_SOURCE_DIR})
+set_tests_properties(prepare_chat PROPERTIES LABELS multirank TIMEOUT 180 SKIP_RETURN_CODE 77)
