@@ -452,6 +452,11 @@ function Sharded:offload()
   for _, u in ipairs(self.units) do check(C.fsdp_unit_offload(u.handle), "unit '" .. u.name .. "' offload") end
   if self.ppool ~= nil then check(C.fsdp_pool_park(self.ppool), "offload: the param pool") end
   if self.gpool ~= nil then check(C.fsdp_pool_park(self.gpool), "offload: the grad pool") end
+  if self.staging then -- (CPU ranks, bf16 params: the fp32 copies of a module, made again at its next call)
+    self.staging.w:free()
+    self.staging.g:free()
+    self.staging = nil
+  end
   check(C.fsdp_memory_empty_cache(self.device == "cuda" and C.FSDP_CUDA or C.FSDP_CPU), "offload: the allocator's cache")
   self.placed = "host"
 end

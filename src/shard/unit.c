@@ -6,6 +6,7 @@
  * the optimizer step unit_step.c and unit_apply.c; unit_impl.h draws the map. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <string.h>
 
 #include "../base/bf16_split.h"
@@ -37,6 +38,40 @@ static int check_spec(const fsdp_unit_spec *sp) {
     return fsdp_fail(FSDP_EINVAL, "unit '%s': hfsdp shards the optimizer over the outer group: it needs an outer "
                      "group and zero >= 1", name);
   return FSDP_OK;
+}
+
+/* ---- host copies of rows (unit_phase.c's offload) ---- */
+
+/* host memory for a row: pinned on a GPU; on the CPU in 2 MiB-aligned
+ * blocks the kernel may back with huge pages (first touch faults 512x
+ * fewer pages: the first offload of a large state is page faults, not copies) */
+int fsdp_unit_host_alloc(const fsdp_unit *u, size_t bytes, void **out) {
+  if (u->device == FSDP_CUDA) return fsdp_alloc_host_pinned(bytes ? bytes : 1, out);
+  const size_t huge = (size_t)2 << 20;
+  *out = NULL;
+  if (bytes >= huge) {
+    if (posix_memalign(out, huge, (bytes + huge - 1) / huge * huge) != 0) *out = NULL;
+#ifdef MADV_HUGEPAGE
+    if (*out) madvise(*out, (bytes + huge - 1) / huge * huge, MADV_HUGEPAGE);
+#endif
+  } else {
+    *out = malloc(bytes ? bytes : 1);
+  }
+  return *out ? FSDP_OK : fsdp_fail(FSDP_ENOMEM, "unit '%s': no host memory for %zu bytes", u->name, bytes);
+}
+
+void fsdp_unit_host_free(const fsdp_unit *u, void *p) {
+  if (!p) return;
+  if (u->device == FSDP_CUDA) fsdp_free_host_pinned(p);
+  else free(p);
+}
+
+void fsdp_unit_phase_free(fsdp_unit *u) {
+  for (int i = 0; i < FSDP_UBUF_COUNT; i++) {
+    fsdp_unit_host_free(u, u->parked[i]);
+    fsdp_unit_host_free(u, u->kept[i]);
+    u->parked[i] = u->kept[i] = NULL;
+  }
 }
 
 /* ---- a row of the plan: allocate, free ---- */

@@ -139,7 +139,8 @@ struct fsdp_unit {
   /* phase offload (unit_phase.c): where its device rows are (fsdp_unit_placement),
    * and the host copies of those moved off the device */
   int placed;
-  void *parked[FSDP_UBUF_COUNT];
+  void *parked[FSDP_UBUF_COUNT]; /* a row's host copy while it is off the device */
+  void *kept[FSDP_UBUF_COUNT];   /* and after an onload, kept for the next offload */
 };
 
 /* The reduce comm's shared fp32 scratch (at least shard_numel floats): the
@@ -159,9 +160,6 @@ void fsdp_unit_enter(fsdp_unit *u, unit_event e);
  * device (grads, reductions, steps, state), 0 for the params alone */
 int fsdp_unit_placed_check(const fsdp_unit *u, int need_all, const char *what);
 
-/* ---- unit_phase.c ---- */
-/* frees the host copies of offloaded rows (destroy) */
-void fsdp_unit_phase_free(fsdp_unit *u);
 
 /* ---- unit.c ---- */
 /* the unit's row pointers, by fsdp_unit_buffer: read, and set from an array */
@@ -169,6 +167,11 @@ void fsdp_unit_rows_get(const fsdp_unit *u, void *rows[FSDP_UBUF_COUNT]);
 void fsdp_unit_rows_set(fsdp_unit *u, void *const rows[FSDP_UBUF_COUNT]);
 /* device memory of bytes, zeroed */
 int fsdp_unit_alloc_zeroed(int device, size_t bytes, void **out);
+/* host memory for a row's copy (pinned on a GPU), and its release; the
+ * unit's host copies freed (destroy) */
+int fsdp_unit_host_alloc(const fsdp_unit *u, size_t bytes, void **out);
+void fsdp_unit_host_free(const fsdp_unit *u, void *p);
+void fsdp_unit_phase_free(fsdp_unit *u);
 /* the element ranges this rank's optimizer holds (to_save 0), or saves: see
  * fsdp_unit_state_pieces; a malloc'ed array in *out, its length returned */
 int fsdp_unit_owned_pieces(const fsdp_unit *u, fsdp_layout_piece **out);

@@ -9,7 +9,11 @@
  * plan keeps on the host already (the offloaded optimizer's) stay. The
  * comms' scratch shares are given back, so the scratch goes with the last
  * unit. onload allocates each row again, copies it back and frees the host
- * copy: the same bytes, so training goes on bit for bit. Calls that need a
+ * copy: the same bytes, so training goes on bit for bit. The host copies
+ * are kept after an onload for the next offload (an RL loop moves the state
+ * every step; allocating and first touching host memory cost more than the
+ * copies: bench/RESULTS.md): after the first offload the unit holds its
+ * state's size in host memory too. Calls that need a
  * row that is off the device are refused (unit_lifecycle.c,
  * fsdp_unit_placed_check). */
 #include <stdlib.h>
@@ -19,25 +23,6 @@
 #include "unit_impl.h"
 
 int fsdp_unit_placement_get(const fsdp_unit *u) { return u ? u->placed : -1; }
-
-static int host_alloc(const fsdp_unit *u, size_t bytes, void **out) {
-  if (u->device == FSDP_CUDA) return fsdp_alloc_host_pinned(bytes ? bytes : 1, out);
-  *out = malloc(bytes ? bytes : 1);
-  return *out ? FSDP_OK : fsdp_fail(FSDP_ENOMEM, "unit '%s': no host memory for %zu bytes", u->name, bytes);
-}
-
-static void host_free(const fsdp_unit *u, void *p) {
-  if (!p) return;
-  if (u->device == FSDP_CUDA) fsdp_free_host_pinned(p);
-  else free(p);
-}
-
-void fsdp_unit_phase_free(fsdp_unit *u) {
-  for (int i = 0; i < FSDP_UBUF_COUNT; i++) {
-    host_free(u, u->parked[i]);
-    u->parked[i] = NULL;
-  }
-}
 
 /* row i is the unit's own device memory, the kind that moves */
 static int moves(const fsdp_unit *u, int i) { return u->plan.rows[i].held == FSDP_HELD_DEVICE; }
@@ -86,11 +71,13 @@ int fsdp_unit_offload(fsdp_unit *u) {
   for (int i = 0; i < FSDP_UBUF_COUNT && rc == FSDP_OK; i++) {
     if (!moves(u, i) || !rows[i]) continue; /* (NULL: off the device already, params-only onload) */
     size_t bytes = (size_t)u->plan.rows[i].bytes;
-    rc = host_alloc(u, bytes, &host[i]);
+    host[i] = u->kept[i]; /* the host copy an earlier onload kept: no allocation, no first touch */
+    if (!host[i]) rc = fsdp_unit_host_alloc(u, bytes, &host[i]);
     if (rc == FSDP_OK && bytes) rc = fsdp_memcpy(host[i], rows[i], bytes, NULL);
   }
   if (rc < 0) {
-    for (int i = 0; i < FSDP_UBUF_COUNT; i++) host_free(u, host[i]);
+    for (int i = 0; i < FSDP_UBUF_COUNT; i++)
+      if (host[i] != u->kept[i]) fsdp_unit_host_free(u, host[i]);
     return fsdp_fail_context(rc, "unit '%s': offload", u->name);
   }
   for (int i = 0; i < FSDP_UBUF_COUNT; i++) {
@@ -98,6 +85,7 @@ int fsdp_unit_offload(fsdp_unit *u) {
     fsdp_free(u->device, rows[i]);
     rows[i] = NULL;
     u->parked[i] = host[i];
+    u->kept[i] = NULL;
   }
   resolve_aliases(u, rows);
   fsdp_unit_rows_set(u, rows);
@@ -121,7 +109,7 @@ int fsdp_unit_onload(fsdp_unit *u, int params_only) {
   for (int i = 0; i < FSDP_UBUF_COUNT && rc == FSDP_OK; i++) {
     if (!u->parked[i] || (params_only && !param_row(u, i))) continue;
     size_t bytes = (size_t)u->plan.rows[i].bytes;
-    rc = fsdp_unit_alloc_zeroed(u->device, bytes, &dev[i]);
+    rc = fsdp_alloc(u->device, bytes ? bytes : 1, &dev[i]); /* (not zeroed: the copy writes every byte) */
     if (rc == FSDP_OK && bytes) rc = fsdp_memcpy(dev[i], u->parked[i], bytes, NULL);
   }
   /* the comms' scratch: the gather stage for any forward, the reduce staging for training */
@@ -143,7 +131,7 @@ int fsdp_unit_onload(fsdp_unit *u, int params_only) {
   for (int i = 0; i < FSDP_UBUF_COUNT; i++) {
     if (!dev[i]) continue;
     rows[i] = dev[i];
-    host_free(u, u->parked[i]);
+    u->kept[i] = u->parked[i]; /* kept for the next offload (a loop moves the state every step) */
     u->parked[i] = NULL;
   }
   resolve_aliases(u, rows);

@@ -22,7 +22,8 @@
 --    gathered ones; to a folder, the checkpoint export's files (bf16) byte
 --    for byte; the allocator's peak while streaming at most the largest
 --    unit's params; a failing consumer fails it on every rank.
--- 6. Phase offload at zero 3, 2 and 1: offloaded, the allocator holds under
+-- 6. Phase offload at zero 3, 2 and 1 (and bf16 params at zero 3, whose fp32
+--    staging goes too): offloaded, the allocator holds under
 --    5% of what the model held; a forward is refused; onloaded for forwards,
 --    the log-probs are the same bits and a step is refused; onloaded, the
 --    losses and final weights equal an uninterrupted run's bit for bit.
@@ -292,14 +293,16 @@ do
 end
 
 ---------------------------------------------------------------- 6. phase offload
-for _, zero in ipairs({ 3, 2, 1 }) do
-  local label = "zero " .. zero
+for _, v in ipairs({ { 3, "fp32" }, { 2, "fp32" }, { 1, "fp32" }, { 3, "bf16" } }) do
+  local zero, pdt = v[1], v[2]
+  local label = "zero " .. zero .. ", " .. pdt
   local opt = { lr = 1e-2, weight_decay = 0.1, clip = 1.0, loss = function(logits, bb, scale) return llama.loss(logits,
     bb.y, scale) end }
   collectgarbage(); collectgarbage()
   local base = fsdp.memory_stats("cpu").allocated
   local function run(offload_at)
-    local m = fsdp.fully_shard(llama.model(cfg), { shard = dp, units = llama.units, zero = zero, seed = 13 })
+    local m = fsdp.fully_shard(llama.model(cfg), { shard = dp, units = llama.units, zero = zero, seed = 13,
+      mixed = { param_dtype = pdt, reduce_dtype = "fp32" } })
     local E = engine.new(m, cfg)
     local losses_, held, after, probe = {}, nil, nil, batch({ R }, 9)
     for step = 1, 4 do
