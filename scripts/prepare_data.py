@@ -1165,6 +1165,19 @@ def decode(args):
 SPECIAL = "<|end_of_text|>"
 
 
+# train-tokenizer --chat-template NAME: a chat template written into
+# tokenizer_config.json, its special tokens trained in (the ids after
+# <|end_of_text|>), its end of turn an end-of-text id of generation_config.json
+CHAT_TEMPLATES = {
+    "chatml": {
+        "tokens": ["<|im_start|>", "<|im_end|>"], "end_of_turn": "<|im_end|>",
+        "template": "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+                    "'<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+                    "{% endif %}",
+    },
+}
+
+
 def train_tokenizer(args):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
@@ -1184,19 +1197,27 @@ def train_tokenizer(args):
         tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tk.decoder = decoders.ByteLevel()
         tk.post_processor = processors.ByteLevel(trim_offsets=False)
+        chat = CHAT_TEMPLATES.get(args.chat_template) if args.chat_template else None
+        specials = [SPECIAL] + (chat["tokens"] if chat else [])
         trainer = trainers.BpeTrainer(vocab_size=args.vocab_size, min_frequency=args.min_frequency, show_progress=False,
-                                      special_tokens=[SPECIAL], initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+                                      special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
         tk.train_from_iterator(texts(), trainer)
         tk.save(out.path("tokenizer.json"))
         config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": SPECIAL, "eos_token": SPECIAL,
                   "unk_token": None, "add_bos_token": False, "add_eos_token": False,
                   "clean_up_tokenization_spaces": False, "model_max_length": 1_000_000_000}
         # generate (ours and transformers') stops at the end-of-text id: a
-        # model trained on data this tokenizer made carries the file along
+        # model trained on data this tokenizer made carries the file along;
+        # a chat template's end of turn stops it too
         eot = tk.token_to_id(SPECIAL)
+        eos = eot
+        if chat:
+            config["chat_template"] = chat["template"]
+            config["additional_special_tokens"] = chat["tokens"]
+            eos = [eot, tk.token_to_id(chat["end_of_turn"])]
         for name, obj in (("tokenizer_config.json", config),
                           ("special_tokens_map.json", {"bos_token": SPECIAL, "eos_token": SPECIAL}),
-                          ("generation_config.json", {"bos_token_id": eot, "eos_token_id": eot})):
+                          ("generation_config.json", {"bos_token_id": eot, "eos_token_id": eos})):
             with open(out.path(name), "w") as f:
                 json.dump(obj, f, indent=1)
                 f.write("\n")
@@ -1204,7 +1225,8 @@ def train_tokenizer(args):
     finally:
         out.cleanup()
     print(f"{PROG}: wrote {out.out}: a byte-level BPE of {tk.get_vocab_size(with_added_tokens=True)} ids "
-          f"({SPECIAL} = {tk.token_to_id(SPECIAL)})", file=sys.stderr)
+          f"({', '.join(f'{t} = {tk.token_to_id(t)}' for t in specials)})"
+          f"{'; chat template ' + args.chat_template if chat else ''}", file=sys.stderr)
     return 0
 
 
@@ -1305,6 +1327,10 @@ def parsers():
     tr.add_argument("--out", "-o", required=True, metavar="DIR", help="the folder to write (must not exist, see --force; missing parent folders are made)")
     tr.add_argument("--min-frequency", type=int, default=2, help="a pair seen fewer times is never merged (default 2)")
     tr.add_argument("--force", action="store_true", help="replace DIR when it exists (only a folder of this tool's files)")
+    tr.add_argument("--chat-template", choices=sorted(CHAT_TEMPLATES),
+                    help="write this chat template into tokenizer_config.json and train its special tokens in "
+                         "(chatml: <|im_start|>, <|im_end|>; <|im_end|> also ends generation), so that `fsdp prepare "
+                         "--chat` can render conversations with the folder")
     _input_options(tr)
     return {"prepare": (main, prepare), "encode": (enc, encode), "decode": (dec, decode),
             "train-tokenizer": (tr, train_tokenizer)}

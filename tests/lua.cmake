@@ -69,6 +69,12 @@ foreach(n 1 2)
            COMMAND $<TARGET_FILE:fsdprun> -n ${n} --timeout 120 ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_engine.lua)
   set_tests_properties(lua_engine_np${n} PROPERTIES LABELS multirank TIMEOUT 150)
 endforeach()
+# recipes/sft_chat.lua: chat SFT from a tokenizer to answers in the chat
+# format, the recipe's header as written (tests/scripts/test_sft_chat.sh)
+add_test(NAME sft_chat
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_sft_chat.sh $<TARGET_FILE:fsdprun> $<TARGET_FILE:fsdp-host>
+         ${CMAKE_SOURCE_DIR})
+set_tests_properties(sft_chat PROPERTIES LABELS multirank TIMEOUT 300 SKIP_RETURN_CODE 77)
 # recipes/grpo_arith.lua: the RL loop in one job, its reward rising
 add_test(NAME grpo_arith COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_grpo_arith.sh $<TARGET_FILE:fsdprun>
          ${CMAKE_SOURCE_DIR})

@@ -14,9 +14,10 @@ local ffi, C = base.ffi, base.C
 
 local M = {}
 
--- what is carried (tokenizer.model: SentencePiece's model, Llama 2's)
+-- what is carried (tokenizer.model: SentencePiece's model, Llama 2's;
+-- chat_template.jinja: where transformers 5 saves a chat template)
 M.names = { "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
-  "tokenizer.model" }
+  "tokenizer.model", "chat_template.jinja" }
 
 local read = ckpt_dir.read_text
 

@@ -153,6 +153,13 @@ local function open_data(J)
       "data.val_token_file, or set train.eval_every = 0", r.train.eval_every, r.data.val_fraction))
   end
   J.ds = ds
+  if ds.packed then -- what packing made of the documents (docs/TRAINING.md, "Documents, packing and loss masks")
+    local st = ds.packed.train:stats()
+    J.say("data: %d pieces of documents packed into %d rows of %d tokens (%.1f%% full%s%s)%s", st.pieces, st.rows, T,
+      100 * st.fill, st.split > 0 and string.format("; %d long documents cut into pieces", st.split) or "",
+      st.dropped > 0 and string.format("; %d documents of under 2 tokens left out", st.dropped) or "",
+      ds.masked and "; targets where the loss mask says (the assistant's turns)" or "")
+  end
 end
 
 local function build_model(J)

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# test_sft_chat.sh FSDPRUN FSDP ROOT: recipes/sft_chat.lua, supervised
+# fine-tuning on chat data, as the recipe's header tells it: its commands
+# run as written in a folder laid out as a fresh clone (no runs/; the base
+# model's pretraining shortened to 60 steps): a ChatML BPE tokenizer
+# (train-tokenizer --chat-template chatml), the docs tokenized and a base
+# model trained on them and exported, recipes/data/chat_arith.jsonl
+# prepared with --chat (the loss mask and document index beside the
+# tokens), the fine-tune (packed rows, the assistant's tokens as targets),
+# and fsdp generate on its export; then
+#   * the trainer packed the conversations and trained on the mask
+#   * the fine-tune's loss falls to under half its first value
+#   * its sample at the end answers in the chat format ("N plus M is K."
+#     then <|im_end|>), and fsdp generate from its export stops at <|im_end|>
+#   * the base model's answer to the same prompt is not of that form: the
+#     fine-tune changed it
+# Skipped (77) where the project's Python environment cannot be made.
+set -u
+fsdprun=$1 fsdp=$2 root=$3
+. "$(dirname "$0")/checks.sh"
+if ! "$root/scripts/python_env.sh" >/dev/null 2>"${TMPDIR:-/tmp}/sft_env.$$"; then
+  echo "skipped: the project's Python environment: $(tail -1 "${TMPDIR:-/tmp}/sft_env.$$")"
+  rm -f "${TMPDIR:-/tmp}/sft_env.$$"
+  exit 77
+fi
+rm -f "${TMPDIR:-/tmp}/sft_env.$$"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+export FSDPRUN_OVERSUBSCRIBE=1
+cd "$root" || exit 1
+clone=$work/clone
+mkdir -p "$clone/build"
+ln -s "$fsdp" "$clone/build/fsdp"
+ln -s "$fsdprun" "$clone/build/fsdprun"
+ln -s "$root/recipes" "$root/docs" "$root/README.md" "$clone/"
+mapfile -t header < <(sed -n 's/^--   \(build\/.*\)$/\1/p' recipes/sft_chat.lua)
+check "the recipe's header names 6 commands (${#header[@]})" "[ ${#header[@]} = 6 ]"
+for i in "${!header[@]}"; do
+  c=${header[$i]}
+  case $c in build/fsdprun*own_data*) c="$c train.steps=60 train.eval_every=60" ;; esac
+  (cd "$clone" && bash -c "$c") >"$work/header$i.out" 2>&1
+  check "as written in a fresh clone: ${c:0:90}..." "[ $? = 0 ]" || tail -5 "$work/header$i.out"
+done
+chat=$clone/runs/chat
+check "prepare --chat wrote the loss mask and the document index" \
+  "[ -s '$chat/sft_data/train.mask' ] && [ -s '$chat/sft_data/train.idx' ]" || ls "$chat/sft_data"
+sft=$work/header4.out
+check "the fine-tune packs the conversations and trains on the mask" \
+  "grep -q '^\[0\] data: [0-9]* pieces of documents packed into [0-9]* rows of 128 tokens .*the loss mask says' '$sft'" ||
+  grep -E '^\[0\] (data|fsdp):' "$sft"
+read -r first last < <(sed -n 's/^\[0\] done: .*loss \([0-9.]*\) -> \([0-9.]*\);.*/\1 \2/p' "$sft")
+check "its loss falls to under half: ${first:-?} -> ${last:-?}" "awk -v a='${first:-0}' -v b='${last:-9}' 'BEGIN { exit !(b < a / 2) }'"
+form='[0-9]+ (plus|minus) [0-9]+ is [0-9]+\.<\|im_end\|>'
+check "its last sample answers in the chat format" \
+  "grep -E '^\[0\] sample step 120 \| .*<\|im_start\|>assistant\\\\n$form\$' '$sft'" || grep sample "$sft"
+gen=$work/header5.out
+check "fsdp generate on its export answers in the format and stops at <|im_end|>" \
+  "tail -1 '$gen' | grep -Eq '^$form\$'" || tail -3 "$gen"
+prompt=$'<|im_start|>user\nWhat is 12 plus 30?<|im_end|>\n<|im_start|>assistant\n'
+"$fsdp" generate "$chat/base" --greedy --max-new-tokens 16 --prompt "$prompt" >"$work/base.out" 2>"$work/base.err"
+answer=$(awk 'seen { printf "%s\\n", $0 } /^<\|im_start\|>assistant$/ { seen = 1 }' "$work/base.out")
+check "the base model answered otherwise: the fine-tune changed it ('${answer:0:60}')" \
+  "grep -q 'prompt tokens' '$work/base.err' && ! printf '%s' '$answer' | grep -Eq '^$form'" || cat "$work/base.err"
+finish test_sft_chat
