@@ -42,3 +42,24 @@ job_rc() {
   [ -f "$1/$2.out" ] && grep -v "Loading weights" "$1/$2.out" >&2
   cat "$1/$2.rc" 2>/dev/null || echo 3
 }
+
+# python_env_or_skip ROOT: the project's Python environment (scripts/
+# python_env.sh), made if need be; where it cannot be, says why and exits
+# the test with 77 (skipped)
+python_env_or_skip() {
+  local err
+  if ! err=$("$1/scripts/python_env.sh" 2>&1 >/dev/null); then
+    echo "skipped: the project's Python environment: $(echo "$err" | tail -1)"
+    exit 77
+  fi
+}
+
+# fresh_clone DIR FSDP FSDPRUN ROOT: DIR laid out as a fresh clone for a
+# recipe's header commands (build/fsdp, build/fsdprun, recipes/, docs/,
+# README.md; no runs/)
+fresh_clone() {
+  mkdir -p "$1/build"
+  ln -s "$2" "$1/build/fsdp"
+  ln -s "$3" "$1/build/fsdprun"
+  ln -s "$4/recipes" "$4/docs" "$4/README.md" "$1/"
+}

@@ -20,12 +20,7 @@
 set -u
 fsdprun=$1 fsdp=$2 root=$3
 . "$(dirname "$0")/checks.sh"
-if ! "$root/scripts/python_env.sh" >/dev/null 2>"${TMPDIR:-/tmp}/own_data_env.$$"; then
-  echo "skipped: the project's Python environment: $(tail -1 "${TMPDIR:-/tmp}/own_data_env.$$")"
-  rm -f "${TMPDIR:-/tmp}/own_data_env.$$"
-  exit 77
-fi
-rm -f "${TMPDIR:-/tmp}/own_data_env.$$"
+python_env_or_skip "$root"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 export FSDPRUN_OVERSUBSCRIBE=1
@@ -36,10 +31,7 @@ docs=(README.md docs/*.md)
 # runs/own/ itself. Read from the recipe, so the test follows its header;
 # only the training is shortened (40 steps, evaluations at 20 and 40).
 clone=$work/clone
-mkdir -p "$clone/build"
-ln -s "$fsdp" "$clone/build/fsdp"
-ln -s "$fsdprun" "$clone/build/fsdprun"
-ln -s "$root/recipes" "$root/docs" "$root/README.md" "$clone/"
+fresh_clone "$clone" "$fsdp" "$fsdprun" "$root"
 mapfile -t header < <(sed -n 's/^--   \(build\/.*\)$/\1/p' recipes/own_data.lua)
 check "the recipe's header names 4 commands (${#header[@]})" "[ ${#header[@]} = 4 ]"
 short="train.steps=40 train.eval_every=20 checkpoint.every=40"

@@ -18,21 +18,13 @@
 set -u
 fsdprun=$1 fsdp=$2 root=$3
 . "$(dirname "$0")/checks.sh"
-if ! "$root/scripts/python_env.sh" >/dev/null 2>"${TMPDIR:-/tmp}/sft_env.$$"; then
-  echo "skipped: the project's Python environment: $(tail -1 "${TMPDIR:-/tmp}/sft_env.$$")"
-  rm -f "${TMPDIR:-/tmp}/sft_env.$$"
-  exit 77
-fi
-rm -f "${TMPDIR:-/tmp}/sft_env.$$"
+python_env_or_skip "$root"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 export FSDPRUN_OVERSUBSCRIBE=1
 cd "$root" || exit 1
 clone=$work/clone
-mkdir -p "$clone/build"
-ln -s "$fsdp" "$clone/build/fsdp"
-ln -s "$fsdprun" "$clone/build/fsdprun"
-ln -s "$root/recipes" "$root/docs" "$root/README.md" "$clone/"
+fresh_clone "$clone" "$fsdp" "$fsdprun" "$root"
 mapfile -t header < <(sed -n 's/^--   \(build\/.*\)$/\1/p' recipes/sft_chat.lua)
 check "the recipe's header names 6 commands (${#header[@]})" "[ ${#header[@]} = 6 ]"
 for i in "${!header[@]}"; do
