@@ -289,6 +289,9 @@ function M.plan(r, o)
     ws = o.attention_workspace
     p.attention_workspace_from = ws and "cuDNN's plan on this GPU" or "estimated: no GPU asked"
     ws = ws or M.attention_workspace_estimate(cfg, B, T, f.param_dtype, os.getenv("FSDP_CUDNN_DETERMINISTIC") ~= "0")
+    if r.data.pack then -- packed rows run our own kernels, which take no workspace (fsdp_cuda_attention_forward_docs)
+      ws, p.attention_workspace_from = { forward = 0, backward = 0 }, "none: packed rows run our own kernels"
+    end
     p.attention_workspace = ws
   end
   local chunk = r.train.loss_chunk_mb * 2 ^ 20

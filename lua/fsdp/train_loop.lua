@@ -141,7 +141,9 @@ local function open_rates(J)
     "micro-batches x %d ranks); planned %.2f GiB per rank", human(llama.num_params(cfg)), #J.sharded.units, J.info.size,
     type(r.mesh) == "string" and r.mesh or "custom", planner.zero_text(J.plan), r.fsdp.param_dtype, J.tokens_step, B, T, K,
     dp, planner.gib(J.need.total))
-  if device == "cuda" then
+  if device == "cuda" and r.data.pack then
+    J.say("attention: packed rows: our CUDA-core kernels (kernels/attention.cu), attention within each document")
+  elseif device == "cuda" then
     -- cuDNN's deterministic backward holds partial sums growing with seq^2: say what it costs
     local ws = J.plan.attention_workspace.backward
     J.say("attention: %s%s", ops.attention_choice(r.fsdp.param_dtype, B, T, cfg.num_attention_heads,
