@@ -12,6 +12,10 @@
 #               and rope_*_at kernels against their CPU twins (tests runs them too;
 #               this is for a session that checks only them); skipped, status 0,
 #               without test_kernels or a GPU
+#   post        post-training on the GPU (issue 47): tests/lua/test_cuda_engine.lua (packed
+#               rows and the engine's log-probs against the CPU, a GRPO step against the
+#               cross-entropy's, offload / onload by cudaMemGetInfo) and bench/phase_offload.lua
+#               (the time of each move of a 1B-shaped state against a device-to-host copy)
 #   multirank   2 and 4 GPU ranks on the GPU at hand (fsdprun --ranks-per-gpu):
 #               the matrix of scripts/multirank_check.sh against 1 GPU rank and
 #               CPU ranks, checkpoints across worlds, a killed rank, the REPL
@@ -47,7 +51,7 @@
 #   host_suite  the whole CPU suite on the host's CPU (scripts/host_suite.sh build-host: carry
 #               build-host/, which scripts/gpu_bundle.sh makes)
 # GPU_CHECK_STAGE_LIMIT=S stops a stage that runs past S seconds (below).
-# Without GPU_CHECK_STAGES: tests multirank train generate planner demos repl adamw
+# Without GPU_CHECK_STAGES: tests post multirank train generate planner demos repl adamw
 # kernels offload, then with GPU_CHECK_BENCH=1 blas vs_fsdp2 vs_fsdp2_offload
 # timeline offload_probe attention, then with GPU_CHECK_COLLECTIVES=1
 # collectives.
@@ -92,6 +96,18 @@ stage_docs() {
   sed 1d "$log" | tail -20 # the test's own lines
   [ "$rc" = 77 ] && return 0 # no GPU here: it said so
   return "$rc"
+}
+
+stage_post() {
+  local rc=0
+  echo "== post-training on the GPU (tests/lua/test_cuda_engine.lua)" | tee "$out/post.log"
+  "$build/fsdprun" -n 1 --host "$build/fsdp" tests/lua/test_cuda_engine.lua >>"$out/post.log" 2>&1 || rc=1
+  echo "== phase offload of a 1B-shaped state (bench/phase_offload.lua device=cuda, fp32 and bf16)" | tee -a "$out/post.log"
+  for d in fp32 bf16; do
+    "$build/fsdprun" -n 1 --host "$build/fsdp" bench/phase_offload.lua device=cuda param_dtype=$d >>"$out/post.log" 2>&1 || rc=1
+  done
+  tail -20 "$out/post.log"
+  return $rc
 }
 
 stage_multirank() {
@@ -284,7 +300,7 @@ stage_host_suite() {
 steps=${TINY_STEPS:-400}
 stages=${GPU_CHECK_STAGES:-}
 if [ -z "$stages" ]; then
-  stages="tests multirank train generate planner demos repl adamw kernels offload"
+  stages="tests post multirank train generate planner demos repl adamw kernels offload"
   [ "${GPU_CHECK_BENCH:-0}" = 1 ] && stages="$stages blas vs_fsdp2 vs_fsdp2_offload timeline offload_probe attention"
   [ "${GPU_CHECK_COLLECTIVES:-0}" = 1 ] && stages="$stages collectives"
 fi

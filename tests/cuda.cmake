@@ -17,6 +17,10 @@ endif()
 if(FSDP_HAVE_CUDA)
   add_test(NAME lua_cuda_train COMMAND $<TARGET_FILE:fsdprun> -n 1 --timeout 560 ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_cuda_train.lua)
   set_tests_properties(lua_cuda_train PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 600)
+  # post-training on the GPU: packed rows, the engine's log-probs and step,
+  # phase offload by cudaMemGetInfo (tests/lua/test_cuda_engine.lua)
+  add_test(NAME lua_cuda_engine COMMAND $<TARGET_FILE:fsdprun> -n 1 --timeout 300 ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_cuda_engine.lua)
+  set_tests_properties(lua_cuda_engine PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 330)
   # the planner's bytes against the GPU's allocator (tests/lua/test_planner.lua cuda)
   add_test(NAME lua_planner_cuda
            COMMAND $<TARGET_FILE:fsdprun> -n 1 --timeout 200 ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_planner.lua ${CMAKE_SOURCE_DIR} cuda)
