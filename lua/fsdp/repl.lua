@@ -221,13 +221,14 @@ M.help_text = [[helpers (docs/PLANNING.md):
   plan{model = m, batch = fn, world = W, zero = 3, units = {...}}   any fsdp.nn model (no recipe needed)
   use(p)           the plan the helpers above read from now on
   diff(a, b)       what changes between two plans
-live (fsdprun --repl): gather(name), shard(r, name), stats(name), continue(k), step(); quit() or Ctrl-D ends the run]]
+live (fsdprun --repl): gather(name), shard(r, name), stats(name), continue(k), step(); quit() or Ctrl-D ends the run;
+  engine()         the run's model as fsdp.engine drives it: engine():logprobs{x = ids, y = targets}, step, offload, ...]]
 
 function M.help() return text(M.help_text) end
 
 local function install(live)
   for _, k in ipairs({ "units", "layout", "owner", "rank", "mem", "plan", "use", "diff", "help" }) do _G[k] = M[k] end
-  if live then for _, k in ipairs({ "gather", "shard", "stats", "continue", "step", "quit" }) do _G[k] = M[k] end end
+  if live then for _, k in ipairs({ "gather", "shard", "stats", "continue", "step", "quit", "engine" }) do _G[k] = M[k] end end
 end
 
 -- `fsdp repl [RECIPE.lua] [--world W] [--mesh SPEC] [section.field=value ...]`
@@ -375,6 +376,14 @@ function M.continue(k)
 end
 
 function M.step() return state.live.step end
+-- the run's model as fsdp.engine drives it (post-training: logprobs,
+-- step on a loss, offload / onload, export_weights); collective, as every
+-- command here runs on every rank
+function M.engine()
+  local live = state.live
+  live.engine = live.engine or require("fsdp.engine").new(live.sharded, live.cfg)
+  return live.engine
+end
 function M.quit() state.live.quit = true end
 
 -- The trainer's prompt. live: {sharded, recipe, where, step, rank, size,

@@ -251,7 +251,7 @@ end
 local function prompt(J, step)
   local S = J.stats
   J.live = J.live or { sharded = J.sharded, recipe = J.r, where = J.where, rank = J.info.rank, size = J.info.size,
-    world = J.mesh:group("world") }
+    world = J.mesh:group("world"), cfg = J.cfg }
   J.live.step = step
   local t0 = C.fsdp_time_now()
   local k = require("fsdp.repl").live(J.live)

@@ -105,7 +105,12 @@ out, code = sh(fsdprun .. " -n 2 --repl recipes/tiny.lua --break-at 2 train.step
     "ok = a.data.begin == 0 and b.data['end'] == full:numel() and a.data['end'] == b.data.begin",
     "for i = 1, #a.data.values do ok = ok and a.data.values[i] == full:get(i - 1) end",
     "for i = 1, #b.data.values do ok = ok and b.data.values[i] == full:get(b.data.begin + i - 1) end",
-    "ok", "stats('model.norm.weight')", "mem(0)", "error('boom')", "continue(2)", "step()", "" }, "\n"))
+    "ok", "stats('model.norm.weight')", "mem(0)", "error('boom')",
+    "F = require('fsdp'); x = F.tensor({1, 4}, 'int32'); y = F.tensor({1, 4}, 'int32')",
+    "for i = 0, 3 do x:set(i, 65 + i); y:set(i, 66 + i) end",
+    "lp = engine():logprobs({x = x, y = y}); lp_ok = lp:numel() == 4 and lp:get(0) < 0 and lp:get(3) < 0",
+    "'logprobs ok: ' .. tostring(lp_ok)",
+    "continue(2)", "step()", "" }, "\n"))
 check(code == 0, "the live run ends with status 0 when the prompt is left (" .. tostring(code) .. ")")
 has(out, "step 2/6", "trained to step 2")
 has(out, "fsdp: stopped after step 2", "then prompted")
@@ -120,6 +125,7 @@ for _, row in ipairs({ "main params %(fp32%)", "optimizer state", "grads", "comm
   check(planned and planned == got, string.format("mem() live: %s measured as planned (%s, %s)", row, tostring(planned), tostring(got)))
 end
 has(out, "boom", "an error is shown")
+has(out, "logprobs ok: true", "engine() in the live prompt: per-token log-probs on every rank")
 has(out, "training 2 more steps", "continue(2)")
 has(out, "step 4/6", "trains step 4")
 check(not out:find("step 5/6", 1, true), "and stops there")
