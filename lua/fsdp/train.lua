@@ -11,6 +11,8 @@ local recipe = require "fsdp.recipe"
 local planner = require "fsdp.planner"
 local llama = require "fsdp.models.llama"
 local data = require "fsdp.data"
+local job = require "fsdp.job"
+local engine = require "fsdp.engine"
 local hf = require "fsdp.hf"
 local ops = require "fsdp.ops"
 local hf_config = require "fsdp.hf_config"
@@ -171,6 +173,7 @@ local function build_model(J)
     separate_reduce = r.fsdp.separate_reduce, micro_batches = J.K, overlap_step = r.fsdp.overlap_step,
     mixed = { param_dtype = r.fsdp.param_dtype, reduce_dtype = r.fsdp.reduce_dtype } })
   J.owned.sharded = J.sharded
+  J.engine = engine.new(J.sharded, J.cfg) -- (the same model as post-training drives it: the REPL's engine())
 end
 
 -- The weights: resumed (train.resume), else from Hugging Face files
@@ -216,8 +219,8 @@ local function build(r, where, args, owned)
   -- data.pack's default, settled before the plan (packed rows hold a
   -- doc_start a micro-batch): on for chat data (a loss mask beside the file)
   if r.data.pack == nil then r.data.pack = r.data.token_file ~= nil and data.has_mask(r.data.token_file) end
-  local J = { r = r, where = where, owned = owned, info = info, device = r.train.device, seed = r.train.seed,
-    B = r.data.micro_batch, T = r.data.seq, ranks_per_device = info.local_size }
+  local J = job.new({ r = r, where = where, owned = owned, info = info, device = r.train.device, seed = r.train.seed,
+    B = r.data.micro_batch, T = r.data.seq, ranks_per_device = info.local_size })
   console(J)
   J.cfg = hf_config.model(r.model, where)
   if J.device == "cuda" then J.ranks_per_device = preflight.select_gpu(r, where, info) end

@@ -2,8 +2,8 @@
 -- stop: per step the batches, sharded:train_step, the step line and the
 -- metrics record (and TensorBoard event), an evaluation and a sample, a
 -- checkpoint, the REPL's break, a step's profile. It works on the job that
--- fsdp.train built (J: the recipe, the mesh, the sharded model, the data,
--- the checkpoint manager) and leaves in it how the loop ended (J.signalled,
+-- fsdp.train built (J, whose fields fsdp.job declares: the recipe, the
+-- mesh, the sharded model, the data, the checkpoint manager) and leaves in it how the loop ended (J.signalled,
 -- J.stopped) and what it measured (J.stats) for fsdp.train's finish.
 local fsdp = require "fsdp"
 local schedule = require "fsdp.schedule"
@@ -251,7 +251,7 @@ end
 local function prompt(J, step)
   local S = J.stats
   J.live = J.live or { sharded = J.sharded, recipe = J.r, where = J.where, rank = J.info.rank, size = J.info.size,
-    world = J.mesh:group("world"), cfg = J.cfg }
+    world = J.mesh:group("world"), cfg = J.cfg, engine = J.engine }
   J.live.step = step
   local t0 = C.fsdp_time_now()
   local k = require("fsdp.repl").live(J.live)

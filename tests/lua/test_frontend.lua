@@ -293,4 +293,15 @@ do
   check(not fsdp.on_terminal(alone, env {}, no), "a singleton into a file: plain lines")
 end
 
+-- fsdp.job: the trainer's job table takes its declared fields only
+do
+  local job = require "fsdp.job"
+  local J = job.new({ r = {}, B = 2 })
+  J.T = 64
+  check(J.B == 2 and J.T == 64 and J.sharded == nil, "job: declared fields set and read, unset ones nil")
+  fails(function() J.sharde = 1 end, "field 'sharde' is not declared in lua/fsdp/job.lua", "job: a write under an undeclared name")
+  fails(function() return J.sharde end, "no field 'sharde'", "job: a read under an undeclared name")
+  fails(function() job.new({ x = 1 }) end, "field 'x' is not declared", "job: an undeclared field at creation")
+end
+
 T.finish()
