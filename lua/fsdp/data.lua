@@ -23,11 +23,12 @@
 -- token files: X.idx, the documents' token offsets, raw little-endian
 -- uint64, documents + 1 of them; X.mask, `--chat`'s loss mask, one byte a
 -- token, 1 where the token is a target):
---   ds:pack{seq = T, split_long = true}: the loaders cut no windows but
+--   ds:pack{seq = T, split_long = true, max_piece = P}: the loaders cut no windows but
 --   pack whole documents into rows of T (fsdp.packing, best fit; a longer
 --   one in pieces): a row's documents never see each other (doc_start),
 --   positions restart at each, padding and each document's last token
---   have no target (y = -100). The rows take the windows' place: the same
+--   have no target (y = -100); no piece is longer than P (the model's
+--   max_position_embeddings: rows may be longer than that). The rows take the windows' place: the same
 --   shuffled order, rank split and resume position.
 --   A mask sets y = -100 where the token is no target, packed or not.
 local base = require "fsdp.ffi"
@@ -233,7 +234,7 @@ function Dataset:pack(o)
     end
     local d = docs_in(src.index, range[2], range[3])
     self.packed[split] = packing.pack({ starts = d.starts, lengths = d.lengths, n = d.n, seq = o.seq, seed = 0,
-      split_long = o.split_long, what = "data (" .. split .. " split)" })
+      split_long = o.split_long, max_piece = o.max_piece, what = "data (" .. split .. " split)" })
   end
   self.pack_seq = o.seq
 end
@@ -295,7 +296,7 @@ function Loader:window(g) return self.start + self:index(g) * self.T end
 local IGNORE = -100 -- the loss's ignore_index: no target here
 
 -- packed row r into row b of x, y, doc_start: its pieces one after
--- another, then padding (id 0, one more document, no targets); returns
+-- another, then padding (id 0, documents of their own, no targets); returns
 -- the targets it holds
 local function pack_row(self, r, b, xp, yp, dp)
   local pk, T, src, mask = self.packing, self.T, self.src, self.mask
@@ -314,7 +315,9 @@ local function pack_row(self, r, b, xp, yp, dp)
     yp[b * T + t + len - 1] = IGNORE
     t = t + len
   end
-  for j = t, T - 1 do xp[b * T + j], yp[b * T + j], dp[b * T + j] = 0, IGNORE, t end
+  -- (padding: documents of at most the longest piece, so no position passes the model's)
+  local P = pk.max_piece
+  for j = t, T - 1 do xp[b * T + j], yp[b * T + j], dp[b * T + j] = 0, IGNORE, t + math.floor((j - t) / P) * P end
   return count
 end
 

@@ -1,6 +1,6 @@
 -- fsdp.packing: documents into rows of T tokens, best fit.
 --
--- packing.pack{starts = S, lengths = L, n = docs, seq = T, seed = s, split_long = true, what = "data"}
+-- packing.pack{starts = S, lengths = L, n = docs, seq = T, seed = s, split_long = true, max_piece = P, what = "data"}
 --   S, L: int64 / int32 arrays (0-based) of each document's first token and
 --   length in its token source. Returns a packing: rows of at most T tokens,
 --   each a list of pieces (a whole document, or a part of a long one).
@@ -15,7 +15,8 @@
 --   The packing is a pure function of (documents, T, seed): every rank
 --   computes the same, and a resumed run finds the same rows.
 --
--- p.rows: the number of rows; p:row(r) -> first, last: the pieces of row r
+-- p.rows: the number of rows; p.max_piece: the longest a piece may be;
+-- p:row(r) -> first, last: the pieces of row r
 -- (0-based) are first .. last - 1, piece i at p.start[i] (token offset in
 -- the source), p.len[i] tokens.
 local ffi = require "ffi"
@@ -82,6 +83,9 @@ end
 function M.pack(o)
   local T, n, what = o.seq, o.n, o.what or "data"
   if not (type(T) == "number" and T >= 2 and T % 1 == 0) then error(what .. ": seq = " .. tostring(T) .. "; expected an integer >= 2", 2) end
+  -- the longest piece: a row's length, or less (a model's positions)
+  local P = math.min(T, o.max_piece or T)
+  if P < 2 then error(what .. ": max_piece = " .. tostring(o.max_piece) .. "; expected >= 2", 2) end
   local order = M.permutation(n, o.seed or 0, 0x9ac4)
   -- the pieces, in order; a piece's row is decided as it comes
   local cap = n + 16
@@ -131,22 +135,23 @@ function M.pack(o)
     local start, len = tonumber(o.starts[d]), tonumber(o.lengths[d])
     if len < 2 then
       dropped = dropped + 1
-    elseif len <= T then
+    elseif len <= P then
       place(start, len)
       tokens = tokens + len
     else
       if o.split_long == false then
-        error(string.format("%s: document %d has %d tokens, more than data.seq = %d (data.split_long = false refuses " ..
-          "it; true cuts it into pieces of data.seq tokens)", what, d, len, T), 0)
+        error(string.format("%s: document %d has %d tokens, more than %s = %d (data.split_long = false refuses " ..
+          "it; true cuts it into pieces of that many tokens)", what, d, len,
+          P < T and "the model's max_position_embeddings" or "data.seq", P), 0)
       end
       split = split + 1
       local s = 0
-      while true do -- pieces of T, overlapping by one token
-        local l = math.min(T, len - s)
+      while true do -- pieces of P, overlapping by one token
+        local l = math.min(P, len - s)
         place(start + s, l)
         tokens = tokens + l
         if s + l >= len then break end
-        s = s + T - 1
+        s = s + P - 1
       end
     end
   end
@@ -162,7 +167,7 @@ function M.pack(o)
     start[at[r]], len[at[r]] = pstart[i], plen[i]
     at[r] = at[r] + 1
   end
-  return setmetatable({ rows = nrows, pieces = np, first = first, start = start, len = len, seq = T,
+  return setmetatable({ rows = nrows, pieces = np, first = first, start = start, len = len, seq = T, max_piece = P,
     tokens = tokens, dropped = dropped, split = split }, Packing)
 end
 

@@ -31,6 +31,7 @@ M.schema = {
     corpus = { "table", nil }, token_file = { "string", nil }, val_token_file = { "string", nil },
     format = { { "auto", "raw_u16", "raw_u32" }, "auto" }, val_fraction = { "number", 0.1 },
     seq = { "int", 256 }, micro_batch = { "int", 8 }, pack = { "boolean", nil }, split_long = { "boolean", true },
+    max_tokens = { "int", nil },
   },
   train = {
     steps = { "int", 100 }, grad_accum = { "int", 1 }, global_batch_tokens = { "int", nil }, seed = { "int", 1234 },
@@ -194,6 +195,8 @@ function M.check(r, where)
   r.mesh = r.mesh or "dp_shard=-1"
   if type(r.mesh) ~= "string" and type(r.mesh) ~= "table" then fail(where, "mesh must be a string like 'dp_outer=2,dp_shard=-1'") end
   M.check_mesh(r.mesh, where)
+  -- (what the recipe itself says of the micro-batch's shape, before defaults: data.max_tokens sets it)
+  local given = type(r.data) == "table" and { seq = r.data.seq, micro_batch = r.data.micro_batch } or {}
   for _, s in ipairs(sections) do
     local schema = M.schema[s]
     if schema and s ~= "model" then
@@ -273,6 +276,16 @@ function M.check(r, where)
       "read as bytes", d.val_token_file and "val_token_file" or "format")
   end
   if d.val_fraction < 0 or d.val_fraction >= 1 then fail(where, "data.val_fraction = %g; expected in [0, 1)", d.val_fraction) end
+  if d.max_tokens then -- a token budget per micro-batch: one packed row of that many tokens
+    if d.max_tokens < 2 then fail(where, "data.max_tokens = %d; expected >= 2 (tokens per micro-batch)", d.max_tokens) end
+    if (given.seq and given.seq ~= d.max_tokens) or (given.micro_batch and given.micro_batch ~= 1) then
+      fail(where, "data.max_tokens = %d sets each micro-batch to one packed row of %d tokens: leave data.seq (%s) and " ..
+        "data.micro_batch (%s) out", d.max_tokens, d.max_tokens, tostring(given.seq), tostring(given.micro_batch))
+    end
+    if d.pack == false then fail(where, "data.max_tokens packs documents into rows: it cannot go with data.pack = false") end
+    if not d.token_file then fail(where, "data.max_tokens packs documents from data.token_file (`fsdp prepare`'s index)") end
+    d.seq, d.micro_batch, d.pack = d.max_tokens, 1, true
+  end
   if d.corpus and d.pack then -- (its bytes have no document index)
     fail(where, "data.pack applies to data.token_file (documents from `fsdp prepare`'s index); a corpus is one stream")
   end

@@ -40,7 +40,7 @@ local function recipe_error(where, err)
   error(string.format("%s: %s", where, (msg:gsub("^fsdp%.mesh: ", ""):gsub(" %(FSDP_%u+%)$", ""))), 0)
 end
 
-local function dataset_of(r, vocab_size)
+local function dataset_of(r, vocab_size, max_positions)
   local d = r.data
   if d.corpus then
     local c = {}
@@ -54,7 +54,7 @@ local function dataset_of(r, vocab_size)
     val_fraction = d.val_fraction, vocab_size = vocab_size })
   -- data.pack (build() settles its default): whole documents packed into
   -- rows, none seeing another
-  if d.pack then ds:pack({ seq = d.seq, split_long = d.split_long }) end
+  if d.pack then ds:pack({ seq = d.seq, split_long = d.split_long, max_piece = max_positions }) end
   return ds
 end
 
@@ -120,9 +120,11 @@ local function preflight_checks(J, args, appended, original_resume)
   -- train.global_batch_tokens, K is that one's already, and the REPL's
   -- plans on other world sizes work it out again from it)
   if not r.train.global_batch_tokens then r.train.grad_accum = J.K end
-  if J.T > cfg.max_position_embeddings then
-    error(string.format("%s: data.seq = %d exceeds model.max_position_embeddings = %d", where, J.T,
-      cfg.max_position_embeddings), 0)
+  -- (packed rows may be longer: positions restart at each document, whose
+  -- pieces packing keeps within max_position_embeddings)
+  if J.T > cfg.max_position_embeddings and not r.data.pack then
+    error(string.format("%s: data.seq = %d exceeds model.max_position_embeddings = %d (packed rows, data.pack or " ..
+      "data.max_tokens, may be longer: each document's positions restart)", where, J.T, cfg.max_position_embeddings), 0)
   end
   preflight.floor(r, cfg, where, info)
   -- (on a GPU: once it is selected, which cuDNN's plans need)
@@ -137,7 +139,7 @@ end
 -- here, not at the first evaluation after training steps.
 local function open_data(J)
   local r, where, T = J.r, J.where, J.T
-  local read, ds = pcall(dataset_of, r, J.cfg.vocab_size)
+  local read, ds = pcall(dataset_of, r, J.cfg.vocab_size, J.cfg.max_position_embeddings)
   if not read then recipe_error(where, ds) end
   if ds.vocab_size and ds.vocab_size > J.cfg.vocab_size then
     error(string.format("%s: the data has token ids up to %d but model.vocab_size = %d", where, ds.vocab_size - 1,
@@ -192,7 +194,9 @@ local function load_weights(J)
   if init_hf == nil then init_hf = r.model.from_hf end
   if not J.resumed and init_hf then
     local field = ck.init_hf and "checkpoint.init_hf" or "model.from_hf"
-    local ok, e = pcall(hf.import, J.sharded, J.cfg, init_hf, { seq = T })
+    -- (packed rows: each document's positions restart, within the model's)
+    local seq = r.data.pack and math.min(T, J.cfg.max_position_embeddings) or T
+    local ok, e = pcall(hf.import, J.sharded, J.cfg, init_hf, { seq = seq })
     if not ok then
       J.sharded:free() -- now, while the mesh it uses is alive (the collector's order is any)
       error(where .. ": " .. field .. ": " .. tostring(e), 0)

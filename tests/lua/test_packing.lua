@@ -108,6 +108,21 @@ do
     st.fill, st.split, st.dropped))
   T.fails(function() packing.pack({ starts = starts, lengths = lengths, n = n, seq = Tq, split_long = false }) end,
     "tokens, more than data.seq = 16", "split_long = false refuses a long document")
+  -- rows longer than the model's positions (data.max_tokens): no piece longer than max_piece
+  local q = packing.pack({ starts = starts, lengths = lengths, n = n, seq = 64, max_piece = 12, seed = 0 })
+  local longest, cover = 0, {}
+  for i = 0, q.pieces - 1 do
+    longest = math.max(longest, q.len[i])
+    for t = tonumber(q.start[i]) + 1, tonumber(q.start[i]) + q.len[i] - 1 do cover[t] = (cover[t] or 0) + 1 end
+  end
+  local once = true
+  for d = 0, n - 1 do
+    for t = tonumber(starts[d]) + 1, tonumber(starts[d]) + lengths[d] - 1 do once = once and cover[t] == 1 end
+  end
+  check(longest == 12 and once and q:stats().fill > 0.9, string.format("max_piece 12 in rows of 64: pieces up to %d, " ..
+    "every target once (%s), fill %.3f", longest, tostring(once), q:stats().fill))
+  T.fails(function() packing.pack({ starts = starts, lengths = lengths, n = n, seq = 64, max_piece = 12, split_long = false }) end,
+    "more than the model's max_position_embeddings = 12", "split_long = false names the positions' bound")
 end
 
 ---------------------------------------------------------------- the model
@@ -168,6 +183,26 @@ do
     end
   end
   check(bad == 0, string.format("a packed row's logits are its %d documents' alone (%d off)", docs, bad))
+  -- a row longer than max_position_embeddings (64) of documents within it: each as it is alone
+  do
+    local long = { { 40, 60, 28 } }
+    local L, lid = 128, {}
+    for i = 1, L do lid[i] = rnd(V) end
+    local got = logits_of(m, ids_tensor(lid, { 1, L }), ids_tensor(starts_of(long, L), { 1, L }))
+    local off, t = 0, 0
+    for _, l in ipairs(long[1]) do
+      local a = {}
+      for j = 1, l do a[j] = lid[t + j] end
+      local alone = logits_of(m, ids_tensor(a, { 1, l }))
+      for j = 0, l * V - 1 do
+        if not (math.abs(alone[j + 1] - got[t * V + j + 1]) <= 1e-5 * math.abs(alone[j + 1]) + 1e-6) then off = off + 1 end
+      end
+      t = t + l
+    end
+    check(off == 0, "a packed row of 128 over 64 positions: each document as alone (" .. off .. " off)")
+    T.fails(function() logits_of(m, ids_tensor(lid, { 1, L }), ids_tensor(starts_of({ { 40, 88 } }, L), { 1, L })) end,
+      "a packed document of 88 tokens passes max_position_embeddings 64", "a packed document past the positions is refused")
+  end
   local badds = ids_tensor(starts_of(rows, S), { #rows, S })
   badds:set(S + 7, 2) -- row 1, position 7: inside the document starting at 6
   T.fails(function() logits_of(m, ids_tensor(ids, { #rows, S }), badds) end, "row 1 position 7 holds 2",

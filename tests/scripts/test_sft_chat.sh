@@ -14,6 +14,8 @@
 #     then <|im_end|>), and fsdp generate from its export stops at <|im_end|>
 #   * the base model's answer to the same prompt is not of that form: the
 #     fine-tune changed it
+#   * data.max_tokens: refused beside the recipe's own data.seq, naming it;
+#     with them made to agree, rows of that many tokens train
 # Skipped (77) where the project's Python environment cannot be made.
 set -u
 fsdprun=$1 fsdp=$2 root=$3
@@ -53,4 +55,15 @@ prompt=$'<|im_start|>user\nWhat is 12 plus 30?<|im_end|>\n<|im_start|>assistant\
 answer=$(awk 'seen { printf "%s\\n", $0 } /^<\|im_start\|>assistant$/ { seen = 1 }' "$work/base.out")
 check "the base model answered otherwise: the fine-tune changed it ('${answer:0:60}')" \
   "grep -q 'prompt tokens' '$work/base.err' && ! printf '%s' '$answer' | grep -Eq '^$form'" || cat "$work/base.err"
+# data.max_tokens: one packed row of that many tokens a micro-batch
+(cd "$clone" && build/fsdprun -n 2 recipes/sft_chat.lua data.max_tokens=512 train.steps=6 train.eval_every=0 \
+  train.metrics="$work/mt.jsonl" checkpoint.dir="$work/mtck" checkpoint.export_hf="$work/mtx") >"$work/mt0.out" 2>&1
+check "data.max_tokens with the recipe's data.seq and micro_batch is refused, naming them" \
+  "grep -q 'data.max_tokens = 512 sets each micro-batch to one packed row of 512 tokens: leave data.seq (128) and data.micro_batch (4) out' '$work/mt0.out'" ||
+  tail -3 "$work/mt0.out"
+(cd "$clone" && build/fsdprun -n 2 recipes/sft_chat.lua data.max_tokens=1024 data.seq=1024 data.micro_batch=1 train.steps=6 \
+  train.eval_every=0 train.metrics="$work/mt.jsonl" checkpoint.dir="$work/mtck" checkpoint.export_hf="$work/mtx") >"$work/mt.out" 2>&1
+check "data.max_tokens=1024: rows of 1024 tokens, past the model's 512 positions (each conversation's restart), 6 steps" \
+  "grep -q 'packed into [0-9]* rows of 1024 tokens' '$work/mt.out' && grep -q '^\[0\] done: 6 steps' '$work/mt.out'" ||
+  tail -5 "$work/mt.out"
 finish test_sft_chat

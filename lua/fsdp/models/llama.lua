@@ -221,7 +221,7 @@ function Attention:forward(ctx, x, phase)
   local cfg, ch = self.cfg, self.children
   local B, T = x.shape[1], x.shape[2]
   local nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-  if T > cfg.max_position_embeddings then
+  if T > cfg.max_position_embeddings and not self.packed.docs then -- (packed rows: pack() checks each document)
     error(string.format("LlamaAttention: sequence length %d exceeds max_position_embeddings %d", T, cfg.max_position_embeddings), 2)
   end
   local q = nn.call(ctx, ch[1], phase, x)
@@ -413,6 +413,15 @@ local function pack(self, ids, doc_start)
       table.concat(ids.shape, ", ")), 3)
   end
   self.packed.docs = doc_start and ops.doc_layout(doc_start, ids.device) or nil
+  local docs = self.packed.docs
+  if docs and not doc_start.meta and ids.shape[2] > self.cfg.max_position_embeddings then
+    local p, longest = docs.pos:ptr(), 0 -- (a row may be longer than the model's positions; no document may)
+    for i = 0, docs.pos:numel() - 1 do longest = math.max(longest, p[i] + 1) end
+    if longest > self.cfg.max_position_embeddings then
+      error(string.format("llama: a packed document of %d tokens passes max_position_embeddings %d", longest,
+        self.cfg.max_position_embeddings), 3)
+    end
+  end
 end
 
 function CausalLM:forward(ctx, ids, doc_start)
