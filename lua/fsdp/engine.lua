@@ -79,6 +79,7 @@ end
 
 local function to_host(t)
   if t == nil or t.device ~= "cuda" then return t end
+  require("fsdp.ops").compute_stream():synchronize() -- (the kernels that wrote it ran there)
   return tensor.new(t.shape, t.dtype):copy_from(t)
 end
 
