@@ -19,16 +19,17 @@
 local tensor = require "fsdp.tensor"
 local ops = require "fsdp.ops"
 local shard = require "fsdp.shard"
+local binding = require "fsdp.binding"
 
 local M = {}
 
--- the ctx of a dry run: modules are bound to nothing (their parameters'
--- pointers are nil; no op reads them), and what this changes on them is
--- put back afterwards (touched)
+-- the ctx of a dry run: modules are bound to nothing (fsdp.binding; their
+-- parameters' pointers are nil, no op reads them), and what this changes
+-- on them is put back afterwards (touched)
 local function counting_ctx(act_dtype, touched)
   local function enter(_, m)
-    if not touched[m] then touched[m] = { bound = m.bound, grad = m.grad, act_dtype = m.act_dtype } end
-    m.bound, m.grad, m.act_dtype = {}, {}, act_dtype
+    if not touched[m] then touched[m] = binding.save(m) end
+    binding.bind(m, {}, {}, act_dtype)
   end
   return { dry = true, enter = enter, leave = function() end }
 end
@@ -87,7 +88,7 @@ function M.step(model, o)
   end)
   ops.counting_workspace = nil
   -- the model as it was: no bindings of ours, no meta caches
-  for m, was in pairs(touched) do m.bound, m.grad, m.act_dtype = was.bound, was.grad, was.act_dtype end
+  for m, was in pairs(touched) do binding.restore(m, was) end
   if model.release then model:release() end
   if not ok then error(r, 0) end
   return r

@@ -13,6 +13,7 @@
 local base = require "fsdp.ffi"
 local tensor = require "fsdp.tensor"
 local nn = require "fsdp.nn"
+local binding = require "fsdp.binding"
 local autograd = require "fsdp.autograd"
 local hf = require "fsdp.hf"
 local ffi, C, check = base.ffi, base.C, base.check
@@ -131,18 +132,13 @@ function M.load(model, source, o)
       end
       held.params[e.name] = t
       held.bytes = held.bytes + t:nbytes()
-      local m = e.module
-      m.bound = m.bound or {}
-      -- the CPU ops take float *; the CUDA ones the compute dtype's void *
-      m.bound[e.key] = device == "cuda" and t.data or ffi.cast("float *", t.data)
-      m.act_dtype = dtype
+      -- the CPU ops take float *; the CUDA ones the compute dtype's void * (fsdp.binding)
+      binding.bind_one(e.module, e.key, device == "cuda" and t.data or ffi.cast("float *", t.data), dtype)
     end
     if host then host:free() end
     -- a module computing with another's weights (a tied head) gets its pointers
     nn.walk(model, function(m)
-      if m.shares then
-        m.bound, m.act_dtype = m.shares.bound, dtype
-      end
+      if m.shares then binding.share(m) end
     end)
   end)
   rd.close()

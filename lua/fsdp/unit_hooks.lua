@@ -14,6 +14,8 @@ local streams = require "fsdp.stream"
 local sched = require "fsdp.unit_schedule"
 local ffi, C, check = base.ffi, base.C, base.check
 
+local binding = require "fsdp.binding"
+
 local M = {}
 
 -- CPU ranks with bf16 params: the fp32 copies of the running module's
@@ -31,7 +33,7 @@ local function cpu_staging(s, n)
 end
 
 -- Bind a module's parameter (and grad) pointers into its unit's full
--- buffers. The ops compute in fp32: with bf16 params on CPU ranks the
+-- buffers (fsdp.binding's protocol). The ops compute in fp32: with bf16 params on CPU ranks the
 -- module gets fp32 copies (cpu_staging), and its fp32 grads are added into
 -- the bf16 grad buffer (one rounding) when it leaves the backward
 -- (flush_grads).
@@ -44,9 +46,8 @@ local function bind(s, m, with_grads)
     check(C.fsdp_unit_grads(u.handle, s.cs, gp), "unit '" .. u.name .. "' grads")
     g = gp[0]
   end
-  m.bound, m.grad, m.flush = {}, {}, {}
-  m.act_dtype = s.param_dtype
-  local owner = m.shares or m
+  local bound, grad, flush = {}, {}, {}
+  local owner = binding.owner(m)
   local sw, sg, at -- CPU bf16: the staging, and where the next parameter goes in it
   if s.param_dtype ~= "fp32" and s.device ~= "cuda" then
     local n = 0
@@ -62,24 +63,25 @@ local function bind(s, m, with_grads)
         local shape = ffi.new("int64_t[1]", n)
         check(C.fsdp_unit_param_view(u.handle, p.index - 1, C.FSDP_VIEW_PARAM, 1, shape, v), "bind '" .. p.name .. "'")
         -- CPU ops take float *; the CUDA ones take the compute dtype's void *
-        m.bound[name] = s.device == "cuda" and v.data or ffi.cast("float *", v.data)
+        bound[name] = s.device == "cuda" and v.data or ffi.cast("float *", v.data)
         if g then
           check(C.fsdp_unit_param_view(u.handle, p.index - 1, C.FSDP_VIEW_GRAD, 1, shape, v), "bind '" .. p.name .. "' grad")
-          m.grad[name] = s.device == "cuda" and v.data or ffi.cast("float *", v.data)
+          grad[name] = s.device == "cuda" and v.data or ffi.cast("float *", v.data)
         end
       else
         local pw, pg = sw + at, sg + at
         at = at + n
         check(C.fsdp_convert(pw, C.FSDP_FP32, ffi.cast("uint16_t *", w) + p.offset, C.FSDP_BF16, n), "bind")
-        m.bound[name] = pw
+        bound[name] = pw
         if g then
           ffi.fill(pg, n * 4, 0)
-          m.grad[name] = pg
-          m.flush[#m.flush + 1] = { dst = ffi.cast("uint16_t *", g) + p.offset, src = pg, n = n }
+          grad[name] = pg
+          flush[#flush + 1] = { dst = ffi.cast("uint16_t *", g) + p.offset, src = pg, n = n }
         end
       end
     end
   end
+  binding.bind(m, bound, grad, s.param_dtype, flush)
 end
 
 local function flush_grads(m)
