@@ -34,16 +34,8 @@ __device__ __forceinline__ Online merge(Online a, Online b) {
 }
 
 using fsdp_vec::Vec;
+using fsdp_vec::split;
 
-/* a row's elements in three parts: [0, head) scalar, [head, tail) whole
- * 16-byte vectors, [tail, vocab) scalar */
-template <typename T>
-__device__ __forceinline__ void split(const T *x, int64_t vocab, int64_t &head, int64_t &tail) {
-  const int64_t n = Vec<T>::n;
-  head = (int64_t)(((16 - ((uintptr_t)x & 15)) & 15) / sizeof(T));
-  if (head > vocab) head = vocab;
-  tail = head + (vocab - head) / n * n;
-}
 
 template <typename T>
 __global__ void cross_entropy_kernel(double *loss_sum, unsigned long long *count, T *dlogits, const T *logits,

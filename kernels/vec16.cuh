@@ -1,6 +1,7 @@
 // vec16.cuh: 16-byte loads and stores of fp32 (4) or bf16 (8) elements as
 // floats, for the memory-bound kernels whose source nvcc and the CPU
-// emulation (tests/emu) share: cross_entropy.cuh, elementwise.cuh.
+// emulation (tests/emu) share: cross_entropy.cuh, token_logprobs.cuh,
+// elementwise.cuh; and where a row's whole vectors start and end (split).
 // The includer provides f32_of_bits(unsigned), bits_of_f32(float),
 // bf16_bits(float) (round to nearest even) and FSDP_VEC_ALIGNED(p) (nothing
 // on the GPU, where a misaligned 16-byte access faults; the emulation
@@ -42,6 +43,16 @@ struct Vec<__nv_bfloat16> {
     *(uint4 *)p = make_uint4(w[0], w[1], w[2], w[3]);
   }
 };
+
+/* a row of n elements at x in three parts: [0, head) scalar, [head, tail)
+ * whole 16-byte vectors, [tail, n) scalar */
+template <typename T>
+__device__ __forceinline__ void split(const T *x, int64_t n, int64_t &head, int64_t &tail) {
+  const int64_t w = Vec<T>::n;
+  head = (int64_t)(((16 - ((uintptr_t)x & 15)) & 15) / sizeof(T));
+  if (head > n) head = n;
+  tail = head + (n - head) / w * w;
+}
 
 }  // namespace fsdp_vec
 

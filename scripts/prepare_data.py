@@ -732,11 +732,10 @@ class RawWriter:
     a split's document index or loss mask"""
 
     def __init__(self, path):
-        self.path, self.size = path, 0
+        self.path = path
         self.f = open(path, "wb")
 
     def write(self, b):
-        self.size += len(b)
         self._io(self.f.write, b)
 
     def _io(self, fn, *a):
@@ -756,14 +755,14 @@ def u64(n):
     return n.to_bytes(8, "little")
 
 
-class TokenWriter:
+class TokenWriter(RawWriter):
     """one split's token file, written as path (a name the caller renames later)"""
 
     def __init__(self, path, dtype, fmt):
-        self.path, self.dtype, self.fmt = path, dtype, fmt
+        super().__init__(path)
+        self.dtype, self.fmt = dtype, fmt
         self.width = 2 if dtype == "uint16" else 4
         self.count = 0
-        self.f = open(path, "wb")
         if fmt == "llmc":
             self.f.write(bytes(HEADER_INTS * 4))  # the header, filled in at close
 
@@ -773,14 +772,7 @@ class TokenWriter:
             fail(f"{os.path.basename(self.path)[:-4]}: more than {INT32_MAX} tokens, beyond the llm.c header's int32 "
                  "count; give --format raw (headerless: the recipe then says data.format = 'raw_u16' or 'raw_u32'), "
                  "or prepare the inputs in parts")
-        self._io(self.f.write, b)
-
-    def _io(self, fn, *a):
-        try:
-            return fn(*a)
-        except OSError as e:  # a full disk: named by the file being written
-            e.filename = e.filename or self.path
-            raise
+        super().write(b)
 
     def close(self):
         if self.fmt == "llmc":
@@ -790,9 +782,7 @@ class TokenWriter:
                 h.byteswap()
             self.f.seek(0)
             self._io(self.f.write, h.tobytes())
-        self._io(self.f.flush)
-        self._io(os.fsync, self.f.fileno())
-        self.f.close()
+        super().close()
 
 
 def splitmix64(i):

@@ -22,17 +22,14 @@ local function all_reduce(s, t, op)
 end
 
 -- Integers in [0, 2^48) that each rank fills at its own indices (zeros
--- elsewhere), summed over the ranks exactly: as three 16-bit chunks in fp32
--- (the collectives reduce fp32; integers below 2^24 stay exact).
+-- elsewhere), summed over the ranks exactly (fsdp.shard's sum_ints).
 -- vals: {[i] = v} for this rank's indices (0-based); returns a function i -> v.
 local function share_ints(s, n, vals)
-  local t = tensor.new(math.max(3 * n, 1)):fill(0)
-  for i, v in pairs(vals) do
+  for _, v in pairs(vals) do
     if v < 0 or v >= 2 ^ 48 or v % 1 ~= 0 then error("collective: integer " .. tostring(v) .. " out of range", 2) end
-    t:set(3 * i, v % 65536); t:set(3 * i + 1, math.floor(v / 65536) % 65536); t:set(3 * i + 2, math.floor(v / 2 ^ 32))
   end
-  all_reduce(s, t, "sum")
-  return function(i) return t:get(3 * i) + 65536 * t:get(3 * i + 1) + 2 ^ 32 * t:get(3 * i + 2) end
+  local sums = shard.sum_ints(s, n, vals)
+  return function(i) return sums[i] end
 end
 
 -- Every rank learns whether any failed: err (a message or nil) on this

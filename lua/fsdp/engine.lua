@@ -98,13 +98,12 @@ function Engine:logprobs(b, o)
 end
 
 -- the step's targets and sequences, summed over the data-parallel ranks
--- exactly (fsdp.shard's token count, twice)
-local function global_counts(s, batches, counts, rows)
-  local per_t, per_r = {}, {}
-  for k = 1, #batches do per_t[k], per_r[k] = { count = counts[k] }, { count = rows[k] } end
-  local _, N = shard.token_weights(s, per_t)
-  local _, S = shard.token_weights(s, per_r)
-  return N, S
+-- exactly (one all-reduce)
+local function global_counts(s, counts, rows)
+  local n, r = 0, 0
+  for k = 1, #counts do n, r = n + counts[k], r + rows[k] end
+  local sums = shard.sum_ints(s, 2, { [0] = n, [1] = r })
+  return sums[0], sums[1]
 end
 
 -- One optimizer step on loss (fsdp.losses) over the micro-batches; opt:
@@ -117,7 +116,7 @@ function Engine:step(batches, loss, opt)
   local K, V = #batches, self.cfg.vocab_size
   local counts, rows = {}, {}
   for k, b in ipairs(batches) do counts[k], rows[k] = targets_of(b, V, "engine:step: micro-batch " .. k) end
-  local N, S = global_counts(self.s, batches, counts, rows)
+  local N, S = global_counts(self.s, counts, rows)
   local W = self.s.shard:size() * (self.s.outer and self.s.outer:size() or 1)
   local info = { micro_batches = K, ranks = W, targets = N, sequences = S }
   -- pass 1: the log-probs, the loss and its coefficients

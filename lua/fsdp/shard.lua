@@ -307,23 +307,38 @@ function M.token_weights(s, batches)
   for _, b in ipairs(batches) do
     if type(b.count) ~= "number" then return nil end
   end
-  -- summed exactly: in 10-bit chunks (the collectives reduce fp32, exact
-  -- below 2^24: up to 16384 ranks), freed at once (the planner's count)
   local local_n = 0
   for _, b in ipairs(batches) do local_n = local_n + b.count end
-  local t = tensor.new(4)
-  for i = 0, 3 do t:set(i, math.floor(local_n / 1024 ^ i) % 1024) end
-  all_reduce_host(s.shard, t, "sum")
-  local W = s.shard:size()
-  if s.outer then
-    all_reduce_host(s.outer, t, "sum")
-    W = W * s.outer:size()
-  end
-  local N, w = 0, {}
-  for i = 0, 3 do N = N + t:get(i) * 1024 ^ i end
-  t:free()
+  local N = M.sum_ints(s, 1, { [0] = local_n })[0]
+  local W, w = s.shard:size() * (s.outer and s.outer:size() or 1), {}
   for k, b in ipairs(batches) do w[k] = N > 0 and b.count * K * W / N or 0 end
   return w, N
+end
+
+-- Non-negative integers below 2^50 (vals: {[i] = v} for i in 0 .. n - 1,
+-- missing ones 0), summed element by element over the data-parallel ranks
+-- (the shard group, then the outer one) exactly: the collectives reduce
+-- fp32, exact below 2^24, so each goes as five 10-bit chunks (exact sums
+-- up to 16384 ranks). Returns the sums, 0-based. Its tensor is freed at
+-- once (the planner counts a step's bytes to the byte).
+function M.sum_ints(s, n, vals)
+  local t = tensor.new(math.max(5 * n, 1)):fill(0)
+  for i, v in pairs(vals) do
+    if type(v) ~= "number" or v < 0 or v >= 2 ^ 50 or v % 1 ~= 0 then
+      error("sum_ints: " .. tostring(v) .. " is not an integer in [0, 2^50)", 2)
+    end
+    for c = 0, 4 do t:set(5 * i + c, math.floor(v / 1024 ^ c) % 1024) end
+  end
+  all_reduce_host(s.shard, t, "sum")
+  if s.outer then all_reduce_host(s.outer, t, "sum") end
+  local out = {}
+  for i = 0, n - 1 do
+    local v = 0
+    for c = 0, 4 do v = v + t:get(5 * i + c) * 1024 ^ c end
+    out[i] = v
+  end
+  t:free()
+  return out
 end
 
 function Sharded:train_step(batches, opt)
