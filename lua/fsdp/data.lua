@@ -156,7 +156,7 @@ local function open_index(path, count, what)
     error(string.format("%s: %s ends at token %.0f but its token file has %d tokens (a mismatched index: prepare the " ..
       "data again)", what, path, tonumber(off[n]), count), 3)
   end
-  return { n = n, starts = starts, lengths = lengths, path = path, raw = raw }
+  return { n = n, starts = starts, lengths = lengths, path = path }
 end
 
 -- a loss mask (X.mask): one byte a token, 0 or 1, as many as the tokens
