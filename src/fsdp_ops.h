@@ -27,6 +27,12 @@ int fsdp_mse_forward_backward(double *loss, float *dx, const float *x, const flo
 int fsdp_embedding_forward(float *y, const int32_t *ids, const float *table, int64_t n, int64_t vocab, int64_t dim);
 /* dtable[ids[i]] += dy[i] (accumulates) */
 int fsdp_embedding_backward(float *dtable, const float *dy, const int32_t *ids, int64_t n, int64_t vocab, int64_t dim);
+/* the same for a vocab-parallel slice holding rows [first, first + rows) of
+ * the table: ids outside them give zero rows, and no gradient */
+int fsdp_embedding_forward_slice(float *y, const int32_t *ids, const float *table, int64_t n, int64_t vocab,
+                                 int64_t first, int64_t rows, int64_t dim);
+int fsdp_embedding_backward_slice(float *dtable, const float *dy, const int32_t *ids, int64_t n, int64_t vocab,
+                                  int64_t first, int64_t rows, int64_t dim);
 /* y = w * x / sqrt(mean(x^2) + eps) per row of dim; rstd[n] (may be NULL) saved for backward */
 int fsdp_rmsnorm_forward(float *y, float *rstd, const float *x, const float *w, int64_t n, int64_t dim, float eps);
 /* dx overwritten; dw (may be NULL) accumulates */
@@ -88,6 +94,20 @@ int fsdp_scale_add(float *y, float alpha, const float *x, int64_t n);
  * NULL, may alias logits) = grad_scale (softmax - onehot), 0 on ignored rows */
 int fsdp_cross_entropy(double *loss_sum, int64_t *count, float *dlogits, const float *logits, const int32_t *targets,
                        int64_t n, int64_t vocab, int32_t ignore_index, float grad_scale);
+/* cross_entropy over logits split by vocabulary (src/ops/cross_entropy_vocab.c):
+ * this rank holds columns [first, first + cols) of each row. stats: each
+ * row's local max and its target's logit (0 where another rank holds it);
+ * the caller takes the max and the sum over the ranks; sum: sum exp(x - max)
+ * over the local columns (summed over the ranks next); finish: the loss
+ * (every rank the same) and dlogits (may be NULL, may alias logits) =
+ * grad_scale (softmax - onehot) over the local columns */
+int fsdp_cross_entropy_vocab_stats(float *row_max, float *target_logit, const float *logits, const int32_t *targets,
+                                   int64_t n, int64_t vocab, int64_t first, int64_t cols, int32_t ignore_index);
+int fsdp_cross_entropy_vocab_sum(float *sum, const float *logits, const float *row_max, int64_t n, int64_t cols);
+int fsdp_cross_entropy_vocab_finish(double *loss_sum, int64_t *count, float *dlogits, const float *logits,
+                                    const int32_t *targets, const float *row_max, const float *sum,
+                                    const float *target_logit, int64_t n, int64_t vocab, int64_t first, int64_t cols,
+                                    int32_t ignore_index, float grad_scale);
 /* per row whose target is not ignore_index: logp = log softmax(logits)[t],
  * entropy = -sum p log p (each may be NULL), and with coef (dL/dlogp per
  * row) dlogits = coef (onehot(t) - softmax) (may be NULL, may alias

@@ -51,6 +51,11 @@ typedef struct fsdp_init_rule {
   int32_t kind;
   int32_t pad;
   double a, b; /* normal: mean, std; uniform: low, high; constant: value */
+  /* A tensor-parallel slice of a 2-D parameter: local element i is element
+   * (i / cols + row0, i % cols + col0) of the full [rows, gcols] one, so a
+   * slice holds the values the full parameter has there (cols = 0: the
+   * parameter is whole) */
+  int64_t cols, gcols, row0, col0;
 } fsdp_init_rule;
 int fsdp_layout_init_shard(const fsdp_layout *l, int rank, const char *const *param_names,
                            const fsdp_init_rule *rules, uint64_t seed, void *shard, fsdp_dtype dtype);
@@ -262,6 +267,9 @@ int fsdp_unit_grad_sumsq(fsdp_unit *u, double *sum, int64_t *nonfinite);
  * backward (waits for the unit's streams; one small copy on a GPU). */
 int fsdp_unit_grad_norm_start(fsdp_unit *u);
 int fsdp_unit_grad_norm_get(fsdp_unit *u, double *sum, int64_t *nonfinite);
+/* The part of this rank's sum of squares (grad_norm_get's) that the
+ * parameters with which[i] != 0 make; after grad_norm_get. */
+int fsdp_unit_grad_sumsq_params(fsdp_unit *u, const uint8_t *which, double *sum);
 /* AdamW on the owned fp32 main params, write back to the compute params
  * (zero 3: the shard; zero 1/2: all-gathered into the full params), zero
  * the grads. An offloaded unit queues the step on the host and returns at

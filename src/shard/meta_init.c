@@ -9,8 +9,8 @@
 #include "../base/error.h"
 #include "../fsdp_shard.h"
 
-static int fill_piece(void *dst, int dtype, int64_t n, uint64_t seed, const char *name, int64_t first,
-                      const fsdp_init_rule *rule) {
+static int fill_run(void *dst, int dtype, int64_t n, uint64_t seed, const char *name, int64_t first,
+                    const fsdp_init_rule *rule) {
   switch (rule->kind) {
     case FSDP_INIT_NORMAL:
       return fsdp_rng_fill(dst, dtype, n, seed, fsdp_rng_stream_id(name), first, FSDP_RNG_NORMAL, rule->a, rule->b);
@@ -25,6 +25,25 @@ static int fill_piece(void *dst, int dtype, int64_t n, uint64_t seed, const char
       return fsdp_fail(FSDP_EINVAL, "init of '%s': unknown rule %d (expected normal, uniform or constant)", name,
                        rule->kind);
   }
+}
+
+/* elements [first, first + n) of the parameter; a slice's go by runs
+ * within one of its rows, each at the full parameter's index */
+static int fill_piece(void *dst, int dtype, int64_t n, uint64_t seed, const char *name, int64_t first,
+                      const fsdp_init_rule *rule) {
+  if (rule->cols <= 0) return fill_run(dst, dtype, n, seed, name, first, rule);
+  if (rule->gcols < rule->cols + rule->col0 || rule->row0 < 0 || rule->col0 < 0)
+    return fsdp_fail(FSDP_EINVAL, "init of '%s': slice of %lld columns at (%lld, %lld) does not fit %lld columns", name,
+                     (long long)rule->cols, (long long)rule->row0, (long long)rule->col0, (long long)rule->gcols);
+  size_t es = fsdp_dtype_size(dtype);
+  for (int64_t i = first; i < first + n;) {
+    int64_t row = i / rule->cols, col = i % rule->cols;
+    int64_t run = rule->cols - col < first + n - i ? rule->cols - col : first + n - i;
+    FSDP_CHECK(fill_run((char *)dst + (size_t)(i - first) * es, dtype, run, seed, name,
+                        (row + rule->row0) * rule->gcols + col + rule->col0, rule));
+    i += run;
+  }
+  return FSDP_OK;
 }
 
 int fsdp_layout_init_shard(const fsdp_layout *l, int rank, const char *const *param_names,

@@ -84,6 +84,50 @@ int fsdp_unit_grad_sumsq(fsdp_unit *u, double *sum, int64_t *nonfinite) {
   return fsdp_unit_grad_norm_get(u, sum, nonfinite); /* started or not */
 }
 
+/* The squared norm of some parameters' reduced grads, this rank's part
+ * (the norm range's pieces of those parameters): a tensor-parallel rank
+ * counts the parameters every tp rank holds whole (replicated) once, not
+ * once per rank, by taking their share out of its own (fsdp.shard). */
+int fsdp_unit_grad_sumsq_params(fsdp_unit *u, const uint8_t *which, double *sum) {
+  if (!u || !which || !sum) return fsdp_fail(FSDP_EINVAL, "unit_grad_sumsq_params: NULL argument");
+  FSDP_CHECK(fsdp_unit_placed_check(u, 1, "grad_sumsq_params()"));
+  FSDP_CHECK(fsdp_unit_synchronize(u));
+  *sum = 0;
+  size_t es = fsdp_dtype_size(u->main_grad_dtype);
+  /* main_grads from shard offset `lo` on: zero 0 holds the full grads
+   * (this rank's shard counts), zero 1-3 the optimizer's range */
+  int64_t lo = u->cfg.zero == 0 ? 0 : u->opt_offset, hi = lo + (u->cfg.zero == 0 ? u->shard_numel : u->opt_numel);
+  const char *base = (const char *)u->main_grads + (u->cfg.zero == 0 ? (size_t)u->shard_rank * (size_t)u->shard_numel * es : 0);
+  int np = fsdp_layout_rank_pieces(u->layout, u->shard_rank, NULL, 0);
+  if (np < 0) return np;
+  fsdp_layout_piece *pc = malloc(sizeof *pc * (size_t)(np ? np : 1));
+  if (!pc) return fsdp_fail(FSDP_ENOMEM, "unit_grad_sumsq_params: out of memory");
+  fsdp_layout_rank_pieces(u->layout, u->shard_rank, pc, np);
+  int on_host = u->device == FSDP_CPU || u->grads_on_host, rc = FSDP_OK;
+  void *host = NULL;
+  for (int k = 0; k < np && rc == FSDP_OK; k++) {
+    if (!which[pc[k].param]) continue;
+    int64_t a = pc[k].shard_offset, b = a + (pc[k].end - pc[k].begin);
+    a = a > lo ? a : lo, b = b < hi ? b : hi;
+    if (a >= b) continue;
+    const void *g = base + (size_t)(a - lo) * es;
+    if (!on_host) { /* (a GPU's: the few replicated params, copied down) */
+      free(host);
+      host = malloc((size_t)(b - a) * es);
+      if (!host) { rc = fsdp_fail(FSDP_ENOMEM, "unit_grad_sumsq_params: out of memory"); break; }
+      rc = fsdp_memcpy(host, g, (size_t)(b - a) * es, NULL);
+      g = host;
+    }
+    double part = 0;
+    int64_t bad = 0;
+    if (rc == FSDP_OK) rc = fsdp_sum_squares(g, u->main_grad_dtype, b - a, &part, &bad);
+    *sum += part;
+  }
+  free(host);
+  free(pc);
+  return rc;
+}
+
 /* ---- zeroing ---- */
 
 /* A step dropped before its last reduce: what its backward wrote outside

@@ -89,6 +89,10 @@ int main(void) {
   OFF(fsdp_init_rule, pad);
   OFF(fsdp_init_rule, a);
   OFF(fsdp_init_rule, b);
+  OFF(fsdp_init_rule, cols);
+  OFF(fsdp_init_rule, gcols);
+  OFF(fsdp_init_rule, row0);
+  OFF(fsdp_init_rule, col0);
   OFF(fsdp_adamw_config, lr);
   OFF(fsdp_adamw_config, beta1);
   OFF(fsdp_adamw_config, beta2);

@@ -1,6 +1,9 @@
 /* test_embedding: lookup and scatter-add, exact (copies and fp32 sums in
  * a fixed order, against float64 sums of the same order rounded once per
- * add); an id outside the vocabulary is an error naming it. */
+ * add); an id outside the vocabulary is an error naming it. Vocab-parallel
+ * slices (rows [first, first + rows), 1-3 of them, uneven): their lookups
+ * summed are the whole table's, bit for bit, and their gradients are the
+ * whole gradient's rows. */
 #include <stdlib.h>
 
 #include "check.h"
@@ -29,5 +32,27 @@ int main(void) {
   CHECK_FAILS(fsdp_embedding_forward(y, ids, table, N, V, D), FSDP_EINVAL, "token id 11 at position 4");
   ids[4] = -1;
   CHECK_FAILS(fsdp_embedding_backward(dt, dy, ids, N, V, D), FSDP_EINVAL, "token id -1");
+  ids[4] = 2;
+  for (int parts = 1; parts <= 3; parts++) {
+    static float ys[N * D], dts[V * D];
+    int bad_y = 0, bad_g = 0;
+    for (int i = 0; i < N * D; i++) ys[i] = 0;
+    for (int i = 0; i < V * D; i++) dt[i] = 0;
+    CHECK_OK(fsdp_embedding_backward(dt, dy, ids, N, V, D));
+    for (int p = 0; p < parts; p++) {
+      int first = p * V / parts, rows = (p + 1) * V / parts - first;
+      static float part[N * D];
+      CHECK_OK(fsdp_embedding_forward_slice(part, ids, table + first * D, N, V, first, rows, D));
+      for (int i = 0; i < N * D; i++) ys[i] += part[i];
+      for (int i = 0; i < rows * D; i++) dts[i] = 0;
+      CHECK_OK(fsdp_embedding_backward_slice(dts, dy, ids, N, V, first, rows, D));
+      for (int i = 0; i < rows * D; i++) bad_g += dts[i] != dt[first * D + i];
+    }
+    CHECK_OK(fsdp_embedding_forward(y, ids, table, N, V, D));
+    for (int i = 0; i < N * D; i++) bad_y += ys[i] != y[i];
+    CHECK(bad_y == 0);
+    CHECK(bad_g == 0);
+  }
+  CHECK_FAILS(fsdp_embedding_forward_slice(y, ids, table, N, V, 5, V, D), FSDP_EINVAL, "rows [5, 16)");
   return fsdp_test_summary("test_embedding");
 }

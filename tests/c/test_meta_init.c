@@ -59,6 +59,55 @@ static void check_unit(fsdp_comm *c, const int *params, int np, int dtype) {
   fsdp_layout_destroy(l);
 }
 
+/* A tensor-parallel slice holds the values the full parameter has there:
+ * rows 2-3 of a [6, 10] weight (a column-parallel slice) and columns 4-7
+ * (a row-parallel one), each sharded over 3 ranks so that pieces start and
+ * end inside rows, against the whole parameter's init. */
+static void check_slices(void) {
+  enum { R = 6, G = 10 };
+  const char *pname[] = {"layers.0.w"};
+  fsdp_init_rule whole = {.kind = FSDP_INIT_NORMAL, .a = 0.0, .b = 0.02};
+  float full[R * G];
+  fsdp_layout *l1 = NULL;
+  int64_t n_full = R * G;
+  CHECK_OK(fsdp_layout_create(1, &n_full, 1, 1, 1, &l1));
+  CHECK_OK(fsdp_layout_init_shard(l1, 0, pname, &whole, 5, full, FSDP_FP32));
+  fsdp_layout_destroy(l1);
+  struct { int64_t rows, cols, row0, col0; } cases[] = {{2, G, 2, 0}, {R, 4, 0, 4}, {R, 3, 0, 7}};
+  for (int c = 0; c < 3; c++) {
+    int64_t n = cases[c].rows * cases[c].cols;
+    fsdp_init_rule rule = whole;
+    rule.cols = cases[c].cols, rule.gcols = G, rule.row0 = cases[c].row0, rule.col0 = cases[c].col0;
+    fsdp_layout *l = NULL;
+    CHECK_OK(fsdp_layout_create(1, &n, 3, 1, 1, &l));
+    int64_t S = fsdp_layout_shard_numel(l);
+    float *shard = calloc((size_t)S, sizeof(float));
+    int bad = 0, seen = 0;
+    for (int r = 0; r < 3; r++) {
+      CHECK_OK(fsdp_layout_init_shard(l, r, pname, &rule, 5, shard, FSDP_FP32));
+      fsdp_layout_piece pc[4];
+      int np = fsdp_layout_rank_pieces(l, r, pc, 4);
+      for (int k = 0; k < np; k++)
+        for (int64_t i = pc[k].begin; i < pc[k].end; i++, seen++) {
+          int64_t row = i / cases[c].cols + cases[c].row0, col = i % cases[c].cols + cases[c].col0;
+          bad += shard[pc[k].shard_offset + (i - pc[k].begin)] != full[row * G + col];
+        }
+    }
+    CHECK(bad == 0);
+    CHECK(seen == n);
+    free(shard);
+    fsdp_layout_destroy(l);
+  }
+  fsdp_init_rule wide = whole;
+  wide.cols = 4, wide.gcols = 6, wide.col0 = 3; /* columns 3-6 of 6 */
+  fsdp_layout *l = NULL;
+  int64_t n = 8;
+  float buf[8];
+  CHECK_OK(fsdp_layout_create(1, &n, 1, 1, 1, &l));
+  CHECK_FAILS(fsdp_layout_init_shard(l, 0, pname, &wide, 5, buf, FSDP_FP32), FSDP_EINVAL, "does not fit 6 columns");
+  fsdp_layout_destroy(l);
+}
+
 int main(void) {
   fsdp_proc_info info;
   if (fsdp_init(&info) < 0) return 1;
@@ -77,6 +126,7 @@ int main(void) {
     check_unit(c, b, 2, dtypes[k]);
     check_unit(c, d, 2, dtypes[k]);
   }
+  check_slices();
   fsdp_layout *l = NULL;
   int64_t one = 5;
   const char *bad_names[] = {"w"};
