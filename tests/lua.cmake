@@ -62,6 +62,14 @@ foreach(n 1 2 4)
            COMMAND $<TARGET_FILE:fsdprun> -n ${n} --timeout 120 ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_packing.lua)
   set_tests_properties(lua_packing_np${n} PROPERTIES LABELS multirank TIMEOUT 150)
 endforeach()
+# tensor parallelism with sequence parallelism (fsdp.tp): tp, dp x tp and
+# dp_outer x tp meshes against one rank, 30 steps, ZeRO 1-3, recompute,
+# activation checkpointing, tied embeddings; slices' meta init; refusals
+foreach(n 2 4)
+  add_test(NAME lua_tp_np${n}
+           COMMAND $<TARGET_FILE:fsdprun> -n ${n} --oversubscribe --timeout 150 ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_tp.lua)
+  set_tests_properties(lua_tp_np${n} PROPERTIES LABELS multirank TIMEOUT 180)
+endforeach()
 # fsdp.engine and fsdp.losses: log-probs, a loss written over them trained
 # exactly (GRPO against the cross-entropy), the losses' derivatives
 foreach(n 1 2)

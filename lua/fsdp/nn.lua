@@ -12,6 +12,7 @@ local tensor = require "fsdp.tensor"
 local ops = require "fsdp.ops"
 local autograd = require "fsdp.autograd"
 local profile = require "fsdp.profile"
+local tpm = require "fsdp.tp"
 local C, check = base.C, base.check
 
 local nn = {}
@@ -36,13 +37,45 @@ end
 
 ---------------------------------------------------------------- Linear
 local Linear = class("Linear")
+-- opts.std (init), opts.bias (default true). Tensor parallelism
+-- (fsdp.tp): opts.tp = a tp group and opts.parallel =
+--   "column"   this rank holds its part of the output features (rows of
+--              the weight): its input is every row, its output its columns;
+--   "row"      its part of the input features (columns of the weight):
+--              its output is a partial sum, added up over the group;
+--   "replicated"  every rank holds the whole weight and computes with
+--              rows opts.rows = {first, count} of it (a kv projection
+--              shared by tp ranks); its gradient is summed over the group.
 nn.Linear = function(inp, out, opts)
   size_arg(inp, "nn.Linear: in_features")
   size_arg(out, "nn.Linear: out_features")
   opts = opts or {}
   local m = setmetatable({ inp = inp, out = out }, Linear)
-  m.params = { { name = "weight", numel = inp * out, shape = { out, inp }, init = { "normal", 0, opts.std or 0.02 } } }
-  if opts.bias ~= false then
+  local w = { name = "weight", numel = inp * out, shape = { out, inp }, init = { "normal", 0, opts.std or 0.02 } }
+  m.params = { w }
+  local par, g = opts.parallel, opts.tp
+  if par ~= nil then
+    if not g then error(string.format("nn.Linear: parallel = '%s' needs opts.tp, a tp group (fsdp.tp.group)", tostring(par)), 2) end
+    if opts.bias ~= false then error("nn.Linear: a tensor-parallel Linear has no bias here (give bias = false)", 2) end
+    m.tp, m.parallel = g, par
+    if par == "column" then
+      local first, c = g:part(out)
+      m.out, w.shape, w.numel = c, { c, inp }, c * inp
+      w.slice = tpm.slice({ out, inp }, first, c, 0, inp)
+    elseif par == "row" then
+      local first, c = g:part(inp)
+      m.inp, w.shape, w.numel = c, { out, c }, out * c
+      w.slice = tpm.slice({ out, inp }, 0, out, first, c)
+    elseif par == "replicated" then
+      local r = opts.rows
+      if type(r) ~= "table" or r[1] < 0 or r[2] < 1 or r[1] + r[2] > out then
+        error("nn.Linear: parallel = 'replicated' needs opts.rows = {first, count} within its " .. out .. " outputs", 2)
+      end
+      m.rows, m.out, w.replicated = r, r[2], true
+    else
+      error(string.format("nn.Linear: parallel = '%s'; expected 'column', 'row' or 'replicated'", tostring(par)), 2)
+    end
+  elseif opts.bias ~= false then
     m.params[2] = { name = "bias", numel = out, shape = { out }, init = { "constant", 0 }, no_decay = true }
   end
   return m
@@ -57,6 +90,13 @@ local function with_last(shape, d)
 end
 nn.with_last = with_last
 
+-- the weight it computes with: a replicated one's rows
+local function weight(m)
+  local w = m.bound.weight
+  if m.rows and w ~= nil then return w + m.rows[1] * m.inp end
+  return w
+end
+
 function Linear:forward(ctx, x)
   local n = x:numel() / self.inp
   if n % 1 ~= 0 or x.shape[#x.shape] ~= self.inp then
@@ -64,7 +104,7 @@ function Linear:forward(ctx, x)
       table.concat(x.shape, "x"), self.inp), 2)
   end
   local y = ops.like(x, with_last(x.shape, self.out))
-  ops.linear_forward(y, x, self.bound.weight, self.bound.bias, n, self.inp, self.out)
+  ops.linear_forward(y, x, weight(self), self.bound.bias, n, self.inp, self.out)
   self.saved = { x = x }
   return y
 end
@@ -76,6 +116,13 @@ function Linear:backward(ctx, dy)
   local n = x:numel() / self.inp
   local dx = self.dx_into or ops.like(x)
   self.dx_into = nil
+  if self.rows then -- every tp rank's rows' gradients, summed into the whole weight's
+    local first, inp = self.rows[1], self.inp
+    tpm.reduce_grad(self.tp, self.grad.weight, self.params[1].numel, function(dw)
+      ops.linear_backward(dx, dw and dw + first * inp, nil, dy, x, weight(self), n, inp, self.out)
+    end)
+    return dx
+  end
   ops.linear_backward(dx, self.grad.weight, self.grad.bias, dy, x, self.bound.weight, n, self.inp, self.out)
   return dx
 end
@@ -168,11 +215,18 @@ function nn.let_go(readers)
   for _, m in ipairs(readers) do autograd.done(m, "x") end
 end
 
-function nn.bring_back(ctx, src, readers)
+-- via (optional): a module the output goes through to the readers (a
+-- tensor-parallel block's GatherRows), run again too.
+function nn.bring_back(ctx, src, readers, via)
   local s = readers[1].saved
   if type(s) ~= "table" then error("nn.bring_back: the readers saved nothing (no forward with grads before this backward)", 2) end
   if s.x ~= nil then return nil end
   local x = hooked(ctx, src, "recompute", src.output_again, src)
+  if via then
+    local y = nn.call(ctx, via, "recompute", x)
+    autograd.consume(x)
+    x = y
+  end
   for _, m in ipairs(readers) do m.saved.x = x end
   return x
 end
@@ -220,12 +274,21 @@ end
 
 ---------------------------------------------------------------- Embedding
 local Embedding = class("Embedding")
+-- opts.std (init); opts.tp (a tp group): vocab-parallel, this rank holds
+-- its part of the rows, and its output is a partial sum over the group
+-- (zero rows for the ids it does not hold)
 nn.Embedding = function(vocab, dim, opts)
   size_arg(vocab, "nn.Embedding: num_embeddings")
   size_arg(dim, "nn.Embedding: embedding_dim")
   opts = opts or {}
   local m = setmetatable({ vocab = vocab, dim = dim, params = {} }, Embedding)
-  m.params[1] = { name = "weight", numel = vocab * dim, shape = { vocab, dim }, init = { "normal", 0, opts.std or 0.02 } }
+  local w = { name = "weight", numel = vocab * dim, shape = { vocab, dim }, init = { "normal", 0, opts.std or 0.02 } }
+  m.params[1] = w
+  if opts.tp then
+    local first, rows = opts.tp:part(vocab)
+    m.tp, m.first, m.rows = opts.tp, first, rows
+    w.shape, w.numel, w.slice = { rows, dim }, rows * dim, tpm.slice({ vocab, dim }, first, rows, 0, dim)
+  end
   return m
 end
 
@@ -234,26 +297,37 @@ function Embedding:forward(ctx, ids)
   if ids.dtype ~= "int32" then error("Embedding: token ids must be an int32 tensor, got " .. ids.dtype, 2) end
   -- the output's dtype: the units' compute dtype on CUDA (set by fully_shard), fp32 on CPU
   local y = tensor.new({ ids.shape[1], ids.shape[2] or 1, self.dim }, ids.device == "cuda" and self.act_dtype or "fp32", ids.device)
-  ops.embedding_forward(y, ids, self.bound.weight, ids:numel(), self.vocab, self.dim)
+  if self.tp then
+    tpm.embedding_forward(y, ids, self.bound.weight, ids:numel(), self.vocab, self.first, self.rows, self.dim)
+  else
+    ops.embedding_forward(y, ids, self.bound.weight, ids:numel(), self.vocab, self.dim)
+  end
   self.saved = { ids = ids }
   return y
 end
 
 function Embedding:backward(ctx, dy)
   local ids = self.saved.ids
-  ops.embedding_backward(self.grad.weight, dy, ids, ids:numel(), self.vocab, self.dim)
+  if self.tp then
+    tpm.embedding_backward(self.grad.weight, dy, ids, ids:numel(), self.vocab, self.first, self.rows, self.dim)
+  else
+    ops.embedding_backward(self.grad.weight, dy, ids, ids:numel(), self.vocab, self.dim)
+  end
   return nil -- no gradient for token ids
 end
 
 ---------------------------------------------------------------- RMSNorm
 local RMSNorm = class("RMSNorm")
-nn.RMSNorm = function(dim, eps)
+-- opts.tp (a tp group): the norm of sequence-parallel rows; every tp rank
+-- holds the whole weight, and its gradient is summed over the group
+nn.RMSNorm = function(dim, eps, opts)
   size_arg(dim, "nn.RMSNorm: dim")
   if eps ~= nil and not (type(eps) == "number" and eps >= 0 and eps < math.huge) then
     error(string.format("nn.RMSNorm: eps = %s; expected a finite number >= 0", tostring(eps)), 2)
   end
-  local m = setmetatable({ dim = dim, eps = eps or 1e-6, params = {} }, RMSNorm)
-  m.params[1] = { name = "weight", numel = dim, shape = { dim }, init = { "constant", 1 }, no_decay = true }
+  local m = setmetatable({ dim = dim, eps = eps or 1e-6, params = {}, tp = opts and opts.tp }, RMSNorm)
+  m.params[1] = { name = "weight", numel = dim, shape = { dim }, init = { "constant", 1 }, no_decay = true,
+    replicated = m.tp and true or nil }
   return m
 end
 
@@ -279,6 +353,12 @@ function RMSNorm:backward(ctx, dy)
   local s = self.saved
   local n = s.x:numel() / self.dim
   local dx = ops.like(s.x)
+  if self.tp then
+    tpm.reduce_grad(self.tp, self.grad.weight, self.dim, function(dw)
+      ops.rmsnorm_backward(dx, dw, dy, s.x, self.bound.weight, s.rstd, n, self.dim)
+    end)
+    return dx
+  end
   ops.rmsnorm_backward(dx, self.grad.weight, dy, s.x, self.bound.weight, s.rstd, n, self.dim)
   return dx
 end

@@ -56,7 +56,7 @@ local function options_of(what, names)
 end
 local check_shard_opts = options_of("fully_shard", { "shard", "outer", "units", "zero", "max_live_units", "prefetch",
   "seed", "offload", "micro_batches", "mixed", "hfsdp", "reduce", "separate_reduce", "comm_register", "trace",
-  "overlap_step" })
+  "overlap_step", "tp" })
 local check_step_opts = options_of("train_step", { "loss", "forward_loss", "optimizer", "lr", "beta1", "beta2", "eps",
   "weight_decay", "momentum", "clip" })
 
@@ -78,7 +78,10 @@ function M.fully_shard(model, opts)
     error(string.format("fully_shard: mixed = {param_dtype = '%s', reduce_dtype = '%s'}; expected param_dtype fp32 or bf16 " ..
       "and reduce_dtype fp32 or the param dtype", pdt, rdt), 2)
   end
-  local s = setmetatable({ model = model, shard = opts.shard, outer = opts.outer, zero = zero,
+  -- opts.tp: the tp group's comm when the model is tensor-parallel (fsdp.tp):
+  -- the grad norm and the stop signal are agreed over it too
+  if opts.tp and opts.tp:size() == 1 then opts.tp = nil end
+  local s = setmetatable({ model = model, shard = opts.shard, outer = opts.outer, zero = zero, tp = opts.tp,
     step_count = 0, trace = opts.trace, param_dtype = pdt,
     prefetch = opts.prefetch or 1, hfsdp = opts.hfsdp and true or false, device = opts.shard.device or "cpu" }, Sharded)
   -- CUDA: the ops run on fsdp.ops' compute stream; units order their
@@ -163,7 +166,16 @@ function M.fully_shard(model, opts)
       local kind = init_kinds[init[1]]
       if not kind then error(string.format("fully_shard: parameter '%s' has init '%s' (expected normal, uniform or constant)", p.name, tostring(init[1])), 2) end
       rules[i - 1].kind, rules[i - 1].a, rules[i - 1].b = kind, init[2] or 0, init[3] or 0
+      local sl = p.spec.slice -- (a tensor-parallel slice: the values the full weight has there)
+      if sl then
+        rules[i - 1].cols, rules[i - 1].gcols, rules[i - 1].row0, rules[i - 1].col0 = sl.cols, sl.full[2], sl.row0, sl.col0
+        s.tp_sliced = true
+      end
       nd[i - 1] = p.spec.no_decay and 1 or 0
+      if p.spec.replicated and s.tp then
+        u.replicated = u.replicated or ffi.new("uint8_t[?]", n)
+        u.replicated[i - 1] = 1
+      end
     end
     local spec = ffi.new("fsdp_unit_spec", { name = u.name, nparams = n, param_names = names, numels = numels,
       rules = rules, no_decay = nd, seed = opts.seed or 1234, shard = opts.shard.handle, reduce = s.reduce.handle,
@@ -383,7 +395,12 @@ function Sharded:train_step(batches, opt)
     end
     local sq, bad = ffi.new("double[1]"), ffi.new("int64_t[1]")
     check(C.fsdp_unit_grad_norm_get(u.handle, sq, bad), "grad norm")
-    sums:set(i - 1, base.f64(sq))
+    local norm2 = base.f64(sq)
+    if u.replicated then -- (tp) params every tp rank holds whole: their share counted once over the group
+      check(C.fsdp_unit_grad_sumsq_params(u.handle, u.replicated, sq), "grad norm")
+      norm2 = norm2 - base.f64(sq) * (1 - 1 / self.tp:size())
+    end
+    sums:set(i - 1, norm2)
     sums:set(nu + i - 1, tonumber(bad[0]))
   end
   if last > 0 then self.host_step_s = last - first end
@@ -391,6 +408,11 @@ function Sharded:train_step(batches, opt)
   sums:set(2 * nu, total)
   sums:set(2 * nu + 1, C.fsdp_stop_signal())
   all_reduce_host(self.shard, sums, "sum")
+  if self.tp then -- (the tp ranks' slices: their norms add up; the loss is the same on each)
+    local loss_here = sums:get(2 * nu)
+    all_reduce_host(self.tp, sums, "sum")
+    sums:set(2 * nu, loss_here)
+  end
   local norm2 = 0
   for i = 0, nu - 1 do norm2 = norm2 + sums:get(i) end
   local loss = sums:get(2 * nu) / self.shard:size()

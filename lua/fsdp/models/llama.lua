@@ -19,6 +19,7 @@ local tensor = require "fsdp.tensor"
 local ops = require "fsdp.ops"
 local nn = require "fsdp.nn"
 local autograd = require "fsdp.autograd"
+local tpm = require "fsdp.tp"
 
 local M = {}
 
@@ -154,14 +155,46 @@ end
 local Attention = class("LlamaAttention")
 
 
-local function new_attention(cfg, rope, packed)
+-- Tensor parallelism (tp, a group of size > 1): the heads split over the
+-- tp ranks (q, k, v column-parallel, o row-parallel); with fewer kv heads
+-- than ranks each rank computes with the one kv head its query heads read,
+-- of k and v weights every rank holds whole. The block runs on all rows
+-- (GatherRows in, ScatterRows out: sequence parallelism around it).
+local function new_attention(cfg, rope, packed, tp)
   local h, hd = cfg.hidden_size, cfg.head_dim
   local nh, nkv = cfg.num_attention_heads, cfg.num_key_value_heads
   local o = { std = cfg.initializer_range, bias = false }
-  local a = setmetatable({ cfg = cfg, rope = rope, packed = packed, params = {},
-    children = { nn.Linear(h, nh * hd, o), nn.Linear(h, nkv * hd, o), nn.Linear(h, nkv * hd, o), nn.Linear(nh * hd, h, o) },
+  local a = setmetatable({ cfg = cfg, rope = rope, packed = packed, params = {}, nh = nh, nkv = nkv,
     child_names = { "q_proj", "k_proj", "v_proj", "o_proj" } }, Attention)
+  if not tp then
+    a.children = { nn.Linear(h, nh * hd, o), nn.Linear(h, nkv * hd, o), nn.Linear(h, nkv * hd, o), nn.Linear(nh * hd, h, o) }
+    return a
+  end
+  local function par(kind, rows) return { std = o.std, bias = false, tp = tp, parallel = kind, rows = rows } end
+  local kv = par("column")
+  if nkv % tp.size ~= 0 then -- (tp.size % nkv == 0: M.tp_check) its query heads' kv head
+    kv = par("replicated", { math.floor(tp.rank * nkv / tp.size) * hd, hd })
+    a.nkv = 1
+  else
+    a.nkv = nkv / tp.size
+  end
+  a.nh = nh / tp.size
+  a.children = { nn.Linear(h, nh * hd, par("column")), nn.Linear(h, nkv * hd, kv), nn.Linear(h, nkv * hd, kv),
+    nn.Linear(nh * hd, h, par("row")) }
+  a.gather, a.scatter = tpm.GatherRows(tp), tpm.ScatterRows(tp)
   return a
+end
+
+-- (tensor parallelism) x through the block's entry, y through its exit
+local function enter_block(ctx, m, x, phase)
+  if not m.gather then return x end
+  return nn.call(ctx, m.gather, phase, x)
+end
+local function leave_block(ctx, m, y, phase)
+  if not m.scatter then return y end
+  local z = nn.call(ctx, m.scatter, phase, y)
+  autograd.consume(y)
+  return z
 end
 
 -- the cos/sin tables, shared by the layers, per device
@@ -180,6 +213,7 @@ end
 -- position up to theirs. kv = {pos = first new position, cap = positions
 -- the caches hold, layers = {[attention] = {k, v}}}; nothing is saved.
 function Attention:forward_cached(ctx, x, phase)
+  if self.gather then error("LlamaAttention: generation with tensor parallelism is not built (generate at tp = 1)", 2) end
   local cfg, ch, kv = self.cfg, self.children, ctx.kv
   local B, T = x.shape[1], x.shape[2]
   local nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
@@ -219,8 +253,9 @@ function Attention:forward(ctx, x, phase)
   phase = phase or "forward"
   if ctx.kv then return self:forward_cached(ctx, x, phase) end
   local cfg, ch = self.cfg, self.children
+  x = enter_block(ctx, self, x, phase)
   local B, T = x.shape[1], x.shape[2]
-  local nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+  local nh, nkv, hd = self.nh, self.nkv, cfg.head_dim
   if T > cfg.max_position_embeddings and not self.packed.docs then -- (packed rows: pack() checks each document)
     error(string.format("LlamaAttention: sequence length %d exceeds max_position_embeddings %d", T, cfg.max_position_embeddings), 2)
   end
@@ -234,40 +269,46 @@ function Attention:forward(ctx, x, phase)
   local out, lse = ops.like(q, { B, T, nh * hd }), tensor.new({ B, nh, T }, "fp32", q.device)
   ops.attention_forward(out, lse, q, k, v, B, T, nh, nkv, hd, docs)
   self.saved = { q = q, k = k, v = v, out = out, lse = lse, B = B, T = T, docs = docs }
-  return nn.call(ctx, ch[4], phase, out)
+  return leave_block(ctx, self, nn.call(ctx, ch[4], phase, out), phase)
 end
 
 function Attention:backward(ctx, dy)
   local cfg, ch, s = self.cfg, self.children, self.saved
-  local nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+  local nh, nkv, hd = self.nh, self.nkv, cfg.head_dim
   local B, T = s.B, s.T
+  if self.scatter then dy = nn.call(ctx, self.scatter, "backward", dy) end
   local dout = nn.call(ctx, ch[4], "backward", dy)
   local dq, dk, dv = ops.like(s.q), ops.like(s.k), ops.like(s.v)
   ops.attention_backward(dq, dk, dv, dout, s.q, s.k, s.v, s.out, s.lse, B, T, nh, nkv, hd, s.docs)
   local t = self:tables(T, dq.device)
   ops.rope(dq, t, B, T, nh, hd, true, nil, s.docs)
   ops.rope(dk, t, B, T, nkv, hd, true, nil, s.docs)
-  local n = self.input_norm and nn.bring_back(ctx, self.input_norm, { ch[1], ch[2], ch[3] })
+  local n = self.input_norm and nn.bring_back(ctx, self.input_norm, { ch[1], ch[2], ch[3] }, self.gather)
   local dx = nn.call(ctx, ch[1], "backward", dq)
   ops.add(dx, dx, nn.call(ctx, ch[2], "backward", dk))
   ops.add(dx, dx, nn.call(ctx, ch[3], "backward", dv))
   if n then autograd.consume(n) end
+  if self.gather then return nn.call(ctx, self.gather, "backward", dx) end
   return dx
 end
 
 ---------------------------------------------------------------- MLP
 local MLP = class("LlamaMLP")
 
-local function new_mlp(cfg)
+-- (tp: gate and up column-parallel, down row-parallel, on all rows)
+local function new_mlp(cfg, tp)
   local h, i = cfg.hidden_size, cfg.intermediate_size
-  local o = { std = cfg.initializer_range, bias = false }
-  return setmetatable({ params = {}, children = { nn.Linear(h, i, o), nn.Linear(h, i, o), nn.Linear(i, h, o) },
-    child_names = { "gate_proj", "up_proj", "down_proj" } }, MLP)
+  local function o(kind) return { std = cfg.initializer_range, bias = false, tp = tp, parallel = tp and kind or nil } end
+  local m = setmetatable({ params = {}, children = { nn.Linear(h, i, o("column")), nn.Linear(h, i, o("column")),
+    nn.Linear(i, h, o("row")) }, child_names = { "gate_proj", "up_proj", "down_proj" } }, MLP)
+  if tp then m.gather, m.scatter = tpm.GatherRows(tp), tpm.ScatterRows(tp) end
+  return m
 end
 
 function MLP:forward(ctx, x, phase)
   phase = phase or "forward"
   local ch = self.children
+  x = enter_block(ctx, self, x, phase)
   local g = nn.call(ctx, ch[1], phase, x)
   local u = nn.call(ctx, ch[2], phase, x)
   local light = self.input_norm ~= nil
@@ -279,14 +320,15 @@ function MLP:forward(ctx, x, phase)
   if self.again and phase ~= "recompute" then self.saved = { again = true } else self.saved = { g = g, u = u } end
   local y = nn.call(ctx, ch[3], phase, a)
   if light then nn.let_go({ ch[3] }) end -- the SwiGLU product: made again from gate and up
-  return y
+  return leave_block(ctx, self, y, phase)
 end
 
 function MLP:backward(ctx, dy)
   local ch, s = self.children, self.saved
   local g, u, n
+  if self.scatter then dy = nn.call(ctx, self.scatter, "backward", dy) end
   if s.again then -- gate and up again, from the norm's output made again: the same GEMMs, the same bits
-    n = nn.bring_back(ctx, self.input_norm, { ch[1], ch[2] })
+    n = nn.bring_back(ctx, self.input_norm, { ch[1], ch[2] }, self.gather)
     g = nn.call(ctx, ch[1], "recompute", n)
     u = nn.call(ctx, ch[2], "recompute", n)
   end
@@ -303,10 +345,11 @@ function MLP:backward(ctx, dy)
   if not g then dg, du = autograd.take(self, "g"), autograd.take(self, "u") end
   ops.swiglu_backward(dg, du, da, dg, du)
   autograd.consume(da)
-  if not n then n = self.input_norm and nn.bring_back(ctx, self.input_norm, { ch[1], ch[2] }) end
+  if not n then n = self.input_norm and nn.bring_back(ctx, self.input_norm, { ch[1], ch[2] }, self.gather) end
   local dx = nn.call(ctx, ch[1], "backward", dg)
   ops.add(dx, dx, nn.call(ctx, ch[2], "backward", du))
   if n then autograd.consume(n) end
+  if self.gather then return nn.call(ctx, self.gather, "backward", dx) end
   return dx
 end
 
@@ -316,9 +359,9 @@ local Layer = class("LlamaDecoderLayer")
 -- recompute "light": the norms' outputs and the SwiGLU product are not
 -- kept for backward but made again there (attention and MLP know their
 -- input's norm); "mlp": the MLP's gate and up projections too
-local function new_layer(cfg, rope, checkpoint, recompute, packed)
-  local norm1, attn = nn.RMSNorm(cfg.hidden_size, cfg.rms_norm_eps), new_attention(cfg, rope, packed)
-  local norm2, mlp = nn.RMSNorm(cfg.hidden_size, cfg.rms_norm_eps), new_mlp(cfg)
+local function new_layer(cfg, rope, checkpoint, recompute, packed, tp)
+  local norm1, attn = nn.RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, { tp = tp }), new_attention(cfg, rope, packed, tp)
+  local norm2, mlp = nn.RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, { tp = tp }), new_mlp(cfg, tp)
   if recompute ~= "none" then attn.input_norm, mlp.input_norm = norm1, norm2 end
   mlp.again = recompute == "mlp"
   return setmetatable({ params = {}, checkpoint = checkpoint, children = { norm1, attn, norm2, mlp },
@@ -355,8 +398,16 @@ local CausalLM = class("LlamaForCausalLM")
 -- same bits): a third less activation memory per layer at Llama's shapes;
 -- "mlp" also runs the gate and up projections again in backward (two of
 -- the layer's seven GEMMs once more, the same bits): two thirds less.
+-- opts.tp: a tp group (fsdp.tp.group) of size > 1: tensor parallelism
+-- with sequence parallelism (M.tp_check says which sizes split the model).
 function M.model(cfg, opts)
   opts = opts or {}
+  local tp = opts.tp
+  if tp and tp.size == 1 then tp = nil end
+  if tp then
+    local why = M.tp_check(cfg, tp.size)
+    if why then error("llama.model: " .. why, 2) end
+  end
   local ck = opts.checkpoint or "none"
   if ck ~= "none" and ck ~= "full" and not (type(ck) == "number" and ck >= 1 and ck % 1 == 0) then
     error(string.format("llama.model: checkpoint = %s; expected 'none', 'full' or an integer k >= 1 (every k-th layer)", tostring(ck)), 2)
@@ -371,19 +422,49 @@ function M.model(cfg, opts)
   local layers = {}
   for i = 1, cfg.num_hidden_layers do
     local on = ck == "full" or (type(ck) == "number" and (i - 1) % ck == 0)
-    layers[i] = new_layer(cfg, rope, on, rc, packed)
+    layers[i] = new_layer(cfg, rope, on, rc, packed, tp)
   end
   local model = setmetatable({ params = {}, children = {
-    nn.Embedding(cfg.vocab_size, cfg.hidden_size, { std = cfg.initializer_range }),
+    nn.Embedding(cfg.vocab_size, cfg.hidden_size, { std = cfg.initializer_range, tp = tp }),
     setmetatable({ params = {}, children = layers }, ModuleList),
-    nn.RMSNorm(cfg.hidden_size, cfg.rms_norm_eps) }, child_names = { "embed_tokens", "layers", "norm" } }, Model)
-  local head = nn.Linear(cfg.hidden_size, cfg.vocab_size, { std = cfg.initializer_range, bias = false })
+    nn.RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, { tp = tp }) }, child_names = { "embed_tokens", "layers", "norm" } }, Model)
+  -- (tp: the head vocab-parallel, as the embedding: a tied head's slice is the embedding's)
+  local head = nn.Linear(cfg.hidden_size, cfg.vocab_size, { std = cfg.initializer_range, bias = false, tp = tp,
+    parallel = tp and "column" or nil })
   if cfg.tie_word_embeddings then -- the head computes with the embedding's weight (HF's tying)
     head.params, head.shares = {}, model.children[1]
   end
-  return setmetatable({ cfg = cfg, params = {}, rope = rope, packed = packed,
+  local lm = setmetatable({ cfg = cfg, params = {}, rope = rope, packed = packed, tp = tp,
     children = { model, head },
     child_names = { "model", "lm_head" } }, CausalLM)
+  if tp then -- the sequence-parallel rows' ends: after the embedding, around the head
+    lm.tp_mods = { embed_out = tpm.ScatterRows(tp), head_in = tpm.GatherRows(tp), logits = tpm.GatherColumns(tp) }
+  end
+  return lm
+end
+
+-- Why a tp size does not split cfg (nil when it does): heads, kv heads
+-- (split when there are at least tp of them, else shared: tp a multiple
+-- of them), the MLP's and the vocabulary's sizes; each message names the
+-- field and the tp sizes that would work.
+function M.tp_check(cfg, tp)
+  local function sizes(n, extra)
+    local ok = {}
+    for t = 2, math.min(n, 64) do if n % t == 0 and (not extra or extra(t)) then ok[#ok + 1] = t end end
+    return #ok > 0 and table.concat(ok, ", ") or "none"
+  end
+  local nh, nkv = cfg.num_attention_heads, cfg.num_key_value_heads
+  local function kv_ok(t) return nkv % t == 0 or t % nkv == 0 end
+  if nh % tp ~= 0 or not kv_ok(tp) then
+    return string.format("tp = %d does not split num_attention_heads = %d with num_key_value_heads = %d (kv heads split " ..
+      "when tp divides them, else each is shared by tp / kv_heads ranks); tp sizes that do: %s", tp, nh, nkv,
+      sizes(nh, kv_ok))
+  end
+  for _, f in ipairs({ "intermediate_size", "vocab_size" }) do
+    if cfg[f] % tp ~= 0 then
+      return string.format("tp = %d does not divide model.%s = %d; tp sizes that do: %s", tp, f, cfg[f], sizes(cfg[f]))
+    end
+  end
 end
 
 -- frees the rope tables the layers share (made again if the model runs
@@ -396,10 +477,26 @@ function CausalLM:release()
   end
 end
 
--- the modules in forward order: embedding, layers, final norm (and head)
+-- the modules in forward order: embedding, layers, final norm (and head);
+-- with tp, the embedding's partial sums reduce-scattered into this rank's rows
 local function trunk(self)
   local m = self.children[1]
+  if self.tp then return { m.children[1], self.tp_mods.embed_out, m.children[2], m.children[3] } end
   return { m.children[1], m.children[2], m.children[3] }
+end
+
+-- the modules after the trunk up to whole logits: the head (with tp: on
+-- all rows, its vocabulary columns gathered into whole rows)
+local function head_mods(self, mods)
+  local t = self.tp_mods
+  if t then
+    mods[#mods + 1] = t.head_in
+    mods[#mods + 1] = self.children[2]
+    mods[#mods + 1] = t.logits
+  else
+    mods[#mods + 1] = self.children[2]
+  end
+  return mods
 end
 
 -- Packed rows (documents one after another in a row of ids): doc_start,
@@ -411,6 +508,14 @@ local function pack(self, ids, doc_start)
   if doc_start and (doc_start.shape[1] ~= ids.shape[1] or doc_start.shape[2] ~= ids.shape[2]) then
     error(string.format("llama: doc_start is {%s}, the ids {%s}", table.concat(doc_start.shape, ", "),
       table.concat(ids.shape, ", ")), 3)
+  end
+  if self.tp then -- (sequence parallelism: every tp rank holds an equal share of the rows)
+    local B, T = ids.shape[1], ids.shape[2]
+    if (B * T) % self.tp.size ~= 0 then
+      error(string.format("llama: %d x %d tokens do not split into rows for %d tp ranks (micro-batch x data.seq must " ..
+        "be a multiple of tp)", B, T, self.tp.size), 3)
+    end
+    self.tp.rows = { B, T }
   end
   self.packed.docs = doc_start and ops.doc_layout(doc_start, ids.device) or nil
   local docs = self.packed.docs
@@ -427,9 +532,7 @@ end
 function CausalLM:forward(ctx, ids, doc_start)
   ctx = ctx or nn.plain
   pack(self, ids, doc_start)
-  local mods = trunk(self)
-  mods[4] = self.children[2]
-  return nn.forward_chain(ctx, mods, ids)
+  return nn.forward_chain(ctx, head_mods(self, trunk(self)), ids)
 end
 
 -- The logits of the last position only, {B = 1, vocab} (generation: the
@@ -437,6 +540,7 @@ end
 function CausalLM:forward_last(ctx, ids)
   ctx = ctx or nn.plain
   if ids.shape[1] ~= 1 then error("llama forward_last: one sequence at a time (batch " .. ids.shape[1] .. ")", 2) end
+  if self.tp then error("llama forward_last: generation with tensor parallelism is not built (generate at tp = 1)", 2) end
   pack(self, ids, nil)
   local h = self.cfg.hidden_size
   return autograd.scope(function()
@@ -483,12 +587,19 @@ function CausalLM:forward_loss(ctx, ids, targets, o)
   local V, h = cfg.vocab_size, cfg.hidden_size
   local count
   pack(self, ids, o.doc_start)
+  local tp = self.tp
+  if tp and o.coef then error("llama forward_loss: losses over log-probs (fsdp.engine) with tensor parallelism are not built", 2) end
   local sum, dnf = autograd.scope(function()
     local nf = nn.forward_chain(ctx, trunk(self), ids)
+    if tp then -- the head on all rows, each rank its columns of the vocabulary
+      local all = nn.call(ctx, self.tp_mods.head_in, "forward", nf)
+      autograd.consume(nf)
+      nf = all
+    end
     local n = nf:numel() / h
     count = count_targets(targets, n, V, ignore)
     if nf.device == "cuda" and not o.targets_dev then error("llama forward_loss: on cuda the targets' device copy is needed", 0) end
-    local rows = M.loss_rows(n, V, nf.esize, o.chunk_bytes or M.loss_chunk_bytes)
+    local rows = M.loss_rows(n, tp and V / tp.size or V, nf.esize, o.chunk_bytes or M.loss_chunk_bytes)
     local gscale = count > 0 and (o.scale or 1) / count or 0
     local grad = not ctx.no_grad and ops.like(nf) or nil
     local parts = {}
@@ -500,6 +611,9 @@ function CausalLM:forward_loss(ctx, ids, targets, o)
         local tv, tdv = targets:view(r0, r), o.targets_dev and o.targets_dev:view(r0, r)
         if o.coef then -- a loss written over the log-probs: its gradient, coef (onehot - softmax)
           ops.token_logprobs(nil, nil, logits, tv, tdv, o.coef:view(r0, r), r, V, ignore)
+        elseif tp then
+          parts[#parts + 1] = tpm.cross_entropy(tp, logits, tv, r, V, (tp:part(V)), ignore,
+            grad and gscale or nil)
         else
           parts[#parts + 1] = ops.cross_entropy(logits, tv, tdv, r, V, ignore, gscale)
         end
@@ -508,6 +622,9 @@ function CausalLM:forward_loss(ctx, ids, targets, o)
           nn.call(ctx, head, "backward", logits)
         end
       end)
+    end
+    if grad and tp then -- the head's input gradient: partial sums of all rows -> this rank's
+      grad = nn.call(ctx, self.tp_mods.head_in, "backward", grad)
     end
     return #parts > 0 and ops.sum(parts) or 0, grad
   end)
@@ -527,6 +644,7 @@ function CausalLM:forward_logprobs(ctx, ids, targets, o)
   local cfg, head = self.cfg, self.children[2]
   local ignore = o.ignore_index or -100
   local V, h = cfg.vocab_size, cfg.hidden_size
+  if self.tp then error("llama forward_logprobs: log-probs with tensor parallelism are not built (fsdp.engine at tp = 1)", 2) end
   pack(self, ids, o.doc_start)
   return autograd.scope(function()
     local nf = nn.forward_chain(ctx, trunk(self), ids)
@@ -585,7 +703,7 @@ function CausalLM:backward(ctx, dlogits)
   local dy = self.dnf
   self.dnf = nil
   if not dy then
-    mods[4] = self.children[2]
+    head_mods(self, mods)
     dy = dlogits
   end
   nn.backward_chain(ctx, mods, dy)

@@ -1,0 +1,166 @@
+-- test_tp.lua (fsdprun -n W, W = 2 and 4): tensor parallelism with
+-- sequence parallelism (fsdp.tp) against one rank.
+-- For each mesh of W ranks, (dp_shard, tp) = (1, W) and, at W = 4,
+-- (2, 2) and dp_outer = 2 x tp = 2, and for two models, the tiny recipe's
+-- Llama (4 heads, 2 kv heads: at tp = 4 each kv head is shared by two
+-- ranks) and a 4-layer GQA Llama (8 heads, 4 kv heads: split), 30 AdamW
+-- steps at ZeRO 3 (and 1, 2, activation checkpointing, recompute "mlp",
+-- tied embeddings on some) equal the same model trained unsharded on one
+-- rank over the global batch: each step's loss and grad norm within 1e-5
+-- relative (fp32: other GEMM shapes and sums in another order; measured
+-- at most 2e-6). AdamW's eps is 1e-6: with 1e-8 its first steps move an
+-- element whose gradient is fp32 noise (~1e-9) by lr either way, on one
+-- rank as on several, which is no test of the math. Before the first step every parameter's slice holds the values
+-- the whole weight has there (the meta init of slices). A mesh that does
+-- not split the model is refused naming the field and the sizes that would.
+local fsdp = require "fsdp"
+local llama = require "fsdp.models.llama"
+local tpm = require "fsdp.tp"
+
+local info = fsdp.init()
+local W, R = info.size, info.rank
+local T = dofile((arg[0]:match("^(.*/)") or "./") .. "testkit.lua")(string.format("test_tp rank %d/%d", R, W))
+local check = T.check
+
+local tiny = { hidden_size = 128, intermediate_size = 352, num_attention_heads = 4, num_key_value_heads = 2,
+  num_hidden_layers = 4, vocab_size = 256, max_position_embeddings = 64, rms_norm_eps = 1e-5 }
+local gqa = { hidden_size = 64, intermediate_size = 96, num_attention_heads = 8, num_key_value_heads = 4,
+  num_hidden_layers = 4, vocab_size = 128, max_position_embeddings = 64, rms_norm_eps = 1e-5 }
+
+local SEQ, MB, STEPS = 16, 2, 30
+local opt = { lr = 5e-4, beta1 = 0.9, beta2 = 0.95, eps = 1e-6, weight_decay = 0.1, clip = 1.0 }
+
+-- the global batch of step k: rows of ids and their next-token targets,
+-- the same on every rank; dp rank d takes rows [d*MB, (d+1)*MB)
+local function batch(vocab, k, rows, first)
+  local rnd = T.lcg(1000 + k)
+  local ids, tg = {}, {}
+  for r = 0, first + rows - 1 do
+    local row = {}
+    for t = 0, SEQ do row[t] = math.floor(rnd(2147483648) / 65536) % vocab end -- (the LCG's high bits: its low ones repeat)
+    if r >= first then
+      for t = 0, SEQ - 1 do ids[#ids + 1], tg[#tg + 1] = row[t], row[t + 1] end
+    end
+  end
+  return { x = T.int32(fsdp, ids, { rows, SEQ }), y = T.int32(fsdp, tg, { rows * SEQ }) }
+end
+
+local function free(b) b.x:free(); b.y:free() end
+local steps = llama.step_loss(1 * 2 ^ 20)
+
+-- one rank alone on the whole global batch: the reference losses and norms
+local solo_mesh = fsdp.mesh({ { "dp_outer", W }, { "dp_shard", 1 } })
+local solo = solo_mesh:group("dp_shard")
+local function reference(cfg, dp, o)
+  local m = fsdp.fully_shard(llama.model(cfg, o.model), { shard = solo, units = llama.units, zero = 3, seed = 7 })
+  local out = {}
+  for k = 1, STEPS do
+    local b = batch(cfg.vocab_size, k, MB * dp, 0)
+    local loss, norm = m:train_step({ b }, { forward_loss = steps.forward_loss, lr = opt.lr, beta1 = opt.beta1,
+      beta2 = opt.beta2, eps = opt.eps, weight_decay = opt.weight_decay, clip = opt.clip })
+    out[k] = { loss, norm }
+    free(b)
+  end
+  return out, m
+end
+
+local function rel(a, b) return math.abs(a - b) / math.max(math.abs(b), 1e-30) end
+
+-- spec: mesh dims, e.g. {{"dp_shard", 2}, {"tp", 2}}
+local function run(name, cfg_t, spec, o)
+  local cfg = llama.config(cfg_t)
+  local mesh = fsdp.mesh(spec)
+  local g = tpm.group(mesh:group("tp"))
+  local shard = mesh:group("dp_shard")
+  local names = {}
+  for _, d in ipairs(spec) do names[d[1]] = d[2] end
+  local outer = names.dp_outer and mesh:group("dp_outer") or nil
+  local dp = shard:size() * (outer and outer:size() or 1)
+  local dp_rank = (outer and outer:rank() * shard:size() or 0) + shard:rank()
+  local want, ref = reference(cfg, dp, o)
+  local mo = { tp = g }
+  for k, v in pairs(o.model or {}) do mo[k] = v end
+  local m = fsdp.fully_shard(llama.model(cfg, mo), { shard = shard, outer = outer, tp = mesh:group("tp"),
+    units = llama.units, zero = o.zero or 3, seed = 7 })
+  -- 1. the slices hold the whole weights' values (before any step)
+  if o.slices then
+    local bad = 0
+    for _, u in ipairs(m.units) do
+      for _, p in ipairs(u.params) do
+        local mine = m:gather(p.name)
+        local sl = p.spec.slice
+        local full = o.slices[p.name]
+        for i = 1, #mine do
+          local li = i - 1
+          local at = li
+          if sl then at = (math.floor(li / sl.cols) + sl.row0) * sl.full[2] + li % sl.cols + sl.col0 end
+          if mine[i] ~= full[at + 1] then bad = bad + 1 end
+        end
+      end
+    end
+    check(bad == 0, string.format("%s: every slice holds the whole weight's values (%d differ)", name, bad))
+  end
+  local worst_l, worst_n = 0, 0
+  for k = 1, STEPS do
+    local b = batch(cfg.vocab_size, k, MB, dp_rank * MB)
+    local loss, norm = m:train_step({ b }, { forward_loss = steps.forward_loss, lr = opt.lr, beta1 = opt.beta1,
+      beta2 = opt.beta2, eps = opt.eps, weight_decay = opt.weight_decay, clip = opt.clip })
+    worst_l = math.max(worst_l, rel(loss, want[k][1]))
+    worst_n = math.max(worst_n, rel(norm, want[k][2]))
+    free(b)
+  end
+  check(worst_l <= 1e-5 and worst_n <= 1e-5, string.format("%s: %d steps' losses and grad norms equal one rank's " ..
+    "(worst %.2g and %.2g relative; tolerance 1e-5)", name, STEPS, worst_l, worst_n))
+  if R == 0 then print(string.format("  %s: worst loss %.2g, grad norm %.2g relative", name, worst_l, worst_n)) end
+  m:free()
+  ref:free()
+  mesh:free()
+end
+
+-- the whole weights of the 1-rank model, by name (for the slice check)
+local function whole_params(cfg_t, o)
+  local m = fsdp.fully_shard(llama.model(llama.config(cfg_t), o and o.model), { shard = solo, units = llama.units, zero = 3,
+    seed = 7 })
+  local out = {}
+  for _, u in ipairs(m.units) do for _, p in ipairs(u.params) do out[p.name] = m:gather(p.name) end end
+  m:free()
+  return out
+end
+
+local meshes = { { "tp" .. W, { { "dp_shard", 1 }, { "tp", W } } } }
+if W == 4 then
+  meshes[2] = { "dp_shard2 x tp2", { { "dp_shard", 2 }, { "tp", 2 } } }
+  meshes[3] = { "dp_outer2 x tp2", { { "dp_outer", 2 }, { "dp_shard", 1 }, { "tp", 2 } } }
+end
+
+for _, mm in ipairs(meshes) do
+  local label, spec = mm[1], mm[2]
+  run("tiny " .. label .. " zero 3", tiny, spec, { slices = whole_params(tiny) })
+  run("gqa " .. label .. " zero 3", gqa, spec, { slices = whole_params(gqa) })
+end
+local spec = meshes[#meshes][2]
+local tied = {}
+for k, v in pairs(gqa) do tied[k] = v end
+tied.tie_word_embeddings = true
+run("tiny zero 1", tiny, spec, { zero = 1 })
+run("gqa zero 2, tied embeddings", tied, spec, { zero = 2 })
+run("tiny zero 3, checkpoint full", tiny, spec, { model = { checkpoint = "full" } })
+run("gqa zero 3, recompute mlp", gqa, spec, { model = { recompute = "mlp" } })
+run("gqa zero 3, recompute none", gqa, spec, { model = { recompute = "none" } })
+
+-- refusals name the field and the sizes that would work
+local bad = {}
+for k, v in pairs(gqa) do bad[k] = v end
+bad.num_attention_heads, bad.num_key_value_heads, bad.hidden_size = 6, 6, 96
+local g3 = tpm.group(nil, 4, 0)
+T.fails(function() llama.model(llama.config(bad), { tp = g3 }) end,
+  "tp = 4 does not split num_attention_heads = 6 with num_key_value_heads = 6", "6 heads over tp 4 refused")
+T.fails(function() llama.model(llama.config(bad), { tp = g3 }) end, "tp sizes that do: 2, 3, 6", "the sizes that would work")
+local odd = {}
+for k, v in pairs(gqa) do odd[k] = v end
+odd.vocab_size = 130
+T.fails(function() llama.model(llama.config(odd), { tp = g3 }) end, "tp = 4 does not divide model.vocab_size = 130",
+  "a vocabulary tp does not divide")
+
+solo_mesh:free()
+T.finish()
