@@ -71,6 +71,20 @@ int fsdp_attention_forward_docs(float *out, float *lse, const float *q, const fl
 int fsdp_attention_backward_docs(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
                                  const float *v, const float *out, const float *lse, const int32_t *doc_start,
                                  int64_t batch, int64_t seq, int64_t heads, int64_t kv_heads, int64_t head_dim);
+/* Queries at given positions (context parallelism: a rank's chunks of the
+ * sequence, src/ops/attention_pos.c): q, out [B, tq, H, D] at positions
+ * q_pos [tq] (the same for every batch row, each in [0, tk)); k, v [B, tk,
+ * Hkv, D], the whole sequence in order; lse [B, H, tq]. Query i sees keys
+ * 0 .. q_pos[i]. dq [B, tq, H, D]; dk, dv [B, tk, Hkv, D] the whole
+ * sequence's, overwritten. fsdp_attention_pos_check: FSDP_EINVAL, naming
+ * the query, unless every q_pos is in [0, tk). */
+int fsdp_attention_pos_check(const int32_t *q_pos, int64_t tq, int64_t tk);
+int fsdp_attention_forward_pos(float *out, float *lse, const float *q, const float *k, const float *v,
+                               const int32_t *q_pos, int64_t batch, int64_t tq, int64_t tk, int64_t heads,
+                               int64_t kv_heads, int64_t head_dim);
+int fsdp_attention_backward_pos(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
+                                const float *v, const float *out, const float *lse, const int32_t *q_pos, int64_t batch,
+                                int64_t tq, int64_t tk, int64_t heads, int64_t kv_heads, int64_t head_dim);
 /* rope at given positions: pos [batch, seq], each in [0, seq) (a row of
  * the tables; packed rows: t - doc_start[t]) */
 int fsdp_rope_forward_at(float *x, const float *cos_t, const float *sin_t, const int32_t *pos, int64_t batch, int64_t seq,

@@ -33,7 +33,13 @@
  * block's first row has the earliest start) and each row's softmax runs
  * over its own document's keys: a row of short documents costs less than
  * a causal row, and with doc_start all 0 it is the causal computation, the
- * same bits. */
+ * same bits.
+ * Queries at given positions (the _pos calls, attention_pos.c; context
+ * parallelism): Tq query rows, row i at position q_pos[i] of Tk keys,
+ * sees keys 0 .. q_pos[i]. A block is a run of consecutive positions
+ * (cut where q_pos jumps: a rank's second chunk starts a block) and
+ * multiplies with keys 0 .. its last position alone; with q_pos[i] = i it
+ * is the causal computation, the same bits. */
 #include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -41,13 +47,16 @@
 
 #include "../base/error.h"
 #include "../fsdp_ops.h"
+#include "attention_rows.h"
 #include "ops.h"
 #include "rows.h"
 
-static int check_dims(const char *op, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D) {
-  if (B < 0 || T < 0 || H < 1 || Hkv < 1 || D < 1 || H % Hkv || T > INT32_MAX / 2 || H * D > INT32_MAX)
-    return fsdp_fail(FSDP_EINVAL, "%s: batch=%lld seq=%lld heads=%lld kv_heads=%lld head_dim=%lld (heads must be a multiple "
-                     "of kv_heads)", op, (long long)B, (long long)T, (long long)H, (long long)Hkv, (long long)D);
+static int check_dims(const char *op, int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t Hkv, int64_t D) {
+  if (B < 0 || Tq < 0 || Tk < 0 || H < 1 || Hkv < 1 || D < 1 || H % Hkv || Tq > INT32_MAX / 2 || Tk > INT32_MAX / 2 ||
+      H * D > INT32_MAX)
+    return fsdp_fail(FSDP_EINVAL, "%s: batch=%lld seq=%lld (keys %lld) heads=%lld kv_heads=%lld head_dim=%lld (heads must "
+                     "be a multiple of kv_heads)", op, (long long)B, (long long)Tq, (long long)Tk, (long long)H,
+                     (long long)Hkv, (long long)D);
   return FSDP_OK;
 }
 
@@ -57,18 +66,19 @@ enum { BLOCK = 64, STACK_ROWS = 256, STACK_FLOATS = 1 << 22 };
 
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
-/* rows of a score block: a whole block, or all of a shorter sequence */
-static int64_t block_rows(int64_t T) { return min64(T, BLOCK); }
+/* rows of a score block: a whole block, or all of a shorter sequence (no
+ * queries: one, the scratch's shape) */
+static int64_t block_rows(int64_t T) { return T < 1 ? 1 : min64(T, BLOCK); }
 
 /* query heads of one kv group stacked into one GEMM: their blocks share
  * K and V, so G heads of BLOCK rows are one GEMM of G BLOCK rows, the
- * shape OpenBLAS runs fastest, up to STACK_ROWS rows; the scores grow
- * with the stack, so long sequences stack fewer heads (16 MiB a buffer
- * beyond one head's block) */
-static int64_t stack_heads(int64_t G, int64_t T) {
-  const int64_t rows = block_rows(T);
+ * shape OpenBLAS runs fastest, up to STACK_ROWS rows; the scores (a row
+ * for each of Tk keys) grow with the stack, so long sequences stack fewer
+ * heads (16 MiB a buffer beyond one head's block) */
+static int64_t stack_heads(int64_t G, int64_t Tq, int64_t Tk) {
+  const int64_t rows = block_rows(Tq);
   int64_t s = STACK_ROWS / rows; /* at least 4: rows <= BLOCK */
-  while (s > 1 && s * rows * T > STACK_FLOATS) s--;
+  while (s > 1 && s * rows * Tk > STACK_FLOATS) s--;
   return min64(s, G);
 }
 
@@ -94,42 +104,73 @@ typedef struct attn_job {
   float *out, *lse_out, *dq, *dk, *dv;
   const float *q, *k, *v, *dout, *o, *lse;
   const int32_t *doc_start; /* [B, T], or NULL: every row one document */
-  int64_t B, T, H, Hkv, D;
+  const int32_t *q_pos;     /* [Tq], or NULL: query i at position i */
+  int64_t B, Tq, Tk, H, Hkv, D;
   atomic_int no_memory; /* a thread found no memory for its scratch */
 } attn_job;
+
+/* the query rows that go to the GEMMs with row i0: up to BLOCK of them,
+ * each at the position after the one before (q_pos: a jump starts a new block) */
+static int64_t block_end(const attn_job *j, int64_t i0) {
+  const int64_t i1 = min64(i0 + BLOCK, j->Tq);
+  if (j->q_pos)
+    for (int64_t i = i0 + 1; i < i1; i++)
+      if (j->q_pos[i] != j->q_pos[i - 1] + 1) return i;
+  return i1;
+}
+
+/* the keys query row i of a batch row (its doc_start ds, or NULL) sees: [*a, *e) */
+static void row_keys(const attn_job *j, const int32_t *ds, int64_t i, int64_t *a, int64_t *e) {
+  *a = ds ? ds[i] : 0;
+  *e = (j->q_pos ? j->q_pos[i] : i) + 1;
+}
+
+/* the keys rows i0 .. i1 - 1 multiply with, [*k0, *k1): from the first
+ * row's first (doc_start never decreases) to the last row's last (a
+ * block's positions rise by one a row): no key past the block's last
+ * position is scored */
+static void block_keys(const attn_job *j, const int32_t *ds, int64_t i0, int64_t i1, int64_t *k0, int64_t *k1) {
+  *k0 = ds ? ds[i0] : 0;
+  *k1 = (j->q_pos ? j->q_pos[i1 - 1] : i1 - 1) + 1;
+}
 
 /* forward of head stacks lo .. hi - 1 (item = (b * Hkv + kv head) *
  * stacks + stack: a stack is up to stack_heads query heads of the group) */
 static void forward_heads(void *arg, int64_t lo, int64_t hi) {
   attn_job *j = arg;
-  const int64_t T = j->T, H = j->H, Hkv = j->Hkv, D = j->D, G = H / Hkv, rows = block_rows(T);
-  const int64_t gs = stack_heads(G, T), stacks = (G + gs - 1) / gs, sr = gs * rows;
-  float *S = malloc(sizeof(float) * (size_t)sr * (size_t)(T + 2 * D + 1));
+  const int64_t Tq = j->Tq, Tk = j->Tk, H = j->H, Hkv = j->Hkv, D = j->D, G = H / Hkv, rows = block_rows(Tq);
+  const int64_t gs = stack_heads(G, Tq, Tk), stacks = (G + gs - 1) / gs, sr = gs * rows;
+  float *S = malloc(sizeof(float) * (size_t)sr * (size_t)(Tk + 2 * D + 1));
   if (!S) {
     atomic_store(&j->no_memory, 1);
     return;
   }
-  float *Qs = S + sr * T, *Os = Qs + sr * D, *inv = Os + sr * D; /* inv: 1 / each row's sum */
+  float *Qs = S + sr * Tk, *Os = Qs + sr * D, *inv = Os + sr * D; /* inv: 1 / each row's sum */
   const float scale = 1.0f / sqrtf((float)D);
   const int64_t ldq = H * D, ldk = Hkv * D;
   const int d = (int)D;
   for (int64_t item = lo; item < hi; item++) {
     const int64_t b = item / (Hkv * stacks), g = item / stacks % Hkv, h0 = g * G + item % stacks * gs;
     const int64_t nh = min64(gs, g * G + G - h0);
-    const float *kh = j->k + b * T * ldk + g * D, *vh = j->v + b * T * ldk + g * D;
-    const int32_t *ds = j->doc_start ? j->doc_start + b * T : NULL;
-    for (int64_t i0 = 0; i0 < T; i0 += BLOCK) {
-      /* rows i0 .. i1 - 1 see keys k0 .. i1 - 1 (row i: from its document's start) */
-      const int64_t i1 = min64(i0 + BLOCK, T), k0 = ds ? ds[i0] : 0;
-      const int64_t bq = i1 - i0, rowoff = b * T * ldq + i0 * ldq + h0 * D;
-      const int m = (int)(nh * bq), n = (int)(i1 - k0);
+    const float *kh = j->k + b * Tk * ldk + g * D, *vh = j->v + b * Tk * ldk + g * D;
+    const int32_t *ds = j->doc_start ? j->doc_start + b * Tq : NULL;
+    for (int64_t i0 = 0, i1; i0 < Tq; i0 = i1) {
+      /* rows i0 .. i1 - 1 see keys k0 .. k1 - 1 (row i: from its document's start, to its position) */
+      int64_t k0, k1;
+      i1 = block_end(j, i0);
+      block_keys(j, ds, i0, i1, &k0, &k1);
+      const int64_t bq = i1 - i0, rowoff = b * Tq * ldq + i0 * ldq + h0 * D;
+      const int m = (int)(nh * bq), n = (int)(k1 - k0);
       gather_rows(Qs, j->q + rowoff, nh, bq, D, ldq);
       fsdp_sgemm(0, 1, m, n, d, scale, Qs, D, kh + k0 * ldk, ldk, 0.0f, S, n);
       for (int64_t s = 0; s < m; s++) { /* e^(S_ij - max_i) for the keys row i sees, else 0; their sum */
-        const int64_t i = i0 + s % bq, a = (ds ? ds[i] : 0) - k0, e = i - k0 + 1; /* columns [a, e) */
+        const int64_t i = i0 + s % bq;
+        int64_t a, e;
+        row_keys(j, ds, i, &a, &e);
+        a -= k0, e -= k0; /* columns [a, e) */
         float *row = S + s * n;
         const float mx = fsdp_row_max(row + a, e - a), sum = fsdp_row_exp_sum(row + a, e - a, mx);
-        j->lse_out[(b * H + h0 + s / bq) * T + i] = mx + logf(sum);
+        j->lse_out[(b * H + h0 + s / bq) * Tq + i] = mx + logf(sum);
         inv[s] = 1.0f / sum;
         memset(row, 0, sizeof(float) * (size_t)a);
         memset(row + e, 0, sizeof(float) * (size_t)(n - e));
@@ -157,63 +198,89 @@ int fsdp_doc_start_check(const int32_t *ds, int64_t B, int64_t T) {
   return FSDP_OK;
 }
 
-static int forward(const char *op, float *out, float *lse, const float *q, const float *k, const float *v,
-                   const int32_t *ds, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D) {
-  FSDP_CHECK(check_dims(op, B, T, H, Hkv, D));
-  if (!B || !T) return FSDP_OK;
+int fsdp_attention_pos_check(const int32_t *q_pos, int64_t tq, int64_t tk) {
+  if (tq < 0 || tk < 0 || (tq && !q_pos))
+    return fsdp_fail(FSDP_EINVAL, "q_pos: %lld queries, %lld keys, buffer %p", (long long)tq, (long long)tk,
+                     (const void *)q_pos);
+  for (int64_t i = 0; i < tq; i++)
+    if (q_pos[i] < 0 || q_pos[i] >= tk)
+      return fsdp_fail(FSDP_EINVAL, "q_pos: query %lld at position %d, outside the %lld keys [0, %lld)", (long long)i,
+                       q_pos[i], (long long)tk, (long long)tk);
+  return FSDP_OK;
+}
+
+/* the arguments every call checks */
+static int check_call(const char *op, const int32_t *ds, const int32_t *q_pos, int64_t B, int64_t Tq, int64_t Tk,
+                      int64_t H, int64_t Hkv, int64_t D) {
+  FSDP_CHECK(check_dims(op, B, Tq, Tk, H, Hkv, D));
+  if (!B) return FSDP_OK;
+  if (ds) FSDP_CHECK(fsdp_doc_start_check(ds, B, Tq));
+  if (q_pos) {
+    const int rc = fsdp_attention_pos_check(q_pos, Tq, Tk);
+    if (rc < 0) return fsdp_fail_context(rc, "%s", op);
+  }
+  return FSDP_OK;
+}
+
+int fsdp_attention_rows_forward(const char *op, float *out, float *lse, const float *q, const float *k, const float *v,
+                                const int32_t *ds, const int32_t *q_pos, int64_t B, int64_t Tq, int64_t Tk, int64_t H,
+                                int64_t Hkv, int64_t D) {
+  FSDP_CHECK(check_call(op, ds, q_pos, B, Tq, Tk, H, Hkv, D));
+  if (!B || !Tq) return FSDP_OK;
   if (!out || !lse || !q || !k || !v) return fsdp_fail(FSDP_EINVAL, "%s: NULL buffer", op);
-  if (ds) FSDP_CHECK(fsdp_doc_start_check(ds, B, T));
-  attn_job j = {.out = out, .lse_out = lse, .q = q, .k = k, .v = v, .doc_start = ds, .B = B, .T = T, .H = H, .Hkv = Hkv,
-                .D = D};
+  attn_job j = {.out = out, .lse_out = lse, .q = q, .k = k, .v = v, .doc_start = ds, .q_pos = q_pos, .B = B, .Tq = Tq,
+                .Tk = Tk, .H = H, .Hkv = Hkv, .D = D};
   atomic_init(&j.no_memory, 0);
-  const int64_t G = H / Hkv, gs = stack_heads(G, T);
+  const int64_t G = H / Hkv, gs = stack_heads(G, Tq, Tk);
   fsdp_parallel_gemms(B * Hkv * ((G + gs - 1) / gs), forward_heads, &j);
   if (atomic_load(&j.no_memory))
-    return fsdp_fail(FSDP_ENOMEM, "%s: no memory for a %lld x %lld score block", op, (long long)(gs * block_rows(T)),
-                     (long long)T);
+    return fsdp_fail(FSDP_ENOMEM, "%s: no memory for a %lld x %lld score block", op, (long long)(gs * block_rows(Tq)),
+                     (long long)Tk);
   return FSDP_OK;
 }
 
 int fsdp_attention_forward(float *out, float *lse, const float *q, const float *k, const float *v, int64_t B, int64_t T,
                            int64_t H, int64_t Hkv, int64_t D) {
-  return forward("attention_forward", out, lse, q, k, v, NULL, B, T, H, Hkv, D);
+  return fsdp_attention_rows_forward("attention_forward", out, lse, q, k, v, NULL, NULL, B, T, T, H, Hkv, D);
 }
 
 int fsdp_attention_forward_docs(float *out, float *lse, const float *q, const float *k, const float *v,
                                 const int32_t *doc_start, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D) {
   if (!doc_start && B && T) return fsdp_fail(FSDP_EINVAL, "attention_forward_docs: doc_start is NULL");
-  return forward("attention_forward_docs", out, lse, q, k, v, doc_start, B, T, H, Hkv, D);
+  return fsdp_attention_rows_forward("attention_forward_docs", out, lse, q, k, v, doc_start, NULL, B, T, T, H, Hkv, D);
 }
 
 /* backward of kv heads lo .. hi - 1 (item = b * Hkv + kv head) with their
  * query heads, a stack at a time: they sum into the same dK, dV rows */
 static void backward_groups(void *arg, int64_t lo, int64_t hi) {
   attn_job *j = arg;
-  const int64_t T = j->T, H = j->H, Hkv = j->Hkv, D = j->D, G = H / Hkv, rows = block_rows(T);
-  const int64_t gs = stack_heads(G, T), sr = gs * rows;
-  float *P = malloc(sizeof(float) * (size_t)sr * (size_t)(2 * T + 3 * D + 1));
+  const int64_t Tq = j->Tq, Tk = j->Tk, H = j->H, Hkv = j->Hkv, D = j->D, G = H / Hkv, rows = block_rows(Tq);
+  const int64_t gs = stack_heads(G, Tq, Tk), sr = gs * rows;
+  float *P = malloc(sizeof(float) * (size_t)sr * (size_t)(2 * Tk + 3 * D + 1));
   if (!P) {
     atomic_store(&j->no_memory, 1);
     return;
   }
-  float *dP = P + sr * T, *Qs = dP + sr * T, *dOs = Qs + sr * D, *dQs = dOs + sr * D, *Di = dQs + sr * D;
+  float *dP = P + sr * Tk, *Qs = dP + sr * Tk, *dOs = Qs + sr * D, *dQs = dOs + sr * D, *Di = dQs + sr * D;
   const float scale = 1.0f / sqrtf((float)D);
   const int64_t ldq = H * D, ldk = Hkv * D;
   const int d = (int)D;
   for (int64_t item = lo; item < hi; item++) {
-    const int64_t b = item / Hkv, g = item % Hkv, ko = b * T * ldk + g * D;
+    const int64_t b = item / Hkv, g = item % Hkv, ko = b * Tk * ldk + g * D;
     const float *kh = j->k + ko, *vh = j->v + ko;
-    const int32_t *ds = j->doc_start ? j->doc_start + b * T : NULL;
-    for (int64_t t = 0; t < T; t++) { /* this group's dK, dV rows: sums start at 0 */
+    const int32_t *ds = j->doc_start ? j->doc_start + b * Tq : NULL;
+    for (int64_t t = 0; t < Tk; t++) { /* this group's dK, dV rows: sums start at 0 */
       memset(j->dk + ko + t * ldk, 0, sizeof(float) * (size_t)D);
       memset(j->dv + ko + t * ldk, 0, sizeof(float) * (size_t)D);
     }
     for (int64_t h0 = g * G; h0 < g * G + G; h0 += gs) {
       const int64_t nh = min64(gs, g * G + G - h0);
-      for (int64_t i0 = 0; i0 < T; i0 += BLOCK) {
-        const int64_t i1 = min64(i0 + BLOCK, T), bq = i1 - i0, rowoff = b * T * ldq + i0 * ldq + h0 * D;
-        const int64_t k0 = ds ? ds[i0] : 0; /* keys k0 .. i1 - 1, as in forward */
-        const int m = (int)(nh * bq), n = (int)(i1 - k0);
+      for (int64_t i0 = 0, i1; i0 < Tq; i0 = i1) {
+        int64_t k0, k1; /* keys k0 .. k1 - 1, as in forward */
+        i1 = block_end(j, i0);
+        block_keys(j, ds, i0, i1, &k0, &k1);
+        const int64_t bq = i1 - i0, rowoff = b * Tq * ldq + i0 * ldq + h0 * D;
+        const int m = (int)(nh * bq), n = (int)(k1 - k0);
         gather_rows(Qs, j->q + rowoff, nh, bq, D, ldq);
         gather_rows(dOs, j->dout + rowoff, nh, bq, D, ldq);
         for (int64_t s = 0; s < m; s++) { /* rowsum(dO * O) = sum_j P_ij dP_ij */
@@ -225,16 +292,19 @@ static void backward_groups(void *arg, int64_t lo, int64_t hi) {
         fsdp_sgemm(0, 1, m, n, d, scale, Qs, D, kh + k0 * ldk, ldk, 0.0f, P, n);
         fsdp_sgemm(0, 1, m, n, d, 1.0f, dOs, D, vh + k0 * ldk, ldk, 0.0f, dP, n);
         for (int64_t s = 0; s < m; s++) {
-          const int64_t i = i0 + s % bq, a = (ds ? ds[i] : 0) - k0, e = i - k0 + 1; /* columns [a, e) */
+          const int64_t i = i0 + s % bq;
+          int64_t a, e;
+          row_keys(j, ds, i, &a, &e);
+          a -= k0, e -= k0; /* columns [a, e) */
           float *p = P + s * n, *dp = dP + s * n;
-          fsdp_row_exp_scaled(p + a, e - a, j->lse[(b * H + h0 + s / bq) * T + i], 1.0f);
+          fsdp_row_exp_scaled(p + a, e - a, j->lse[(b * H + h0 + s / bq) * Tq + i], 1.0f);
           fsdp_row_softmax_grad(dp + a, p + a, e - a, Di[s]);
           memset(p, 0, sizeof(float) * (size_t)a);
           memset(dp, 0, sizeof(float) * (size_t)a);
           memset(p + e, 0, sizeof(float) * (size_t)(n - e));
           memset(dp + e, 0, sizeof(float) * (size_t)(n - e));
         }
-        /* dQ rows i0 .. i1 - 1 of the stack's heads; dK, dV rows k0 .. i1 - 1
+        /* dQ rows i0 .. i1 - 1 of the stack's heads; dK, dV rows k0 .. k1 - 1
          * gather this block's share */
         fsdp_sgemm(0, 0, m, d, n, scale, dP, n, kh + k0 * ldk, ldk, 0.0f, dQs, d);
         scatter_rows(j->dq + rowoff, dQs, NULL, nh, bq, D, ldq);
@@ -246,32 +316,36 @@ static void backward_groups(void *arg, int64_t lo, int64_t hi) {
   free(P);
 }
 
-static int backward(const char *op, float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
-                    const float *v, const float *out, const float *lse, const int32_t *ds, int64_t B, int64_t T,
-                    int64_t H, int64_t Hkv, int64_t D) {
-  FSDP_CHECK(check_dims(op, B, T, H, Hkv, D));
-  if (!B || !T) return FSDP_OK;
-  if (!dq || !dk || !dv || !dout || !q || !k || !v || !out || !lse) return fsdp_fail(FSDP_EINVAL, "%s: NULL buffer", op);
-  if (ds) FSDP_CHECK(fsdp_doc_start_check(ds, B, T));
+int fsdp_attention_rows_backward(const char *op, float *dq, float *dk, float *dv, const float *dout, const float *q,
+                                 const float *k, const float *v, const float *out, const float *lse, const int32_t *ds,
+                                 const int32_t *q_pos, int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t Hkv,
+                                 int64_t D) {
+  FSDP_CHECK(check_call(op, ds, q_pos, B, Tq, Tk, H, Hkv, D));
+  if (!B || !Tk) return FSDP_OK;
+  /* no queries (Tq 0): dK, dV still overwritten, with zeros */
+  if (!dk || !dv || !k || !v || (Tq && (!dq || !dout || !q || !out || !lse)))
+    return fsdp_fail(FSDP_EINVAL, "%s: NULL buffer", op);
   attn_job j = {.lse = lse, .dq = dq, .dk = dk, .dv = dv, .q = q, .k = k, .v = v, .dout = dout, .o = out,
-                .doc_start = ds, .B = B, .T = T, .H = H, .Hkv = Hkv, .D = D};
+                .doc_start = ds, .q_pos = q_pos, .B = B, .Tq = Tq, .Tk = Tk, .H = H, .Hkv = Hkv, .D = D};
   atomic_init(&j.no_memory, 0);
   fsdp_parallel_gemms(B * Hkv, backward_groups, &j);
   if (atomic_load(&j.no_memory))
     return fsdp_fail(FSDP_ENOMEM, "%s: no memory for two %lld x %lld blocks", op,
-                     (long long)(stack_heads(H / Hkv, T) * block_rows(T)), (long long)T);
+                     (long long)(stack_heads(H / Hkv, Tq, Tk) * block_rows(Tq)), (long long)Tk);
   return FSDP_OK;
 }
 
 int fsdp_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
                             const float *v, const float *out, const float *lse, int64_t B, int64_t T, int64_t H,
                             int64_t Hkv, int64_t D) {
-  return backward("attention_backward", dq, dk, dv, dout, q, k, v, out, lse, NULL, B, T, H, Hkv, D);
+  return fsdp_attention_rows_backward("attention_backward", dq, dk, dv, dout, q, k, v, out, lse, NULL, NULL, B, T, T, H,
+                                      Hkv, D);
 }
 
 int fsdp_attention_backward_docs(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
                                  const float *v, const float *out, const float *lse, const int32_t *doc_start, int64_t B,
                                  int64_t T, int64_t H, int64_t Hkv, int64_t D) {
   if (!doc_start && B && T) return fsdp_fail(FSDP_EINVAL, "attention_backward_docs: doc_start is NULL");
-  return backward("attention_backward_docs", dq, dk, dv, dout, q, k, v, out, lse, doc_start, B, T, H, Hkv, D);
+  return fsdp_attention_rows_backward("attention_backward_docs", dq, dk, dv, dout, q, k, v, out, lse, doc_start, NULL, B,
+                                      T, T, H, Hkv, D);
 }

@@ -17,12 +17,24 @@ void ref_fill(float *x, double *xd, int64_t n, unsigned *seed, double a) {
   }
 }
 
-int ref_mismatches(const char *label, const float *got, const double *want, int64_t n, double rel, double abs_) {
+/* got: gf's floats, or gd's doubles */
+static int mismatches(const char *label, const float *gf, const double *gd, const double *want, int64_t n, double rel,
+                      double abs_) {
   int bad = 0;
-  for (int64_t i = 0; i < n; i++)
-    if (!(fabs((double)got[i] - want[i]) <= rel * fabs(want[i]) + abs_) && bad++ < 3)
-      fprintf(stderr, "%s[%lld] = %.9g, expected %.9g\n", label, (long long)i, (double)got[i], want[i]);
+  for (int64_t i = 0; i < n; i++) {
+    const double g = gf ? (double)gf[i] : gd[i];
+    if (!(fabs(g - want[i]) <= rel * fabs(want[i]) + abs_) && bad++ < 3)
+      fprintf(stderr, "%s[%lld] = %.9g, expected %.9g\n", label, (long long)i, g, want[i]);
+  }
   return bad;
+}
+
+int ref_mismatches(const char *label, const float *got, const double *want, int64_t n, double rel, double abs_) {
+  return mismatches(label, got, NULL, want, n, rel, abs_);
+}
+
+int ref_mismatches64(const char *label, const double *got, const double *want, int64_t n, double rel, double abs_) {
+  return mismatches(label, NULL, got, want, n, rel, abs_);
 }
 
 double ref_central(double (*loss)(void *ctx), void *ctx, double *v, double h) {

@@ -12,6 +12,8 @@ double ref_rand(unsigned *seed, double a);
 void ref_fill(float *x, double *xd, int64_t n, unsigned *seed, double a);
 /* counts elements with |got - want| > rel |want| + abs; prints the first few, under label */
 int ref_mismatches(const char *label, const float *got, const double *want, int64_t n, double rel, double abs_);
+/* the same for float64 values (a float64 reference against another) */
+int ref_mismatches64(const char *label, const double *got, const double *want, int64_t n, double rel, double abs_);
 /* dL/dv[i] by central differences with step h (L reads v through ctx) */
 double ref_central(double (*loss)(void *ctx), void *ctx, double *v, double h);
 /* a float buffer filled with NaN, so unwritten outputs are caught */
@@ -21,5 +23,11 @@ float *ref_poisoned(int64_t n);
  * gradients of sum r * out when gq is not NULL */
 void ref_attention(int B, int T, int H, int Hkv, int D, const int32_t *ds, const double *q, const double *k,
                    const double *v, const double *r, double *out, double *gq, double *gk, double *gv);
+/* the same for Tq queries at positions q_pos [Tq] (each in [0, Tk)) against
+ * Tk keys: query i sees keys 0 .. q_pos[i]; q, r, out, gq [B, Tq, H, D];
+ * k, v, gk, gv [B, Tk, Hkv, D] */
+void ref_attention_pos(int B, int Tq, int Tk, int H, int Hkv, int D, const int32_t *q_pos, const double *q,
+                       const double *k, const double *v, const double *r, double *out, double *gq, double *gk,
+                       double *gv);
 
 #endif

@@ -1,0 +1,22 @@
+/* attention_rows.h: attention.c's blocked computation, for the ops that
+ * share it: the causal and packed-row calls (attention.c) and queries at
+ * given positions (attention_pos.c). q, out [B, Tq, H, D]; k, v, dk, dv
+ * [B, Tk, Hkv, D]; lse [B, H, Tq]. Query i sees keys lo .. e - 1 with lo =
+ * ds[b, i] (ds [B, Tq], fsdp_doc_start_check's rules, Tq = Tk) or 0, and
+ * e = q_pos[i] + 1 (q_pos [Tq], each in [0, Tk), rising by one within a
+ * run) or i + 1. At most one of ds and q_pos is given. `op` names the
+ * call in the errors. dq, dk, dv overwritten. */
+#ifndef FSDP_OPS_ATTENTION_ROWS_H
+#define FSDP_OPS_ATTENTION_ROWS_H
+
+#include <stdint.h>
+
+int fsdp_attention_rows_forward(const char *op, float *out, float *lse, const float *q, const float *k, const float *v,
+                                const int32_t *ds, const int32_t *q_pos, int64_t B, int64_t Tq, int64_t Tk, int64_t H,
+                                int64_t Hkv, int64_t D);
+int fsdp_attention_rows_backward(const char *op, float *dq, float *dk, float *dv, const float *dout, const float *q,
+                                 const float *k, const float *v, const float *out, const float *lse, const int32_t *ds,
+                                 const int32_t *q_pos, int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t Hkv,
+                                 int64_t D);
+
+#endif
