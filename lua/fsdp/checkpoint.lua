@@ -73,11 +73,14 @@ end
 M.finite_guard = finite_guard
 
 -- the model's parameters in model order: name, shape, numel, unit, index
+-- (a tensor-parallel slice's: the whole weight's shape and size)
 local function catalogue(s)
   local list, by_name = {}, {}
   for _, u in ipairs(s.units) do
     for _, p in ipairs(u.params) do
-      local e = { id = #list, name = p.name, shape = p.spec.shape or { p.spec.numel }, numel = p.spec.numel, unit = u,
+      local sl = p.spec.slice
+      local shape = sl and sl.full or p.spec.shape or { p.spec.numel }
+      local e = { id = #list, name = p.name, shape = shape, numel = sl and shape[1] * shape[2] or p.spec.numel, unit = u,
         index = p.index }
       list[#list + 1] = e
       by_name[p.name] = e
@@ -87,15 +90,30 @@ local function catalogue(s)
 end
 
 -- the element ranges a unit's state holds on this rank (to_save = 0) or
--- this rank saves (1): {param (0-based), name, begin, end, off (in the state arrays)}
+-- this rank saves (1): {param (0-based), name, begin, end, off (in the state arrays)},
+-- begin and end in the whole tensor's elements: a tensor-parallel slice's
+-- piece goes as runs within the full weight's rows; what every tp rank
+-- holds whole is saved by tp rank 0
 local function pieces(u, to_save)
   local n = check(C.fsdp_unit_state_pieces(u.handle, to_save, nil, 0), "checkpoint: unit '" .. u.name .. "'")
   local ps = ffi.new("fsdp_layout_piece[?]", math.max(n, 1))
   C.fsdp_unit_state_pieces(u.handle, to_save, ps, n)
   local out = {}
   for i = 0, n - 1 do
-    out[#out + 1] = { param = ps[i].param, name = u.params[ps[i].param + 1].name, begin = tonumber(ps[i].begin),
-      ["end"] = tonumber(ps[i]["end"]), off = tonumber(ps[i].shard_offset) }
+    local p = u.params[ps[i].param + 1]
+    local b, e, off = tonumber(ps[i].begin), tonumber(ps[i]["end"]), tonumber(ps[i].shard_offset)
+    local sl = p.spec.slice
+    if sl then
+      while b < e do -- a run: the rest of a slice's row, or of the piece
+        local row, col = math.floor(b / sl.cols), b % sl.cols
+        local len = math.min(sl.cols - col, e - b)
+        local g = (row + sl.row0) * sl.full[2] + col + sl.col0
+        out[#out + 1] = { param = ps[i].param, name = p.name, begin = g, ["end"] = g + len, off = off }
+        b, off = b + len, off + len
+      end
+    elseif not (to_save == 1 and p.spec.replicated and (u.tp_rank or 0) ~= 0) then
+      out[#out + 1] = { param = ps[i].param, name = p.name, begin = b, ["end"] = e, off = off }
+    end
   end
   return out
 end

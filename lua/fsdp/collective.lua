@@ -11,14 +11,16 @@ local ffi, C = base.ffi, base.C
 
 local M = {}
 
+-- (tensor parallelism: the tp ranks of each data-parallel rank too, innermost)
 local function world(s)
-  local S, O = s.shard:size(), s.outer and s.outer:size() or 1
-  return (s.outer and s.outer:rank() or 0) * S + s.shard:rank(), S * O
+  local S, O, P = s.shard:size(), s.outer and s.outer:size() or 1, s.tp and s.tp:size() or 1
+  return ((s.outer and s.outer:rank() or 0) * S + s.shard:rank()) * P + (s.tp and s.tp:rank() or 0), S * O * P
 end
 
 local function all_reduce(s, t, op)
   shard.all_reduce_host(s.shard, t, op)
   if s.outer then shard.all_reduce_host(s.outer, t, op) end
+  if s.tp then shard.all_reduce_host(s.tp, t, op) end
 end
 
 -- Integers in [0, 2^48) that each rank fills at its own indices (zeros
@@ -28,7 +30,7 @@ local function share_ints(s, n, vals)
   for _, v in pairs(vals) do
     if v < 0 or v >= 2 ^ 48 or v % 1 ~= 0 then error("collective: integer " .. tostring(v) .. " out of range", 2) end
   end
-  local sums = shard.sum_ints(s, n, vals)
+  local sums = shard.sum_ints(s, n, vals, true)
   return function(i) return sums[i] end
 end
 

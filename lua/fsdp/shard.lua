@@ -113,6 +113,16 @@ function M.fully_shard(model, opts)
   end
   local ok, a = pcall(M.assign, model, { units = opts.units, zero = zero, offload = opts.offload, hfsdp = s.hfsdp })
   if not ok then error(base.prefixed("fully_shard", a), 2) end
+  if not s.tp then -- (a tensor-parallel model's slices and shared weights need the tp group's collectives)
+    for _, u in ipairs(a.units) do
+      for _, p in ipairs(u.params) do
+        if p.spec.slice or p.spec.replicated then
+          error(string.format("fully_shard: parameter '%s' is a tensor-parallel %s (fsdp.tp): give opts.tp, the tp " ..
+            "group's comm", p.name, p.spec.slice and "slice" or "weight every tp rank holds"), 2)
+        end
+      end
+    end
+  end
   s.units, s.unit_of, s.order, s.assignment = a.units, a.unit_of, a.order, a
   -- opts.comm_register: the buffers the collectives use, registered with the
   -- shard group's transport (NCCL user buffers or symmetric windows)
@@ -181,6 +191,7 @@ function M.fully_shard(model, opts)
       rules = rules, no_decay = nd, seed = opts.seed or 1234, shard = opts.shard.handle, reduce = s.reduce.handle,
       outer = opts.outer and opts.outer.handle or nil, param_pool = s.ppool, grad_pool = s.gpool, config = u.config })
     local h = ffi.new("fsdp_unit *[1]")
+    u.tp_rank = s.tp and s.tp:rank() or 0 -- (checkpoints: tp rank 0 saves what every tp rank holds whole)
     check(C.fsdp_unit_create(spec, h), "fully_shard: unit '" .. u.name .. "'")
     u.handle = h[0]
     local layout = C.fsdp_unit_layout(u.handle)
@@ -332,8 +343,10 @@ end
 -- (the shard group, then the outer one) exactly: the collectives reduce
 -- fp32, exact below 2^24, so each goes as five 10-bit chunks (exact sums
 -- up to 16384 ranks). Returns the sums, 0-based. Its tensor is freed at
--- once (the planner counts a step's bytes to the byte).
-function M.sum_ints(s, n, vals)
+-- once (the planner counts a step's bytes to the byte). all_ranks: over
+-- the tp group too (fsdp.collective's phases; the data-parallel ranks'
+-- sums, token_weights', leave it: tp ranks hold the same batch).
+function M.sum_ints(s, n, vals, all_ranks)
   local t = tensor.new(math.max(5 * n, 1)):fill(0)
   for i, v in pairs(vals) do
     if type(v) ~= "number" or v < 0 or v >= 2 ^ 50 or v % 1 ~= 0 then
@@ -343,6 +356,7 @@ function M.sum_ints(s, n, vals)
   end
   all_reduce_host(s.shard, t, "sum")
   if s.outer then all_reduce_host(s.outer, t, "sum") end
+  if all_ranks and s.tp then all_reduce_host(s.tp, t, "sum") end
   local out = {}
   for i = 0, n - 1 do
     local v = 0
@@ -520,6 +534,7 @@ function Sharded:stop_agreed()
   f:set(0, C.fsdp_stop_signal() > 0 and 1 or 0)
   all_reduce_host(self.shard, f, "sum")
   if self.outer then all_reduce_host(self.outer, f, "sum") end
+  if self.tp then all_reduce_host(self.tp, f, "sum") end
   if f:get(0) == 0 then return nil end
   return C.fsdp_stop_signal() > 0 and C.fsdp_stop_signal() or -1
 end
