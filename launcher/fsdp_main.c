@@ -404,7 +404,7 @@ int main(int argc, char **argv) {
                                        : (call(L, 0, 0) ? 1 : 0);
     }
   } else if (argc > 1 && !strcmp(argv[1], "plan")) {
-    rc = run_module(L, "fsdp.planner", "cli", argc, argv, 2);
+    rc = run_module(L, "fsdp.plan_cli", "cli", argc, argv, 2);
   } else if (argc > 1 && !strcmp(argv[1], "generate")) {
     rc = run_module(L, "fsdp.generate", "cli", argc, argv, 2);
   } else if (argc > 1 && strcmp(argv[1], "repl")) {

@@ -101,6 +101,6 @@ end
 -- every rank will hold, the activations of one step found by running it on
 -- the counting device (fsdp.planner.plan_model; docs/PLANNING.md)
 function fsdp.plan_model(model, o) return require("fsdp.planner").plan_model(model, o) end
-function fsdp.render_plan(p) return require("fsdp.planner").render(p) end
+function fsdp.render_plan(p) return require("fsdp.plan_render").render(p) end
 
 return fsdp

@@ -7,10 +7,12 @@
 -- its learning rate, said.
 local fsdp = require "fsdp"
 local planner = require "fsdp.planner"
+local plan_fit = require "fsdp.plan_fit"
 local llama = require "fsdp.models.llama"
 local schedule = require "fsdp.schedule"
 local pretty = require "fsdp.pretty"
 local ffi, C, check = fsdp.ffi, fsdp.C, fsdp.check
+local gib = pretty.gib
 
 local M = {}
 
@@ -66,8 +68,8 @@ function M.select_gpu(r, where, info)
     error(string.format("%s: train.device = 'cuda', but no CUDA device can be used here (none is visible, or fsdp was " ..
       "built without CUDA). The recipe needs %.2f GiB per rank on %d ranks (params %.2f, grads %.2f, optimizer %.2f, unit " ..
       "buffers %.2f, activations %.2f). Run it on GPU machines, or try a small model with train.device=cpu.", where,
-      planner.gib(need.total), info.size, planner.gib(need.params), planner.gib(need.grads),
-      planner.gib(need.optimizer), planner.gib(need.unit_buffers), planner.gib(need.activations)), 0)
+      gib(need.total), info.size, gib(need.params), gib(need.grads),
+      gib(need.optimizer), gib(need.unit_buffers), gib(need.activations)), 0)
   end
   local ndev = C.fsdp_device_count(C.FSDP_CUDA)
   check(C.fsdp_device_set(C.FSDP_CUDA, info.local_rank % ndev), "select the GPU")
@@ -81,7 +83,7 @@ end
 -- optimizer state alone, at best spread over every rank) is refused
 -- before it is planned.
 function M.floor(r, cfg, where, info)
-  local floor = planner.floor_bytes(cfg, r, info.size)
+  local floor = plan_fit.floor_bytes(cfg, r, info.size)
   local function total_of(dev)
     local free, total = ffi.new("int64_t[1]"), ffi.new("int64_t[1]")
     check(C.fsdp_device_memory_info(dev, free, total), "memory info")
@@ -99,16 +101,16 @@ end
 
 -- The plan's need per rank against what this machine has free (on GPUs:
 -- the device part against the GPU, the offloaded part against the host's
--- memory: planner.fits); refused with only the changes that lower the
+-- memory: plan_fit.fits); refused with only the changes that lower the
 -- plan, each with what it plans and whether it then fits.
 function M.memory(r, plan, where, info, ranks_per_device)
-  local fits, why, bytes = planner.fits(plan, { ranks = ranks_per_device, host_ranks = info.local_size,
+  local fits, why, bytes = plan_fit.fits(plan, { ranks = ranks_per_device, host_ranks = info.local_size,
     min_free_fraction = r.train.min_free_fraction })
   if fits then return end
   if bytes.host then error(why, 0) end
   local tips = {}
-  for _, a in ipairs(planner.advice(r, { world = info.size, where = where }, r.train.device == "cuda")) do
-    tips[#tips + 1] = string.format("%s: %.2f GiB%s", a.change, planner.gib(a.bytes), a.bytes <= bytes.have and " (fits)" or "")
+  for _, a in ipairs(plan_fit.advice(r, { world = info.size, where = where }, r.train.device == "cuda")) do
+    tips[#tips + 1] = string.format("%s: %.2f GiB%s", a.change, gib(a.bytes), a.bytes <= bytes.have and " (fits)" or "")
   end
   error(why .. " " .. (#tips > 0 and "Each of these alone plans less per rank: " .. table.concat(tips, "; ") .. "." or
     "No single change of the recipe plans less: use more machines, or a smaller model."), 0)

@@ -1,5 +1,7 @@
--- fsdp.show: prints values readably at the prompt (tables as nested fields,
--- sorted keys, cycles marked), one line per value.
+-- fsdp.pretty: values for a person to read. show/render print values at the
+-- prompt (tables as nested fields, sorted keys, cycles marked), one line per
+-- value; count, bytes and gib are the one way numbers are written for
+-- people (the planner's tables, the trainer's lines, the REPL).
 local M = {}
 
 local function is_ident(k) return type(k) == "string" and k:match("^[%a_][%w_]*$") end
@@ -29,13 +31,26 @@ end
 
 function M.render(v) return render(v, 0, {}) end
 
--- a count for a person: 184.6G, 56.2M, 12.0k, 7
+-- a count for a person: 70.55G, 56.21M, 184.6k, 7. SI letters, not "B"
+-- for billions: the same text serves parameters, tokens, bytes and FLOP/s;
+-- two decimals above a million, so that near sizes still differ
 function M.count(n)
-  if n >= 1e9 then return string.format("%.1fG", n / 1e9) end
-  if n >= 1e6 then return string.format("%.1fM", n / 1e6) end
+  if n >= 1e9 then return string.format("%.2fG", n / 1e9) end
+  if n >= 1e6 then return string.format("%.2fM", n / 1e6) end
   if n >= 1e3 then return string.format("%.1fk", n / 1e3) end
   return string.format("%.0f", n)
 end
+
+-- bytes for a person, in binary units: 2.05 GiB, 62.63 MiB, 1.3 KiB, 0 B
+function M.bytes(b)
+  if b >= 2 ^ 30 then return string.format("%.2f GiB", b / 2 ^ 30) end
+  if b >= 2 ^ 20 then return string.format("%.2f MiB", b / 2 ^ 20) end
+  if b >= 2 ^ 10 then return string.format("%.1f KiB", b / 2 ^ 10) end
+  return string.format("%d B", b)
+end
+
+-- bytes as a number of GiB, for a message's own %.2f
+function M.gib(b) return b / 2 ^ 30 end
 
 function M.show(...)
   local out = {}

@@ -20,6 +20,9 @@
 -- Leaving the prompt (Ctrl-D, quit()) ends the run cleanly.
 local base = require "fsdp.ffi"
 local planner = require "fsdp.planner"
+local plan_render = require "fsdp.plan_render"
+local plan_cli = require "fsdp.plan_cli"
+local pretty = require "fsdp.pretty"
 local recipe = require "fsdp.recipe"
 local tensor = require "fsdp.tensor"
 local ffi, C, check = base.ffi, base.C, base.check
@@ -55,7 +58,7 @@ end
 
 function M.units(p)
   p = need_plan(p)
-  return text(planner.table(planner.unit_rows(p)), p.units)
+  return text(plan_render.table(plan_render.unit_rows(p)), p.units)
 end
 
 function M.layout(u, p)
@@ -77,7 +80,7 @@ function M.layout(u, p)
     rows[#rows + 1] = { q.name, table.concat(q.shape, "x"), q.numel, q.offset, shown }
   end
   return text(string.format("unit %d '%s': zero %d, %d elements + %d padding = %d shards of %d\n", u.index, u.name, u.zero,
-    u.numel, u.total_numel - u.numel, p.shard, u.shard_numel) .. planner.table(rows), u)
+    u.numel, u.total_numel - u.numel, p.shard, u.shard_numel) .. plan_render.table(rows), u)
 end
 
 function M.owner(name, index, p)
@@ -118,8 +121,8 @@ function M.rank(r, p)
     end
   end
   return text(string.format("rank %d: shard rank %d, replica %d of %d; %s parameter elements, %s resident, %s at peak\n", r,
-    r % p.shard, math.floor(r / p.shard), p.outer, planner.human(total), planner.bytes(p.resident_total), planner.bytes(p.peak)) ..
-    planner.table(rows), { elements = total })
+    r % p.shard, math.floor(r / p.shard), p.outer, pretty.count(total), pretty.bytes(p.resident_total), pretty.bytes(p.peak)) ..
+    plan_render.table(rows), { elements = total })
 end
 
 -- measured bytes of the live run on this rank, by the units' own accounts
@@ -140,18 +143,18 @@ end
 
 function M.mem(r, p)
   p = need_plan(p)
-  local rows = planner.memory_rows(p)
+  local rows = plan_render.memory_rows(p)
   if state.live and p == state.plan then
     local t = measured()
     rows[1][#rows[1] + 1] = "measured (this rank)"
     local sums = { t.params_full + t.params_shard, t.main_params, t.optimizer, t.grads_full + t.grads_main, t.scratch }
-    for i, v in ipairs(sums) do rows[i + 1][#rows[i + 1] + 1] = planner.bytes(v) end
+    for i, v in ipairs(sums) do rows[i + 1][#rows[i + 1] + 1] = pretty.bytes(v) end
     local stats = ffi.new("fsdp_memory_stats")
     check(C.fsdp_memory_get_stats(tensor.device(state.live.sharded.device), stats), "mem")
-    rows[#rows + 1] = { "allocator (this rank)", planner.bytes(tonumber(stats.allocated)), "allocated now",
-      "peak " .. planner.bytes(tonumber(stats.peak)) }
+    rows[#rows + 1] = { "allocator (this rank)", pretty.bytes(tonumber(stats.allocated)), "allocated now",
+      "peak " .. pretty.bytes(tonumber(stats.peak)) }
   end
-  return text(string.format("rank %s (every rank holds the same bytes):\n", tostring(r or 0)) .. planner.table(rows), p)
+  return text(string.format("rank %s (every rank holds the same bytes):\n", tostring(r or 0)) .. plan_render.table(rows), p)
 end
 
 local plan_keys = { zero = "fsdp", units = "fsdp", prefetch = "fsdp", max_live_units = "fsdp", checkpoint = "fsdp", recompute = "fsdp",
@@ -167,7 +170,7 @@ local function plan_model(o)
   mo.mesh = mo.mesh or state.mesh
   local ok, p = pcall(planner.plan_model, o.model, mo)
   if not ok then error("plan{model = ...}: " .. tostring(p):gsub("^[^:\n]+:%d+: ", ""), 3) end
-  return setmetatable(p, { __tostring = planner.render })
+  return setmetatable(p, { __tostring = plan_render.render })
 end
 
 -- plan{world = W, mesh = "dp_outer=2,dp_shard=-1", zero = 2, ["model.num_hidden_layers"] = 2, ...}
@@ -188,7 +191,7 @@ function M.plan(o)
     end
   end
   local p = planner.plan(r, { world = o.world or state.world, mesh = o.mesh or state.mesh, where = state.where })
-  return setmetatable(p, { __tostring = planner.render })
+  return setmetatable(p, { __tostring = plan_render.render })
 end
 
 local function is_plan(x) return type(x) == "table" and type(x.resident) == "table" and type(x.units) == "table" end
@@ -200,7 +203,7 @@ function M.use(p)
   end
   state.plan = p
   return text(string.format("the helpers read this plan now: %s on %d ranks, %d units, %s per rank at peak",
-    p.where or "?", p.world, #p.units, planner.bytes(p.peak)))
+    p.where or "?", p.world, #p.units, pretty.bytes(p.peak)))
 end
 
 function M.diff(a, b)
@@ -208,7 +211,7 @@ function M.diff(a, b)
     error(string.format("diff(a, b): two plans, e.g. diff(plan{world = 64}, plan{world = 128}); got %s and %s", type(a),
       type(b)), 2)
   end
-  return text(planner.diff(a, b))
+  return text(plan_render.diff(a, b))
 end
 
 M.help_text = [[helpers (docs/PLANNING.md):
@@ -233,7 +236,7 @@ end
 
 -- `fsdp repl [RECIPE.lua] [--world W] [--mesh SPEC] [section.field=value ...]`
 function M.setup(args)
-  local o = planner.parse_args(args, "repl", false, "(fsdp --help)")
+  local o = plan_cli.parse_args(args, "repl", false, "(fsdp --help)")
   if o.help then print(M.help_text) return 0 end
   state.world, state.mesh = o.world, o.mesh
   install(false)
@@ -243,7 +246,7 @@ function M.setup(args)
   state.plan = planner.plan(recipe.copy(r), { world = state.world, mesh = state.mesh, where = path })
   if ffi.C.isatty(0) == 1 then
     print(string.format("%s on %d ranks: %d units, %s per rank at peak; help() lists the helpers", path, state.world,
-      #state.plan.units, planner.bytes(state.plan.peak)))
+      #state.plan.units, pretty.bytes(state.plan.peak)))
   end
   return 0
 end
@@ -414,7 +417,7 @@ function M.live(live)
       local res = { pcall(fn) }
       if live.rank == 0 then
         if not res[1] then io.stderr:write(tostring(res[2]), "\n")
-        elseif #res > 1 then require("fsdp.pretty").show(unpack(res, 2, table.maxn(res))) end
+        elseif #res > 1 then pretty.show(unpack(res, 2, table.maxn(res))) end
         io.stdout:flush()
       end
     end

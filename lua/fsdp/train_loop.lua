@@ -16,10 +16,11 @@ local tensorboard = require "fsdp.tensorboard"
 local autograd = require "fsdp.autograd"
 local restarts = require "fsdp.restarts"
 local profile = require "fsdp.profile"
-local planner = require "fsdp.planner"
+local plan_render = require "fsdp.plan_render"
 local nn = require "fsdp.nn"
 local ffi, C = fsdp.ffi, fsdp.C
-local human = require("fsdp.pretty").count
+local pretty = require "fsdp.pretty"
+local human = pretty.count
 
 local M = {}
 
@@ -139,8 +140,8 @@ local function open_rates(J)
   local cfg, B, T, K, dp = J.cfg, J.B, J.T, J.K, J.dp
   J.say("fsdp: %s parameters in %d units over %d ranks (mesh %s, %s, %s params); %d tokens per step (%d x %d x %d " ..
     "micro-batches x %d ranks); planned %.2f GiB per rank", human(llama.num_params(cfg)), #J.sharded.units, J.info.size,
-    type(r.mesh) == "string" and r.mesh or "custom", planner.zero_text(J.plan), r.fsdp.param_dtype, J.tokens_step, B, T, K,
-    dp, planner.gib(J.need.total))
+    type(r.mesh) == "string" and r.mesh or "custom", plan_render.zero_text(J.plan), r.fsdp.param_dtype, J.tokens_step, B, T, K,
+    dp, pretty.gib(J.need.total))
   if device == "cuda" and r.data.pack then
     J.say("attention: packed rows: our CUDA-core kernels (kernels/attention.cu), attention within each document")
   elseif device == "cuda" then

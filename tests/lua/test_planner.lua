@@ -28,6 +28,8 @@
 -- does not know of the CUDA ops shows as a difference, in bytes.
 local fsdp = require "fsdp"
 local planner = require "fsdp.planner"
+local plan_fit = require "fsdp.plan_fit"
+local plan_render = require "fsdp.plan_render"
 local recipe = require "fsdp.recipe"
 local llama = require "fsdp.models.llama"
 local ops = require "fsdp.ops"
@@ -250,7 +252,7 @@ do
     fsdp = { zero = 3, checkpoint = "full", param_dtype = "fp32" }, data = { corpus = { include = { "docs/*.md" } }, seq = 128,
     micro_batch = 4 } }, "r8.lua")
   local base = planner.plan(r8, { world = 2, where = "r8.lua" }).need.total
-  local adv = planner.advice(r8, { world = 2, where = "r8.lua" }, false)
+  local adv = plan_fit.advice(r8, { world = 2, where = "r8.lua" }, false)
   local said = {}
   for i, a in ipairs(adv) do
     said[#said + 1] = a.change
@@ -262,7 +264,7 @@ do
   check(not text:find("zero") and not text:find("checkpoint") and not text:find("bf16"),
     "nothing it already has, nor bf16 on CPU ranks: " .. text)
   r8.train.device = "cuda"
-  local gpu = planner.advice(r8, { world = 2, where = "r8.lua" }, true)
+  local gpu = plan_fit.advice(r8, { world = 2, where = "r8.lua" }, true)
   local g = {}
   for _, a in ipairs(gpu) do g[#g + 1] = a.change end
   check(table.concat(g, "; "):find("fsdp.offload = 'all'", 1, true) and table.concat(g, "; "):find("bf16", 1, true),
@@ -271,10 +273,10 @@ end
 -- the header names the ZeRO levels the units have, not the recipe's alone:
 -- a policy that mixes them read "zero 3"
 do
-  local mixed = planner.render(planner.plan(tiny({ ["fsdp.units"] = root .. "/recipes/policies/zero_by_size.lua" }),
+  local mixed = plan_render.render(planner.plan(tiny({ ["fsdp.units"] = root .. "/recipes/policies/zero_by_size.lua" }),
     { world = W }))
   check(mixed:find(", zero 2 and 3 (by unit: 2 at 2, 4 at 3), ", 1, true), "a policy mixing ZeRO 2 and 3: the header says so")
-  local one = planner.render(planner.plan(tiny({ ["fsdp.zero"] = 1 }), { world = W }))
+  local one = plan_render.render(planner.plan(tiny({ ["fsdp.zero"] = 1 }), { world = W }))
   check(one:find(", zero 1, ", 1, true), "one level: 'zero 1'")
 end
 -- evaluation frees each layer's activations once the next has run

@@ -12,6 +12,7 @@
 --     steps 3-4, and leaving the prompt ends the run with status 0.
 local fsdp = require "fsdp"
 local planner = require "fsdp.planner"
+local pretty = require "fsdp.pretty"
 
 local fsdp_bin, fsdprun, root = arg[1], arg[2], arg[3] or "."
 local T = dofile((arg[0]:match("^(.*/)") or "./") .. "testkit.lua")("test_repl")
@@ -41,7 +42,7 @@ local out, code = sh(fsdp_bin .. " repl recipes/tiny.lua --world 4", table.conca
 check(code == 0, "fsdp repl exits 0 at the end of its input")
 has(out, "#    unit                 zero  params  shard", "units()")
 -- the four identical layers are one row
-has(out, string.format("2-5  model.layers.0-3 x4     3  184.6k  %s", planner.human(p.units[5].shard_numel)),
+has(out, string.format("2-5  model.layers.0-3 x4     3  184.6k  %s", pretty.count(p.units[5].shard_numel)),
   "units(): the layers' run, its shard")
 has(out, "unit 2 'model.layers.0': zero 3, 184576 elements + 0 padding = 4 shards of 46144", "layout()")
 has(out, "2:[0,43968) 3:[43968,45056)", "layout(): up_proj's owners")
@@ -50,7 +51,7 @@ local flat = p.units[2].params[8].offset + 1000
 has(out, string.format("is element %d of shard rank %d's shard", flat % 46144, math.floor(flat / 46144)), "owner()")
 has(out, "rank 3: shard rank 3, replica 0 of 1", "rank()")
 has(out, "model.layers.0  model.layers.0.mlp.down_proj.weight  [0, 45056)", "rank(): what rank 3 holds")
-check(out:match("\n%s*optimizer state%s+([%d.]+ %a+)") == planner.bytes(p.resident.optimizer), "mem(): the optimizer bytes")
+check(out:match("\n%s*optimizer state%s+([%d.]+ %a+)") == pretty.bytes(p.resident.optimizer), "mem(): the optimizer bytes")
 has(out, "A: 8 ranks, zero 3, 6 units; B: 8 ranks, zero 2, 6 units", "diff()")
 has(out, "params_full", "diff(): zero 2 keeps full params")
 has(out, "attempt to call global 'nope'", "an error is shown")
@@ -69,9 +70,9 @@ out, code = sh(fsdp_bin .. " repl --world 4", table.concat({ "fsdp = require 'fs
   "plan{model = m, batch = bf, zeros = 2}", "use(3)", "" }, "\n"))
 check(code == 0, "fsdp repl without a recipe exits 0")
 has(out, string.format("the helpers read this plan now: model on 4 ranks, 2 units, %s per rank at peak",
-  planner.bytes(up.peak)), "use(plan{model = ...})")
-check(out:match("\n%s*peak%s+([%d.]+ %a+)") == planner.bytes(up.peak), "mem() of the user's model: the peak is plan_model's")
-check(out:match("\n%s*activations%s+([%d.]+ %a+)") == planner.bytes(up.activations),
+  pretty.bytes(up.peak)), "use(plan{model = ...})")
+check(out:match("\n%s*peak%s+([%d.]+ %a+)") == pretty.bytes(up.peak), "mem() of the user's model: the peak is plan_model's")
+check(out:match("\n%s*activations%s+([%d.]+ %a+)") == pretty.bytes(up.activations),
   "mem() of the user's model: the activations from its dry run")
 has(out, "unknown option 'zeros'", "plan{model = ...} names a wrong option")
 has(out, "use(p): a plan", "use() of a non-plan says so")
@@ -80,7 +81,7 @@ has(out, "use(p): a plan", "use() of a non-plan says so")
 out, code = sh(fsdp_bin .. " plan recipes/tiny.lua --world 4")
 check(code == 0, "fsdp plan exits 0")
 has(out, "plan: recipes/tiny.lua on 4 ranks", "plan header")
-check(out:match("\n%s*peak%s+([%d.]+ %a+)") == planner.bytes(p.peak), "plan: the peak is the planner's: " .. planner.bytes(p.peak))
+check(out:match("\n%s*peak%s+([%d.]+ %a+)") == pretty.bytes(p.peak), "plan: the peak is the planner's: " .. pretty.bytes(p.peak))
 out = sh(fsdp_bin .. " plan recipes/tiny.lua --world=4 --json")
 has(out, string.format('"peak":%d', p.peak), "plan --json: the peak")
 -- a GPU recipe planned without a GPU: cuDNN's workspace estimated, and said so
@@ -89,7 +90,7 @@ has(out, '"backward":1107820800', "plan --json: cuDNN's attention workspace (est
 has(out, '"attention_workspace_from":"estimated: no GPU asked"', "plan --json: where the workspace comes from")
 out, code = sh(fsdp_bin .. " plan recipes/llama70b.lua --world 64")
 check(code == 0, "fsdp plan llama70b")
-has(out, "70.55B parameters in 82 units", "plan llama70b")
+has(out, "70.55G parameters in 82 units", "plan llama70b")
 out, code = sh(fsdp_bin .. " plan recipes/tiny.lua --wrld 4")
 check(code ~= 0, "a bad option fails")
 has(out, "unknown option '--wrld'", "and is named")

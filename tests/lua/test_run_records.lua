@@ -77,7 +77,7 @@ end
 do
   local t0 = fsdp.C.fsdp_time_now()
   fails(function() train.run(tiny(), "deep.lua", args({ "model.num_hidden_layers=1000000" })) end,
-    "deep.lua: the model has 184.6G parameters: its fp32 weights and adamw state alone need", "a million layers")
+    "deep.lua: the model has 184.58G parameters: its fp32 weights and adamw state alone need", "a million layers")
   check(fsdp.C.fsdp_time_now() - t0 < 5, "refused in under 5 s")
   local planner = require "fsdp.planner"
   fails(function() planner.plan(recipe.apply_overrides(tiny(), { "model.num_hidden_layers=1000000" }, "deep.lua"),
