@@ -8,7 +8,14 @@
 // along a row), a key block's query loop ends at the first query whose
 // doc_start passes the block's last key, and the keys between are masked
 // per row; so a row of short documents costs less than a causal one.
-// DOCS false compiles to the causal kernels, unchanged.
+// POS (queries at given positions, q_pos [T] not NULL: a context-parallel
+// rank's rows, issue 46): the T queries sit at positions q_pos[i] of the
+// sh.Tk keys, and query i sees keys 0 .. q_pos[i]. A query block's key loop
+// ends at its rows' last position; a key block's query loop skips the tiles
+// of queries that all sit before its first key, and masks per row; dk, dv
+// are the whole sequence's, sh.Tk rows.
+// The template's ROWS picks the variant: CAUSAL (or false), DOCS_ROWS (or
+// true) or POS_ROWS; CAUSAL compiles to the causal kernels, unchanged.
 //
 // The includer provides ld(p, i) / st(p, i, v) for float and
 // __nv_bfloat16, __expf, __syncthreads, and FSDP_ATTN_SHARED(name), the
@@ -19,31 +26,43 @@
 namespace fsdp_attn {
 
 enum { QROWS = 32, KTILE = 16 };
+enum { CAUSAL = 0, DOCS_ROWS = 1, POS_ROWS = 2 };  // ROWS (a bool DOCS converts to the first two)
 
 struct Shape {
   int64_t B, T, H, Hkv, D;
   float scale;
+  int64_t Tk;  // POS: the keys (k, v, dk, dv rows); else T
 };
 
-// rows [r0, r0 + R) of head h of one or two [B, T, heads, D] tensors into
-// shared memory (row pitch `pitch`), zeros past the sequence's end; the
-// block's QROWS threads share the copy
+// rows [r0, r0 + R) of head h of one or two [B, rows, heads, D] tensors
+// into shared memory (row pitch `pitch`), zeros past the sequence's end;
+// the block's QROWS threads share the copy
 template <typename T>
 __device__ void load_rows(float *d1, const T *s1, float *d2, const T *s2, int pitch, int64_t b, int64_t r0, int R,
-                          int64_t heads, int64_t h, const Shape &sh) {
+                          int64_t heads, int64_t h, int64_t rows, const Shape &sh) {
   const int D = (int)sh.D;
   for (int e = threadIdx.x; e < R * D; e += QROWS) {
     int r = e / D, c = e % D;
     int64_t t = r0 + r;
-    size_t off = ((b * sh.T + t) * heads + h) * D + c;
-    d1[r * pitch + c] = t < sh.T ? ld(s1, off) : 0.0f;
-    if (d2) d2[r * pitch + c] = t < sh.T ? ld(s2, off) : 0.0f;
+    size_t off = ((b * rows + t) * heads + h) * D + c;
+    d1[r * pitch + c] = t < rows ? ld(s1, off) : 0.0f;
+    if (d2) d2[r * pitch + c] = t < rows ? ld(s2, off) : 0.0f;
   }
 }
 
+// POS: the last key queries i0 .. i0 + n - 1 (those inside T) see, the
+// largest of their positions (every thread the same)
+__device__ inline int64_t last_position(const int32_t *q_pos, int64_t i0, int64_t n, int64_t T) {
+  int64_t m = 0;
+  for (int64_t i = i0; i < i0 + n && i < T; i++) m = q_pos[i] > m ? q_pos[i] : m;
+  return m;
+}
+
+// rows: doc_start [B, T] (DOCS), q_pos [T] (POS), unused (CAUSAL)
 // smem: QROWS * (D + 1) + 2 * KTILE * D floats
-template <typename T, int MAXD, bool DOCS>
-__global__ void attn_fwd(T *out, float *lse, const T *q, const T *k, const T *v, const int32_t *doc_start, Shape sh) {
+template <typename T, int MAXD, int ROWS>
+__global__ void attn_fwd(T *out, float *lse, const T *q, const T *k, const T *v, const int32_t *rows, Shape sh) {
+  constexpr bool DOCS = ROWS == DOCS_ROWS, POS = ROWS == POS_ROWS;
   FSDP_ATTN_SHARED(smem);
   const int D = (int)sh.D, P = D + 1;
   float *qs = smem;                     // [QROWS][P]
@@ -53,22 +72,23 @@ __global__ void attn_fwd(T *out, float *lse, const T *q, const T *k, const T *v,
   int64_t hk = h / (sh.H / sh.Hkv);
   int tid = threadIdx.x;
   int64_t i = i0 + tid;
-  const int32_t *ds = DOCS ? doc_start + b * sh.T : nullptr;
+  const int32_t *ds = DOCS ? rows + b * sh.T : nullptr;
   const int64_t first = DOCS ? ds[i0] : 0, lo = DOCS && i < sh.T ? ds[i] : 0;  // the block's, this row's first key
-  load_rows(qs, q, (float *)nullptr, (const T *)nullptr, P, b, i0, QROWS, sh.H, h, sh);
+  const int64_t Tk = POS ? sh.Tk : sh.T, pi = POS && i < sh.T ? rows[i] : i;  // this row's position: its last key
+  load_rows(qs, q, (float *)nullptr, (const T *)nullptr, P, b, i0, QROWS, sh.H, h, sh.T, sh);
   float acc[MAXD];
 #pragma unroll
   for (int c = 0; c < MAXD; c++) acc[c] = 0;
   float m = -INFINITY, l = 0;
-  int64_t last = i0 + QROWS - 1 < sh.T - 1 ? i0 + QROWS - 1 : sh.T - 1;
+  int64_t last = POS ? last_position(rows, i0, QROWS, sh.T) : i0 + QROWS - 1 < sh.T - 1 ? i0 + QROWS - 1 : sh.T - 1;
   for (int64_t j0 = first; j0 <= last; j0 += KTILE) {
     __syncthreads();
-    load_rows(ks, k, vs, v, D, b, j0, KTILE, sh.Hkv, hk, sh);
+    load_rows(ks, k, vs, v, D, b, j0, KTILE, sh.Hkv, hk, Tk, sh);
     __syncthreads();
     if (i >= sh.T) continue;
     for (int r = 0; r < KTILE; r++) {
       int64_t j = j0 + r;
-      if (j > i) break;
+      if (j > pi) break;
       if (DOCS && j < lo) continue;
       float sdot = 0;
 #pragma unroll
@@ -94,9 +114,10 @@ __global__ void attn_fwd(T *out, float *lse, const T *q, const T *k, const T *v,
 
 // dq_i = scale sum_j p_ij (dp_ij - Di) k_j, dp_ij = dout_i . v_j, Di = dout_i . out_i
 // smem: 2 * QROWS * (D + 1) + 2 * KTILE * D floats
-template <typename T, int MAXD, bool DOCS>
+template <typename T, int MAXD, int ROWS>
 __global__ void attn_bwd_dq(T *dq, const T *dout, const T *q, const T *k, const T *v, const T *out, const float *lse,
-                            const int32_t *doc_start, Shape sh) {
+                            const int32_t *rows, Shape sh) {
+  constexpr bool DOCS = ROWS == DOCS_ROWS, POS = ROWS == POS_ROWS;
   FSDP_ATTN_SHARED(smem);
   const int D = (int)sh.D, P = D + 1;
   float *qs = smem, *dos = qs + QROWS * P, *ks = dos + QROWS * P, *vs = ks + KTILE * D;
@@ -104,9 +125,10 @@ __global__ void attn_bwd_dq(T *dq, const T *dout, const T *q, const T *k, const 
   int64_t hk = h / (sh.H / sh.Hkv);
   int tid = threadIdx.x;
   int64_t i = i0 + tid;
-  const int32_t *ds = DOCS ? doc_start + b * sh.T : nullptr;
+  const int32_t *ds = DOCS ? rows + b * sh.T : nullptr;
   const int64_t first = DOCS ? ds[i0] : 0, lo = DOCS && i < sh.T ? ds[i] : 0;  // as in attn_fwd
-  load_rows(qs, q, dos, dout, P, b, i0, QROWS, sh.H, h, sh);
+  const int64_t Tk = POS ? sh.Tk : sh.T, pi = POS && i < sh.T ? rows[i] : i;
+  load_rows(qs, q, dos, dout, P, b, i0, QROWS, sh.H, h, sh.T, sh);
   __syncthreads();
   float Di = 0, L = 0;
   if (i < sh.T) {
@@ -116,15 +138,15 @@ __global__ void attn_bwd_dq(T *dq, const T *dout, const T *q, const T *k, const 
   float acc[MAXD];
 #pragma unroll
   for (int c = 0; c < MAXD; c++) acc[c] = 0;
-  int64_t last = i0 + QROWS - 1 < sh.T - 1 ? i0 + QROWS - 1 : sh.T - 1;
+  int64_t last = POS ? last_position(rows, i0, QROWS, sh.T) : i0 + QROWS - 1 < sh.T - 1 ? i0 + QROWS - 1 : sh.T - 1;
   for (int64_t j0 = first; j0 <= last; j0 += KTILE) {
     __syncthreads();
-    load_rows(ks, k, vs, v, D, b, j0, KTILE, sh.Hkv, hk, sh);
+    load_rows(ks, k, vs, v, D, b, j0, KTILE, sh.Hkv, hk, Tk, sh);
     __syncthreads();
     if (i >= sh.T) continue;
     for (int r = 0; r < KTILE; r++) {
       int64_t j = j0 + r;
-      if (j > i) break;
+      if (j > pi) break;
       if (DOCS && j < lo) continue;
       float sdot = 0, dp = 0;
 #pragma unroll
@@ -147,22 +169,27 @@ __global__ void attn_bwd_dq(T *dq, const T *dout, const T *q, const T *k, const 
 }
 
 // dv_j = sum_{h in group, i >= j} p_ij dout_i;  dk_j = scale sum p_ij (dp_ij - Di) q_i
-// smem: 3 * QROWS * (D + 1) + 2 * KTILE * D + 2 * KTILE floats (DOCS: + KTILE)
-template <typename T, int MAXD, bool DOCS>
+// (POS: over the queries i whose position is at or past j); a block of
+// QROWS keys (POS: of sh.Tk)
+// smem: 3 * QROWS * (D + 1) + 2 * KTILE * D + 2 * KTILE floats (DOCS, POS: + KTILE)
+template <typename T, int MAXD, int ROWS>
 __global__ void attn_bwd_dkv(T *dk, T *dv, const T *dout, const T *q, const T *k, const T *v, const T *out,
-                             const float *lse, const int32_t *doc_start, Shape sh) {
+                             const float *lse, const int32_t *rows, Shape sh) {
+  constexpr bool DOCS = ROWS == DOCS_ROWS, POS = ROWS == POS_ROWS;
   FSDP_ATTN_SHARED(smem);
   const int D = (int)sh.D, P = D + 1;
   float *ks = smem, *vs = ks + QROWS * P, *dks = vs + QROWS * P;  // this block's key rows [QROWS][P]
   float *qt = dks + QROWS * P, *dot = qt + KTILE * D;             // a tile of query rows [KTILE][D]
   float *Lt = dot + KTILE * D, *Dt = Lt + KTILE;                   // their lse and Di
-  int32_t *St = (int32_t *)(Dt + KTILE);                           // DOCS: their doc_start
+  int32_t *St = (int32_t *)(Dt + KTILE);                           // DOCS: their doc_start; POS: positions
   int64_t b = blockIdx.z, hk = blockIdx.y, j0 = (int64_t)blockIdx.x * QROWS;
   int64_t group = sh.H / sh.Hkv;
   int tid = threadIdx.x;
   int64_t j = j0 + tid;
-  const int32_t *ds = DOCS ? doc_start + b * sh.T : nullptr;
-  // causal: queries j0 .. T - 1; DOCS: up to the first whose document
+  const int32_t *ds = DOCS ? rows + b * sh.T : nullptr;
+  const int64_t Tk = POS ? sh.Tk : sh.T;
+  // causal: queries j0 .. T - 1; POS: all T, a tile skipped where its
+  // positions all lie before j0; DOCS: up to the first whose document
   // starts past this block's last key (queries i <= that key start at or
   // before it, doc_start[i] <= i, so the search starts after it)
   int64_t iend = sh.T;
@@ -176,16 +203,17 @@ __global__ void attn_bwd_dkv(T *dk, T *dv, const T *dout, const T *q, const T *k
     }
     iend = a;
   }
-  load_rows(ks, k, vs, v, P, b, j0, QROWS, sh.Hkv, hk, sh);
+  load_rows(ks, k, vs, v, P, b, j0, QROWS, sh.Hkv, hk, Tk, sh);
   for (int e = tid; e < QROWS * P; e += QROWS) dks[e] = 0;
   float dvacc[MAXD];
 #pragma unroll
   for (int c = 0; c < MAXD; c++) dvacc[c] = 0;
   for (int64_t g = 0; g < group; g++) {
     int64_t h = hk * group + g;
-    for (int64_t i0 = j0; i0 < iend; i0 += KTILE) {
+    for (int64_t i0 = POS ? 0 : j0; i0 < iend; i0 += KTILE) {
+      if (POS && last_position(rows, i0, KTILE, sh.T) < j0) continue;  // (every thread alike)
       __syncthreads();
-      load_rows(qt, q, dot, dout, D, b, i0, KTILE, sh.H, h, sh);
+      load_rows(qt, q, dot, dout, D, b, i0, KTILE, sh.H, h, sh.T, sh);
       if (tid < KTILE) {
         int64_t ii = i0 + tid;
         float Di = 0;
@@ -194,13 +222,14 @@ __global__ void attn_bwd_dkv(T *dk, T *dv, const T *dout, const T *q, const T *k
         Dt[tid] = Di;
         Lt[tid] = ii < sh.T ? lse[(b * sh.H + h) * sh.T + ii] : 0.0f;
         if (DOCS) St[tid] = ii < sh.T ? ds[ii] : 0;
+        if (POS) St[tid] = ii < sh.T ? rows[ii] : -1;
       }
       __syncthreads();
-      if (j >= sh.T) continue;
+      if (j >= Tk) continue;
       for (int r = 0; r < KTILE; r++) {
         int64_t ii = i0 + r;
         if (ii >= sh.T) break;
-        if (ii < j) continue;
+        if ((POS ? St[r] : ii) < j) continue;
         if (DOCS && St[r] > j) continue;
         float sdot = 0, dp = 0;
 #pragma unroll
@@ -219,11 +248,11 @@ __global__ void attn_bwd_dkv(T *dk, T *dv, const T *dout, const T *q, const T *k
       }
     }
   }
-  if (j < sh.T) {
+  if (j < Tk) {
 #pragma unroll
     for (int c = 0; c < MAXD; c++)
       if (c < D) {
-        size_t off = ((b * sh.T + j) * sh.Hkv + hk) * D + c;
+        size_t off = ((b * Tk + j) * sh.Hkv + hk) * D + c;
         st(dv, off, dvacc[c]);
         st(dk, off, dks[tid * P + c]);
       }

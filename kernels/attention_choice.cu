@@ -1,6 +1,6 @@
 // attention_choice.cu: which attention kernels run a call, and the public
 // entry points fsdp_cuda_attention_forward / _backward (and their packed-row
-// _docs twins).
+// _docs and positional _pos twins).
 //
 // AUTO (the default): cuDNN's fused flash attention where it takes the call
 // (bf16, head_dim a multiple of 8, libcudnn 9 present, a plan for the
@@ -11,9 +11,10 @@
 // The environment's FSDP_ATTENTION=auto|cudnn|own|tc|simple sets the start.
 // All three families keep the same lse, so a backward may run on another
 // family than its forward did (e.g. cuDNN has a forward plan for a shape
-// and no backward one). Packed rows (the _docs entry points) run on our
-// fp32 CUDA-core kernels whatever the choice: the other families take no
-// doc_start.
+// and no backward one). Packed rows (the _docs entry points) and queries at
+// given positions (_pos: a context-parallel rank's rows) run on our fp32
+// CUDA-core kernels whatever the choice: the other families take no
+// doc_start or q_pos.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -175,4 +176,30 @@ extern "C" int fsdp_cuda_attention_backward_docs(void *dq, void *dk, void *dv, c
   FSDP_NEED_PTRS(what, dq, dk, dv, dout, q, k, v, out, lse, doc_start);
   return fsdp_attention_simple_backward(dq, dk, dv, dout, q, k, v, out, lse, doc_start, batch, seq, heads, kv_heads,
                                         head_dim, dtype, stream_of(s));
+}
+
+extern "C" int fsdp_cuda_attention_forward_pos(void *out, float *lse, const void *q, const void *k, const void *v,
+                                               const int32_t *q_pos, int64_t batch, int64_t tq, int64_t tk,
+                                               int64_t heads, int64_t kv_heads, int64_t head_dim, fsdp_dtype dtype,
+                                               fsdp_stream *s) {
+  const char *what = "cuda attention pos";
+  FSDP_CHECK(fsdp_attention_check_args(batch, tq, heads, kv_heads, head_dim, dtype, what));
+  if (batch * tq == 0) return FSDP_OK;
+  FSDP_NEED_PTRS(what, out, lse, q, k, v, q_pos);
+  return fsdp_attention_simple_forward_pos(out, lse, q, k, v, q_pos, batch, tq, tk, heads, kv_heads, head_dim, dtype,
+                                           stream_of(s));
+}
+
+extern "C" int fsdp_cuda_attention_backward_pos(void *dq, void *dk, void *dv, const void *dout, const void *q,
+                                                const void *k, const void *v, const void *out, const float *lse,
+                                                const int32_t *q_pos, int64_t batch, int64_t tq, int64_t tk,
+                                                int64_t heads, int64_t kv_heads, int64_t head_dim, fsdp_dtype dtype,
+                                                fsdp_stream *s) {
+  const char *what = "cuda attention pos backward";
+  FSDP_CHECK(fsdp_attention_check_args(batch, tq, heads, kv_heads, head_dim, dtype, what));
+  if (batch * tk == 0) return FSDP_OK;
+  FSDP_NEED_PTRS(what, dk, dv, k, v); /* no queries (tq 0): dk, dv zeros */
+  if (tq) FSDP_NEED_PTRS(what, dq, dout, q, out, lse, q_pos);
+  return fsdp_attention_simple_backward_pos(dq, dk, dv, dout, q, k, v, out, lse, q_pos, batch, tq, tk, heads, kv_heads,
+                                            head_dim, dtype, stream_of(s));
 }

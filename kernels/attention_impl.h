@@ -27,6 +27,15 @@ int fsdp_attention_simple_forward(void *out, float *lse, const void *q, const vo
 int fsdp_attention_simple_backward(void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
                                    const void *v, const void *out, const float *lse, const int32_t *doc_start, int64_t B,
                                    int64_t T, int64_t H, int64_t Hkv, int64_t D, int32_t dtype, void *stream);
+/* queries at positions q_pos [T] (device memory, each in [0, Tk)) of Tk
+ * keys, query i seeing keys 0 .. q_pos[i]: k, v, dk, dv [B, Tk, Hkv, D] */
+int fsdp_attention_simple_forward_pos(void *out, float *lse, const void *q, const void *k, const void *v,
+                                      const int32_t *q_pos, int64_t B, int64_t T, int64_t Tk, int64_t H, int64_t Hkv,
+                                      int64_t D, int32_t dtype, void *stream);
+int fsdp_attention_simple_backward_pos(void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
+                                       const void *v, const void *out, const float *lse, const int32_t *q_pos,
+                                       int64_t B, int64_t T, int64_t Tk, int64_t H, int64_t Hkv, int64_t D,
+                                       int32_t dtype, void *stream);
 
 #ifdef __cplusplus
 }

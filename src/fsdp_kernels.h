@@ -85,6 +85,17 @@ int fsdp_cuda_attention_backward_docs(void *dq, void *dk, void *dv, const void *
                                       const void *v, const void *out, const float *lse, const int32_t *doc_start,
                                       int64_t batch, int64_t seq, int64_t heads, int64_t kv_heads, int64_t head_dim,
                                       fsdp_dtype dtype, fsdp_stream *s);
+/* queries at given positions (context parallelism), as
+ * fsdp_attention_forward_pos (fsdp_ops.h): q_pos [tq] is device memory,
+ * checked by the caller (fsdp_attention_pos_check on its host copy); our
+ * fp32 CUDA-core kernels run them whatever the impl setting */
+int fsdp_cuda_attention_forward_pos(void *out, float *lse, const void *q, const void *k, const void *v,
+                                    const int32_t *q_pos, int64_t batch, int64_t tq, int64_t tk, int64_t heads,
+                                    int64_t kv_heads, int64_t head_dim, fsdp_dtype dtype, fsdp_stream *s);
+int fsdp_cuda_attention_backward_pos(void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
+                                     const void *v, const void *out, const float *lse, const int32_t *q_pos,
+                                     int64_t batch, int64_t tq, int64_t tk, int64_t heads, int64_t kv_heads,
+                                     int64_t head_dim, fsdp_dtype dtype, fsdp_stream *s);
 /* rope at positions pos [batch, seq] (device memory, each in [0, seq)) */
 int fsdp_cuda_rope_forward_at(void *x, const float *cos_t, const float *sin_t, const int32_t *pos, int64_t batch,
                               int64_t seq, int64_t heads, int64_t head_dim, fsdp_dtype dtype, fsdp_stream *s);

@@ -27,6 +27,8 @@ if(CMAKE_CXX_COMPILER AND NOT FSDP_SANITIZE)
   fsdp_emu_test(rmsnorm 120) # kernels/rmsnorm.cuh: RMSNorm's y, rstd and dx
   fsdp_emu_test(attention_cached 120) # kernels/attention_cached.cuh: generation's attention against a KV cache
   fsdp_emu_test(attention_docs 60) # kernels/attention.cuh, rope.cuh: packed rows (doc_start) and rope at positions
+  fsdp_emu_test(attention_pos 60) # kernels/attention.cuh: queries at given positions (context parallelism), vs the CPU op
+  target_link_libraries(test_attention_pos_emu PRIVATE fsdp)
   fsdp_emu_test(token_logprobs 60) # kernels/token_logprobs.cuh: per-token logp, entropy and their gradient
 else()
   message(STATUS "fsdp: the emulated-kernel tests (tests/emu) not built (no C++ compiler, or the sanitizer build)")

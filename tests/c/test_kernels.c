@@ -269,6 +269,54 @@ static void test_rope(void) {
   free(c), free(s);
 }
 
+/* one attention op on the device against its CPU twin: random inputs on
+ * both sides (q times qscale; bf16: rounded, the CPU op's the same), the
+ * CPU op's out .. dv for the caller to fill, the device's O, L (then DQ,
+ * DK, DV) poisoned */
+typedef struct {
+  int dt;
+  int64_t nq, nk, nl;
+  float *q, *k, *v, *dout, *out, *lse, *dq, *dk, *dv, *og, *lg;
+  void *Q, *K, *V, *DO, *O, *L, *DQ, *DK, *DV;
+} attn_check;
+
+static void attn_check_start(attn_check *a, int dt, int64_t nq, int64_t nk, int64_t nl, float qscale) {
+  a->dt = dt, a->nq = nq, a->nk = nk, a->nl = nl;
+  a->q = rand_host(nq, qscale, dt), a->k = rand_host(nk, 1, dt), a->v = rand_host(nk, 1, dt);
+  a->dout = rand_host(nq, 1, dt);
+  a->out = malloc(sizeof(float) * nq), a->lse = malloc(sizeof(float) * nl);
+  a->dq = malloc(sizeof(float) * nq), a->dk = malloc(sizeof(float) * nk), a->dv = malloc(sizeof(float) * nk);
+  a->Q = up(a->q, nq, dt), a->K = up(a->k, nk, dt), a->V = up(a->v, nk, dt), a->DO = up(a->dout, nq, dt);
+  a->O = poisoned(nq, dt), a->L = poisoned(nl, FSDP_FP32);
+}
+
+/* after the device's forward: its out and lse on the host in og, lg (the
+ * CPU backward runs from them: bf16, its rounded output) */
+static void attn_check_forward_done(attn_check *a) {
+  a->og = down(a->O, a->nq, a->dt), a->lg = down(a->L, a->nl, FSDP_FP32);
+  a->DQ = poisoned(a->nq, a->dt), a->DK = poisoned(a->nk, a->dt), a->DV = poisoned(a->nk, a->dt);
+}
+
+/* the device's out, lse, dq, dk, dv against the CPU op's (what: the case;
+ * kind: "attention", "attention docs", ...); frees everything */
+static void attn_check_finish(attn_check *a, const char *what, const char *kind) {
+  char label[96];
+  const int dt = a->dt;
+  same(what, dt, a->O, a->out, a->nq, 2e-5);
+  snprintf(label, sizeof label, "%s lse", kind);
+  same(label, FSDP_FP32, a->L, a->lse, a->nl, dt == FSDP_BF16 ? 1e-3 : 2e-6);
+  snprintf(label, sizeof label, "%s dq", kind);
+  same(label, dt, a->DQ, a->dq, a->nq, 5e-5);
+  snprintf(label, sizeof label, "%s dk", kind);
+  same(label, dt, a->DK, a->dk, a->nk, 5e-5);
+  snprintf(label, sizeof label, "%s dv", kind);
+  same(label, dt, a->DV, a->dv, a->nk, 5e-5);
+  void *bufs[] = {a->Q, a->K, a->V, a->DO};
+  for (int i = 0; i < 4; i++) fsdp_free(FSDP_CUDA, bufs[i]);
+  float *host[] = {a->q, a->k, a->v, a->dout, a->out, a->lse, a->dq, a->dk, a->dv, a->og, a->lg};
+  for (int i = 0; i < 11; i++) free(host[i]);
+}
+
 static const char *impl_name(int impl) {
   return impl == FSDP_ATTN_SIMPLE ? "fp32 cores" : impl == FSDP_ATTN_CUDNN ? "cudnn" : impl == FSDP_ATTN_OWN ? "own" : "auto";
 }
@@ -281,31 +329,19 @@ static void test_attention_impls(int64_t B, int64_t T, int64_t H, int64_t Hkv, i
   int64_t nq = B * T * H * D, nk = B * T * Hkv * D, nl = B * H * T;
   DT_LOOP {
     if (dt != FSDP_BF16 && (fwd == FSDP_ATTN_CUDNN || bwd == FSDP_ATTN_CUDNN)) continue;
-    float *q = rand_host(nq, 1, dt), *k = rand_host(nk, 1, dt), *v = rand_host(nk, 1, dt), *dout = rand_host(nq, 1, dt);
-    float *out = malloc(sizeof(float) * nq), *lse = malloc(sizeof(float) * nl);
-    float *dq = malloc(sizeof(float) * nq), *dk = malloc(sizeof(float) * nk), *dv = malloc(sizeof(float) * nk);
-    CHECK_OK(fsdp_attention_forward(out, lse, q, k, v, B, T, H, Hkv, D));
-    void *Q = up(q, nq, dt), *K = up(k, nk, dt), *V = up(v, nk, dt), *DO = up(dout, nq, dt);
-    void *O = poisoned(nq, dt), *L = poisoned(nl, FSDP_FP32);
+    attn_check a;
+    attn_check_start(&a, dt, nq, nk, nl, 1);
+    CHECK_OK(fsdp_attention_forward(a.out, a.lse, a.q, a.k, a.v, B, T, H, Hkv, D));
     CHECK(fsdp_cuda_attention_impl_set(fwd) >= 0);
-    CHECK_OK(fsdp_cuda_attention_forward(O, L, Q, K, V, B, T, H, Hkv, D, dt, NULL));
-    /* backward from the device's own forward (bf16: its rounded output) */
-    float *og = down(O, nq, dt), *lg = down(L, nl, FSDP_FP32);
-    CHECK_OK(fsdp_attention_backward(dq, dk, dv, dout, q, k, v, og, lg, B, T, H, Hkv, D));
-    void *DQ = poisoned(nq, dt), *DK = poisoned(nk, dt), *DV = poisoned(nk, dt);
+    CHECK_OK(fsdp_cuda_attention_forward(a.O, a.L, a.Q, a.K, a.V, B, T, H, Hkv, D, dt, NULL));
+    attn_check_forward_done(&a); /* backward from the device's own forward (bf16: its rounded output) */
+    CHECK_OK(fsdp_attention_backward(a.dq, a.dk, a.dv, a.dout, a.q, a.k, a.v, a.og, a.lg, B, T, H, Hkv, D));
     CHECK(fsdp_cuda_attention_impl_set(bwd) >= 0);
-    CHECK_OK(fsdp_cuda_attention_backward(DQ, DK, DV, DO, Q, K, V, O, L, B, T, H, Hkv, D, dt, NULL));
+    CHECK_OK(fsdp_cuda_attention_backward(a.DQ, a.DK, a.DV, a.DO, a.Q, a.K, a.V, a.O, a.L, B, T, H, Hkv, D, dt, NULL));
     char what[128];
     snprintf(what, sizeof what, "attention (%s, backward %s) B%lld T%lld H%lld/%lld D%lld", impl_name(fwd),
              impl_name(bwd), (long long)B, (long long)T, (long long)H, (long long)Hkv, (long long)D);
-    same(what, dt, O, out, nq, 2e-5);
-    same("attention lse", FSDP_FP32, L, lse, nl, dt == FSDP_BF16 ? 1e-3 : 2e-6);
-    same("attention dq", dt, DQ, dq, nq, 5e-5);
-    same("attention dk", dt, DK, dk, nk, 5e-5);
-    same("attention dv", dt, DV, dv, nk, 5e-5);
-    void *bufs[] = {Q, K, V, DO};
-    for (int i = 0; i < 4; i++) fsdp_free(FSDP_CUDA, bufs[i]);
-    free(q), free(k), free(v), free(dout), free(out), free(lse), free(dq), free(dk), free(dv), free(og), free(lg);
+    attn_check_finish(&a, what, "attention");
   }
   CHECK(fsdp_cuda_attention_impl_set(FSDP_ATTN_AUTO) >= 0);
 }
@@ -380,27 +416,24 @@ static void test_attention_docs(int64_t B, int64_t T, int64_t H, int64_t Hkv, in
   CHECK_OK(fsdp_memcpy(POS, pos, sizeof(int32_t) * B * T, NULL));
   char what[160];
   DT_LOOP {
-    float *q = rand_host(nq, 2, dt), *k = rand_host(nk, 1, dt), *v = rand_host(nk, 1, dt), *dout = rand_host(nq, 1, dt);
-    float *out = malloc(sizeof(float) * nq), *lse = malloc(sizeof(float) * nl);
-    float *dq = malloc(sizeof(float) * nq), *dk = malloc(sizeof(float) * nk), *dv = malloc(sizeof(float) * nk);
-    CHECK_OK(fsdp_attention_forward_docs(out, lse, q, k, v, ds, B, T, H, Hkv, D));
-    void *Q = up(q, nq, dt), *K = up(k, nk, dt), *V = up(v, nk, dt), *DO = up(dout, nq, dt);
-    void *O = poisoned(nq, dt), *L = poisoned(nl, FSDP_FP32);
+    attn_check a;
+    attn_check_start(&a, dt, nq, nk, nl, 2);
+    CHECK_OK(fsdp_attention_forward_docs(a.out, a.lse, a.q, a.k, a.v, ds, B, T, H, Hkv, D));
     CHECK(fsdp_cuda_attention_impl_set(FSDP_ATTN_TENSOR_CORES) >= 0);
-    CHECK_OK(fsdp_cuda_attention_forward_docs(O, L, Q, K, V, DS, B, T, H, Hkv, D, dt, NULL));
-    float *og = down(O, nq, dt), *lg = down(L, nl, FSDP_FP32); /* backward from the device's own forward */
-    CHECK_OK(fsdp_attention_backward_docs(dq, dk, dv, dout, q, k, v, og, lg, ds, B, T, H, Hkv, D));
-    void *DQ = poisoned(nq, dt), *DK = poisoned(nk, dt), *DV = poisoned(nk, dt);
-    CHECK_OK(fsdp_cuda_attention_backward_docs(DQ, DK, DV, DO, Q, K, V, O, L, DS, B, T, H, Hkv, D, dt, NULL));
+    CHECK_OK(fsdp_cuda_attention_forward_docs(a.O, a.L, a.Q, a.K, a.V, DS, B, T, H, Hkv, D, dt, NULL));
+    attn_check_forward_done(&a); /* backward from the device's own forward */
+    CHECK_OK(fsdp_attention_backward_docs(a.dq, a.dk, a.dv, a.dout, a.q, a.k, a.v, a.og, a.lg, ds, B, T, H, Hkv, D));
+    CHECK_OK(fsdp_cuda_attention_backward_docs(a.DQ, a.DK, a.DV, a.DO, a.Q, a.K, a.V, a.O, a.L, DS, B, T, H, Hkv, D, dt,
+                                               NULL));
     { /* doc_start all 0: the causal fp32-core kernels' bits (out, lse) */
       int32_t *zero = calloc((size_t)(B * T), sizeof(int32_t));
       void *Z = NULL, *O2 = poisoned(nq, dt), *L2 = poisoned(nl, FSDP_FP32);
       void *O3 = poisoned(nq, dt), *L3 = poisoned(nl, FSDP_FP32);
       CHECK_OK(fsdp_alloc(FSDP_CUDA, sizeof(int32_t) * B * T, &Z));
       CHECK_OK(fsdp_memcpy(Z, zero, sizeof(int32_t) * B * T, NULL));
-      CHECK_OK(fsdp_cuda_attention_forward_docs(O2, L2, Q, K, V, Z, B, T, H, Hkv, D, dt, NULL));
+      CHECK_OK(fsdp_cuda_attention_forward_docs(O2, L2, a.Q, a.K, a.V, Z, B, T, H, Hkv, D, dt, NULL));
       CHECK(fsdp_cuda_attention_impl_set(FSDP_ATTN_SIMPLE) >= 0);
-      CHECK_OK(fsdp_cuda_attention_forward(O3, L3, Q, K, V, B, T, H, Hkv, D, dt, NULL));
+      CHECK_OK(fsdp_cuda_attention_forward(O3, L3, a.Q, a.K, a.V, B, T, H, Hkv, D, dt, NULL));
       size_t es = fsdp_dtype_size(dt);
       void *h2 = malloc(es * nq), *h3 = malloc(es * nq), *l2 = malloc(4 * nl), *l3 = malloc(4 * nl);
       CHECK_OK(fsdp_memcpy(h2, O2, es * nq, NULL));
@@ -415,14 +448,7 @@ static void test_attention_docs(int64_t B, int64_t T, int64_t H, int64_t Hkv, in
     }
     snprintf(what, sizeof what, "attention docs B%lld T%lld H%lld/%lld D%lld", (long long)B, (long long)T, (long long)H,
              (long long)Hkv, (long long)D);
-    same(what, dt, O, out, nq, 2e-5);
-    same("attention docs lse", FSDP_FP32, L, lse, nl, dt == FSDP_BF16 ? 1e-3 : 2e-6);
-    same("attention docs dq", dt, DQ, dq, nq, 5e-5);
-    same("attention docs dk", dt, DK, dk, nk, 5e-5);
-    same("attention docs dv", dt, DV, dv, nk, 5e-5);
-    void *bufs[] = {Q, K, V, DO};
-    for (int i = 0; i < 4; i++) fsdp_free(FSDP_CUDA, bufs[i]);
-    free(q), free(k), free(v), free(dout), free(out), free(lse), free(dq), free(dk), free(dv), free(og), free(lg);
+    attn_check_finish(&a, what, "attention docs");
     /* rope at positions t - doc_start[t] (q's layout) */
     float *c = malloc(sizeof(float) * T * D), *sn = malloc(sizeof(float) * T * D);
     CHECK_OK(fsdp_rope_table(c, sn, T, D, 500000.0, NULL));
@@ -450,6 +476,47 @@ static void test_docs_all(void) {
   test_attention_docs(2, 150, 8, 2, 128, 1);
   test_attention_docs(1, 512, 32, 8, 64, -1); /* the Llama 3.2 1B head shape */
   test_attention_docs(1, 100, 2, 1, 64, 0);  /* doc_start all 0 */
+}
+
+/* fsdp_cuda_attention_*_pos (a context-parallel rank's queries: chunks r
+ * and 2 cp - 1 - r of 2 cp, at their positions of the whole sequence's T
+ * keys) against the CPU op; our fp32 CUDA-core kernels whatever the impl
+ * setting (tensor cores here, which fp32 would refuse); dk, dv the whole
+ * sequence's */
+static void test_attention_pos(int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, int cp, int rank) {
+  const int64_t c = T / (2 * cp), tq = 2 * c, nq = B * tq * H * D, nk = B * T * Hkv * D, nl = B * H * tq;
+  int32_t *pos = malloc(sizeof(int32_t) * (size_t)tq), *POS = NULL;
+  for (int64_t i = 0; i < c; i++) pos[i] = (int32_t)(rank * c + i), pos[c + i] = (int32_t)((2 * cp - 1 - rank) * c + i);
+  CHECK_OK(fsdp_attention_pos_check(pos, tq, T));
+  CHECK_OK(fsdp_alloc(FSDP_CUDA, sizeof(int32_t) * (size_t)tq, (void **)&POS));
+  CHECK_OK(fsdp_memcpy(POS, pos, sizeof(int32_t) * (size_t)tq, NULL));
+  char what[160];
+  DT_LOOP {
+    attn_check a;
+    attn_check_start(&a, dt, nq, nk, nl, 2);
+    CHECK_OK(fsdp_attention_forward_pos(a.out, a.lse, a.q, a.k, a.v, pos, B, tq, T, H, Hkv, D));
+    CHECK(fsdp_cuda_attention_impl_set(FSDP_ATTN_TENSOR_CORES) >= 0);
+    CHECK_OK(fsdp_cuda_attention_forward_pos(a.O, a.L, a.Q, a.K, a.V, POS, B, tq, T, H, Hkv, D, dt, NULL));
+    attn_check_forward_done(&a); /* backward from the device's own forward */
+    CHECK_OK(fsdp_attention_backward_pos(a.dq, a.dk, a.dv, a.dout, a.q, a.k, a.v, a.og, a.lg, pos, B, tq, T, H, Hkv, D));
+    CHECK_OK(fsdp_cuda_attention_backward_pos(a.DQ, a.DK, a.DV, a.DO, a.Q, a.K, a.V, a.O, a.L, POS, B, tq, T, H, Hkv, D,
+                                              dt, NULL));
+    snprintf(what, sizeof what, "attention pos B%lld T%lld H%lld/%lld D%lld cp %d rank %d", (long long)B, (long long)T,
+             (long long)H, (long long)Hkv, (long long)D, cp, rank);
+    attn_check_finish(&a, what, "attention pos");
+  }
+  CHECK(fsdp_cuda_attention_impl_set(FSDP_ATTN_AUTO) >= 0);
+  fsdp_free(FSDP_CUDA, POS);
+  free(pos);
+}
+
+/* the positional cases alone (`test_kernels pos`) */
+static void test_pos_all(void) {
+  test_attention_pos(2, 140, 4, 2, 16, 2, 0); /* chunks of 35: across the 32-row blocks */
+  test_attention_pos(2, 140, 4, 2, 64, 2, 1);
+  test_attention_pos(1, 512, 32, 8, 64, 2, 0); /* the Llama 3.2 1B head shape */
+  test_attention_pos(1, 512, 8, 2, 128, 4, 3);
+  test_attention_pos(1, 100, 2, 1, 64, 1, 0); /* q_pos[i] = i */
 }
 
 static void test_attention_choice(void) {
@@ -714,6 +781,10 @@ int main(int argc, char **argv) {
     test_docs_all();
     return fsdp_test_summary("test_kernels docs");
   }
+  if (argc > 1 && !strcmp(argv[1], "pos")) {
+    test_pos_all();
+    return fsdp_test_summary("test_kernels pos");
+  }
   test_linear();
   test_linear_views();
   test_grad_sums();
@@ -730,6 +801,7 @@ int main(int argc, char **argv) {
   test_attention(1, 512, 32, 8, 64);
   test_attention_choice();
   test_docs_all();
+  test_pos_all();
   test_attention_cached(1, 1, 0, 4, 2, 16);
   test_attention_cached(1, 1, 300, 32, 8, 64);  /* one token after 300: two chunks of keys */
   test_attention_cached(2, 5, 7, 4, 4, 128);

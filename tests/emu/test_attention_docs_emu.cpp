@@ -24,16 +24,10 @@
 #include <vector>
 
 #include "emu_kit.h"
-
-#define FSDP_ATTN_SHARED(name) float *name = reinterpret_cast<float *>(cuda_emu::self.smem)
-#include "../../kernels/attention.cuh"
+#include "attention_emu.h"
 #include "../../kernels/rope.cuh"
 
 static EmuKit kit{"test_attention_docs_emu"};
-
-using fsdp_attn::KTILE;
-using fsdp_attn::QROWS;
-using fsdp_attn::Shape;
 
 /* doc_start of a row of documents of the given lengths (summing to T) */
 static void doc_starts(int32_t *ds, const std::vector<int> &lens) {
@@ -42,44 +36,6 @@ static void doc_starts(int32_t *ds, const std::vector<int> &lens) {
     for (int i = 0; i < n; i++) ds[t + i] = t;
     t += n;
   }
-}
-
-template <typename T>
-struct Attn {
-  std::vector<T> out, dq, dk, dv;
-  std::vector<float> lse;
-};
-
-/* the three kernels as attention.cu launches them; ds NULL: the causal instances */
-template <typename T, int MAXD, bool DOCS>
-static Attn<T> run_kernels(const std::vector<T> &q, const std::vector<T> &k, const std::vector<T> &v,
-                           const std::vector<T> &dout, const int32_t *ds, const Shape &sh) {
-  const float nan = NAN;
-  Attn<T> a{std::vector<T>(q.size(), from<T>(nan)), std::vector<T>(q.size(), from<T>(nan)),
-            std::vector<T>(k.size(), from<T>(nan)), std::vector<T>(k.size(), from<T>(nan)),
-            std::vector<float>((size_t)(sh.B * sh.H * sh.T), nan)};
-  const unsigned nb = (unsigned)((sh.T + QROWS - 1) / QROWS);
-  const int64_t D = sh.D;
-  cuda_emu::launch({nb, (unsigned)sh.H, (unsigned)sh.B}, QROWS, sizeof(float) * (QROWS * (D + 1) + 2 * KTILE * D), [&] {
-    fsdp_attn::attn_fwd<T, MAXD, DOCS>(a.out.data(), a.lse.data(), q.data(), k.data(), v.data(), ds, sh);
-  });
-  cuda_emu::launch({nb, (unsigned)sh.H, (unsigned)sh.B}, QROWS, sizeof(float) * (2 * QROWS * (D + 1) + 2 * KTILE * D),
-                   [&] {
-                     fsdp_attn::attn_bwd_dq<T, MAXD, DOCS>(a.dq.data(), dout.data(), q.data(), k.data(), v.data(),
-                                                           a.out.data(), a.lse.data(), ds, sh);
-                   });
-  cuda_emu::launch({nb, (unsigned)sh.Hkv, (unsigned)sh.B}, QROWS,
-                   sizeof(float) * (3 * QROWS * (D + 1) + 2 * KTILE * D + (DOCS ? 3 : 2) * KTILE), [&] {
-                     fsdp_attn::attn_bwd_dkv<T, MAXD, DOCS>(a.dk.data(), a.dv.data(), dout.data(), q.data(), k.data(),
-                                                            v.data(), a.out.data(), a.lse.data(), ds, sh);
-                   });
-  return a;
-}
-
-template <typename T, bool DOCS>
-static Attn<T> run_any(const std::vector<T> &q, const std::vector<T> &k, const std::vector<T> &v,
-                       const std::vector<T> &dout, const int32_t *ds, const Shape &sh) {
-  return sh.D <= 32 ? run_kernels<T, 32, DOCS>(q, k, v, dout, ds, sh) : run_kernels<T, 64, DOCS>(q, k, v, dout, ds, sh);
 }
 
 struct Want {
@@ -131,55 +87,26 @@ static Want reference(const std::vector<T> &q, const std::vector<T> &k, const st
   return w;
 }
 
-/* max |got - want| / max |want| (abs: max |got - want|); a non-finite value fails */
-template <typename T>
-static void expect_close(const char *what, const T *got, const std::vector<double> &want, double tol, bool abs = false) {
-  double err = 0, big = abs ? 1.0 : 1e-30;
-  for (size_t i = 0; i < want.size(); i++) {
-    const double g = ld(got, (int64_t)i);
-    err = std::isfinite(g) ? std::fmax(err, std::fabs(g - want[i])) : INFINITY;
-    if (!abs) big = std::fmax(big, std::fabs(want[i]));
-  }
-  kit.expect(err / big <= tol, what, err / big, tol);
-}
-
-template <typename T>
-static bool same_bits(const std::vector<T> &a, const std::vector<T> &b) {
-  return a.size() == b.size() && !memcmp(a.data(), b.data(), a.size() * sizeof(T));
-}
-
 template <typename T>
 static void check_attention(const char *name, const std::vector<int> &row0, const std::vector<int> &row1, int64_t D,
                             bool bf16) {
   const int64_t B = 2, Tn = 70, H = 4, Hkv = 2;
-  const Shape sh{B, Tn, H, Hkv, D, 1.0f / std::sqrt((float)D)};
+  const Shape sh{B, Tn, H, Hkv, D, 1.0f / std::sqrt((float)D), Tn};
   std::vector<int32_t> ds((size_t)(B * Tn));
   doc_starts(ds.data(), row0);
   doc_starts(ds.data() + Tn, row1);
   std::vector<T> q((size_t)(B * Tn * H * D)), dout(q.size()), k((size_t)(B * Tn * Hkv * D)), v(k.size());
-  uint32_t s = (uint32_t)(D * 131 + row0.size() * 7 + row1.size());
-  for (size_t i = 0; i < q.size(); i++) q[i] = from<T>(2 * rnd(s)), dout[i] = from<T>(rnd(s));
-  for (size_t i = 0; i < k.size(); i++) k[i] = from<T>(rnd(s)), v[i] = from<T>(rnd(s));
-  const Attn<T> got = run_any<T, true>(q, k, v, dout, ds.data(), sh);
-  const Want want = reference(q, k, v, dout, ds, sh);
+  random_inputs(q, dout, k, v, (uint32_t)(D * 131 + row0.size() * 7 + row1.size()));
+  const Attn<T> got = run_any<T, fsdp_attn::DOCS_ROWS>(q, k, v, dout, ds.data(), sh);
   char what[160];
-  auto label = [&](const char *x) {
-    snprintf(what, sizeof what, "%s, head_dim %lld, %s: %s", bf16 ? "bf16" : "fp32", (long long)D, name, x);
-    return what;
-  };
-  const double tol = bf16 ? 8e-3 : 5e-6;
-  expect_close(label("out"), got.out.data(), want.out, tol);
-  expect_close(label("lse (absolute)"), got.lse.data(), want.lse, 5e-6, true);
-  expect_close(label("dq"), got.dq.data(), want.dq, tol);
-  expect_close(label("dk"), got.dk.data(), want.dk, tol);
-  expect_close(label("dv"), got.dv.data(), want.dv, tol);
+  snprintf(what, sizeof what, "%s, head_dim %lld, %s", bf16 ? "bf16" : "fp32", (long long)D, name);
+  expect_attention(kit, what, got, reference(q, k, v, dout, ds, sh), bf16 ? 8e-3 : 5e-6, 5e-6);
   bool causal = true;
   for (int32_t x : ds) causal = causal && x == 0;
   if (causal) { /* one document a row: the causal instances' bits */
-    const Attn<T> c = run_any<T, false>(q, k, v, dout, nullptr, sh);
-    const bool same = same_bits(got.out, c.out) && same_bits(got.lse, c.lse) && same_bits(got.dq, c.dq) &&
-                      same_bits(got.dk, c.dk) && same_bits(got.dv, c.dv);
-    kit.expect(same, label("out, lse, dq, dk, dv bit for bit the causal kernels'"), same ? 0 : 1, 0);
+    const bool same = same_bits(got, run_any<T, fsdp_attn::CAUSAL>(q, k, v, dout, nullptr, sh));
+    strncat(what, ": out, lse, dq, dk, dv bit for bit the causal kernels'", sizeof what - strlen(what) - 1);
+    kit.expect(same, what, same ? 0 : 1, 0);
   }
 }
 
@@ -229,13 +156,13 @@ static void check_rope(int64_t D, bool bf16) {
   run_rope<T, true>(y, c, sn, pos.data(), B, Tn, H, D, 1.0f);
   char what[128];
   snprintf(what, sizeof what, "%s, head_dim %lld: rope forward_at", bf16 ? "bf16" : "fp32", (long long)D);
-  expect_close(what, y.data(), want, bf16 ? 8e-3 : 1e-6);
+  expect_close(kit, what, y.data(), want, bf16 ? 8e-3 : 1e-6);
   if (!bf16) { /* backward_at is the transposed rotation: it undoes forward_at */
     run_rope<T, true>(y, c, sn, pos.data(), B, Tn, H, D, -1.0f);
     std::vector<double> x0(x.size());
     for (size_t i = 0; i < x.size(); i++) x0[i] = ld(x.data(), (int64_t)i);
     snprintf(what, sizeof what, "fp32, head_dim %lld: rope backward_at undoes forward_at", (long long)D);
-    expect_close(what, y.data(), x0, 1e-6);
+    expect_close(kit, what, y.data(), x0, 1e-6);
   }
   std::vector<T> a = x, b = x;
   run_rope<T, true>(a, c, sn, ident.data(), B, Tn, H, D, 1.0f);

@@ -1,0 +1,116 @@
+// test_attention_pos_emu: queries at given positions (a context-parallel
+// rank's rows, issue 46) in the fp32 CUDA-core kernels (kernels/attention.cuh,
+// the POS_ROWS instances: forward, dq per query row, dk/dv per key row) run
+// on the CPU under tests/emu/cuda_emu.h, against the CPU op
+// (fsdp_attention_forward_pos / _backward_pos, src/ops/attention_pos.c) on
+// the same inputs. B = 2, GQA heads 4/2 and MHA 2/2, head_dim 16 and 64,
+// fp32 and bf16 storage; positions: each rank of cp = 2 (T = 140: chunks
+// of 35, across the kernels' 32-row blocks and 16-key tiles) and cp = 4
+// (T = 136, chunks of 17), and positions in any order (repeats, jumps back).
+//   * Tolerances, max |error| / max |CPU op| (lse: absolute; measured:
+//     fp32 6e-7, bf16 out 2.6e-3, grads 4.1e-3, lse 1e-6): fp32 out, dq,
+//     dk, dv 5e-6 (two fp32 computations, sums in other orders); bf16 out
+//     8e-3 (one rounding, 2^-8 relative, of an fp32 value), dq, dk, dv 8e-3
+//     (also the kernel's Di from its rounded out; the CPU op gets the bf16
+//     inputs as floats); lse 5e-6 absolute. Outputs start NaN: every
+//     element must be written, dk and dv for all Tk keys.
+//   * q_pos[i] = i gives the causal kernels' bits, out, lse, dq, dk, dv.
+//   * No queries (Tq = 0): dk, dv all zeros.
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#include "emu_kit.h"
+#include "attention_emu.h"
+#include "../../src/fsdp_ops.h"
+
+static EmuKit kit{"test_attention_pos_emu"};
+
+/* rank r's positions of a sequence of T in cp ranks: chunks r and 2 cp - 1 - r of 2 cp */
+static std::vector<int32_t> cp_positions(int T, int cp, int r) {
+  const int c = T / (2 * cp);
+  std::vector<int32_t> pos((size_t)(2 * c));
+  for (int i = 0; i < c; i++) pos[(size_t)i] = r * c + i, pos[(size_t)(c + i)] = (2 * cp - 1 - r) * c + i;
+  return pos;
+}
+
+template <typename T>
+static std::vector<float> widen(const std::vector<T> &x) {
+  std::vector<float> f(x.size());
+  for (size_t i = 0; i < x.size(); i++) f[i] = ld(x.data(), (int64_t)i);
+  return f;
+}
+
+/* the CPU op on the kernels' inputs (bf16 ones as floats) */
+template <typename T>
+static Attn<float> cpu_op(const std::vector<T> &q, const std::vector<T> &k, const std::vector<T> &v,
+                          const std::vector<T> &dout, const std::vector<int32_t> &pos, const Shape &sh) {
+  const std::vector<float> qf = widen(q), kf = widen(k), vf = widen(v), df = widen(dout);
+  Attn<float> a{std::vector<float>(q.size()), std::vector<float>(q.size()), std::vector<float>(k.size()),
+                std::vector<float>(k.size()), std::vector<float>((size_t)(sh.B * sh.H * sh.T))};
+  int rc = fsdp_attention_forward_pos(a.out.data(), a.lse.data(), qf.data(), kf.data(), vf.data(), pos.data(), sh.B,
+                                      sh.T, sh.Tk, sh.H, sh.Hkv, sh.D);
+  if (!rc)
+    rc = fsdp_attention_backward_pos(a.dq.data(), a.dk.data(), a.dv.data(), df.data(), qf.data(), kf.data(), vf.data(),
+                                     a.out.data(), a.lse.data(), pos.data(), sh.B, sh.T, sh.Tk, sh.H, sh.Hkv, sh.D);
+  kit.expect(rc == 0, "the CPU op runs", rc, 0);
+  return a;
+}
+
+template <typename T>
+static void check_pos(const char *name, const std::vector<int32_t> &pos, int64_t Tk, int64_t H, int64_t Hkv, int64_t D,
+                      bool bf16) {
+  const int64_t B = 2, Tq = (int64_t)pos.size();
+  const Shape sh{B, Tq, H, Hkv, D, 1.0f / std::sqrt((float)D), Tk};
+  std::vector<T> q((size_t)(B * Tq * H * D)), dout(q.size()), k((size_t)(B * Tk * Hkv * D)), v(k.size());
+  random_inputs(q, dout, k, v, (uint32_t)(D * 131 + Tq * 7 + Tk + H));
+  const Attn<T> got = run_any<T, fsdp_attn::POS_ROWS>(q, k, v, dout, pos.data(), sh);
+  char what[192];
+  snprintf(what, sizeof what, "%s, heads %lld/%lld, head_dim %lld, %s", bf16 ? "bf16" : "fp32", (long long)H,
+           (long long)Hkv, (long long)D, name);
+  expect_attention(kit, what, got, cpu_op(q, k, v, dout, pos, sh), bf16 ? 8e-3 : 5e-6, 5e-6);
+  bool identity = Tq == Tk;
+  for (int64_t i = 0; identity && i < Tq; i++) identity = pos[(size_t)i] == i;
+  if (identity) { /* q_pos[i] = i: the causal instances' bits */
+    const bool same = same_bits(got, run_any<T, fsdp_attn::CAUSAL>(q, k, v, dout, nullptr, sh));
+    strncat(what, ": out, lse, dq, dk, dv bit for bit the causal kernels'", sizeof what - strlen(what) - 1);
+    kit.expect(same, what, same ? 0 : 1, 0);
+  }
+}
+
+/* Tq = 0: the dk, dv kernel alone, writing zeros over all Tk rows */
+static void check_no_queries() {
+  const int64_t B = 2, Tk = 40, H = 4, Hkv = 2, D = 16;
+  const Shape sh{B, 0, H, Hkv, D, 0.25f, Tk};
+  std::vector<float> q, dout, k((size_t)(B * Tk * Hkv * D), 1.0f), v(k.size(), 1.0f);
+  const Attn<float> got = run_any<float, fsdp_attn::POS_ROWS>(q, k, v, dout, nullptr, sh);
+  expect_close(kit, "no queries: dk zeros", got.dk.data(), std::vector<double>(k.size()), 0, true);
+  expect_close(kit, "no queries: dv zeros", got.dv.data(), std::vector<double>(k.size()), 0, true);
+}
+
+template <typename T>
+static void check_all(bool bf16) {
+  const std::vector<int32_t> any{39, 0, 5, 5, 6, 7, 3, 2, 39, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28,
+                                 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 1, 12};
+  std::vector<int32_t> ident(70);
+  for (int i = 0; i < 70; i++) ident[(size_t)i] = i;
+  for (int64_t D : {16, 64}) {
+    check_pos<T>("cp 2 rank 0 of T 140", cp_positions(140, 2, 0), 140, 4, 2, D, bf16);
+    check_pos<T>("cp 2 rank 1 of T 140", cp_positions(140, 2, 1), 140, 4, 2, D, bf16);
+    check_pos<T>("positions in any order", any, 40, 4, 2, D, bf16);
+    check_pos<T>("cp 1 (q_pos[i] = i)", ident, 70, 4, 2, D, bf16);
+  }
+  for (int r = 0; r < 4; r++) {
+    char name[48];
+    snprintf(name, sizeof name, "cp 4 rank %d of T 136", r);
+    check_pos<T>(name, cp_positions(136, 4, r), 136, 2, 2, 16, bf16);
+  }
+}
+
+int main() {
+  check_all<float>(false);
+  check_all<__nv_bfloat16>(true);
+  check_no_queries();
+  return kit.finish();
+}
