@@ -201,6 +201,42 @@ function M.attention_cached(out, q, kc, vc, B, tq, pos, cap, nh, nkv, hd)
   check(C.fsdp_attention_cached(op, qp, kp, vp, B, tq, pos, cap, nh, nkv, hd), "attention_cached")
 end
 
+-- Queries at given positions (context parallelism: a rank's chunks of the
+-- sequence, fsdp_attention_forward_pos): q_pos, an int32 {Tq} CPU tensor,
+-- holds each query row's position among the Tk keys (k, v: the whole
+-- sequence, in order), and query i sees keys 0 .. q_pos[i]. On a GPU the
+-- kernels read q_pos_dev, its device copy; the host copy is checked here.
+-- dk, dv: the whole sequence's gradients, overwritten.
+local function pos_arg(what, out, q_pos, q_pos_dev, Tq, Tk)
+  local pp = ptrs(what, q_pos)
+  if not on_cuda(out) then return pp end
+  if q_pos_dev == nil then error(what .. ": on a GPU, q_pos_dev (the device copy of q_pos) is needed", 3) end
+  check(C.fsdp_attention_pos_check(pp, Tq, Tk), what)
+  return ptrs(what, q_pos_dev)
+end
+
+function M.attention_forward_pos(out, lse, q, k, v, q_pos, B, Tq, Tk, nh, nkv, hd, q_pos_dev)
+  local what = "attention_forward_pos"
+  local op, lp, qp, kp, vp = ptrs(what, out, lse, q, k, v)
+  local pp = pos_arg(what, out, q_pos, q_pos_dev, Tq, Tk)
+  if on_cuda(out) then
+    return check(CU().fsdp_cuda_attention_forward_pos(op, lp, qp, kp, vp, pp, B, Tq, Tk, nh, nkv, hd, out.dtype_id, S()),
+      what)
+  end
+  check(C.fsdp_attention_forward_pos(op, lp, qp, kp, vp, pp, B, Tq, Tk, nh, nkv, hd), what)
+end
+
+function M.attention_backward_pos(dq, dk, dv, dout, q, k, v, out, lse, q_pos, B, Tq, Tk, nh, nkv, hd, q_pos_dev)
+  local what = "attention_backward_pos"
+  local dqp, dkp, dvp, dop, qp, kp, vp, op, lp = ptrs(what, dq, dk, dv, dout, q, k, v, out, lse)
+  local pp = pos_arg(what, dk, q_pos, q_pos_dev, Tq, Tk)
+  if on_cuda(dk) then
+    return check(CU().fsdp_cuda_attention_backward_pos(dqp, dkp, dvp, dop, qp, kp, vp, op, lp, pp, B, Tq, Tk, nh, nkv,
+      hd, dk.dtype_id, S()), what)
+  end
+  check(C.fsdp_attention_backward_pos(dqp, dkp, dvp, dop, qp, kp, vp, op, lp, pp, B, Tq, Tk, nh, nkv, hd), what)
+end
+
 -- which CUDA attention kernels a step of this shape runs, as a line for the
 -- user: cuDNN's fused attention and its version, or ours and why not cuDNN
 function M.attention_choice(dtype, B, T, nh, nkv, hd)
@@ -368,7 +404,8 @@ local dry = {
   end,
 }
 for _, name in ipairs({ "linear_forward", "linear_backward", "embedding_forward", "embedding_backward", "rmsnorm_forward",
-  "rmsnorm_backward", "rope_tables", "rope", "attention_forward", "attention_backward", "attention_cached", "swiglu_forward",
+  "rmsnorm_backward", "rope_tables", "rope", "attention_forward", "attention_backward", "attention_cached",
+  "attention_forward_pos", "attention_backward_pos", "swiglu_forward",
   "swiglu_backward", "add", "cross_entropy", "token_logprobs", "tanh_forward", "tanh_backward" }) do
   local work, shape_only = M[name], dry[name]
   M[name] = function(...)

@@ -304,4 +304,54 @@ do
   fails(function() job.new({ x = 1 }) end, "field 'x' is not declared", "job: an undeclared field at creation")
 end
 
+-- ops.attention_*_pos (context parallelism, issue 46): the two ranks of cp 2
+-- (chunks 0, 3 and 1, 2 of four), each with the whole k, v, are the causal
+-- op: their out rows equal its rows, their dk, dv summed its dk, dv
+do
+  local ops = require "fsdp.ops"
+  local B, S, H, Hkv, D = 1, 8, 2, 1, 4
+  local function rand(n, seed)
+    local t = fsdp.tensor(n)
+    for i = 0, n - 1 do t:set(i, math.sin(seed * 7.1 + i * 1.3)) end
+    return t
+  end
+  local q, k, v, r = rand(S * H * D, 1), rand(S * Hkv * D, 2), rand(S * Hkv * D, 3), rand(S * H * D, 4)
+  local out, lse, dq, dk, dv = fsdp.tensor(S * H * D), fsdp.tensor(H * S), fsdp.tensor(S * H * D), fsdp.tensor(S * Hkv * D),
+    fsdp.tensor(S * Hkv * D)
+  ops.attention_forward(out, lse, q, k, v, B, S, H, Hkv, D)
+  ops.attention_backward(dq, dk, dv, r, q, k, v, out, lse, B, S, H, Hkv, D)
+  local row = H * D
+  local sk, sv, worst_out, worst_dkv = {}, {}, 0, 0
+  for rank = 0, 1 do
+    local pos = fsdp.tensor(4, "int32")
+    for i = 0, 1 do pos:set(i, rank * 2 + i); pos:set(2 + i, (3 - rank) * 2 + i) end
+    local qr, rr = fsdp.tensor(4 * row), fsdp.tensor(4 * row)
+    for i = 0, 3 do
+      for c = 0, row - 1 do qr:set(i * row + c, q:get(pos:get(i) * row + c)); rr:set(i * row + c, r:get(pos:get(i) * row + c)) end
+    end
+    local o, l, gq, gk, gv = fsdp.tensor(4 * row), fsdp.tensor(H * 4), fsdp.tensor(4 * row), fsdp.tensor(S * Hkv * D),
+      fsdp.tensor(S * Hkv * D)
+    ops.attention_forward_pos(o, l, qr, k, v, pos, B, 4, S, H, Hkv, D)
+    ops.attention_backward_pos(gq, gk, gv, rr, qr, k, v, o, l, pos, B, 4, S, H, Hkv, D)
+    for i = 0, 3 do
+      for c = 0, row - 1 do worst_out = math.max(worst_out, math.abs(o:get(i * row + c) - out:get(pos:get(i) * row + c))) end
+    end
+    for i = 0, S * Hkv * D - 1 do sk[i] = (sk[i] or 0) + gk:get(i); sv[i] = (sv[i] or 0) + gv:get(i) end
+    if rank == 0 then
+      pos:set(3, S)
+      fails(function() ops.attention_forward_pos(o, l, qr, k, v, pos, B, 4, S, H, Hkv, D) end,
+        "attention_forward_pos: q_pos: query 3 at position 8", "a position past the keys is refused, naming the query")
+      o.device = "cuda" -- (an error before any CUDA call: there is no backend here)
+      fails(function() ops.attention_forward_pos(o, l, qr, k, v, pos, B, 4, S, H, Hkv, D) end,
+        "attention_forward_pos: on a GPU, q_pos_dev (the device copy of q_pos) is needed", "on a GPU, the device copy")
+      o.device = "cpu"
+    end
+  end
+  for i = 0, S * Hkv * D - 1 do
+    worst_dkv = math.max(worst_dkv, math.abs(sk[i] - dk:get(i)), math.abs(sv[i] - dv:get(i)))
+  end
+  check(worst_out < 1e-6, "attention_forward_pos: each rank's rows are the causal op's (" .. worst_out .. ")")
+  check(worst_dkv < 1e-5, "attention_backward_pos: the ranks' dk, dv summed are the causal op's (" .. worst_dkv .. ")")
+end
+
 T.finish()
