@@ -20,6 +20,8 @@ local tensor = require "fsdp.tensor"
 local ops = require "fsdp.ops"
 local shard = require "fsdp.shard"
 local binding = require "fsdp.binding"
+local tp = require "fsdp.tp"
+local cp = require "fsdp.cp"
 
 local M = {}
 
@@ -55,7 +57,10 @@ end
 -- micro-batches before the last leave until the step ends), lasting = the
 -- bytes the first step makes for every later one (caches: Llama's rope
 -- tables), left = what one micro-batch leaves until the step ends (a
--- GPU's loss sums), batch = the bytes of one micro-batch on the device }.
+-- GPU's loss sums), batch = the bytes of one micro-batch on the device,
+-- tp_sent = {all_gather, reduce_scatter, all_reduce}: bytes one
+-- micro-batch's tensor-parallel collectives send (fsdp.tp), cp_sent the
+-- same of its context-parallel ones (fsdp.cp) }.
 function M.step(model, o)
   local K = o.micro_batches or 1
   local device = o.device or "cpu"
@@ -83,8 +88,16 @@ function M.step(model, o)
     -- measured, as test_planner measures the real step after a first
     one()
     local lasting = c.allocated
+    local was = {}
+    for k, v in pairs(tp.sent) do was["tp" .. k] = v end
+    for k, v in pairs(cp.sent) do was["cp" .. k] = v end
     local peak, left = one()
-    return { activations = peak + (K - 1) * left, lasting = lasting, left = left, batch = batch }
+    -- (tensor and context parallelism: one micro-batch's collectives, bytes this rank sends)
+    local tp_sent, cp_sent = {}, {}
+    for k, v in pairs(tp.sent) do tp_sent[k] = v - was["tp" .. k] end
+    for k, v in pairs(cp.sent) do cp_sent[k] = v - was["cp" .. k] end
+    return { activations = peak + (K - 1) * left, lasting = lasting, left = left, batch = batch, tp_sent = tp_sent,
+      cp_sent = cp_sent }
   end)
   ops.counting_workspace = nil
   -- the model as it was: no bindings of ours, no meta caches

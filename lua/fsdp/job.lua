@@ -27,10 +27,14 @@ M.fields = {
   tokens_step = "tokens per optimizer step over every rank (B x T x K x dp)",
   -- the mesh
   mesh = "the device mesh",
-  shard = "the dp_shard group: FSDP's shards",
+  shard = "the group FSDP shards over: dp_shard (x cp)",
   outer = "the dp_outer group (HSDP replicas), or nil",
   dp = "data-parallel ranks (dp_shard x dp_outer)",
   dp_rank = "this rank's place among them",
+  tp = "the tp group's comm (tensor parallelism), or nil at tp = 1",
+  tpg = "the tp group as the model takes it (fsdp.tp.group), or nil",
+  cp = "the cp group's comm (context parallelism), or nil at cp = 1",
+  cpg = "the cp group as the model takes it, or nil",
   restart = "fsdprun --max-restarts: which attempt this is (fsdp.restarts)",
   -- memory, before anything is allocated
   plan = "the planner's plan of this job (fsdp.planner)",

@@ -163,14 +163,24 @@ end
 function M.render(p)
   local out = {}
   for _, w in ipairs(p.warnings or {}) do out[#out + 1] = "warning: " .. w end
-  out[#out + 1] = string.format("plan: %s on %d ranks (mesh %s: dp_shard %d x dp_outer %d%s), %s, %s params; %s parameters " ..
-    "in %d units; %d micro-batch%s%s per step", p.where, p.world, p.mesh, p.shard, p.outer, p.hfsdp and ", hfsdp" or "",
+  out[#out + 1] = string.format("plan: %s on %d ranks (mesh %s: dp_shard %d x dp_outer %d%s%s), %s, %s params; %s parameters " ..
+    "in %d units; %d micro-batch%s%s per step", p.where, p.world, p.mesh, p.dp_shard or p.shard, p.outer,
+    ((p.cp or 1) > 1 and string.format(" x cp %d", p.cp) or "") .. ((p.tp or 1) > 1 and string.format(" x tp %d", p.tp) or ""),
+    p.hfsdp and ", hfsdp" or "",
     M.zero_text(p), p.param_dtype, count(p.n_params), #p.units, p.grad_accum, p.grad_accum == 1 and "" or "es",
     p.kind == "model" and "" or string.format(" of %d x %d", p.micro_batch, p.seq))
   out[#out + 1] = "memory per rank (every rank holds the same bytes):"
   out[#out + 1] = M.table(M.memory_rows(p))
-  out[#out + 1] = string.format("communication per rank per step (bytes sent, ring algorithms): all-gather %s, reduce-scatter %s, all-reduce %s",
-    bytes(p.comm.all_gather), bytes(p.comm.reduce_scatter), bytes(p.comm.all_reduce))
+  local function comm(c) return string.format("all-gather %s, reduce-scatter %s, all-reduce %s", bytes(c.all_gather),
+    bytes(c.reduce_scatter), bytes(c.all_reduce)) end
+  if p.comm_tp or p.comm_cp then -- (each group's own: the dp groups' FSDP collectives, the tp and cp layers')
+    out[#out + 1] = string.format("communication per rank per step (bytes sent, ring algorithms): dp groups: %s%s%s",
+      comm(p.comm), p.comm_cp and string.format("; cp group (%d ranks): all-gather %s, reduce-scatter %s", p.cp,
+      bytes(p.comm_cp.all_gather), bytes(p.comm_cp.reduce_scatter)) or "",
+      p.comm_tp and string.format("; tp group (%d ranks): %s", p.tp, comm(p.comm_tp)) or "")
+  else
+    out[#out + 1] = "communication per rank per step (bytes sent, ring algorithms): " .. comm(p.comm)
+  end
   out[#out + 1] = "units:"
   out[#out + 1] = M.table(M.unit_rows(p))
   out[#out + 1] = "ranks (of the shard group; replicas hold the same):"
@@ -186,7 +196,9 @@ function M.json(p)
     units[#units + 1] = { name = u.name, zero = u.zero, numel = u.numel, shard_numel = u.shard_numel, total_numel = u.total_numel,
       bytes = u.mem, params = json.array(params) }
   end
-  return json.encode({ recipe = p.where, world = p.world, dp_shard = p.shard, dp_outer = p.outer, hfsdp = p.hfsdp, zero = p.zero,
+  return json.encode({ recipe = p.where, world = p.world, dp_shard = p.shard, dp_outer = p.outer, tp = p.tp, comm_tp = p.comm_tp, cp = p.cp,
+    comm_cp = p.comm_cp,
+    hfsdp = p.hfsdp, zero = p.zero,
     param_dtype = p.param_dtype, parameters = p.n_params, micro_batches = p.grad_accum, resident = p.resident,
     split_main_units = p.split_units or 0,
     pools = p.pools, activations = p.activations, checkpoint = p.checkpoint, recompute = p.recompute, peak = p.peak, comm = p.comm,

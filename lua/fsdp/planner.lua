@@ -20,13 +20,15 @@ local shard = require "fsdp.shard"
 local units_lib = require "fsdp.units" -- (units: the recipe's field in this file)
 local tensor = require "fsdp.tensor"
 local dry_run = require "fsdp.dry_run"
+local tpm = require "fsdp.tp"
 local ffi, C = base.ffi, base.C
 
 local M = {}
 
 local REG = { none = 0, buffer = C.FSDP_REG_BUFFER, window = C.FSDP_REG_WINDOW }
 
--- dims of a mesh spec for world ranks: shard group size S, outer size R
+-- dims of a mesh spec for world ranks: dp_shard's size S, outer size R,
+-- tp size P, cp size Cp (FSDP shards over S x Cp)
 function M.mesh_sizes(spec, world, where)
   local dims = recipe.check_mesh(spec, where)
   local known, rest = 1, nil
@@ -44,11 +46,12 @@ function M.mesh_sizes(spec, world, where)
   elseif known ~= world then
     error(string.format("%s: mesh %s has %d ranks, the world %d", where, type(spec) == "string" and spec or "(table)", known, world), 0)
   end
-  local S, R = nil, 1 -- (check_mesh: dp_shard is there, and dp_outer is the only other)
+  local S, R, P, Cp = nil, 1, 1, 1 -- (check_mesh: dp_shard is there; dp_outer, cp and tp the others)
   for _, d in ipairs(dims) do
-    if d[1] == "dp_shard" then S = d[2] else R = d[2] end
+    if d[1] == "dp_shard" then S = d[2] elseif d[1] == "dp_outer" then R = d[2] elseif d[1] == "tp" then P = d[2]
+    elseif d[1] == "cp" then Cp = d[2] end
   end
-  return S, R
+  return S, R, P, Cp
 end
 
 -- The recipe's units policy as fully_shard takes it: "default" (Llama's),
@@ -224,6 +227,17 @@ local function plan_assigned(p, model, a, s)
     end
   end
   p.comm = { all_gather = ag, reduce_scatter = rs, all_reduce = ar }
+  -- the tp group's: what one micro-batch's tp layers sent in the dry run
+  -- (their all-gathers and reduce-scatters of rows, the vocab-parallel
+  -- loss's, the shared weights' grads), K of them
+  if (p.tp or 1) > 1 then
+    p.comm_tp = {}
+    for k, v in pairs(d.tp_sent) do p.comm_tp[k] = K * v end
+  end
+  if (p.cp or 1) > 1 then -- the cp group's: the keys' and values' all-gathers, their grads' reduce-scatters
+    p.comm_cp = {}
+    for k, v in pairs(d.cp_sent) do p.comm_cp[k] = K * v end
+  end
   return p
 end
 
@@ -243,9 +257,14 @@ function M.plan(r, o)
   if W < 1 or W % 1 ~= 0 then error(string.format("%s: world = %s; expected a positive integer", where, tostring(W)), 0) end
   -- (the plan's work grows with the ranks: a million plans in seconds)
   if W > M.max_world then error(string.format("%s: world = %s; at most %d ranks are planned", where, tostring(W), M.max_world), 0) end
-  local S, R = M.mesh_sizes(o.mesh or r.mesh, W, where)
+  local S0, R, P, Cp = M.mesh_sizes(o.mesh or r.mesh, W, where)
+  local S = S0 * Cp -- (FSDP's shard group: dp_shard x cp)
   local f = r.fsdp
   local cfg = hf_config.model(r.model, where)
+  if P > 1 then
+    local why = llama.tp_check(cfg, P)
+    if why then error(string.format("%s: mesh: %s", where, why), 0) end
+  end
   -- the plan runs every layer on the counting device (0.65 ms and 65 KB
   -- each, llama70b's shape; 4096 layers take 3 s): refuse a depth no model
   -- has before it costs minutes
@@ -253,13 +272,15 @@ function M.plan(r, o)
     error(string.format("%s: model.num_hidden_layers = %d; at most %d are planned (the largest published models have a " ..
       "few hundred layers)", where, cfg.num_hidden_layers, M.max_layers), 0)
   end
-  local model = llama.model(cfg, { checkpoint = f.checkpoint, recompute = f.recompute })
+  -- (tensor parallelism: tp rank 0's slices; every tp rank holds as many bytes)
+  local model = llama.model(cfg, { checkpoint = f.checkpoint, recompute = f.recompute,
+    tp = P > 1 and tpm.group(nil, P, 0) or nil, cp = Cp > 1 and tpm.group(nil, Cp, 0) or nil })
   local ok, a = pcall(shard.assign, model, { units = M.policy(f.units, where), zero = f.zero, offload = f.offload, hfsdp = f.hfsdp })
   if not ok then error(where .. ": fsdp.units: " .. tostring(a):gsub("^fully_shard: ", ""), 0) end
   local hf = f.hfsdp
   if hf and R == 1 then error(where .. ": fsdp.hfsdp = true needs a dp_outer mesh dimension above 1", 0) end
   local ces = f.param_dtype == "bf16" and 2 or 4
-  local dp = S * R
+  local dp = S0 * R -- (data-parallel ranks: cp and tp ranks share theirs)
   local B, T = r.data.micro_batch, r.data.seq
   local okK, K = pcall(recipe.grad_accum, r, dp, where)
   local warnings = {}
@@ -268,7 +289,7 @@ function M.plan(r, o)
     warnings[1] = tostring(K) .. "; planned with 1 micro-batch per step"
     K = 1
   end
-  local p = { where = where, world = W, shard = S, outer = R, hfsdp = hf, zero = f.zero, param_dtype = f.param_dtype,
+  local p = { where = where, world = W, shard = S, dp_shard = S0, outer = R, tp = P, cp = Cp, hfsdp = hf, zero = f.zero, param_dtype = f.param_dtype,
     cfg = cfg, n_params = llama.num_params(cfg), units = {}, micro_batch = B, seq = T, grad_accum = K,
     checkpoint = f.checkpoint, recompute = f.recompute, prefetch = f.prefetch, max_live_units = f.max_live_units, assignment = a,
     mesh = type(o.mesh or r.mesh) == "string" and (o.mesh or r.mesh) or "custom", warnings = warnings, device = r.train.device }
@@ -286,7 +307,7 @@ function M.plan(r, o)
     p.attention_workspace = ws
   end
   local chunk = r.train.loss_chunk_mb * 2 ^ 20
-  p.loss_rows = chunk > 0 and llama.loss_rows(B * T, cfg.vocab_size, gpu and ces or 4, chunk) or B * T
+  p.loss_rows = chunk > 0 and llama.loss_rows(B * T / Cp, cfg.vocab_size / P, gpu and ces or 4, chunk) or B * T
   local step_loss = llama.step_loss(chunk)
   return plan_assigned(p, model, a, { param_dtype = f.param_dtype, reduce_dtype = f.reduce_dtype,
     comm_register = f.comm_register, separate_reduce = f.separate_reduce, prefetch = f.prefetch,
@@ -330,7 +351,10 @@ function M.plan_model(model, o)
   local device = o.device or "cpu"
   if device ~= "cpu" and device ~= "cuda" then error("planner.plan_model: device = " .. tostring(device) .. "; expected cpu or cuda", 2) end
   local mesh = o.mesh or "dp_shard=-1"
-  local S, R = M.mesh_sizes(mesh, W, where)
+  local S, R, P, Cp = M.mesh_sizes(mesh, W, where)
+  if P > 1 or Cp > 1 then
+    error(where .. ": mesh: plan_model plans data-parallel meshes; a tp or cp mesh is planned for a recipe (fsdp plan)", 0)
+  end
   local mixed = o.mixed or {}
   local pdt, rdt = mixed.param_dtype or "fp32", mixed.reduce_dtype or "fp32"
   local zero = o.zero or 3

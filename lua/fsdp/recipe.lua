@@ -154,30 +154,46 @@ local function in_range(where, name, v, lo, hi, lo_open, hi_open, why)
   end
 end
 
--- The trainer shards over dp_shard and replicates over dp_outer; any other
--- dimension would split the ranks into groups that never exchange grads
--- (two ranks of "dp_shard=-1,tp=2" trained two models, each printing its
--- own losses) or count ranks twice ("dp_outer=2" alone), so it is refused.
--- Returns the dimensions as fsdp.mesh reads them ({{name, size}, ...}).
+-- The trainer's mesh: dp_outer (HSDP replicas), dp_shard (FSDP's shards),
+-- cp (context parallelism: FSDP shards over dp_shard x cp) and tp (tensor
+-- parallelism), in that order:
+-- the first outermost, so a tp group is consecutive ranks (one host's,
+-- where ranks per host is a multiple of tp). Any other dimension would
+-- split the ranks into groups that never exchange grads (two ranks of
+-- "dp_shard=-1,foo=2" trained two models) or count ranks twice, so it is
+-- refused. Returns the dimensions as fsdp.mesh reads them ({{name, size}, ...}).
+local mesh_order = { dp_outer = 1, dp_shard = 2, cp = 3, tp = 4 }
 function M.check_mesh(m, where)
   local ok, dims = pcall(mesh.parse_dims, m)
   if not ok then fail(where, "mesh: %s", (tostring(dims):gsub("^.-fsdp%.mesh: ", ""))) end
-  local seen = {}
+  local seen, last = {}, 0
   for _, d in ipairs(dims) do
     local n = d[1]
-    if n ~= "dp_shard" and n ~= "dp_outer" then
-      fail(where, "mesh: dimension '%s' is not one the trainer knows: it shards over dp_shard and replicates over " ..
-        "dp_outer (HSDP), e.g. 'dp_shard=-1' or 'dp_outer=2,dp_shard=-1'; this engine has no tensor or pipeline parallelism",
-        tostring(n))
+    if not mesh_order[n] then
+      fail(where, "mesh: dimension '%s' is not one the trainer knows: dp_outer (HSDP replicas), dp_shard (FSDP's " ..
+        "shards), cp (context parallelism) and tp (tensor parallelism), e.g. 'dp_shard=-1' or 'dp_shard=-1,tp=2'", tostring(n))
     end
     if seen[n] then fail(where, "mesh: dimension '%s' is given twice", n) end
-    seen[n] = true
+    if mesh_order[n] < last then
+      fail(where, "mesh: '%s' comes after %s; the order is dp_outer, dp_shard, cp, tp (tp innermost: a tp group is " ..
+        "consecutive ranks, on one host)", n, dims[1][1])
+    end
+    if n ~= "dp_shard" and d[2] == -1 then
+      fail(where, "mesh: %s = -1; only dp_shard takes the ranks left (-1), give %s a size", n, n)
+    end
+    seen[n], last = true, mesh_order[n]
   end
   if not seen.dp_shard then
     fail(where, "mesh: no dp_shard dimension (the ranks each unit is sharded over); e.g. 'dp_outer=2,dp_shard=-1', " ..
       "or 'dp_outer=2,dp_shard=1' for plain replicas")
   end
   return dims
+end
+
+-- a mesh's size of dimension `name` (1 when it has none; -1 as given)
+function M.mesh_size(m, name)
+  for _, d in ipairs(mesh.parse_dims(m)) do if d[1] == name then return d[2] end end
+  return 1
 end
 
 -- The recipe with defaults filled in; errors name "FILE: section.field".
@@ -310,6 +326,16 @@ function M.check(r, where)
   end
   if ck.every > 0 and not ck.dir then fail(where, "checkpoint.every = %d needs checkpoint.dir", ck.every) end
   if t.resume == "auto" and not ck.dir then fail(where, "train.resume = 'auto' needs checkpoint.dir (where to look)") end
+  local cp = M.mesh_size(r.mesh, "cp")
+  if cp > 1 then -- (context parallelism: each rank its chunks of whole rows of plain windows)
+    local why = require("fsdp.cp").check(d.seq, cp)
+    if why then fail(where, "mesh: cp = %d: %s", cp, why) end
+    if d.pack then fail(where, "mesh: cp = %d: packed rows (data.pack, data.max_tokens) with context parallelism are not built", cp) end
+    if t.loss_chunk_mb == 0 then
+      fail(where, "mesh: cp = %d: train.loss_chunk_mb = 0 (the whole logits) with context parallelism is not built; " ..
+        "give it > 0", cp)
+    end
+  end
   return r
 end
 

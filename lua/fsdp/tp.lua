@@ -55,6 +55,15 @@ end
 
 local function done(g) g.comm:synchronize() end
 
+-- Bytes this rank sends in the tp collectives (ring algorithms: (P-1)/P of
+-- the whole buffer for an all-gather or a reduce-scatter, twice that for an
+-- all-reduce), counted on the counting device as on a real one: the
+-- planner's per-step figure (fsdp.dry_run) and a run's measured one.
+M.sent = { all_gather = 0, reduce_scatter = 0, all_reduce = 0 }
+local function sent(g, kind, t, factor)
+  M.sent[kind] = M.sent[kind] + (factor or 1) * (g.size - 1) / g.size * t:numel() * t.esize
+end
+
 -- x: this rank's rows; returns every rank's, shaped {B, T, d} (g.rows:
 -- {B, T}, set by the model's forward)
 function M.gather_rows(g, x)
@@ -64,6 +73,7 @@ function M.gather_rows(g, x)
     error(string.format("fsdp.tp: %d rows of %d gathered from %d ranks do not make {%d, %d}", x:numel() / d, d, g.size,
       g.rows[1], g.rows[2]), 2)
   end
+  sent(g, "all_gather", y)
   if counting() then return y end
   cpu(x, "fsdp.tp gather")
   g.comm:all_gather(y, x)
@@ -75,6 +85,7 @@ end
 function M.scatter_rows(g, x)
   local d = x.shape[#x.shape]
   local y = tensor.new({ x:numel() / d / g.size, d }, x.dtype, x.device)
+  sent(g, "reduce_scatter", x)
   if counting() then return y end
   cpu(x, "fsdp.tp scatter")
   g.comm:reduce_scatter(y, x, "sum")
@@ -87,6 +98,7 @@ end
 -- same on every rank
 function M.reduce_grad(g, grad, n, fn)
   local t = tensor.new(n)
+  sent(g, "all_reduce", t, 2)
   if counting() then
     fn(nil)
   else
@@ -127,6 +139,7 @@ function GatherColumns:forward(_, x)
   local n = x:numel() / cols
   local y, all = tensor.new({ n, cols * g.size }, x.dtype, x.device), tensor.new({ g.size, n, cols }, x.dtype, x.device)
   self.saved = { n = n, cols = cols }
+  sent(g, "all_gather", all)
   if counting() then
     autograd.consume(all)
     return y
@@ -171,6 +184,8 @@ end
 function M.cross_entropy(g, logits, targets, n, V, first, ignore_index, grad_scale)
   local cols = logits:numel() / n
   local st, all, sums = tensor.new(2 * n), tensor.new({ g.size, 2 * n }), tensor.new(n)
+  sent(g, "all_gather", all)
+  sent(g, "all_reduce", sums, 2)
   if counting() then return 0 end
   cpu(logits, "cross entropy (vocab-parallel)")
   local sp, lp, tp = st:ptr(), logits:ptr(), targets:ptr()

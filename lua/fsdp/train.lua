@@ -10,6 +10,7 @@ local fsdp = require "fsdp"
 local recipe = require "fsdp.recipe"
 local planner = require "fsdp.planner"
 local llama = require "fsdp.models.llama"
+local tp = require "fsdp.tp"
 local data = require "fsdp.data"
 local job = require "fsdp.job"
 local engine = require "fsdp.engine"
@@ -81,6 +82,24 @@ end
 -- model, weights), the loop (fsdp.train_loop), finish (export, summary,
 -- release). J is the job: what each part made, for the ones after it.
 
+-- A tp group is consecutive ranks; when ranks per host is no multiple of
+-- tp, some group spans two hosts and its per-layer collectives leave the
+-- host: said once, naming the first such group and where it crosses.
+local function tp_hosts(J)
+  local P, L, info = J.tp:size(), J.info.local_size, J.info
+  if info.num_nodes <= 1 or L % P == 0 then return end
+  for g0 = 0, info.size - 1, P do
+    local cross = (math.floor(g0 / L) ~= math.floor((g0 + P - 1) / L))
+    if cross then
+      local b = (math.floor(g0 / L) + 1) * L
+      J.say("fsdp: warning: mesh tp = %d with %d ranks per host: the tp group of ranks %d-%d spans two hosts (the host " ..
+        "boundary is between ranks %d and %d); its collectives at every layer then cross the network. Give a tp that " ..
+        "divides the ranks per host.", P, L, g0, g0 + P - 1, b - 1, b)
+      return
+    end
+  end
+end
+
 -- The mesh and the restart this is; a mesh the world cannot hold is the
 -- recipe's mistake: named by its file, no trace.
 local function build_mesh(J)
@@ -91,10 +110,27 @@ local function build_mesh(J)
   J.mesh = mesh
   local names = {}
   for _, d in ipairs(mesh:dims()) do names[d.name or d[1]] = true end
-  J.shard = mesh:group("dp_shard") -- (recipe.check: the mesh has it)
+  local dps = mesh:group("dp_shard") -- (recipe.check: the mesh has it)
   J.outer = names.dp_outer and mesh:group("dp_outer") or nil
-  J.dp = J.shard:size() * (J.outer and J.outer:size() or 1)
-  J.dp_rank = (J.outer and J.outer:rank() * J.shard:size() or 0) + J.shard:rank()
+  J.dp = dps:size() * (J.outer and J.outer:size() or 1)
+  J.dp_rank = (J.outer and J.outer:rank() * dps:size() or 0) + dps:rank()
+  -- context parallelism: the cp ranks of a data-parallel rank read the
+  -- same rows and take their chunks; FSDP shards over dp_shard x cp
+  J.shard = dps
+  if names.cp and mesh:size("cp") > 1 then
+    J.cp = mesh:group("cp")
+    J.cpg = tp.group(J.cp)
+    J.shard = mesh:group("dp_shard,cp")
+  end
+  -- tensor parallelism: the tp ranks of a data-parallel rank read the same
+  -- batches (J.dp, J.dp_rank leave them out) and split its model
+  if names.tp and mesh:size("tp") > 1 then
+    J.tp = mesh:group("tp")
+    J.tpg = tp.group(J.tp)
+    local why = llama.tp_check(J.cfg, J.tp:size())
+    if why then error(string.format("%s: mesh: %s", where, why), 0) end
+    tp_hosts(J)
+  end
   -- fsdprun --max-restarts: which attempt this is; restarting without
   -- checkpoints starts again at step 1 (allowed: a short run may want it)
   local restart = restarts.current()
@@ -168,8 +204,8 @@ end
 
 local function build_model(J)
   local r = J.r
-  J.model = llama.model(J.cfg, { checkpoint = r.fsdp.checkpoint, recompute = r.fsdp.recompute })
-  J.sharded = fsdp.fully_shard(J.model, { shard = J.shard, outer = J.outer, units = planner.policy(r.fsdp.units, J.where),
+  J.model = llama.model(J.cfg, { checkpoint = r.fsdp.checkpoint, recompute = r.fsdp.recompute, tp = J.tpg, cp = J.cpg })
+  J.sharded = fsdp.fully_shard(J.model, { shard = J.shard, outer = J.outer, tp = J.tp, units = planner.policy(r.fsdp.units, J.where),
     zero = r.fsdp.zero, prefetch = r.fsdp.prefetch, max_live_units = r.fsdp.max_live_units, seed = J.seed,
     hfsdp = r.fsdp.hfsdp, offload = r.fsdp.offload, comm_register = r.fsdp.comm_register,
     separate_reduce = r.fsdp.separate_reduce, micro_batches = J.K, overlap_step = r.fsdp.overlap_step,

@@ -104,6 +104,11 @@ end
 local function open_sampler(J)
   local r, cfg, where = J.r, J.cfg, J.where
   if not (r.train.sample_tokens > 0 and r.train.eval_every > 0) then return end
+  if J.tp then -- (fsdp.generate runs the model whole: not at tp > 1)
+    J.say("fsdp: train.sample_tokens = %d: no samples at tp = %d (generation with tensor parallelism is not built); " ..
+      "the evaluation's loss is still printed", r.train.sample_tokens, J.tp:size())
+    return
+  end
   J.sampler = require("fsdp.generate").wrap(J.sharded, cfg, { files = J.carried or {}, dir = J.carried_from, source = where })
   local ok, ids = pcall(J.sampler.encode, J.sampler, r.train.sample_prompt or "The ")
   if not ok then error(where .. ": train.sample_prompt: " .. tostring(ids), 0) end
@@ -315,7 +320,7 @@ local function train_one(J, step)
   S.last_loss = loss
   S.losses[step] = loss
   local tps = J.tokens_step / dt
-  local rank_flops = J.flops_tok * tps / J.dp -- model FLOP/s of one rank
+  local rank_flops = J.flops_tok * tps / J.info.size -- model FLOP/s of one rank (tp ranks share a dp rank's)
   local mstats = fsdp.memory_stats(J.device)
   S.run_peak = math.max(S.run_peak, mstats.peak)
   return { step = step, loss = loss, lr = lr, grad_norm = norm, tokens_per_s = tps, step_time_s = dt,

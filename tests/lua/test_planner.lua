@@ -32,6 +32,7 @@ local plan_fit = require "fsdp.plan_fit"
 local plan_render = require "fsdp.plan_render"
 local recipe = require "fsdp.recipe"
 local llama = require "fsdp.models.llama"
+local tpm = require "fsdp.tp"
 local ops = require "fsdp.ops"
 local hf_config = require "fsdp.hf_config"
 local train = require "fsdp.train"
@@ -73,7 +74,11 @@ local function build(r)
   local mesh = fsdp.mesh(r.mesh, { device = device })
   local names = {}
   for _, d in ipairs(mesh:dims()) do names[d.name or d[1]] = true end
-  local s = fsdp.fully_shard(llama.model(cfg, { checkpoint = r.fsdp.checkpoint, recompute = r.fsdp.recompute }), { shard = mesh:group("dp_shard"),
+  -- (tp and cp meshes: the model's slices and chunks, FSDP over dp_shard x cp, as the trainer makes them)
+  local tpc, cpc = names.tp and mesh:group("tp") or nil, names.cp and mesh:group("cp") or nil
+  local s = fsdp.fully_shard(llama.model(cfg, { checkpoint = r.fsdp.checkpoint, recompute = r.fsdp.recompute,
+    tp = tpc and tpm.group(tpc) or nil, cp = cpc and tpm.group(cpc) or nil }),
+    { shard = mesh:group(cpc and "dp_shard,cp" or "dp_shard"), tp = tpc,
     outer = names.dp_outer and mesh:group("dp_outer") or nil, units = planner.policy(r.fsdp.units, "tiny.lua"),
     zero = r.fsdp.zero, prefetch = r.fsdp.prefetch, max_live_units = r.fsdp.max_live_units, hfsdp = r.fsdp.hfsdp,
     offload = r.fsdp.offload, micro_batches = p.grad_accum,
@@ -320,7 +325,25 @@ end })
 for _, pol in ipairs({ "two_layers_per_unit", "replicate_embeddings", "zero_by_size", "param_budget", "attention_mlp_units" }) do
   compare("policy " .. pol, { ["fsdp.units"] = "recipes/policies/" .. pol .. ".lua" })
 end
+-- tensor parallelism: each rank's slices, and the tp layers' gathered rows
+-- and vocab-parallel loss, planned to the byte
+if W == 2 then
+  compare("cp 2", { ["mesh"] = "dp_shard=1,cp=2" })
+  compare("cp 2, bf16, recompute mlp, checkpoint full", { ["mesh"] = "dp_shard=1,cp=2", ["fsdp.param_dtype"] = "bf16",
+    ["fsdp.recompute"] = "mlp", ["fsdp.checkpoint"] = "full" })
+  compare("tp 2", { ["mesh"] = "dp_shard=1,tp=2" })
+  compare("tp 2, bf16, recompute mlp, the loss over chunks of 64 rows", { ["mesh"] = "dp_shard=1,tp=2",
+    ["fsdp.param_dtype"] = "bf16", ["fsdp.recompute"] = "mlp", ["train.loss_chunk_mb"] = 64 * 128 * 4 / 2 ^ 20 })
+end
 if W == 4 then
+  compare("dp_shard 2 x tp 2, checkpoint full", { ["mesh"] = "dp_shard=2,tp=2", ["fsdp.checkpoint"] = "full" })
+  compare("cp 2 x tp 2", { ["mesh"] = "dp_shard=1,cp=2,tp=2" })
+  compare("dp_shard 2 x cp 2, zero 2, 2 micro-batches", { ["mesh"] = "dp_shard=2,cp=2", ["fsdp.zero"] = 2,
+    ["train.grad_accum"] = 2 })
+  compare("cp 4, zero 1", { ["mesh"] = "dp_shard=1,cp=4", ["fsdp.zero"] = 1 })
+  compare("tp 4 (each kv head shared by 2 ranks), zero 2, tied", { ["mesh"] = "dp_shard=1,tp=4", ["fsdp.zero"] = 2,
+    ["model.tie_word_embeddings"] = true })
+  compare("dp_outer 2 x tp 2, the whole logits", { ["mesh"] = "dp_outer=2,dp_shard=1,tp=2", ["train.loss_chunk_mb"] = 0 })
   compare("2x2 HFSDP", { ["mesh"] = "dp_outer=2,dp_shard=2", ["fsdp.hfsdp"] = true })
   compare("2x2 HSDP, offload", { ["mesh"] = "dp_outer=2,dp_shard=2", ["fsdp.offload"] = true })
 end
@@ -412,8 +435,8 @@ do
   -- the world and the mesh given to the planner itself (fsdp plan --world, --mesh)
   fails(function() planner.plan(tiny(), { world = 2 ^ 30, where = "p.lua" }) end,
     "p.lua: world = 1073741824; at most 1048576 ranks are planned", "a world beyond the planner")
-  fails(function() planner.plan(tiny(), { world = 4, mesh = "tp=2,dp_shard=-1", where = "p.lua" }) end,
-    "p.lua: mesh: dimension 'tp' is not one the trainer knows", "a mesh dimension the trainer does not use")
+  fails(function() planner.plan(tiny(), { world = 4, mesh = "pp=2,dp_shard=-1", where = "p.lua" }) end,
+    "p.lua: mesh: dimension 'pp' is not one the trainer knows", "a mesh dimension the trainer does not use")
   fails(function() planner.plan(tiny({ ["fsdp.offload"] = "yes" }), { world = W, where = "p.lua" }) end,
     "offload = yes; expected true, false or {optimizer = true, params = true, grads = true}", "a bad fsdp.offload")
   -- every layer's norms left to a root unit kept resident between the

@@ -75,21 +75,24 @@ end
 
 local function rel(a, b) return math.abs(a - b) / math.max(math.abs(b), 1e-30) end
 
--- spec: mesh dims, e.g. {{"dp_shard", 2}, {"tp", 2}}
+-- spec: mesh dims, e.g. {{"dp_shard", 2}, {"tp", 2}}; with cp, FSDP
+-- shards over dp_shard x cp and the cp ranks of a dp rank take its rows'
+-- chunks (the model takes whole rows)
 local function run(name, cfg_t, spec, o)
   local cfg = llama.config(cfg_t)
   local mesh = fsdp.mesh(spec)
-  local g = tpm.group(mesh:group("tp"))
-  local shard = mesh:group("dp_shard")
   local names = {}
   for _, d in ipairs(spec) do names[d[1]] = d[2] end
+  local tpc, cpc = names.tp and mesh:group("tp"), names.cp and mesh:group("cp")
+  local dps = mesh:group("dp_shard")
+  local shard = cpc and mesh:group("dp_shard,cp") or dps
   local outer = names.dp_outer and mesh:group("dp_outer") or nil
-  local dp = shard:size() * (outer and outer:size() or 1)
-  local dp_rank = (outer and outer:rank() * shard:size() or 0) + shard:rank()
+  local dp = dps:size() * (outer and outer:size() or 1)
+  local dp_rank = (outer and outer:rank() * dps:size() or 0) + dps:rank()
   local want, ref = reference(cfg, dp, o)
-  local mo = { tp = g }
+  local mo = { tp = tpc and tpm.group(tpc), cp = cpc and tpm.group(cpc) }
   for k, v in pairs(o.model or {}) do mo[k] = v end
-  local m = fsdp.fully_shard(llama.model(cfg, mo), { shard = shard, outer = outer, tp = mesh:group("tp"),
+  local m = fsdp.fully_shard(llama.model(cfg, mo), { shard = shard, outer = outer, tp = tpc,
     units = llama.units, zero = o.zero or 3, seed = 7 })
   -- 1. the slices hold the whole weights' values (before any step)
   if o.slices then
@@ -136,10 +139,12 @@ local function whole_params(cfg_t, o)
   return out
 end
 
-local meshes = { { "tp" .. W, { { "dp_shard", 1 }, { "tp", W } } } }
+local meshes = { { "tp" .. W, { { "dp_shard", 1 }, { "tp", W } } }, { "cp" .. W, { { "dp_shard", 1 }, { "cp", W } } } }
 if W == 4 then
-  meshes[2] = { "dp_shard2 x tp2", { { "dp_shard", 2 }, { "tp", 2 } } }
-  meshes[3] = { "dp_outer2 x tp2", { { "dp_outer", 2 }, { "dp_shard", 1 }, { "tp", 2 } } }
+  meshes[#meshes + 1] = { "dp_shard2 x tp2", { { "dp_shard", 2 }, { "tp", 2 } } }
+  meshes[#meshes + 1] = { "dp_shard2 x cp2", { { "dp_shard", 2 }, { "cp", 2 } } }
+  meshes[#meshes + 1] = { "cp2 x tp2", { { "dp_shard", 1 }, { "cp", 2 }, { "tp", 2 } } }
+  meshes[#meshes + 1] = { "dp_outer2 x tp2", { { "dp_outer", 2 }, { "dp_shard", 1 }, { "tp", 2 } } }
 end
 
 for _, mm in ipairs(meshes) do
@@ -156,6 +161,11 @@ run("gqa zero 2, tied embeddings", tied, spec, { zero = 2 })
 run("tiny zero 3, checkpoint full", tiny, spec, { model = { checkpoint = "full" } })
 run("gqa zero 3, recompute mlp", gqa, spec, { model = { recompute = "mlp" } })
 run("gqa zero 3, recompute none", gqa, spec, { model = { recompute = "none" } })
+local cspec = meshes[W == 4 and 5 or 2][2] -- (cp, with tp at W = 4)
+run("tiny cp zero 1", tiny, cspec, { zero = 1 })
+run("gqa cp zero 2, tied embeddings", tied, cspec, { zero = 2 })
+run("tiny cp zero 3, checkpoint full", tiny, cspec, { model = { checkpoint = "full" } })
+run("gqa cp zero 3, recompute mlp", gqa, cspec, { model = { recompute = "mlp" } })
 
 ---------------------------------------------------------------- checkpoints and Hugging Face files
 do

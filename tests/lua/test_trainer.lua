@@ -72,7 +72,10 @@ do
   bad(function(x) x.extra = {} end, "unknown section 'extra'")
   -- a mesh dimension the trainer does not use would train unsynchronised
   -- replicas (or count ranks twice) without a word
-  bad(function(x) x.mesh = "dp_shard=-1,tp=2" end, "recipes/x.lua: mesh: dimension 'tp' is not one the trainer knows")
+  bad(function(x) x.mesh = "dp_shard=-1,pp=2" end, "recipes/x.lua: mesh: dimension 'pp' is not one the trainer knows")
+  -- tp innermost (a tp group is consecutive ranks, one host's); sizes, not -1, but for dp_shard
+  bad(function(x) x.mesh = "tp=2,dp_shard=-1" end, "mesh: 'dp_shard' comes after tp; the order is dp_outer, dp_shard, cp, tp")
+  bad(function(x) x.mesh = "dp_shard=2,tp=-1" end, "mesh: tp = -1; only dp_shard takes the ranks left")
   bad(function(x) x.mesh = "dp_shrad=-1" end, "mesh: dimension 'dp_shrad' is not one the trainer knows")
   bad(function(x) x.mesh = "dp_outer=2" end, "mesh: no dp_shard dimension")
   bad(function(x) x.mesh = { { "dp_shard", 1 }, { "dp_shard", -1 } } end, "mesh: dimension 'dp_shard' is given twice")

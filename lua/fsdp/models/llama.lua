@@ -20,6 +20,7 @@ local ops = require "fsdp.ops"
 local nn = require "fsdp.nn"
 local autograd = require "fsdp.autograd"
 local tpm = require "fsdp.tp"
+local cpm = require "fsdp.cp"
 
 local M = {}
 
@@ -185,6 +186,20 @@ local function new_attention(cfg, rope, packed, tp)
   return a
 end
 
+-- rope over x's T positions of each of B rows; packed rows at their
+-- documents' positions; with context parallelism (cpl) this rank's two
+-- chunks of each row at theirs (each a run of consecutive positions)
+local function rope(x, t, B, T, heads, hd, backward, docs, cpl)
+  if not cpl then return ops.rope(x, t, B, T, heads, hd, backward, nil, docs) end
+  local c, w, P, r = T / 2, heads * hd, cpl.g.size, cpl.g.rank
+  for b = 0, B - 1 do
+    for h = 0, 1 do
+      local k = h == 0 and r or 2 * P - 1 - r
+      ops.rope(x:view((b * T + h * c) * w, { 1, c, w }), t, 1, c, heads, hd, backward, k * c)
+    end
+  end
+end
+
 -- (tensor parallelism) x through the block's entry, y through its exit
 local function enter_block(ctx, m, x, phase)
   if not m.gather then return x end
@@ -213,7 +228,9 @@ end
 -- position up to theirs. kv = {pos = first new position, cap = positions
 -- the caches hold, layers = {[attention] = {k, v}}}; nothing is saved.
 function Attention:forward_cached(ctx, x, phase)
-  if self.gather then error("LlamaAttention: generation with tensor parallelism is not built (generate at tp = 1)", 2) end
+  if self.gather or self.packed.cp then
+    error("LlamaAttention: generation with tensor or context parallelism is not built (generate at tp = cp = 1)", 2)
+  end
   local cfg, ch, kv = self.cfg, self.children, ctx.kv
   local B, T = x.shape[1], x.shape[2]
   local nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
@@ -256,19 +273,29 @@ function Attention:forward(ctx, x, phase)
   x = enter_block(ctx, self, x, phase)
   local B, T = x.shape[1], x.shape[2]
   local nh, nkv, hd = self.nh, self.nkv, cfg.head_dim
-  if T > cfg.max_position_embeddings and not self.packed.docs then -- (packed rows: pack() checks each document)
-    error(string.format("LlamaAttention: sequence length %d exceeds max_position_embeddings %d", T, cfg.max_position_embeddings), 2)
+  local full = self.packed.cp and self.packed.cp.T or T
+  if full > cfg.max_position_embeddings and not self.packed.docs then -- (packed rows: pack() checks each document)
+    error(string.format("LlamaAttention: sequence length %d exceeds max_position_embeddings %d", full, cfg.max_position_embeddings), 2)
   end
   local q = nn.call(ctx, ch[1], phase, x)
   local k = nn.call(ctx, ch[2], phase, x)
   local v = nn.call(ctx, ch[3], phase, x)
   if self.input_norm then nn.let_go({ ch[1], ch[2], ch[3] }) end
-  local t, docs = self:tables(T, x.device), self.packed.docs
-  ops.rope(q, t, B, T, nh, hd, false, nil, docs)
-  ops.rope(k, t, B, T, nkv, hd, false, nil, docs)
+  local cpl = self.packed.cp -- (context parallelism: this rank's tokens at their positions, the sequence's keys)
+  local t, docs = self:tables(cpl and cpl.T or T, x.device), self.packed.docs
+  rope(q, t, B, T, nh, hd, false, docs, cpl)
+  rope(k, t, B, T, nkv, hd, false, docs, cpl)
   local out, lse = ops.like(q, { B, T, nh * hd }), tensor.new({ B, nh, T }, "fp32", q.device)
-  ops.attention_forward(out, lse, q, k, v, B, T, nh, nkv, hd, docs)
-  self.saved = { q = q, k = k, v = v, out = out, lse = lse, B = B, T = T, docs = docs }
+  if cpl then
+    local kg, vg = cpm.gather(cpl.g, k), cpm.gather(cpl.g, v)
+    autograd.consume(k)
+    autograd.consume(v)
+    k, v = kg, vg
+    ops.attention_forward_pos(out, lse, q, k, v, cpl.q_pos, B, T, cpl.T, nh, nkv, hd)
+  else
+    ops.attention_forward(out, lse, q, k, v, B, T, nh, nkv, hd, docs)
+  end
+  self.saved = { q = q, k = k, v = v, out = out, lse = lse, B = B, T = T, docs = docs, cp = cpl }
   return leave_block(ctx, self, nn.call(ctx, ch[4], phase, out), phase)
 end
 
@@ -279,10 +306,19 @@ function Attention:backward(ctx, dy)
   if self.scatter then dy = nn.call(ctx, self.scatter, "backward", dy) end
   local dout = nn.call(ctx, ch[4], "backward", dy)
   local dq, dk, dv = ops.like(s.q), ops.like(s.k), ops.like(s.v)
-  ops.attention_backward(dq, dk, dv, dout, s.q, s.k, s.v, s.out, s.lse, B, T, nh, nkv, hd, s.docs)
-  local t = self:tables(T, dq.device)
-  ops.rope(dq, t, B, T, nh, hd, true, nil, s.docs)
-  ops.rope(dk, t, B, T, nkv, hd, true, nil, s.docs)
+  local cpl = s.cp
+  if cpl then -- the whole sequence's key and value grads, back to the chunks' owners
+    ops.attention_backward_pos(dq, dk, dv, dout, s.q, s.k, s.v, s.out, s.lse, cpl.q_pos, B, T, cpl.T, nh, nkv, hd)
+    local dkl, dvl = cpm.scatter(cpl.g, dk), cpm.scatter(cpl.g, dv)
+    autograd.consume(dk)
+    autograd.consume(dv)
+    dk, dv = dkl, dvl
+  else
+    ops.attention_backward(dq, dk, dv, dout, s.q, s.k, s.v, s.out, s.lse, B, T, nh, nkv, hd, s.docs)
+  end
+  local t = self:tables(cpl and cpl.T or T, dq.device)
+  rope(dq, t, B, T, nh, hd, true, s.docs, cpl)
+  rope(dk, t, B, T, nkv, hd, true, s.docs, cpl)
   local n = self.input_norm and nn.bring_back(ctx, self.input_norm, { ch[1], ch[2], ch[3] }, self.gather)
   local dx = nn.call(ctx, ch[1], "backward", dq)
   ops.add(dx, dx, nn.call(ctx, ch[2], "backward", dk))
@@ -400,10 +436,14 @@ local CausalLM = class("LlamaForCausalLM")
 -- the layer's seven GEMMs once more, the same bits): two thirds less.
 -- opts.tp: a tp group (fsdp.tp.group) of size > 1: tensor parallelism
 -- with sequence parallelism (M.tp_check says which sizes split the model).
+-- opts.cp: a cp group of size > 1: context parallelism (fsdp.cp); the
+-- forwards then take whole rows of ids (and targets) and compute this
+-- rank's chunks of them.
 function M.model(cfg, opts)
   opts = opts or {}
-  local tp = opts.tp
+  local tp, cp = opts.tp, opts.cp
   if tp and tp.size == 1 then tp = nil end
+  if cp and cp.size == 1 then cp = nil end
   if tp then
     local why = M.tp_check(cfg, tp.size)
     if why then error("llama.model: " .. why, 2) end
@@ -434,7 +474,7 @@ function M.model(cfg, opts)
   if cfg.tie_word_embeddings then -- the head computes with the embedding's weight (HF's tying)
     head.params, head.shares = {}, model.children[1]
   end
-  local lm = setmetatable({ cfg = cfg, params = {}, rope = rope, packed = packed, tp = tp,
+  local lm = setmetatable({ cfg = cfg, params = {}, rope = rope, packed = packed, tp = tp, cp = cp, cp_layouts = {},
     children = { model, head },
     child_names = { "model", "lm_head" } }, CausalLM)
   if tp then -- the sequence-parallel rows' ends: after the embedding, around the head
@@ -475,6 +515,31 @@ function CausalLM:release()
     ops.rope_tables_free(t)
     self.rope[device] = nil
   end
+  for k, l in pairs(self.cp_layouts) do -- (context parallelism's positions)
+    l.q_pos:free()
+    self.cp_layouts[k] = nil
+  end
+end
+
+-- Context parallelism: this rank's tokens of rows of T, their global
+-- positions ({Tl}, for attention), kept for the shape: nobody's activation
+-- (freed by release)
+local function cp_layout(self, B, T)
+  local key = T
+  local l = self.cp_layouts[key]
+  if not l then
+    l = autograd.untracked(function()
+      return { g = self.cp, T = T, q_pos = cpm.positions(self.cp, T) }
+    end)
+    self.cp_layouts[key] = l
+  end
+  return l
+end
+
+-- (context parallelism) this rank's chunks of whole rows (ids {B, T} or targets {B * T})
+local function local_part(self, x, B)
+  if not self.cp then return x end
+  return cpm.split(self.cp, x, B)
 end
 
 -- the modules in forward order: embedding, layers, final norm (and head);
@@ -505,6 +570,22 @@ end
 -- read it until the next forward (a checkpointed layer's backward runs its
 -- forward again with it).
 local function pack(self, ids, doc_start)
+  if self.cp then
+    local B, T = ids.shape[1], ids.shape[2]
+    if doc_start then error("llama: packed rows with context parallelism are not built (data.pack at cp = 1)", 3) end
+    local why = cpm.check(T, self.cp.size)
+    if why then error("llama: " .. why, 3) end
+    self.packed.cp = cp_layout(self, B, T)
+    if self.tp then -- (this rank's rows: of its chunks)
+      if (B * T / self.cp.size) % self.tp.size ~= 0 then
+        error(string.format("llama: %d x %d tokens per cp rank do not split into rows for %d tp ranks", B, T / self.cp.size,
+          self.tp.size), 3)
+      end
+      self.tp.rows = { B, T / self.cp.size }
+    end
+    self.packed.docs = nil
+    return
+  end
   if doc_start and (doc_start.shape[1] ~= ids.shape[1] or doc_start.shape[2] ~= ids.shape[2]) then
     error(string.format("llama: doc_start is {%s}, the ids {%s}", table.concat(doc_start.shape, ", "),
       table.concat(ids.shape, ", ")), 3)
@@ -532,7 +613,7 @@ end
 function CausalLM:forward(ctx, ids, doc_start)
   ctx = ctx or nn.plain
   pack(self, ids, doc_start)
-  return nn.forward_chain(ctx, head_mods(self, trunk(self)), ids)
+  return nn.forward_chain(ctx, head_mods(self, trunk(self)), local_part(self, ids, ids.shape[1]))
 end
 
 -- The logits of the last position only, {B = 1, vocab} (generation: the
@@ -540,7 +621,9 @@ end
 function CausalLM:forward_last(ctx, ids)
   ctx = ctx or nn.plain
   if ids.shape[1] ~= 1 then error("llama forward_last: one sequence at a time (batch " .. ids.shape[1] .. ")", 2) end
-  if self.tp then error("llama forward_last: generation with tensor parallelism is not built (generate at tp = 1)", 2) end
+  if self.tp or self.cp then
+    error("llama forward_last: generation with tensor or context parallelism is not built (generate at tp = cp = 1)", 2)
+  end
   pack(self, ids, nil)
   local h = self.cfg.hidden_size
   return autograd.scope(function()
@@ -588,9 +671,13 @@ function CausalLM:forward_loss(ctx, ids, targets, o)
   local count
   pack(self, ids, o.doc_start)
   local tp = self.tp
-  if tp and o.coef then error("llama forward_loss: losses over log-probs (fsdp.engine) with tensor parallelism are not built", 2) end
+  if (tp or self.cp) and o.coef then
+    error("llama forward_loss: losses over log-probs (fsdp.engine) with tensor or context parallelism are not built", 2)
+  end
   local sum, dnf = autograd.scope(function()
-    local nf = nn.forward_chain(ctx, trunk(self), ids)
+    local B = ids.shape[1]
+    local nf = nn.forward_chain(ctx, trunk(self), local_part(self, ids, B))
+    targets = local_part(self, targets, B)
     if tp then -- the head on all rows, each rank its columns of the vocabulary
       local all = nn.call(ctx, self.tp_mods.head_in, "forward", nf)
       autograd.consume(nf)
@@ -644,7 +731,9 @@ function CausalLM:forward_logprobs(ctx, ids, targets, o)
   local cfg, head = self.cfg, self.children[2]
   local ignore = o.ignore_index or -100
   local V, h = cfg.vocab_size, cfg.hidden_size
-  if self.tp then error("llama forward_logprobs: log-probs with tensor parallelism are not built (fsdp.engine at tp = 1)", 2) end
+  if self.tp or self.cp then
+    error("llama forward_logprobs: log-probs with tensor or context parallelism are not built (fsdp.engine at tp = cp = 1)", 2)
+  end
   pack(self, ids, o.doc_start)
   return autograd.scope(function()
     local nf = nn.forward_chain(ctx, trunk(self), ids)

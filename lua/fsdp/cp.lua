@@ -1,0 +1,135 @@
+-- fsdp.cp: context parallelism over a cp group of the mesh (docs/SHARDING.md,
+-- "Parallelism"). A sequence of T tokens is cut into 2 x cp chunks of
+-- c = T / (2 cp); rank r holds chunks r and 2cp-1-r (the causal load
+-- balance: every rank then has as much attention work), runs every
+-- per-token layer on them, and for attention all-gathers the keys and
+-- values of the whole sequence (in global order) and attends from its
+-- queries at their true positions; the backward's key and value gradients
+-- go back to the chunks' owners as a reduce-scatter. The model is whole on
+-- every cp rank (FSDP shards it over dp_shard x cp), so the loss of the
+-- sequence is the mean over all cp ranks' tokens.
+--
+-- The group: fsdp.tp.group(comm) for the mesh's "cp" communicator, or
+-- fsdp.tp.group(nil, size, rank) for a dry run (the collectives then only
+-- allocate what they would).
+local base = require "fsdp.ffi"
+local tensor = require "fsdp.tensor"
+local autograd = require "fsdp.autograd"
+local tpm = require "fsdp.tp"
+local ffi = base.ffi
+
+local M = {}
+
+M.group = tpm.group
+
+-- Bytes this rank sends in the cp collectives (ring algorithms), counted
+-- on the counting device as on a real one (the planner's figure).
+M.sent = { all_gather = 0, reduce_scatter = 0 }
+
+local function counting() return tensor.is_counting() end
+
+local function cpu(t, what)
+  if t.device ~= "cpu" then
+    error(what .. ": context parallelism runs on CPU ranks for now (its GPU reorders are not built)", 3)
+  end
+end
+
+-- Why T does not split over size cp ranks (nil when it does)
+function M.check(T, size)
+  if T % (2 * size) ~= 0 then
+    local ok = {}
+    for c = 2, 64 do if T % (2 * c) == 0 then ok[#ok + 1] = c end end
+    return string.format("data.seq = %d does not split into 2 x cp = %d equal chunks (cp sizes that do: %s)", T,
+      2 * size, #ok > 0 and table.concat(ok, ", ", 1, math.min(#ok, 8)) or "none")
+  end
+end
+
+-- the local token i's chunk and its place in it: i < c in chunk r, else in chunk 2cp-1-r
+local function chunk_of(g, c, i)
+  if i < c then return g.rank, i end
+  return 2 * g.size - 1 - g.rank, i - c
+end
+
+-- The global positions of this rank's T / cp tokens: an int32 {Tl} CPU tensor
+function M.positions(g, T)
+  local c = T / (2 * g.size)
+  local p = tensor.new({ 2 * c }, "int32")
+  if counting() then return p end
+  local pp = p:ptr()
+  for i = 0, 2 * c - 1 do
+    local k, j = chunk_of(g, c, i)
+    pp[i] = k * c + j
+  end
+  return p
+end
+
+-- This rank's tokens of x ({B, T} or {B * T}, any dtype), as {B, T / cp}
+-- (or {B * T / cp}); rows of B from x's shape or B
+function M.split(g, x, B)
+  local T = x:numel() / B
+  local c = T / (2 * g.size)
+  local y = tensor.new(#x.shape == 1 and { B * 2 * c } or { B, 2 * c }, x.dtype, x.device)
+  if counting() then return y end
+  cpu(x, "fsdp.cp split")
+  local src, dst, es = ffi.cast("uint8_t *", x:ptr()), ffi.cast("uint8_t *", y:ptr()), x.esize
+  for b = 0, B - 1 do
+    for h = 0, 1 do
+      local k = h == 0 and g.rank or 2 * g.size - 1 - g.rank
+      ffi.copy(dst + (b * 2 * c + h * c) * es, src + (b * T + k * c) * es, c * es)
+    end
+  end
+  return y
+end
+
+-- {B, Tl, w} of every rank, all-gathered, in global order: {B, T, w}
+function M.gather(g, x)
+  local B, Tl, w = x.shape[1], x.shape[2], x.shape[3]
+  local c, P = Tl / 2, g.size
+  local y, all = tensor.new({ B, Tl * P, w }, x.dtype, x.device), tensor.new({ P, B, Tl, w }, x.dtype, x.device)
+  M.sent.all_gather = M.sent.all_gather + (P - 1) / P * all:numel() * all.esize
+  if not counting() then
+    cpu(x, "fsdp.cp gather")
+    g.comm:all_gather(all, x)
+    g.comm:synchronize()
+    local src, dst, es, T = ffi.cast("uint8_t *", all:ptr()), ffi.cast("uint8_t *", y:ptr()), x.esize, Tl * P
+    for r = 0, P - 1 do
+      for b = 0, B - 1 do
+        for h = 0, 1 do
+          local k = h == 0 and r or 2 * P - 1 - r
+          ffi.copy(dst + ((b * T + k * c) * w) * es, src + (((r * B + b) * Tl + h * c) * w) * es, c * w * es)
+        end
+      end
+    end
+  end
+  autograd.consume(all)
+  return y
+end
+
+-- The gradient of the whole {B, T, w} (each rank's part of it) summed
+-- over the group and given back to the chunks' owners: {B, Tl, w}
+function M.scatter(g, dx)
+  local B, T, w = dx.shape[1], dx.shape[2], dx.shape[3]
+  local P = g.size
+  local Tl = T / P
+  local c = Tl / 2
+  local y, all = tensor.new({ B, Tl, w }, dx.dtype, dx.device), tensor.new({ P, B, Tl, w }, dx.dtype, dx.device)
+  M.sent.reduce_scatter = M.sent.reduce_scatter + (P - 1) / P * all:numel() * all.esize
+  if not counting() then
+    cpu(dx, "fsdp.cp scatter")
+    local src, dst, es = ffi.cast("uint8_t *", dx:ptr()), ffi.cast("uint8_t *", all:ptr()), dx.esize
+    for r = 0, P - 1 do
+      for b = 0, B - 1 do
+        for h = 0, 1 do
+          local k = h == 0 and r or 2 * P - 1 - r
+          ffi.copy(dst + (((r * B + b) * Tl + h * c) * w) * es, src + ((b * T + k * c) * w) * es, c * w * es)
+        end
+      end
+    end
+    g.comm:reduce_scatter(y, all, "sum")
+    g.comm:synchronize()
+  end
+  autograd.consume(all)
+  return y
+end
+
+return M
