@@ -241,6 +241,13 @@ local function plan_assigned(p, model, a, s)
   return p
 end
 
+-- train.attention = "auto": cuDNN's attention unless its backward's
+-- workspace would pass this (it is 16 GiB for Llama 3 70B at 8192 tokens,
+-- 257 GiB at 32768); past it our own kernels, which need none
+M.attention_workspace_max = 32 * 2 ^ 30
+
+local function plan_bytes(n) return string.format("%.2f GiB", n / 2 ^ 30) end
+
 -- the most layers and ranks a plan takes (below, where they are refused)
 M.max_layers = 4096
 M.max_world = 1048576
@@ -301,8 +308,23 @@ function M.plan(r, o)
     ws = o.attention_workspace
     p.attention_workspace_from = ws and "cuDNN's plan on this GPU" or "estimated: no GPU asked"
     ws = ws or M.attention_workspace_estimate(cfg, B, T, f.param_dtype, os.getenv("FSDP_CUDNN_DETERMINISTIC") ~= "0")
+    -- which attention runs (p.attention_impl, which the trainer sets): our
+    -- own kernels take no workspace; cuDNN's backward takes one that grows
+    -- with the square of the sequence, so past M.attention_workspace_max
+    -- ("auto") ours run, and the plan says so
+    local none = { forward = 0, backward = 0 }
+    local choice = r.train.attention
     if r.data.pack then -- packed rows run our own kernels, which take no workspace (fsdp_cuda_attention_forward_docs)
-      ws, p.attention_workspace_from = { forward = 0, backward = 0 }, "none: packed rows run our own kernels"
+      ws, p.attention_workspace_from = none, "none: packed rows run our own kernels"
+    elseif Cp > 1 then
+      ws, p.attention_workspace_from = none, "none: context parallelism runs our own kernels (queries at their positions)"
+    elseif choice == "own" then
+      ws, p.attention_workspace_from, p.attention_impl = none, "none: train.attention = 'own'", "own"
+    elseif choice == "auto" and ws.backward > M.attention_workspace_max then
+      p.attention_workspace_from = string.format("none: cuDNN's backward would take %s (it grows with the square of the " ..
+        "sequence), above %s: our own kernels run (train.attention = 'auto')", plan_bytes(ws.backward),
+        plan_bytes(M.attention_workspace_max))
+      ws, p.attention_impl = none, "own"
     end
     p.attention_workspace = ws
   end

@@ -169,6 +169,11 @@ local function preflight_checks(J, args, appended, original_resume)
       cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim) or nil })
   J.need = J.plan.need
   preflight.memory(r, J.plan, where, info, J.ranks_per_device)
+  -- the attention the plan chose (train.attention; "auto" past cuDNN's workspace bound: ours)
+  if J.device == "cuda" then
+    local which = ({ own = C.FSDP_ATTN_OWN, cudnn = C.FSDP_ATTN_CUDNN })[J.plan.attention_impl or r.train.attention]
+    if which then fsdp.check(require("fsdp.ffi").cuda().fsdp_cuda_attention_impl_set(which), where .. ": train.attention") end
+  end
 end
 
 -- The data, and its splits checked: a split shorter than one window fails

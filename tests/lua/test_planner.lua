@@ -348,6 +348,31 @@ if W == 4 then
   compare("2x2 HSDP, offload", { ["mesh"] = "dp_outer=2,dp_shard=2", ["fsdp.offload"] = true })
 end
 
+-- the attention a GPU plan chooses (train.attention): "auto" keeps cuDNN's
+-- while its deterministic backward's workspace (quadratic in the
+-- sequence) stays within 32 GiB, else our own kernels (none); "own" and
+-- context parallelism never take one
+do
+  local function p8(over)
+    local r = dofile(root .. "/recipes/llama3_8b.lua")
+    for k, v in pairs(over) do local sec, f = k:match("^(%w+)%.([%w_]+)$"); r[sec][f] = v end
+    return planner.plan(r, { world = 8, where = "llama3_8b.lua", mesh = over.mesh })
+  end
+  local short, long = p8({}), p8({ ["data.seq"] = 32768, ["model.max_position_embeddings"] = 32768 })
+  check(short.attention_impl == nil and short.attention_workspace.backward > 2 ^ 30 and
+    short.attention_workspace.backward < planner.attention_workspace_max,
+    "8192 tokens: cuDNN's attention, its workspace in the plan: " .. short.attention_workspace.backward)
+  check(long.attention_impl == "own" and long.attention_workspace.backward == 0 and
+    long.attention_workspace_from:find("cuDNN's backward would take 128.50 GiB", 1, true) ~= nil,
+    "32768 tokens: our own kernels, and the plan says why: " .. long.attention_workspace_from)
+  local own = p8({ ["train.attention"] = "own" })
+  check(own.attention_impl == "own" and own.attention_workspace.backward == 0 and own.peak < short.peak,
+    "train.attention = 'own': no workspace")
+  local forced = p8({ ["data.seq"] = 32768, ["model.max_position_embeddings"] = 32768, ["train.attention"] = "cudnn" })
+  check(forced.attention_impl == nil and forced.attention_workspace.backward > 100 * 2 ^ 30,
+    "train.attention = 'cudnn': its workspace however large")
+end
+
 -- llama70b at W = 64 against a hand calculation
 do
   local r = dofile(root .. "/recipes/llama70b.lua")
