@@ -62,10 +62,12 @@ foreach(n 1 2 4)
            COMMAND $<TARGET_FILE:fsdprun> -n ${n} --timeout 120 ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_packing.lua)
   set_tests_properties(lua_packing_np${n} PROPERTIES LABELS multirank TIMEOUT 150)
 endforeach()
-# tensor parallelism with sequence parallelism (fsdp.tp): tp, dp x tp and
-# dp_outer x tp meshes against one rank, 30 steps, ZeRO 1-3, recompute,
-# activation checkpointing, tied embeddings; slices' meta init; refusals
-foreach(n 2 4)
+# tensor and context parallelism (fsdp.tp, fsdp.cp): tp, cp, dp x tp,
+# dp x cp, cp x tp and dp_outer meshes against one rank, 30 steps, ZeRO
+# 1-3, recompute, activation checkpointing, tied embeddings; at 8 ranks the
+# three (dp_outer, dp_shard, cp, tp) shapes; checkpoints and HF files
+# across meshes; slices' meta init; refusals
+foreach(n 2 4 8)
   add_test(NAME lua_tp_np${n}
            COMMAND $<TARGET_FILE:fsdprun> -n ${n} --oversubscribe --timeout 150 ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_tp.lua)
   set_tests_properties(lua_tp_np${n} PROPERTIES LABELS multirank TIMEOUT 180)

@@ -1,24 +1,30 @@
--- test_tp.lua (fsdprun -n W, W = 2 and 4): tensor parallelism with
--- sequence parallelism (fsdp.tp) against one rank.
--- For each mesh of W ranks, (dp_shard, tp) = (1, W) and, at W = 4,
--- (2, 2) and dp_outer = 2 x tp = 2, and for two models, the tiny recipe's
--- Llama (4 heads, 2 kv heads: at tp = 4 each kv head is shared by two
--- ranks) and a 4-layer GQA Llama (8 heads, 4 kv heads: split), 30 AdamW
--- steps at ZeRO 3 (and 1, 2, activation checkpointing, recompute "mlp",
--- tied embeddings on some) equal the same model trained unsharded on one
--- rank over the global batch: each step's loss and grad norm within 1e-5
--- relative (fp32: other GEMM shapes and sums in another order; measured
--- at most 2e-6). AdamW's eps is 1e-6: with 1e-8 its first steps move an
--- element whose gradient is fp32 noise (~1e-9) by lr either way, on one
--- rank as on several, which is no test of the math. Before the first step every parameter's slice holds the values
--- the whole weight has there (the meta init of slices). A mesh that does
--- not split the model is refused naming the field and the sizes that would.
--- Checkpoints hold whole tensors: a run saved at (dp_shard, tp) = (W/2, 2)
--- after 3 steps resumes at (W, 1), (1, W) and on one rank; every resumed
--- run's next 3 losses are within 1e-6 of the uninterrupted run's. The
--- Hugging Face export at tp 2 equals one rank's export of the same
--- checkpoint byte for byte, and importing it at tp = W gives that
--- checkpoint's weights.
+-- test_tp.lua (fsdprun -n W, W = 2, 4 and 8): tensor parallelism with
+-- sequence parallelism (fsdp.tp) and context parallelism (fsdp.cp)
+-- against one rank.
+-- For each mesh of W ranks ((dp_shard, tp) = (1, W), (dp_shard, cp) =
+-- (1, W); at W = 4 also dp_shard 2 x tp 2, dp_shard 2 x cp 2, cp 2 x tp 2
+-- and dp_outer 2 x tp 2; at W = 8 the (dp_outer, dp_shard, cp, tp) shapes
+-- (2,2,2,1), (1,2,2,2) and (2,2,1,2)) and for two models, the tiny
+-- recipe's Llama (4 heads, 2 kv heads: at tp = 4 each kv head is shared by
+-- two ranks) and a 4-layer GQA Llama (8 heads, 4 kv heads: split), 30
+-- AdamW steps at ZeRO 3 (and, at W = 2 and 4, ZeRO 1 and 2, activation
+-- checkpointing, recompute "mlp" and "none", tied embeddings, with and
+-- without cp) equal the same model trained unsharded on one rank over the
+-- global batch: each step's loss and grad norm within 1e-5 relative
+-- (fp32: other GEMM shapes and sums in another order; measured at most
+-- 4.5e-6). AdamW's eps is 1e-6: with 1e-8 its first steps move an element
+-- whose gradient is fp32 noise (~1e-9) by lr either way, on one rank as
+-- on several, which is no test of the math. Before the first step every
+-- parameter's slice holds the values the whole weight has there (the meta
+-- init of slices). A mesh that does not split the model is refused naming
+-- the field and the sizes that would.
+-- Checkpoints hold whole tensors: a run saved after 3 steps at (dp_shard,
+-- tp) = (W/2, 2) (at W = 8: (dp_shard, cp, tp) = (2, 2, 2)) resumes at
+-- (W, 1), tp W (at 8: cp 2 x tp 4) and on one rank; every resumed run's
+-- next 3 losses are within 1e-6 of the uninterrupted run's. The Hugging
+-- Face export at tp 2 equals one rank's export of the same checkpoint
+-- byte for byte, and importing it at tp = W gives that checkpoint's
+-- weights.
 local fsdp = require "fsdp"
 local llama = require "fsdp.models.llama"
 local tpm = require "fsdp.tp"
@@ -75,25 +81,30 @@ end
 
 local function rel(a, b) return math.abs(a - b) / math.max(math.abs(b), 1e-30) end
 
--- spec: mesh dims, e.g. {{"dp_shard", 2}, {"tp", 2}}; with cp, FSDP
--- shards over dp_shard x cp and the cp ranks of a dp rank take its rows'
--- chunks (the model takes whole rows)
-local function run(name, cfg_t, spec, o)
-  local cfg = llama.config(cfg_t)
+-- A model of cfg on mesh spec (dims, e.g. {{"dp_shard", 2}, {"tp", 2}}):
+-- tp and cp groups as the trainer makes them, FSDP over dp_shard (x cp:
+-- the cp ranks of a dp rank take its rows' chunks; the model takes whole
+-- rows). o: model (llama.model options), zero, seed, alone (dp_outer's
+-- ranks each a run of their own). Returns the sharded model, the mesh,
+-- the data-parallel ranks and this rank's place among them.
+local function build(cfg, spec, o)
   local mesh = fsdp.mesh(spec)
   local names = {}
   for _, d in ipairs(spec) do names[d[1]] = d[2] end
   local tpc, cpc = names.tp and mesh:group("tp"), names.cp and mesh:group("cp")
   local dps = mesh:group("dp_shard")
-  local shard = cpc and mesh:group("dp_shard,cp") or dps
-  local outer = names.dp_outer and mesh:group("dp_outer") or nil
-  local dp = dps:size() * (outer and outer:size() or 1)
-  local dp_rank = (outer and outer:rank() * dps:size() or 0) + dps:rank()
-  local want, ref = reference(cfg, dp, o)
+  local outer = names.dp_outer and not o.alone and mesh:group("dp_outer") or nil
   local mo = { tp = tpc and tpm.group(tpc), cp = cpc and tpm.group(cpc) }
   for k, v in pairs(o.model or {}) do mo[k] = v end
-  local m = fsdp.fully_shard(llama.model(cfg, mo), { shard = shard, outer = outer, tp = tpc,
-    units = llama.units, zero = o.zero or 3, seed = 7 })
+  local m = fsdp.fully_shard(llama.model(cfg, mo), { shard = cpc and mesh:group("dp_shard,cp") or dps, outer = outer,
+    tp = tpc, units = llama.units, zero = o.zero or 3, seed = o.seed or 7 })
+  return m, mesh, dps:size() * (outer and outer:size() or 1), (outer and outer:rank() * dps:size() or 0) + dps:rank()
+end
+
+local function run(name, cfg_t, spec, o)
+  local cfg = llama.config(cfg_t)
+  local m, mesh, dp, dp_rank = build(cfg, spec, o)
+  local want, ref = reference(cfg, dp, o)
   -- 1. the slices hold the whole weights' values (before any step)
   if o.slices then
     local bad = 0
@@ -145,42 +156,38 @@ if W == 4 then
   meshes[#meshes + 1] = { "dp_shard2 x cp2", { { "dp_shard", 2 }, { "cp", 2 } } }
   meshes[#meshes + 1] = { "cp2 x tp2", { { "dp_shard", 1 }, { "cp", 2 }, { "tp", 2 } } }
   meshes[#meshes + 1] = { "dp_outer2 x tp2", { { "dp_outer", 2 }, { "dp_shard", 1 }, { "tp", 2 } } }
+elseif W == 8 then -- (dp_outer, dp_shard, cp, tp): the seed system's own FSDP test's three shapes
+  meshes = { { "(2,2,2,1)", { { "dp_outer", 2 }, { "dp_shard", 2 }, { "cp", 2 } } },
+    { "(1,2,2,2)", { { "dp_shard", 2 }, { "cp", 2 }, { "tp", 2 } } },
+    { "(2,2,1,2)", { { "dp_outer", 2 }, { "dp_shard", 2 }, { "tp", 2 } } } }
 end
 
 for _, mm in ipairs(meshes) do
   local label, spec = mm[1], mm[2]
-  run("tiny " .. label .. " zero 3", tiny, spec, { slices = whole_params(tiny) })
-  run("gqa " .. label .. " zero 3", gqa, spec, { slices = whole_params(gqa) })
+  run("tiny " .. label .. " zero 3", tiny, spec, { slices = W < 8 and whole_params(tiny) or nil })
+  run("gqa " .. label .. " zero 3", gqa, spec, { slices = W < 8 and whole_params(gqa) or nil })
 end
-local spec = meshes[#meshes][2]
 local tied = {}
 for k, v in pairs(gqa) do tied[k] = v end
 tied.tie_word_embeddings = true
-run("tiny zero 1", tiny, spec, { zero = 1 })
-run("gqa zero 2, tied embeddings", tied, spec, { zero = 2 })
-run("tiny zero 3, checkpoint full", tiny, spec, { model = { checkpoint = "full" } })
-run("gqa zero 3, recompute mlp", gqa, spec, { model = { recompute = "mlp" } })
-run("gqa zero 3, recompute none", gqa, spec, { model = { recompute = "none" } })
-local cspec = meshes[W == 4 and 5 or 2][2] -- (cp, with tp at W = 4)
-run("tiny cp zero 1", tiny, cspec, { zero = 1 })
-run("gqa cp zero 2, tied embeddings", tied, cspec, { zero = 2 })
-run("tiny cp zero 3, checkpoint full", tiny, cspec, { model = { checkpoint = "full" } })
-run("gqa cp zero 3, recompute mlp", gqa, cspec, { model = { recompute = "mlp" } })
+if W < 8 then -- (the strategies and options at 2 and 4 ranks; 8 runs the shapes above)
+  local spec = meshes[#meshes][2]
+  run("tiny zero 1", tiny, spec, { zero = 1 })
+  run("gqa zero 2, tied embeddings", tied, spec, { zero = 2 })
+  run("tiny zero 3, checkpoint full", tiny, spec, { model = { checkpoint = "full" } })
+  run("gqa zero 3, recompute mlp", gqa, spec, { model = { recompute = "mlp" } })
+  run("gqa zero 3, recompute none", gqa, spec, { model = { recompute = "none" } })
+  local cspec = meshes[W == 4 and 5 or 2][2] -- (cp, with tp at W = 4)
+  run("tiny cp zero 1", tiny, cspec, { zero = 1 })
+  run("gqa cp zero 2, tied embeddings", tied, cspec, { zero = 2 })
+  run("tiny cp zero 3, checkpoint full", tiny, cspec, { model = { checkpoint = "full" } })
+  run("gqa cp zero 3, recompute mlp", gqa, cspec, { model = { recompute = "mlp" } })
+end
 
 ---------------------------------------------------------------- checkpoints and Hugging Face files
 do
   local cfg = llama.config(gqa)
-  -- (alone: dp_outer's ranks each a run of their own)
-  local function sharded(spec, seed, alone)
-    local mesh = fsdp.mesh(spec)
-    local tpc = mesh:group("tp")
-    local outer
-    for _, d in ipairs(spec) do if d[1] == "dp_outer" and not alone then outer = mesh:group("dp_outer") end end
-    local m = fsdp.fully_shard(llama.model(cfg, { tp = tpm.group(tpc) }), { shard = mesh:group("dp_shard"), outer = outer,
-      tp = tpc, units = llama.units, zero = 3, seed = seed or 7 })
-    local dp_rank = (outer and outer:rank() * mesh:group("dp_shard"):size() or 0) + mesh:group("dp_shard"):rank()
-    return m, mesh, mesh:group("dp_shard"):size() * (outer and outer:size() or 1), dp_rank
-  end
+  local function sharded(spec, seed, alone) return build(cfg, spec, { seed = seed, alone = alone }) end
   local function steps_of(m, dp, dp_rank, from, to)
     local out = {}
     for k = from, to do
@@ -191,7 +198,8 @@ do
     end
     return out
   end
-  local saved_spec = { { "dp_shard", W / 2 }, { "tp", 2 } }
+  local saved_spec = W == 8 and { { "dp_shard", 2 }, { "cp", 2 }, { "tp", 2 } } or { { "dp_shard", W / 2 }, { "tp", 2 } }
+  local saved_label = W == 8 and "dp_shard 2 x cp 2 x tp 2" or string.format("dp_shard %d x tp 2", W / 2)
   local m, mesh, dp, dpr = sharded(saved_spec)
   local dir = collective.share_text(m, R == 0 and T.workdir("tp-ckpt") or nil)
   steps_of(m, dp, dpr, 1, 3)
@@ -202,6 +210,7 @@ do
   local path = dir .. "/step-00000003"
   local resumes = { { "dp_shard " .. W, { { "dp_shard", W }, { "tp", 1 } } }, { "tp " .. W, { { "dp_shard", 1 }, { "tp", W } } },
     { "one rank", { { "dp_outer", W }, { "dp_shard", 1 }, { "tp", 1 } } } }
+  if W == 8 then resumes[2] = { "cp 2 x tp 4", { { "dp_shard", 1 }, { "cp", 2 }, { "tp", 4 } } } end
   for _, rs in ipairs(resumes) do
     -- (another seed: every value must come from the checkpoint)
     local m2, mesh2, dp2, dpr2 = sharded(rs[2], 99, rs[1] == "one rank")
@@ -209,8 +218,8 @@ do
     if rs[1] == "one rank" and R == 0 then hf.export(m2, cfg, dir .. "/hf-one", { dtype = "fp32" }) end
     local got, worst = steps_of(m2, dp2, dpr2, 4, 6), 0
     for k = 4, 6 do worst = math.max(worst, math.abs(got[k] - want[k])) end
-    check(worst <= 1e-6, string.format("saved at dp_shard %d x tp 2, resumed at %s: 3 losses within 1e-6 of the " ..
-      "uninterrupted run (worst %.2g)", W / 2, rs[1], worst))
+    check(worst <= 1e-6, string.format("saved at %s, resumed at %s: 3 losses within 1e-6 of the uninterrupted run " ..
+      "(worst %.2g)", saved_label, rs[1], worst))
     if R == 0 then print(string.format("  resumed at %s: worst loss difference %.2g", rs[1], worst)) end
     m2:free(); mesh2:free()
   end
