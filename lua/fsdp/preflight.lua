@@ -116,4 +116,20 @@ function M.memory(r, plan, where, info, ranks_per_device)
     "No single change of the recipe plans less: use more machines, or a smaller model."), 0)
 end
 
+-- A tp group is consecutive ranks (tp innermost); when the ranks per host
+-- are no multiple of tp, some group spans two hosts and its collectives at
+-- every layer cross the network: the warning for the first such group,
+-- naming the boundary, or nil. (Hosts hold per_host ranks each, in order.)
+function M.tp_span(tp, per_host, world, num_nodes)
+  if tp <= 1 or num_nodes <= 1 or per_host % tp == 0 then return nil end
+  for g0 = 0, world - 1, tp do
+    local b = (math.floor(g0 / per_host) + 1) * per_host -- the next host's first rank
+    if b < g0 + tp and b < world then
+      return string.format("mesh tp = %d with %d ranks per host: the tp group of ranks %d-%d spans two hosts (the " ..
+        "host boundary is between ranks %d and %d); its collectives at every layer then cross the network. Give a tp " ..
+        "that divides the ranks per host.", tp, per_host, g0, g0 + tp - 1, b - 1, b)
+    end
+  end
+end
+
 return M

@@ -82,24 +82,6 @@ end
 -- model, weights), the loop (fsdp.train_loop), finish (export, summary,
 -- release). J is the job: what each part made, for the ones after it.
 
--- A tp group is consecutive ranks; when ranks per host is no multiple of
--- tp, some group spans two hosts and its per-layer collectives leave the
--- host: said once, naming the first such group and where it crosses.
-local function tp_hosts(J)
-  local P, L, info = J.tp:size(), J.info.local_size, J.info
-  if info.num_nodes <= 1 or L % P == 0 then return end
-  for g0 = 0, info.size - 1, P do
-    local cross = (math.floor(g0 / L) ~= math.floor((g0 + P - 1) / L))
-    if cross then
-      local b = (math.floor(g0 / L) + 1) * L
-      J.say("fsdp: warning: mesh tp = %d with %d ranks per host: the tp group of ranks %d-%d spans two hosts (the host " ..
-        "boundary is between ranks %d and %d); its collectives at every layer then cross the network. Give a tp that " ..
-        "divides the ranks per host.", P, L, g0, g0 + P - 1, b - 1, b)
-      return
-    end
-  end
-end
-
 -- The mesh and the restart this is; a mesh the world cannot hold is the
 -- recipe's mistake: named by its file, no trace.
 local function build_mesh(J)
@@ -129,7 +111,8 @@ local function build_mesh(J)
     J.tpg = tp.group(J.tp)
     local why = llama.tp_check(J.cfg, J.tp:size())
     if why then error(string.format("%s: mesh: %s", where, why), 0) end
-    tp_hosts(J)
+    local span = preflight.tp_span(J.tp:size(), J.info.local_size, J.info.size, J.info.num_nodes)
+    if span then J.say("fsdp: warning: %s", span) end
   end
   -- fsdprun --max-restarts: which attempt this is; restarting without
   -- checkpoints starts again at step 1 (allowed: a short run may want it)

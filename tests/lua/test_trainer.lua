@@ -76,6 +76,13 @@ do
   -- tp innermost (a tp group is consecutive ranks, one host's); sizes, not -1, but for dp_shard
   bad(function(x) x.mesh = "tp=2,dp_shard=-1" end, "mesh: 'dp_shard' comes after tp; the order is dp_outer, dp_shard, cp, tp")
   bad(function(x) x.mesh = "dp_shard=2,tp=-1" end, "mesh: tp = -1; only dp_shard takes the ranks left")
+  -- a tp group across a host boundary is warned of, naming it
+  local preflight = require "fsdp.preflight"
+  check(preflight.tp_span(2, 8, 16, 2) == nil and preflight.tp_span(4, 8, 16, 2) == nil and preflight.tp_span(4, 6, 12, 1) == nil,
+    "tp dividing the ranks per host (or one host): no warning")
+  local span = preflight.tp_span(4, 6, 12, 2) or ""
+  check(span:find("the tp group of ranks 4-7 spans two hosts (the host boundary is between ranks 5 and 6)", 1, true) ~= nil,
+    "tp 4 with 6 ranks per host: " .. span)
   bad(function(x) x.mesh = "dp_shrad=-1" end, "mesh: dimension 'dp_shrad' is not one the trainer knows")
   bad(function(x) x.mesh = "dp_outer=2" end, "mesh: no dp_shard dimension")
   bad(function(x) x.mesh = { { "dp_shard", 1 }, { "dp_shard", -1 } } end, "mesh: dimension 'dp_shard' is given twice")
