@@ -22,6 +22,7 @@ local function class(kind)
   c.__index = c
   return c
 end
+nn.class = class -- (a module's class: its methods, and kind, the name policies and profiles see)
 
 -- a ctx that does nothing: run a module with bound params and no sharding
 local plain = { enter = function() end, leave = function() end }

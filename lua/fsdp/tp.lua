@@ -112,11 +112,8 @@ function M.reduce_grad(g, grad, n, fn)
 end
 
 ---------------------------------------------------------------- modules
-local function class(kind)
-  local c = { kind = kind }
-  c.__index = c
-  return c
-end
+-- (fsdp.nn's module classes; nn requires this file, so not from there)
+local function class(kind) local c = { kind = kind }; c.__index = c; return c end
 
 -- Entering a tensor-parallel block: this rank's rows -> all rows
 local GatherRows = class("tp.GatherRows")

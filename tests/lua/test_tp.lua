@@ -81,6 +81,18 @@ end
 
 local function rel(a, b) return math.abs(a - b) / math.max(math.abs(b), 1e-30) end
 
+-- how many of a parameter's values (mine: this rank's, its tp slice sl or
+-- whole) differ from the whole weight's at the same place (full)
+local function mismatches(mine, full, sl)
+  local bad = 0
+  for i = 1, #mine do
+    local at = i - 1
+    if sl then at = (math.floor(at / sl.cols) + sl.row0) * sl.full[2] + at % sl.cols + sl.col0 end
+    if mine[i] ~= full[at + 1] then bad = bad + 1 end
+  end
+  return bad
+end
+
 -- A model of cfg on mesh spec (dims, e.g. {{"dp_shard", 2}, {"tp", 2}}):
 -- tp and cp groups as the trainer makes them, FSDP over dp_shard (x cp:
 -- the cp ranks of a dp rank take its rows' chunks; the model takes whole
@@ -110,15 +122,7 @@ local function run(name, cfg_t, spec, o)
     local bad = 0
     for _, u in ipairs(m.units) do
       for _, p in ipairs(u.params) do
-        local mine = m:gather(p.name)
-        local sl = p.spec.slice
-        local full = o.slices[p.name]
-        for i = 1, #mine do
-          local li = i - 1
-          local at = li
-          if sl then at = (math.floor(li / sl.cols) + sl.row0) * sl.full[2] + li % sl.cols + sl.col0 end
-          if mine[i] ~= full[at + 1] then bad = bad + 1 end
-        end
+        bad = bad + mismatches(m:gather(p.name), o.slices[p.name], p.spec.slice)
       end
     end
     check(bad == 0, string.format("%s: every slice holds the whole weight's values (%d differ)", name, bad))
@@ -243,12 +247,7 @@ do
   local bad = 0
   for _, u in ipairs(m3.units) do
     for _, p in ipairs(u.params) do
-      local mine, full, sl = m3:gather(p.name), m4:gather(p.name), p.spec.slice
-      for i = 1, #mine do
-        local at = i - 1
-        if sl then at = (math.floor(at / sl.cols) + sl.row0) * sl.full[2] + at % sl.cols + sl.col0 end
-        if mine[i] ~= full[at + 1] then bad = bad + 1 end
-      end
+      bad = bad + mismatches(m3:gather(p.name), m4:gather(p.name), p.spec.slice)
     end
   end
   check(bad == 0, string.format("the tp 2 export imported at tp %d holds the checkpoint's weights (%d differ)", W, bad))

@@ -146,11 +146,7 @@ function M.flops_per_token(c, seq)
   return 6 * matmul + 12 * c.num_hidden_layers * seq * c.num_attention_heads * c.head_dim
 end
 
-local function class(kind)
-  local k = { kind = kind }
-  k.__index = k
-  return k
-end
+local class = nn.class
 
 ---------------------------------------------------------------- attention
 local Attention = class("LlamaAttention")
