@@ -63,6 +63,10 @@ function M.positions(g, T)
   return p
 end
 
+-- The layout of rows of T the model keeps: {g, T, q_pos = positions}
+function M.layout(g, T) return { g = g, T = T, q_pos = M.positions(g, T) } end
+function M.layout_free(l) l.q_pos:free() end
+
 -- This rank's tokens of x ({B, T} or {B * T}, any dtype), as {B, T / cp}
 -- (or {B * T / cp}); rows of B from x's shape or B
 function M.split(g, x, B)

@@ -512,22 +512,18 @@ function CausalLM:release()
     self.rope[device] = nil
   end
   for k, l in pairs(self.cp_layouts) do -- (context parallelism's positions)
-    l.q_pos:free()
+    cpm.layout_free(l)
     self.cp_layouts[k] = nil
   end
 end
 
--- Context parallelism: this rank's tokens of rows of T, their global
--- positions ({Tl}, for attention), kept for the shape: nobody's activation
--- (freed by release)
+-- Context parallelism: the layout of rows of T (fsdp.cp.layout), kept for
+-- the shape: nobody's activation (freed by release)
 local function cp_layout(self, B, T)
-  local key = T
-  local l = self.cp_layouts[key]
+  local l = self.cp_layouts[T]
   if not l then
-    l = autograd.untracked(function()
-      return { g = self.cp, T = T, q_pos = cpm.positions(self.cp, T) }
-    end)
-    self.cp_layouts[key] = l
+    l = autograd.untracked(cpm.layout, self.cp, T)
+    self.cp_layouts[T] = l
   end
   return l
 end
