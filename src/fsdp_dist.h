@@ -103,6 +103,33 @@ size_t fsdp_comm_cast_chunk(size_t count, int size);
 /* Bytes of the fp32 staging the FSDP units on this comm share (0: none). */
 int64_t fsdp_comm_scratch_bytes(const fsdp_comm *c);
 
+/* What this rank sent on the comm, by kind of collective, since the comm
+ * was made or last reset: counted when a collective is issued (the call
+ * returned FSDP_OK; it may still be in flight), whoever issued it (a
+ * unit, Lua's comm:all_gather, the tp and cp layers), by the ring
+ * algorithms' convention the planner uses, whatever the transport does:
+ * of the full buffer of n members (count x n elements for an all-gather
+ * and a reduce-scatter, count for an all-reduce and a broadcast),
+ * (n-1)/n for an all-gather, a reduce-scatter and a broadcast, 2(n-1)/n
+ * for an all-reduce; a reduce-scatter in its output (accumulation) dtype
+ * (a bf16 -> fp32 one moves fp32: NCCL casts before it reduces, and the
+ * planner counts reduce_dtype). A barrier moves nothing. One atomic add
+ * per call: any thread may issue or read. */
+typedef enum {
+  FSDP_COMM_ALL_GATHER = 0,
+  FSDP_COMM_REDUCE_SCATTER = 1,
+  FSDP_COMM_ALL_REDUCE = 2,
+  FSDP_COMM_BROADCAST = 3,
+  FSDP_COMM_KINDS = 4, /* how many kinds; as a kind: all of them */
+} fsdp_comm_kind;
+/* Bytes sent in collectives of that kind (FSDP_COMM_KINDS: all), exact
+ * below 2^53; -1 for a NULL comm or an unknown kind (the error set). */
+double fsdp_comm_bytes_sent(const fsdp_comm *c, int kind);
+/* How many collectives of that kind were issued (FSDP_COMM_KINDS: all). */
+int64_t fsdp_comm_calls(const fsdp_comm *c, int kind);
+/* Both counts back to 0, every kind. */
+int fsdp_comm_bytes_reset(fsdp_comm *c);
+
 /* User-buffer registration (src/dist/comm_register.c), off unless asked
  * for. NCCL: FSDP_REG_BUFFER registers a buffer with ncclCommRegister
  * (zero-copy collectives over NVLink and, with buffers from

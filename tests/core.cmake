@@ -4,6 +4,7 @@ fsdp_c_test(test_base)
 fsdp_c_test(test_device)
 fsdp_c_test(test_collectives)
 fsdp_c_test(test_comm_cast_chunks)
+fsdp_c_test(test_comm_bytes)
 fsdp_c_test(test_philox)
 fsdp_c_test(test_layout)
 fsdp_c_test(test_pool)
@@ -31,6 +32,13 @@ foreach(n ${FSDP_LONG_TEST_RANKS})
   add_test(NAME collectives_np${n}
            COMMAND $<TARGET_FILE:fsdprun> -n ${n} --timeout 400 --host $<TARGET_FILE:test_collectives>)
   set_tests_properties(collectives_np${n} PROPERTIES LABELS multirank TIMEOUT 450)
+endforeach()
+# The bytes each rank sends per comm (fsdp_comm_bytes_sent) against the
+# ring formula the planner uses, every kind, on 1 to 4 ranks
+foreach(n 1 2 3 4)
+  add_test(NAME comm_bytes_np${n}
+           COMMAND $<TARGET_FILE:fsdprun> -n ${n} --timeout 60 --host $<TARGET_FILE:test_comm_bytes>)
+  set_tests_properties(comm_bytes_np${n} PROPERTIES LABELS multirank TIMEOUT 90)
 endforeach()
 # A peer that vanishes, and one that is late past the timeout: the others
 # must fail with a message naming it, within seconds, never hang.

@@ -220,6 +220,35 @@ function Comm:synchronize()
 end
 function Comm:set_timeout(s) check(C.fsdp_comm_set_timeout(comm(self, "comm:set_timeout"), s), "comm:set_timeout") end
 
+-- What this rank sent on the comm since it was made or last reset
+-- (fsdp_comm_bytes_sent: every collective issued on it, whoever issued
+-- it, counted by the ring convention the planner uses: (n-1)/n of the
+-- full buffer for an all-gather, a reduce-scatter or a broadcast,
+-- 2(n-1)/n for an all-reduce). comm:bytes_sent("all_gather") is one
+-- kind's bytes; comm:bytes_sent() a table of every kind's and their total.
+-- comm:calls(kind) likewise counts the collectives; comm:bytes_reset()
+-- sets both back to 0.
+local kinds = { all_gather = C.FSDP_COMM_ALL_GATHER, reduce_scatter = C.FSDP_COMM_REDUCE_SCATTER,
+  all_reduce = C.FSDP_COMM_ALL_REDUCE, broadcast = C.FSDP_COMM_BROADCAST, total = C.FSDP_COMM_KINDS }
+M.comm_kinds = { "all_gather", "reduce_scatter", "all_reduce", "broadcast" }
+local function counts(c, kind, what, read)
+  local h = comm(c, what)
+  if kind == nil then
+    local out = {}
+    for k, v in pairs(kinds) do out[k] = tonumber(read(h, v)) end
+    return out
+  end
+  local v = kinds[kind]
+  if not v then
+    error(string.format("%s: kind '%s' (expected all_gather, reduce_scatter, all_reduce, broadcast or total)", what,
+      tostring(kind)), 3)
+  end
+  return tonumber(read(h, v))
+end
+function Comm:bytes_sent(kind) return counts(self, kind, "comm:bytes_sent", C.fsdp_comm_bytes_sent) end
+function Comm:calls(kind) return counts(self, kind, "comm:calls", C.fsdp_comm_calls) end
+function Comm:bytes_reset() check(C.fsdp_comm_bytes_reset(comm(self, "comm:bytes_reset")), "comm:bytes_reset") end
+
 M.Mesh, M.Comm = Mesh, Comm
 M.parse_dims = parse_dims
 

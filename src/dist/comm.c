@@ -112,11 +112,57 @@ static int check_op(const fsdp_comm *c, const char *name, int op) {
 #define NEED_COMM(c, op) \
   if (!(c)) return fsdp_fail(FSDP_EINVAL, "%s: NULL comm", op)
 
+/* A collective the transport took (rc >= 0): its full buffer's bytes and
+ * one call added to its kind's counts (fsdp_comm_bytes_sent) */
+static int counted(fsdp_comm *c, int kind, size_t count, size_t members, int dtype, int rc) {
+  if (rc < 0) return rc;
+  __atomic_fetch_add(&c->full_bytes[kind], (uint64_t)count * members * fsdp_dtype_size(dtype), __ATOMIC_RELAXED);
+  __atomic_fetch_add(&c->calls[kind], 1, __ATOMIC_RELAXED);
+  return rc;
+}
+
+static int known_kind(const fsdp_comm *c, const char *what, int kind) {
+  if (!c) return fsdp_fail(FSDP_EINVAL, "%s: NULL comm", what);
+  if (kind < 0 || kind > FSDP_COMM_KINDS)
+    return fsdp_fail(FSDP_EINVAL, "%s on '%s': kind %d (expected FSDP_COMM_ALL_GATHER .. FSDP_COMM_BROADCAST, or "
+                     "FSDP_COMM_KINDS for all)", what, c->name, kind);
+  return FSDP_OK;
+}
+
+double fsdp_comm_bytes_sent(const fsdp_comm *c, int kind) {
+  if (known_kind(c, "comm_bytes_sent", kind) < 0) return -1;
+  double n = c->size, sent = 0;
+  for (int k = 0; k < FSDP_COMM_KINDS; k++) {
+    if (kind != FSDP_COMM_KINDS && k != kind) continue;
+    /* of the full buffer: (n-1)/n, twice that for an all-reduce (ring reduce-scatter, then all-gather) */
+    double full = (double)__atomic_load_n(&c->full_bytes[k], __ATOMIC_RELAXED);
+    sent += (k == FSDP_COMM_ALL_REDUCE ? 2 : 1) * full * (n - 1) / n;
+  }
+  return sent;
+}
+
+int64_t fsdp_comm_calls(const fsdp_comm *c, int kind) {
+  FSDP_CHECK(known_kind(c, "comm_calls", kind));
+  uint64_t calls = 0;
+  for (int k = 0; k < FSDP_COMM_KINDS; k++)
+    if (kind == FSDP_COMM_KINDS || k == kind) calls += __atomic_load_n(&c->calls[k], __ATOMIC_RELAXED);
+  return (int64_t)calls;
+}
+
+int fsdp_comm_bytes_reset(fsdp_comm *c) {
+  NEED_COMM(c, "comm_bytes_reset");
+  for (int k = 0; k < FSDP_COMM_KINDS; k++) {
+    __atomic_store_n(&c->full_bytes[k], 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&c->calls[k], 0, __ATOMIC_RELAXED);
+  }
+  return FSDP_OK;
+}
+
 int fsdp_comm_all_gather(fsdp_comm *c, void *out, const void *in, size_t count, fsdp_dtype dtype) {
   NEED_COMM(c, "all_gather");
   FSDP_CHECK(check_buffer(c, "all_gather", "in", in, count, 1, dtype));
   FSDP_CHECK(check_buffer(c, "all_gather", "out", out, count, (size_t)c->size, dtype));
-  return c->ops->all_gather(c, out, in, count, dtype);
+  return counted(c, FSDP_COMM_ALL_GATHER, count, (size_t)c->size, dtype, c->ops->all_gather(c, out, in, count, dtype));
 }
 
 int fsdp_comm_reduce_scatter(fsdp_comm *c, void *out, fsdp_dtype out_dtype, const void *in, fsdp_dtype in_dtype,
@@ -129,7 +175,8 @@ int fsdp_comm_reduce_scatter(fsdp_comm *c, void *out, fsdp_dtype out_dtype, cons
     return fsdp_fail(FSDP_EINVAL,
                      "reduce_scatter on '%s': %s in, %s out is not supported (same dtype, or bf16/fp16 in "
                      "with fp32 out)", c->name, fsdp_dtype_name(in_dtype), fsdp_dtype_name(out_dtype));
-  return c->ops->reduce_scatter(c, out, out_dtype, in, in_dtype, count, op);
+  return counted(c, FSDP_COMM_REDUCE_SCATTER, count, (size_t)c->size, out_dtype,
+                 c->ops->reduce_scatter(c, out, out_dtype, in, in_dtype, count, op));
 }
 
 int fsdp_comm_all_reduce(fsdp_comm *c, void *out, const void *in, size_t count, fsdp_dtype dtype, int op) {
@@ -137,7 +184,7 @@ int fsdp_comm_all_reduce(fsdp_comm *c, void *out, const void *in, size_t count, 
   FSDP_CHECK(check_buffer(c, "all_reduce", "in", in, count, 1, dtype));
   FSDP_CHECK(check_buffer(c, "all_reduce", "out", out, count, 1, dtype));
   FSDP_CHECK(check_op(c, "all_reduce", op));
-  return c->ops->all_reduce(c, out, in, count, dtype, op);
+  return counted(c, FSDP_COMM_ALL_REDUCE, count, 1, dtype, c->ops->all_reduce(c, out, in, count, dtype, op));
 }
 
 int fsdp_comm_broadcast(fsdp_comm *c, void *buf, size_t count, fsdp_dtype dtype, int root) {
@@ -145,7 +192,7 @@ int fsdp_comm_broadcast(fsdp_comm *c, void *buf, size_t count, fsdp_dtype dtype,
   FSDP_CHECK(check_buffer(c, "broadcast", "buf", buf, count, 1, dtype));
   if (root < 0 || root >= c->size)
     return fsdp_fail(FSDP_EINVAL, "broadcast on '%s': root %d out of range [0, %d)", c->name, root, c->size);
-  return c->ops->broadcast(c, buf, count, dtype, root);
+  return counted(c, FSDP_COMM_BROADCAST, count, 1, dtype, c->ops->broadcast(c, buf, count, dtype, root));
 }
 
 int fsdp_comm_barrier(fsdp_comm *c) {

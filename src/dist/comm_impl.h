@@ -47,6 +47,10 @@ struct fsdp_comm {
    * comm, so whichever is destroyed last (Lua's collector at exit runs
    * finalizers in no set order) frees it */
   int refs;
+  /* what fsdp_comm_bytes_sent reads: per kind (fsdp_comm_kind), the full
+   * buffers' bytes issued and the calls, atomically added (comm.c) */
+  uint64_t full_bytes[FSDP_COMM_KINDS];
+  uint64_t calls[FSDP_COMM_KINDS];
 };
 
 /* A unit takes the comm's scratch, grown to at least bytes (waits for the

@@ -34,6 +34,7 @@ int main(void) {
   SIZE(fsdp_result);
   SIZE(fsdp_rng_dist);
   SIZE(fsdp_comm_reg_mode);
+  SIZE(fsdp_comm_kind);
   SIZE(fsdp_attention_impl);
   SIZE(fsdp_init_kind);
   SIZE(fsdp_offload_bits);
@@ -166,6 +167,11 @@ int main(void) {
   CONST(FSDP_REG_NONE);
   CONST(FSDP_REG_BUFFER);
   CONST(FSDP_REG_WINDOW);
+  CONST(FSDP_COMM_ALL_GATHER);
+  CONST(FSDP_COMM_REDUCE_SCATTER);
+  CONST(FSDP_COMM_ALL_REDUCE);
+  CONST(FSDP_COMM_BROADCAST);
+  CONST(FSDP_COMM_KINDS);
   CONST(FSDP_ATTN_AUTO);
   CONST(FSDP_ATTN_SIMPLE);
   CONST(FSDP_ATTN_TENSOR_CORES);

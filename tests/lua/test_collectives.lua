@@ -106,6 +106,31 @@ end
 local world = mesh:group("world")
 run_on(world, "world")
 
+-- the bytes this rank sent (comm:bytes_sent): every collective run_on
+-- issued, by the ring convention, and back to 0 after a reset
+do
+  world:bytes_reset()
+  local z = world:bytes_sent()
+  check(z.total == 0 and z.all_gather == 0 and world:calls("total") == 0, "bytes_sent after a reset: 0")
+  local count, n = 1000, world:size()
+  local x, full = fsdp.tensor(count), fsdp.tensor(count * n)
+  world:all_gather(full, x)
+  world:reduce_scatter(x, full, "sum")
+  world:all_reduce(x, x, "sum")
+  world:all_reduce(fsdp.tensor(count, "bf16"), fsdp.tensor(count, "bf16"), "sum")
+  world:broadcast(x, 0)
+  world:synchronize()
+  local s = world:bytes_sent()
+  local ag, ar = (n - 1) * count * 4, 2 * (n - 1) / n * count * 6
+  check(s.all_gather == ag and s.reduce_scatter == ag and math.abs(s.all_reduce - ar) <= 1e-9 * ar and
+    math.abs(s.broadcast - ag / n) <= 1e-9 * ag and math.abs(s.total - (2 * ag + ar + ag / n)) <= 1e-9 * s.total,
+    string.format("bytes_sent by kind on %d ranks: %s %s %s %s", n, s.all_gather, s.reduce_scatter, s.all_reduce, s.broadcast))
+  check(world:calls("all_reduce") == 2 and world:calls("total") == 5, "calls by kind")
+  check(world:bytes_sent("all_gather") == ag, "bytes_sent of one kind")
+  local okk, e = pcall(world.bytes_sent, world, "gather")
+  check(not okk and tostring(e):find("kind 'gather'"), "an unknown kind is an error: " .. tostring(e))
+end
+
 -- Lua-side argument checks name what is wrong
 local ok, err = pcall(function() world:all_gather(fsdp.tensor(1), fsdp.tensor(1)) end)
 check(W == 1 and ok or (not ok and tostring(err):find("expected")), "all_gather size mismatch is an error: " .. tostring(err))
