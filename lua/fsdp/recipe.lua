@@ -184,11 +184,22 @@ function M.check_mesh(m, where)
     end
     seen[n], last = true, mesh_order[n]
   end
+  if not seen.dp_shard and not seen.dp_outer and (seen.cp or seen.tp) then -- ("tp=2": FSDP over the ranks left)
+    table.insert(dims, 1, { "dp_shard", -1 })
+    seen.dp_shard = true
+  end
   if not seen.dp_shard then
     fail(where, "mesh: no dp_shard dimension (the ranks each unit is sharded over); e.g. 'dp_outer=2,dp_shard=-1', " ..
       "or 'dp_outer=2,dp_shard=1' for plain replicas")
   end
   return dims
+end
+
+-- the mesh as fsdp.mesh takes it, from check_mesh's dimensions
+function M.mesh_spec(dims)
+  local parts = {}
+  for _, d in ipairs(dims) do parts[#parts + 1] = d[1] .. "=" .. d[2] end
+  return table.concat(parts, ",")
 end
 
 -- a mesh's size of dimension `name` (1 when it has none; -1 as given)
@@ -211,7 +222,7 @@ function M.check(r, where)
   if type(r.model) ~= "table" then fail(where, "model must be a table, got %s", type(r.model)) end
   r.mesh = r.mesh or "dp_shard=-1"
   if type(r.mesh) ~= "string" and type(r.mesh) ~= "table" then fail(where, "mesh must be a string like 'dp_outer=2,dp_shard=-1'") end
-  M.check_mesh(r.mesh, where)
+  r.mesh = M.mesh_spec(M.check_mesh(r.mesh, where))
   -- (what the recipe itself says of the micro-batch's shape, before defaults: data.max_tokens sets it)
   local given = type(r.data) == "table" and { seq = r.data.seq, micro_batch = r.data.micro_batch } or {}
   for _, s in ipairs(sections) do

@@ -76,6 +76,11 @@ do
   -- tp innermost (a tp group is consecutive ranks, one host's); sizes, not -1, but for dp_shard
   bad(function(x) x.mesh = "tp=2,dp_shard=-1" end, "mesh: 'dp_shard' comes after tp; the order is dp_outer, dp_shard, cp, tp")
   bad(function(x) x.mesh = "dp_shard=2,tp=-1" end, "mesh: tp = -1; only dp_shard takes the ranks left")
+  do -- "tp=2" or "cp=2" alone: FSDP over the ranks left, as the trainer and the planner read it
+    local x = tiny()
+    x.mesh = "tp=2"
+    check(recipe.check(x, "t.lua").mesh == "dp_shard=-1,tp=2", "mesh tp=2 reads as dp_shard=-1,tp=2")
+  end
   -- a tp group across a host boundary is warned of, naming it
   local preflight = require "fsdp.preflight"
   check(preflight.tp_span(2, 8, 16, 2) == nil and preflight.tp_span(4, 8, 16, 2) == nil and preflight.tp_span(4, 6, 12, 1) == nil,
