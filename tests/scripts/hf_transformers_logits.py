@@ -3,7 +3,9 @@ transformers' LlamaForCausalLM (float64), runs it on the ids in OURS (written
 by tests/lua/hf_logits.lua: B*T ids, then the logits) and compares the
 logits. Passes when the largest difference is under 1e-4 of the largest
 logit (fp32 arithmetic against float64). Exit 77: torch or transformers
-missing.
+missing. In one process (hf_jobs.py) transformers' logits of a folder on
+the same ids are computed once: the checks of one folder imported at
+several meshes compare against the same run.
 hf_transformers_logits.py --make DIR FROM [llama3]: writes DIR with
 transformers' save_pretrained: a LlamaForCausalLM of FROM's config.json with
 random weights (seed 0), as a model from the Hub would come; "llama3": with
@@ -41,15 +43,21 @@ def make(out, src, variant=None):
     return 0
 
 
+_refs = {}  # transformers' logits by (folder, ids)
+
+
 def compare(d, ours_path):
     B, T = 2, 48
     vals = [float(l) for l in open(ours_path)]
     ids = torch.tensor([int(v) for v in vals[: B * T]]).view(B, T)
     ours = torch.tensor(vals[B * T :], dtype=torch.float64)
-    model = LlamaForCausalLM.from_pretrained(d, torch_dtype=torch.float64)
-    model.eval()
-    with torch.no_grad():
-        ref = model(ids).logits.reshape(-1)
+    key = (d, tuple(ids.reshape(-1).tolist()))
+    if key not in _refs:  # (one load and forward per folder and ids in a process: tests/scripts/hf_jobs.py)
+        model = LlamaForCausalLM.from_pretrained(d, torch_dtype=torch.float64)
+        model.eval()
+        with torch.no_grad():
+            _refs[key] = model(ids).logits.reshape(-1)
+    ref = _refs[key]
     if ref.numel() != ours.numel():
         print(f"FAILED: {ours.numel()} logits from fsdp, {ref.numel()} from transformers")
         return 1
