@@ -29,6 +29,13 @@ int fsdp_cuda_embedding_forward(void *y, const int32_t *ids, const void *table, 
                                 fsdp_dtype dtype, fsdp_stream *s);
 int fsdp_cuda_embedding_backward(void *dtable, const void *dy, const int32_t *ids, int64_t n, int64_t vocab, int64_t dim,
                                  fsdp_dtype dtype, fsdp_stream *s);
+/* a vocab-parallel slice of the table, rows [first, first + rows) of vocab,
+ * as fsdp_embedding_forward_slice / _backward_slice (fsdp_ops.h): the ids
+ * outside it give zero rows and no gradient */
+int fsdp_cuda_embedding_forward_slice(void *y, const int32_t *ids, const void *table, int64_t n, int64_t vocab,
+                                      int64_t first, int64_t rows, int64_t dim, fsdp_dtype dtype, fsdp_stream *s);
+int fsdp_cuda_embedding_backward_slice(void *dtable, const void *dy, const int32_t *ids, int64_t n, int64_t vocab,
+                                       int64_t first, int64_t rows, int64_t dim, fsdp_dtype dtype, fsdp_stream *s);
 int fsdp_cuda_rmsnorm_forward(void *y, float *rstd, const void *x, const void *w, int64_t n, int64_t dim, float eps,
                               fsdp_dtype dtype, fsdp_stream *s);
 int fsdp_cuda_rmsnorm_backward(void *dx, void *dw, const void *dy, const void *x, const void *w, const float *rstd,
@@ -114,6 +121,26 @@ int fsdp_cuda_scale_add(void *y, float alpha, const void *x, int64_t n, fsdp_dty
 int fsdp_cuda_cross_entropy(double *loss_sum, int64_t *count, void *dlogits, const void *logits, const int32_t *targets,
                             int64_t n, int64_t vocab, int32_t ignore_index, float grad_scale, fsdp_dtype dtype,
                             fsdp_stream *s);
+/* the cross-entropy of logits split over the vocabulary, as the
+ * fsdp_cross_entropy_vocab_* passes (fsdp_ops.h): logits (and dlogits,
+ * which may alias them) fp32 or bf16, the stats fp32, all device memory.
+ * combine: gathered holds each of `ranks` ranks' stats ({ranks, 2n}: n
+ * maxima, then n target logits), the group's go into row_max and
+ * target_logit (the max; the sum, which only the target's owner makes
+ * nonzero). finish: loss_sum (double) and count (int64), device memory,
+ * are zeroed first. */
+int fsdp_cuda_cross_entropy_vocab_stats(float *row_max, float *target_logit, const void *logits, const int32_t *targets,
+                                        int64_t n, int64_t vocab, int64_t first, int64_t cols, int32_t ignore_index,
+                                        fsdp_dtype dtype, fsdp_stream *s);
+int fsdp_cuda_cross_entropy_vocab_combine(float *row_max, float *target_logit, const float *gathered, int64_t n, int ranks,
+                                          fsdp_stream *s);
+int fsdp_cuda_cross_entropy_vocab_sum(float *sum, const void *logits, const float *row_max, int64_t n, int64_t cols,
+                                      fsdp_dtype dtype, fsdp_stream *s);
+int fsdp_cuda_cross_entropy_vocab_finish(double *loss_sum, int64_t *count, void *dlogits, const void *logits,
+                                         const int32_t *targets, const float *row_max, const float *sum,
+                                         const float *target_logit, int64_t n, int64_t vocab, int64_t first,
+                                         int64_t cols, int32_t ignore_index, float grad_scale, fsdp_dtype dtype,
+                                         fsdp_stream *s);
 /* as fsdp_token_logprobs (fsdp_ops.h): logits fp32 or bf16 (dlogits in
  * their dtype, may alias them); logp, entropy, coef fp32; all device memory */
 int fsdp_cuda_token_logprobs(float *logp, float *entropy, void *dlogits, const void *logits, const int32_t *targets,

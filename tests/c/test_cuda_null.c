@@ -20,6 +20,11 @@ int main(void) {
   refused(fsdp_cuda_linear_backward(y, NULL, NULL, a, b, NULL, 2, 4, 4, FSDP_FP32, NULL),
           "cuda linear backward (dx): w is NULL");
   refused(fsdp_cuda_embedding_forward(y, NULL, a, 4, 8, 4, FSDP_FP32, NULL), "cuda embedding: ids is NULL");
+  refused(fsdp_cuda_embedding_forward_slice(y, NULL, a, 4, 8, 4, 4, 4, FSDP_FP32, NULL), "cuda embedding: ids is NULL");
+  refused(fsdp_cuda_embedding_backward_slice(y, a, NULL, 4, 8, 4, 4, 4, FSDP_FP32, NULL),
+          "cuda embedding backward: ids is NULL");
+  refused(fsdp_cuda_embedding_forward_slice(y, (const int32_t *)b, a, 4, 8, 6, 4, 4, FSDP_FP32, NULL),
+          "cuda embedding (slice): rows [6, 10) of a vocabulary of 8");
   refused(fsdp_cuda_rmsnorm_forward(y, r, a, NULL, 2, 4, 1e-5f, FSDP_FP32, NULL), "cuda rmsnorm: w is NULL");
   refused(fsdp_cuda_rope_forward(NULL, a, b, 1, 2, 1, 4, FSDP_FP32, NULL), "cuda rope forward: x is NULL");
   refused(fsdp_cuda_attention_forward(y, r, a, NULL, b, 1, 4, 2, 2, 8, FSDP_FP32, NULL), "cuda attention: k is NULL");
@@ -38,6 +43,13 @@ int main(void) {
   refused(fsdp_cuda_rope_backward_at(y, a, b, NULL, 1, 2, 1, 4, FSDP_FP32, NULL), "cuda rope backward_at: pos is NULL");
   refused(fsdp_cuda_cross_entropy((double *)r, (int64_t *)(r + 8), y, a, NULL, 2, 4, -1, 1.0f, FSDP_FP32, NULL),
           "cuda cross_entropy: targets is NULL");
+  refused(fsdp_cuda_cross_entropy_vocab_stats(r, r + 8, a, NULL, 2, 8, 4, 4, -1, FSDP_FP32, NULL),
+          "cuda cross_entropy_vocab_stats: targets is NULL");
+  refused(fsdp_cuda_cross_entropy_vocab_combine(r, r + 8, NULL, 2, 2, NULL), "cuda cross_entropy_vocab_combine: gathered is NULL");
+  refused(fsdp_cuda_cross_entropy_vocab_sum(r, a, NULL, 2, 4, FSDP_FP32, NULL), "cuda cross_entropy_vocab_sum: row_max is NULL");
+  refused(fsdp_cuda_cross_entropy_vocab_finish((double *)y, (int64_t *)(y + 8), NULL, a, (const int32_t *)b, r, NULL,
+                                               r, 2, 8, 4, 4, -1, 1.0f, FSDP_FP32, NULL),
+          "cuda cross_entropy_vocab_finish: sum is NULL");
   refused(fsdp_cuda_token_logprobs(y, r, NULL, NULL, (const int32_t *)b, NULL, 2, 4, -1, FSDP_FP32, NULL),
           "cuda token_logprobs: logits is NULL");
   refused(fsdp_cuda_token_logprobs(y, NULL, NULL, a, NULL, NULL, 2, 4, -1, FSDP_FP32, NULL),

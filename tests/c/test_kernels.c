@@ -566,6 +566,17 @@ static void test_elementwise(void) {
   }
 }
 
+/* the device's loss sum and count (sums: a double, then an int64) against
+ * the CPU op's, and the count against the rows that count */
+static void same_loss(const void *sums, double loss, int64_t cnt, int64_t rows) {
+  double got[2];
+  CHECK_OK(fsdp_memcpy(got, sums, 16, NULL));
+  int64_t gc;
+  memcpy(&gc, &got[1], 8);
+  CHECK(gc == cnt && cnt == rows);
+  CHECK(fabs(got[0] - loss) <= 1e-5 * fabs(loss));
+}
+
 static void test_cross_entropy(void) {
   const int64_t n = 13, V = 3001;
   int32_t tg[13];
@@ -583,16 +594,90 @@ static void test_cross_entropy(void) {
     CHECK_OK(fsdp_cross_entropy(&loss, &cnt, d, x, tg, n, V, -100, 0.25f));
     void *X = up(x, n * V, dt);
     CHECK_OK(fsdp_cuda_cross_entropy((double *)sums, (int64_t *)sums + 1, X, X, TG, n, V, -100, 0.25f, dt, NULL));
-    double got[2];
-    CHECK_OK(fsdp_memcpy(got, sums, 16, NULL));
-    int64_t gc;
-    memcpy(&gc, &got[1], 8);
-    CHECK(gc == cnt && cnt == n - 1);
-    CHECK(fabs(got[0] - loss) <= 1e-5 * fabs(loss));
+    same_loss(sums, loss, cnt, n - 1);
     same("cross_entropy dlogits (in place)", dt, X, d, n * V, 2e-5);
     free(x), free(d);
   }
   fsdp_free(FSDP_CUDA, TG), fsdp_free(FSDP_CUDA, sums);
+}
+
+/* Tensor parallelism's vocab-parallel ops, each rank's slice of tp = 3
+ * (rows, or columns of the logits, [r V/3, (r+1) V/3)): the embedding's
+ * forward (bit for bit) and backward; the cross-entropy's passes, the
+ * all-gather and all-reduce between them done here as fsdp.tp does, with
+ * the gathered stats combined on the device. */
+static void test_vocab_parallel(void) {
+  const int64_t n = 37, V = 3003, tp = 3, cols = V / tp, dim = 64;
+  int32_t ids[37], tg[37];
+  for (int i = 0; i < n; i++) ids[i] = (i * 977 + 11) % V, tg[i] = (i * 131 + 5) % V;
+  ids[5] = ids[9] = 1001, tg[4] = -100; /* a repeated id at a slice's edge; an ignored row */
+  int32_t *IDS = NULL, *TG = NULL;
+  CHECK_OK(fsdp_alloc(FSDP_CUDA, sizeof ids, (void **)&IDS));
+  CHECK_OK(fsdp_memcpy(IDS, ids, sizeof ids, NULL));
+  CHECK_OK(fsdp_alloc(FSDP_CUDA, sizeof tg, (void **)&TG));
+  CHECK_OK(fsdp_memcpy(TG, tg, sizeof tg, NULL));
+  void *sums = NULL;
+  CHECK_OK(fsdp_alloc(FSDP_CUDA, 16, &sums));
+  DT_LOOP {
+    for (int64_t r = 0; r < tp; r++) { /* the embedding: rank r's rows */
+      float *t = rand_host(cols * dim, 1, dt), *dy = rand_host(n * dim, 1, dt), *t0 = rand_host(cols * dim, 1, dt);
+      float *y = malloc(sizeof(float) * n * dim), *tab = malloc(sizeof(float) * cols * dim);
+      memcpy(tab, t0, sizeof(float) * cols * dim);
+      CHECK_OK(fsdp_embedding_forward_slice(y, ids, t, n, V, r * cols, cols, dim));
+      CHECK_OK(fsdp_embedding_backward_slice(tab, dy, ids, n, V, r * cols, cols, dim));
+      void *T = up(t, cols * dim, dt), *DY = up(dy, n * dim, dt), *Y = poisoned(n * dim, dt), *DT = up(t0, cols * dim, dt);
+      CHECK_OK(fsdp_cuda_embedding_forward_slice(Y, IDS, T, n, V, r * cols, cols, dim, dt, NULL));
+      CHECK_OK(fsdp_cuda_embedding_backward_slice(DT, DY, IDS, n, V, r * cols, cols, dim, dt, NULL));
+      same("embedding slice y", dt, Y, y, n * dim, 0);
+      same_tol("embedding slice dtable (accumulated)", dt, DT, tab, cols * dim, dt == FSDP_BF16 ? 5e-3 : 2e-6);
+      fsdp_free(FSDP_CUDA, T), fsdp_free(FSDP_CUDA, DY);
+      free(t), free(dy), free(t0), free(y), free(tab);
+    }
+    /* the cross-entropy: whole rows split into tp slices, each on the device */
+    float *x = rand_host(n * V, 4, dt), *xs[3], *ds[3], st_all[3 * 2 * 37], st[2 * 37], sum[37], part[37];
+    void *XS[3], *ALL = poisoned(tp * 2 * n, FSDP_FP32), *ST = poisoned(2 * n, FSDP_FP32), *SUM = poisoned(n, FSDP_FP32);
+    for (int64_t r = 0; r < tp; r++) {
+      xs[r] = malloc(sizeof(float) * n * cols), ds[r] = malloc(sizeof(float) * n * cols);
+      for (int64_t i = 0; i < n; i++) memcpy(xs[r] + i * cols, x + i * V + r * cols, sizeof(float) * cols);
+      XS[r] = up(xs[r], n * cols, dt);
+      float *s = st_all + r * 2 * n;
+      CHECK_OK(fsdp_cross_entropy_vocab_stats(s, s + n, xs[r], tg, n, V, r * cols, cols, -100));
+      CHECK_OK(fsdp_cuda_cross_entropy_vocab_stats((float *)ALL + r * 2 * n, (float *)ALL + r * 2 * n + n, XS[r], TG, n, V,
+                                                   r * cols, cols, -100, dt, NULL));
+    }
+    for (int64_t i = 0; i < n; i++) { /* fsdp.tp's combine on the host */
+      st[i] = st_all[i], st[n + i] = st_all[n + i];
+      for (int64_t r = 1; r < tp; r++) st[i] = fmaxf(st[i], st_all[r * 2 * n + i]), st[n + i] += st_all[r * 2 * n + n + i];
+    }
+    CHECK_OK(fsdp_cuda_cross_entropy_vocab_combine(ST, (float *)ST + n, ALL, n, (int)tp, NULL));
+    float *got = down(ST, 2 * n, FSDP_FP32);
+    CHECK(memcmp(got, st, sizeof st) == 0); /* the device's combine: the same bits */
+    free(got);
+    memset(sum, 0, sizeof sum);
+    float *dsum = calloc((size_t)n, sizeof(float));
+    for (int64_t r = 0; r < tp; r++) {
+      CHECK_OK(fsdp_cross_entropy_vocab_sum(part, xs[r], st, n, cols));
+      CHECK_OK(fsdp_cuda_cross_entropy_vocab_sum(SUM, XS[r], ST, n, cols, dt, NULL));
+      float *g = down(SUM, n, FSDP_FP32);
+      for (int64_t i = 0; i < n; i++) sum[i] += part[i], dsum[i] += g[i];
+      free(g);
+    }
+    void *DSUM = up(dsum, n, FSDP_FP32);
+    for (int64_t r = 0; r < tp; r++) {
+      double loss;
+      int64_t cnt;
+      CHECK_OK(fsdp_cross_entropy_vocab_finish(&loss, &cnt, ds[r], xs[r], tg, st, sum, st + n, n, V, r * cols, cols, -100,
+                                               0.25f));
+      CHECK_OK(fsdp_cuda_cross_entropy_vocab_finish((double *)sums, (int64_t *)sums + 1, XS[r], XS[r], TG, ST, DSUM,
+                                                    (float *)ST + n, n, V, r * cols, cols, -100, 0.25f, dt, NULL));
+      same_loss(sums, loss, cnt, n - 1);
+      same("cross_entropy_vocab dlogits (in place)", dt, XS[r], ds[r], n * cols, 2e-5);
+      free(xs[r]), free(ds[r]);
+    }
+    fsdp_free(FSDP_CUDA, ALL), fsdp_free(FSDP_CUDA, ST), fsdp_free(FSDP_CUDA, SUM), fsdp_free(FSDP_CUDA, DSUM);
+    free(x), free(dsum);
+  }
+  fsdp_free(FSDP_CUDA, IDS), fsdp_free(FSDP_CUDA, TG), fsdp_free(FSDP_CUDA, sums);
 }
 
 /* per-token logp, entropy and coef (onehot - softmax): in place over the
@@ -785,6 +870,10 @@ int main(int argc, char **argv) {
     test_pos_all();
     return fsdp_test_summary("test_kernels pos");
   }
+  if (argc > 1 && !strcmp(argv[1], "vocab")) {
+    test_vocab_parallel();
+    return fsdp_test_summary("test_kernels vocab");
+  }
   test_linear();
   test_linear_views();
   test_grad_sums();
@@ -811,6 +900,7 @@ int main(int argc, char **argv) {
   test_cast_rows(3, 70000, 70000);
   test_cast_rows(70000, 3, 5);
   test_cross_entropy();
+  test_vocab_parallel();
   test_token_logprobs();
   test_optimizers();
   test_optimizers_bf16_grads();

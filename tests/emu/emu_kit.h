@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <vector>
 
 #include "../../src/base/bf16_split.h"
 #include "cuda_emu.h"
@@ -43,6 +44,14 @@ template <>
 inline float from<float>(float v) { return v; }
 template <>
 inline __nv_bfloat16 from<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+
+/* the stored values as floats (a CPU op's inputs) */
+template <typename T>
+static std::vector<float> widen(const std::vector<T> &x) {
+  std::vector<float> f(x.size());
+  for (size_t i = 0; i < x.size(); i++) f[i] = ld(x.data(), (int64_t)i);
+  return f;
+}
 
 /* counts checks; a failure prints `label: FAILED: what (value, tolerance)` */
 struct EmuKit {

@@ -35,13 +35,6 @@ static std::vector<int32_t> cp_positions(int T, int cp, int r) {
   return pos;
 }
 
-template <typename T>
-static std::vector<float> widen(const std::vector<T> &x) {
-  std::vector<float> f(x.size());
-  for (size_t i = 0; i < x.size(); i++) f[i] = ld(x.data(), (int64_t)i);
-  return f;
-}
-
 /* the CPU op on the kernels' inputs (bf16 ones as floats) */
 template <typename T>
 static Attn<float> cpu_op(const std::vector<T> &q, const std::vector<T> &k, const std::vector<T> &v,

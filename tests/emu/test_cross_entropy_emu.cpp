@@ -13,16 +13,7 @@
 #include <cstring>
 #include <vector>
 
-#include "emu_kit.h"
-
-/* one thread of a block adds (the emulation runs blocks one after another) */
-static inline void atomicAdd(double *p, double v) { *p += v; }
-static inline void atomicAdd(unsigned long long *p, unsigned long long v) { *p += v; }
-#define FSDP_CE_SHARED(name) FSDP_TC_SHARED(name)
-/* a 16-byte access the GPU would fault on */
-#include <atomic>
-static std::atomic<long> misaligned;
-#define FSDP_VEC_ALIGNED(p) (void)((uintptr_t)(p) % 16 ? misaligned++ : 0)
+#include "emu_rows.h"
 
 #include "../../kernels/cross_entropy.cuh"
 
