@@ -30,6 +30,10 @@ if(CMAKE_CXX_COMPILER AND NOT FSDP_SANITIZE)
   fsdp_emu_test(attention_pos 60) # kernels/attention.cuh: queries at given positions (context parallelism), vs the CPU op
   target_link_libraries(test_attention_pos_emu PRIVATE fsdp)
   fsdp_emu_test(token_logprobs 60) # kernels/token_logprobs.cuh: per-token logp, entropy and their gradient
+  fsdp_emu_test(embedding_slice 60) # kernels/embedding.cuh, grad_sums.cuh: the vocab-parallel embedding, vs the CPU op
+  target_link_libraries(test_embedding_slice_emu PRIVATE fsdp)
+  fsdp_emu_test(cross_entropy_vocab 60) # kernels/cross_entropy_vocab.cuh: the vocab-parallel loss's passes, vs the CPU op
+  target_link_libraries(test_cross_entropy_vocab_emu PRIVATE fsdp)
 else()
   message(STATUS "fsdp: the emulated-kernel tests (tests/emu) not built (no C++ compiler, or the sanitizer build)")
 endif()
