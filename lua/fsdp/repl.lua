@@ -3,7 +3,10 @@
 -- the meta device; nothing is allocated.
 --   units()            the units: zero level, parameters, shard size, bytes per rank
 --   layout(u)          unit u (index or name): each parameter's offset, shape, owners
+--                      (tp meshes: each tp rank's slice of the whole weight, the
+--                      owners' ranges in the whole weight; layout(u, t): tp rank t's)
 --   owner(p, i)        which rank holds element i of parameter p, and where
+--                      (tp meshes: i of the whole weight; which tp rank's slice)
 --   rank(r)            everything rank r holds, unit by unit
 --   mem(r)             rank r's memory (planned; measured too in a live run)
 --   plan{world = W, mesh = ..., zero = ..., ...}  a plan with other options
@@ -14,7 +17,8 @@
 -- Live (`fsdprun -n N --repl RECIPE.lua [--break-at STEP]`): the trainer
 -- stops and rank 0 reads commands that every rank runs, so these also work:
 --   gather(name)       the full parameter, as an fp32 tensor of its shape
---   shard(r, name)     rank r's piece of it (fp32 main values)
+--                      (tp meshes: the whole weight, its slices put together)
+--   shard(r, name)     rank r's piece of it (fp32 main values; tp: of its slice)
 --   stats(name)        min, max, mean, norm, non-finite count
 --   continue(k)        train k more steps, then prompt again
 -- Leaving the prompt (Ctrl-D, quit()) ends the run cleanly.
@@ -61,50 +65,164 @@ function M.units(p)
   return text(plan_render.table(plan_render.unit_rows(p)), p.units)
 end
 
-function M.layout(u, p)
+-- ---- tensor parallelism: what each tp rank holds of a whole weight ----
+-- The plan is built at tp rank 0 (planner.plan: every tp rank's units have
+-- the same sizes); a parameter's spec says whether it is a slice of a whole
+-- weight (spec.slice: rows [row0, row0 + rows) x cols [col0, col0 + cols)
+-- of full = {R, C}; tp rank t's is the same shifted by t slices along the
+-- dimension split) or a weight every tp rank holds whole (spec.replicated,
+-- or no slice). World rank = (replica x S + shard rank) x tp + tp rank, S
+-- the shard group's size (dp_shard x cp: shard rank = dp_shard rank x cp +
+-- cp rank), tp innermost (the mesh's order).
+local tp_size = function(p) return p.tp or 1 end
+local specs = setmetatable({}, { __mode = "k" }) -- plan -> {param name -> spec}
+local function spec_of(p, name)
+  local by = specs[p]
+  if not by then
+    by = {}
+    for _, au in ipairs(p.assignment and p.assignment.units or {}) do
+      for _, q in ipairs(au.params) do by[q.name] = q.spec end
+    end
+    specs[p] = by
+  end
+  return by[name]
+end
+
+-- the slice tp rank t holds (nil: whole on every tp rank)
+local function slice_at(p, name, t)
+  local spec = tp_size(p) > 1 and spec_of(p, name)
+  local sl = spec and spec.slice
+  if not sl then return nil end
+  local split_rows, split_cols = sl.rows < sl.full[1], sl.cols < sl.full[2]
+  return { full = sl.full, row0 = split_rows and t * sl.rows or sl.row0, rows = sl.rows,
+    col0 = split_cols and t * sl.cols or sl.col0, cols = sl.cols }
+end
+
+local function slice_text(sl)
+  local r = string.format("rows [%d,%d)", sl.row0, sl.row0 + sl.rows)
+  local c = string.format("cols [%d,%d)", sl.col0, sl.col0 + sl.cols)
+  local what = sl.cols == sl.full[2] and r or sl.rows == sl.full[1] and c or (r .. " x " .. c)
+  return string.format("%s of %dx%d", what, sl.full[1], sl.full[2])
+end
+
+-- elements [b, e) of a parameter (of the slice sl, or of the whole weight
+-- without one) as the part of the whole weight they are: an element range
+-- where contiguous there (a slice of whole rows); else the rows x cols block
+-- when they are whole rows of the slice, else its first and last elements'
+-- (row, col)
+local function whole_range(sl, b, e)
+  if not sl then return string.format("[%d,%d)", b, e) end
+  if sl.cols == sl.full[2] then
+    local o = (sl.row0 * sl.full[2]) + sl.col0
+    return string.format("[%d,%d)", o + b, o + e)
+  end
+  local r0, c0 = sl.row0 + math.floor(b / sl.cols), sl.col0 + b % sl.cols
+  local r1, c1 = sl.row0 + math.floor((e - 1) / sl.cols), sl.col0 + (e - 1) % sl.cols
+  if b % sl.cols == 0 and e % sl.cols == 0 then
+    return string.format("rows [%d,%d) x cols [%d,%d)", r0, r1 + 1, sl.col0, sl.col0 + sl.cols)
+  end
+  return string.format("(%d,%d)..(%d,%d)", r0, c0, r1, c1)
+end
+
+local function world_rank(p, replica, sr, t) return (replica * p.shard + sr) * tp_size(p) + t end
+
+-- layout(u [, t] [, p]): with tp, every tp rank's slices (or tp rank t's)
+function M.layout(u, t, p)
+  if type(t) ~= "number" then t, p = nil, t end
   p = need_plan(p)
   u = find_unit(p, u)
-  local rows = { { "param", "shape", "numel", "offset", "owners (shard rank: element range)" } }
-  local owners = {}
+  local P = tp_size(p)
+  if t and (t < 0 or t >= P or t % 1 ~= 0) then
+    error(string.format("layout(u, t): tp rank %s; this plan's are 0 to %d", tostring(t), P - 1), 2)
+  end
+  local pieces = {} -- param -> {{shard rank, begin, end}}
   for r = 0, p.shard - 1 do
     for _, pc in ipairs(planner.pieces(p, u, r)) do
-      owners[pc.param] = owners[pc.param] or {}
-      local o = owners[pc.param]
-      o[#o + 1] = string.format("%d:[%d,%d)", r, pc.begin, pc["end"])
+      pieces[pc.param] = pieces[pc.param] or {}
+      local o = pieces[pc.param]
+      o[#o + 1] = { r, pc.begin, pc["end"] }
     end
   end
-  for _, q in ipairs(u.params) do
-    local o = owners[q.name] or {}
-    local shown = #o <= 6 and table.concat(o, " ") or
+  local function owners(name, sl)
+    local o = {}
+    for k, pc in ipairs(pieces[name] or {}) do o[k] = string.format("%d:%s", pc[1], whole_range(sl, pc[2], pc[3])) end
+    return #o <= 6 and table.concat(o, " ") or
       (table.concat({ o[1], o[2], o[3] }, " ") .. string.format(" ... (%d ranks) ... ", #o) .. o[#o])
-    rows[#rows + 1] = { q.name, table.concat(q.shape, "x"), q.numel, q.offset, shown }
   end
-  return text(string.format("unit %d '%s': zero %d, %d elements + %d padding = %d shards of %d\n", u.index, u.name, u.zero,
-    u.numel, u.total_numel - u.numel, p.shard, u.shard_numel) .. plan_render.table(rows), u)
+  local head = string.format("unit %d '%s': zero %d, %d elements + %d padding = %d shards of %d", u.index, u.name, u.zero,
+    u.numel, u.total_numel - u.numel, p.shard, u.shard_numel)
+  if P == 1 then
+    local rows = { { "param", "shape", "numel", "offset", "owners (shard rank: element range)" } }
+    for _, q in ipairs(u.params) do
+      rows[#rows + 1] = { q.name, table.concat(q.shape, "x"), q.numel, q.offset, owners(q.name) }
+    end
+    return text(head .. "\n" .. plan_render.table(rows), u)
+  end
+  local rows = { { "param", "shape", "numel", "offset", "tp", "holds", "owners (shard rank: range of the whole weight)" } }
+  local from, to = t or 0, t or P - 1
+  for _, q in ipairs(u.params) do
+    local first = { q.name, table.concat(q.shape, "x"), q.numel, q.offset }
+    if not slice_at(p, q.name, 0) then
+      rows[#rows + 1] = { first[1], first[2], first[3], first[4], t and tostring(t) or "all", "whole", owners(q.name) }
+    else
+      for r = from, to do
+        local sl = slice_at(p, q.name, r)
+        local row = r == from and first or { "", "", "", "" }
+        rows[#rows + 1] = { row[1], row[2], row[3], row[4], tostring(r), slice_text(sl), owners(q.name, sl) }
+      end
+    end
+  end
+  local formula = p.outer > 1 and string.format("(replica x %d + shard rank) x %d + tp rank", p.shard, P) or
+    string.format("shard rank x %d + tp rank", P)
+  return text(string.format("%s on each of %d tp ranks (world rank = %s)\n", head, P, formula) .. plan_render.table(rows), u)
 end
 
 function M.owner(name, index, p)
   p = need_plan(p)
   local u, i, q = find_param(p, name)
-  if type(index) ~= "number" or index < 0 or index >= q.numel or index % 1 ~= 0 then
-    error(string.format("owner: index %s outside '%s' (0 to %d)", tostring(index), name, q.numel - 1), 2)
+  local sl = slice_at(p, name, 0)
+  local numel = sl and sl.full[1] * sl.full[2] or q.numel
+  if type(index) ~= "number" or index < 0 or index >= numel or index % 1 ~= 0 then
+    error(string.format("owner: index %s outside '%s' (0 to %d%s)", tostring(index), name, numel - 1,
+      sl and ", the whole weight's elements" or ""), 2)
+  end
+  -- with a slice: the tp rank whose slice has it, and its place there
+  local t, k, where = nil, index, ""
+  if sl then
+    local row, col = math.floor(index / sl.full[2]), index % sl.full[2]
+    t = sl.cols < sl.full[2] and math.floor(col / sl.cols) or math.floor(row / sl.rows)
+    sl = slice_at(p, name, t)
+    k = (row - sl.row0) * sl.cols + col - sl.col0
+    where = string.format(" (row %d, col %d of %dx%d) is in tp rank %d's slice (%s) as its element %d:", row, col,
+      sl.full[1], sl.full[2], t, slice_text(sl), k)
+  elseif tp_size(p) > 1 then
+    where = string.format(" is held whole by each of the %d tp ranks:", tp_size(p))
   end
   local pc = ffi.new("fsdp_layout_piece")
-  check(C.fsdp_layout_owner(u.layout, i - 1, index, pc), "owner")
+  check(C.fsdp_layout_owner(u.layout, i - 1, k, pc), "owner")
   local r, at = pc.rank, tonumber(pc.shard_offset)
-  local lo, hi = index, index + 1 -- the run of this parameter on that rank
+  local lo, hi = k, k + 1 -- the run of this parameter on that rank
   for _, x in ipairs(planner.pieces(p, u, r)) do
     if x.param == name then lo, hi = x.begin, x["end"] end
   end
-  local replicas = ""
-  if p.outer > 1 then
-    local list = {}
-    for o = 0, p.outer - 1 do list[#list + 1] = tostring(o * p.shard + r) end
-    replicas = string.format("; world ranks %s (one per dp_outer replica)", table.concat(list, ", "))
+  local world = {}
+  for o = 0, p.outer - 1 do
+    for tr = t or 0, t or tp_size(p) - 1 do world[#world + 1] = world_rank(p, o, r, tr) end
   end
-  return text(string.format("%s[%d] is element %d of shard rank %d's shard of unit '%s' (that rank holds elements [%d, %d) " ..
-    "of it)%s", name, index, at, r, u.name, lo, hi, replicas),
-    { rank = r, unit = u.name, shard_offset = at, begin = lo, ["end"] = hi })
+  local ranks = ""
+  if #world > 1 then
+    ranks = string.format("; world ranks %s (one per %s)", table.concat(world, ", "),
+      (p.outer > 1 and not sl and tp_size(p) > 1) and "dp_outer replica and tp rank" or p.outer > 1 and "dp_outer replica" or
+      "tp rank")
+  elseif tp_size(p) > 1 then
+    ranks = string.format("; world rank %d", world[1])
+  end
+  local held = sl and string.format("%s of the whole weight", whole_range(sl, lo, hi)) or
+    string.format("elements [%d, %d) of it", lo, hi)
+  return text(string.format("%s[%d]%s%s element %d of shard rank %d's shard of unit '%s' (that rank holds %s)%s", name,
+    index, where, where == "" and " is" or "", at, r, u.name, held, ranks),
+    { rank = r, unit = u.name, shard_offset = at, begin = lo, ["end"] = hi, tp_rank = t, slice_index = sl and k or nil,
+      world = world })
 end
 
 function M.rank(r, p)
@@ -112,17 +230,22 @@ function M.rank(r, p)
   if type(r) ~= "number" or r < 0 or r >= p.world or r % 1 ~= 0 then
     error(string.format("rank: %s is not a rank of this plan (0 to %d)", tostring(r), p.world - 1), 2)
   end
-  local rows = { { "unit", "param", "elements", "count", "at in shard" } }
+  local P = tp_size(p)
+  local t, sr, replica = r % P, math.floor(r / P) % p.shard, math.floor(r / (P * p.shard))
+  local rows = { { "unit", "param", P > 1 and "elements (of the whole weight)" or "elements", "count", "at in shard" } }
   local total = 0
   for _, u in ipairs(p.units) do
-    for _, pc in ipairs(planner.pieces(p, u, r)) do
-      rows[#rows + 1] = { u.name, pc.param, string.format("[%d, %d)", pc.begin, pc["end"]), pc["end"] - pc.begin, pc.shard_offset }
+    for _, pc in ipairs(planner.pieces(p, u, sr)) do
+      local range = P > 1 and whole_range(slice_at(p, pc.param, t), pc.begin, pc["end"]) or
+        string.format("[%d, %d)", pc.begin, pc["end"])
+      rows[#rows + 1] = { u.name, pc.param, range, pc["end"] - pc.begin, pc.shard_offset }
       total = total + pc["end"] - pc.begin
     end
   end
-  return text(string.format("rank %d: shard rank %d, replica %d of %d; %s parameter elements, %s resident, %s at peak\n", r,
-    r % p.shard, math.floor(r / p.shard), p.outer, pretty.count(total), pretty.bytes(p.resident_total), pretty.bytes(p.peak)) ..
-    plan_render.table(rows), { elements = total })
+  return text(string.format("rank %d: %sshard rank %d, replica %d of %d; %s parameter elements, %s resident, %s at peak\n", r,
+    P > 1 and string.format("tp rank %d of %d, ", t, P) or "", sr, replica, p.outer, pretty.count(total),
+    pretty.bytes(p.resident_total), pretty.bytes(p.peak)) .. plan_render.table(rows),
+    { elements = total, tp_rank = t, shard_rank = sr, replica = replica })
 end
 
 -- measured bytes of the live run on this rank, by the units' own accounts
@@ -216,8 +339,9 @@ end
 
 M.help_text = [[helpers (docs/PLANNING.md):
   units()          the units: zero level, parameters, shard, bytes per rank
-  layout(u)        unit u (index or name): each parameter's offset, shape and owners
-  owner(p, i)      which rank holds element i of parameter p
+  layout(u)        unit u (index or name): each parameter's offset, shape and owners (tp: each tp rank's slice;
+                   layout(u, t): tp rank t's only)
+  owner(p, i)      which rank holds element i of parameter p (tp: of the whole weight; which tp rank's slice)
   rank(r)          everything rank r holds
   mem(r)           rank r's memory: planned (and measured in a live run)
   plan{world = W, mesh = "dp_outer=2,dp_shard=-1", zero = 2, ...}   re-plan with other options
@@ -305,11 +429,38 @@ local function read_chunk()
   end
 end
 
+-- the whole parameter's values (a Lua array): with tp, each tp rank's slice
+-- (as the live model's spec says) put in its place: the ranks of the first
+-- data-parallel coordinate write theirs, tp rank 0 a weight every tp rank
+-- holds whole; summed over the world (exact: one writer an element)
+local function whole_values(name)
+  local live, p = state.live, state.plan
+  local v = live.sharded:gather(name)
+  local P = tp_size(p)
+  if P == 1 then return v end
+  local sl
+  for _, u in ipairs(live.sharded.units) do
+    for _, q in ipairs(u.params) do if q.name == name then sl = q.spec.slice end end
+  end
+  local n = sl and sl.full[1] * sl.full[2] or #v
+  local t = tensor.new(n):fill(0)
+  if live.rank < P and (sl or live.rank == 0) then
+    local w = t:ptr()
+    for i = 0, #v - 1 do
+      w[sl and (sl.row0 + math.floor(i / sl.cols)) * sl.full[2] + sl.col0 + i % sl.cols or i] = v[i + 1]
+    end
+  end
+  sum_over_world(t)
+  local out = {}
+  for i = 1, n do out[i] = t:get(i - 1) end
+  return out
+end
+
 function M.gather(name)
-  local s = state.live.sharded
   local _, _, q = find_param(state.plan, name)
-  local v = s:gather(name)
-  local t = tensor.new(q.shape)
+  local v = whole_values(name)
+  local sl = slice_at(state.plan, name, 0)
+  local t = tensor.new(sl and sl.full or q.shape)
   local p = t:ptr()
   for i = 1, #v do p[i - 1] = v[i] end
   return t
@@ -321,16 +472,20 @@ function M.shard(r, name)
   local me, n = live.rank, live.size
   if type(r) ~= "number" or r < 0 or r >= n or r % 1 ~= 0 then error(string.format("shard: rank %s (0 to %d)", tostring(r), n - 1), 2) end
   find_param(state.plan, name)
-  -- rank r's held range of the parameter: its element range, then the values
+  -- rank r's held range of the parameter (of its tp slice, with tp): its
+  -- element range, then the values
   local lo, hi, vals = 0, 0, nil
   s:synchronize() -- every rank, every unit: rank r alone reading would settle only its units (checkpoint.save says why)
   if me == r then
     for _, u in ipairs(s.units) do
-      for _, pc in ipairs(require("fsdp.checkpoint").pieces(u, 0)) do
-        if pc.name == name then
-          lo, hi = pc.begin, pc["end"]
+      local k = C.fsdp_unit_state_pieces(u.handle, 0, nil, 0)
+      local ps = ffi.new("fsdp_layout_piece[?]", math.max(k, 1))
+      C.fsdp_unit_state_pieces(u.handle, 0, ps, k)
+      for i = 0, k - 1 do
+        if u.params[ps[i].param + 1].name == name then
+          lo, hi = tonumber(ps[i].begin), tonumber(ps[i]["end"])
           vals = tensor.new(math.max(hi - lo, 1))
-          check(C.fsdp_unit_state_get(u.handle, C.FSDP_STATE_PARAM, pc.off, hi - lo, vals:ptr()), "shard")
+          check(C.fsdp_unit_state_get(u.handle, C.FSDP_STATE_PARAM, ps[i].shard_offset, hi - lo, vals:ptr()), "shard")
         end
       end
     end
@@ -350,13 +505,17 @@ function M.shard(r, name)
   for i = 1, hi - lo do out[i] = t:get(i - 1) end
   local head = {}
   for i = 1, math.min(#out, 6) do head[i] = string.format("%.6g", out[i]) end
-  return text(string.format("rank %d holds %s elements [%d, %d)%s", r, name, lo, hi,
+  local sl, whole = slice_at(state.plan, name, r % tp_size(state.plan)), nil
+  if sl and hi > lo then whole = whole_range(sl, lo, hi) end
+  return text(string.format("rank %d holds %s elements [%d, %d)%s%s", r, name, lo, hi,
+    sl and string.format(" of its tp slice (%s)%s", slice_text(sl), whole and ", " .. whole .. " of the whole weight" or "") or "",
     hi > lo and (": " .. table.concat(head, " ") .. (#out > 6 and " ..." or "")) or " (none of it)"),
-    { begin = lo, ["end"] = hi, values = out })
+    { begin = lo, ["end"] = hi, values = out, whole = whole })
 end
 
 function M.stats(name)
-  local v = state.live.sharded:gather(name)
+  find_param(state.plan, name)
+  local v = whole_values(name)
   local mn, mx, sum, sq, bad = math.huge, -math.huge, 0, 0, 0
   for i = 1, #v do
     local x = v[i]

@@ -31,6 +31,10 @@ local function sh(cmd, input)
 end
 
 local function has(out, needle, what) check(out:find(needle, 1, true) ~= nil, what .. ": no '" .. needle .. "' in:\n" .. out) end
+-- a table row's cells in order, whatever the columns' widths
+local function has_cells(out, needle, what)
+  check(out:gsub(" +", " "):find(needle:gsub(" +", " "), 1, true) ~= nil, what .. ": no '" .. needle .. "' in:\n" .. out)
+end
 
 -- offline
 fsdp.init()
@@ -57,6 +61,54 @@ has(out, "params_full", "diff(): zero 2 keeps full params")
 has(out, "attempt to call global 'nope'", "an error is shown")
 has(out, "diff(a, b): two plans, e.g. diff(plan{world = 64}, plan{world = 128}); got number and table", "diff() of a non-plan says so")
 has(out, "\n2\n", "and the prompt goes on")
+
+-- tensor parallelism, offline: `fsdp repl recipes/tiny.lua --world 10 --mesh
+-- dp_shard=5,tp=2`: layout() shows each tp rank's slice of the whole weight
+-- and the shard group's pieces in whole-weight coordinates; owner() takes
+-- an element of the whole weight; rank() names the tp rank. The expected
+-- text is worked out here from the planner's layout (offsets, shard size)
+-- and the slices' arithmetic: column-parallel q_proj (rows), row-parallel
+-- down_proj (cols; a shard boundary in the middle of one of its rows)
+local ptp = planner.plan(dofile(root .. "/recipes/tiny.lua"), { world = 10, mesh = "dp_shard=5,tp=2", where = "recipes/tiny.lua" })
+local u2 = ptp.units[2]
+local Sz = u2.shard_numel
+local function param_of(u, name) for _, q in ipairs(u.params) do if q.name == name then return q end end end
+local down = param_of(u2, "model.layers.0.mlp.down_proj.weight") -- 128 x 176 of 128 x 352 at each tp rank
+local k = math.ceil(down.offset / Sz) -- the shard whose boundary falls inside down_proj
+local cut = k * Sz - down.offset
+check(cut > 0 and cut < down.numel and cut % 176 ~= 0, string.format("the plan cuts down_proj inside a row (at %d)", cut))
+out, code = sh(fsdp_bin .. " repl recipes/tiny.lua --world 10 --mesh dp_shard=5,tp=2", table.concat({
+  "layout('model.layers.0')", "layout('embed', 1)",
+  "owner('model.layers.0.mlp.down_proj.weight', 300)", "owner('model.layers.0.self_attn.q_proj.weight', 8200)",
+  "owner('model.layers.0.input_layernorm.weight', 5)", "owner('model.layers.0.self_attn.q_proj.weight', 16384)",
+  "rank(7)", "layout(2, 2)", "" }, "\n"))
+check(code == 0, "fsdp repl at tp 2 exits 0")
+has(out, string.format("= 5 shards of %d on each of 2 tp ranks (world rank = shard rank x 2 + tp rank)", Sz), "layout() at tp")
+has_cells(out, "0  rows [0,64) of 128x128     0:[0,8192)", "layout(): q_proj's slice at tp rank 0")
+has_cells(out, "1  rows [64,128) of 128x128   0:[8192,16384)", "layout(): q_proj's slice at tp rank 1, in whole-weight elements")
+has_cells(out, "all  whole                      0:[0,128)", "layout(): a norm every tp rank holds whole")
+for t = 0, 1 do
+  local c0 = 176 * t
+  has_cells(out, string.format("%d  cols [%d,%d) of 128x352  %d:(0,%d)..(%d,%d) %d:(%d,%d)..(127,%d)", t, c0, c0 + 176, k - 1, c0,
+    math.floor((cut - 1) / 176), c0 + (cut - 1) % 176, k, math.floor(cut / 176), c0 + cut % 176, c0 + 175),
+    "layout(): down_proj's slice at tp rank " .. t .. ", its pieces as (row, col) of the whole weight")
+end
+has_cells(out, "model.embed_tokens.weight  128x128  16384       0   1  rows [128,256) of 256x128  0:[16384,", "layout(u, 1): tp rank 1's only")
+check(not out:find("0  rows [0,128) of 256x128", 1, true), "layout(u, 1) leaves tp rank 0 out")
+-- element 300 of the whole down_proj: row 0, col 300, tp rank 1's slice element 124, in shard k - 1
+local flat = down.offset + 124
+has(out, string.format("model.layers.0.mlp.down_proj.weight[300] (row 0, col 300 of 128x352) is in tp rank 1's slice " ..
+  "(cols [176,352) of 128x352) as its element 124: element %d of shard rank %d's shard", flat % Sz, math.floor(flat / Sz)),
+  "owner() of an element of the whole row-parallel weight")
+has(out, string.format("world rank %d", math.floor(flat / Sz) * 2 + 1), "owner(): the world rank")
+has(out, "q_proj.weight[8200] (row 64, col 8 of 128x128) is in tp rank 1's slice (rows [64,128) of 128x128) as its element 8",
+  "owner() of a column-parallel weight")
+has(out, "input_layernorm.weight[5] is held whole by each of the 2 tp ranks: element 5 of shard rank 0's shard", "owner(): a norm")
+has(out, "world ranks 0, 1 (one per tp rank)", "owner(): a norm's world ranks")
+has(out, "owner: index 16384 outside 'model.layers.0.self_attn.q_proj.weight' (0 to 16383, the whole weight's elements)",
+  "owner() past the whole weight")
+has(out, "rank 7: tp rank 1 of 2, shard rank 3, replica 0 of 1", "rank() at tp")
+has(out, "layout(u, t): tp rank 2; this plan's are 0 to 1", "layout() of a tp rank the plan lacks")
 
 -- a user's own model, no recipe: plan{model = ...}, use(), and the helpers
 -- on it, against fsdp.plan_model called here on the same model
@@ -132,5 +184,55 @@ has(out, "step 4/6", "trains step 4")
 check(not out:find("step 5/6", 1, true), "and stops there")
 has(out, "fsdp: stopped after step 4", "prompts again")
 has(out, "ending the run after step 4", "leaving ends the run")
+
+-- live at tp 2: layout() and owner() against what the ranks hold. Every
+-- rank prints its own slices as its model's specs say (rank 1's lines come
+-- prefixed "[1] "); gather() puts the slices together into the whole weight;
+-- for elements of the whole weights, owner()'s tp rank and slice element
+-- index that rank's own piece (shard()) to the same value
+local names = { "model.layers.0.self_attn.o_proj.weight", "model.layers.0.self_attn.q_proj.weight",
+  "model.layers.0.mlp.down_proj.weight", "model.embed_tokens.weight", "lm_head.weight", "model.norm.weight" }
+out, code = sh(fsdprun .. " -n 2 --repl recipes/tiny.lua mesh=dp_shard=1,tp=2 --break-at 1 train.steps=2 train.eval_every=0 " ..
+  "data.seq=64 data.micro_batch=4 train.metrics=" .. os.tmpname(), table.concat({
+    "layout('model.layers.0')", "layout('embed')",
+    "for _, u in ipairs(engine().s.units) do for _, q in ipairs(u.params) do local sl = q.spec.slice; if sl then " ..
+      "print(string.format('real %s %d %d %d %d', q.name, sl.row0, sl.rows, sl.col0, sl.cols)) end end end",
+    "names = { '" .. table.concat(names, "', '") .. "' }",
+    "ok, n = true, 0",
+    "for _, name in ipairs(names) do local g = gather(name); for i = 0, g:numel() - 1, 997 do " ..
+      "local d = owner(name, i).data; local b = shard(d.world[1], name); " ..
+      "ok = ok and b.data.values[(d.slice_index or i) - b.data.begin + 1] == g:get(i); n = n + 1 end end",
+    "'owner checked ' .. n .. ': ' .. tostring(ok)",
+    "owner('model.layers.0.self_attn.o_proj.weight', 8000)", "rank(1)", "" }, "\n"))
+check(code == 0, "the live run at tp 2 ends with status 0 (" .. tostring(code) .. ")")
+local real = 0
+for who, name, row0, rows, col0, cols in out:gmatch("\n(%[?1?%]? ?)real (%S+) (%d+) (%d+) (%d+) (%d+)") do
+  local t = who == "[1] " and 1 or 0
+  local sh = name == "model.embed_tokens.weight" and { 256, 128 } or name == "lm_head.weight" and { 256, 128 } or nil
+  row0, rows, col0, cols = tonumber(row0), tonumber(rows), tonumber(col0), tonumber(cols)
+  -- what layout() must say for this rank's slice of a layers.0 weight or the embedding
+  if name:find("layers.0.", 1, true) or name == "model.embed_tokens.weight" then
+    local full_r, full_c
+    if sh then full_r, full_c = sh[1], sh[2]
+    elseif cols < 128 and rows == 128 and name:find("o_proj", 1, true) then full_r, full_c = 128, 128
+    elseif name:find("down_proj", 1, true) then full_r, full_c = 128, 352
+    elseif name:find("gate_proj", 1, true) or name:find("up_proj", 1, true) then full_r, full_c = 352, 128
+    elseif name:find("q_proj", 1, true) then full_r, full_c = 128, 128
+    else full_r, full_c = 64, 128 end -- k_proj, v_proj (2 kv heads of 32)
+    local what = cols == full_c and string.format("rows [%d,%d)", row0, row0 + rows) or
+      string.format("cols [%d,%d)", col0, col0 + cols)
+    local line = string.format("%d  %s of %dx%d", t, what, full_r, full_c)
+    has_cells(out, line, "layout() live: tp rank " .. t .. "'s slice of " .. name .. " is the model's")
+    real = real + 1
+  end
+end
+check(real == 2 * 8, string.format("every tp rank's slices of layers.0 and the embedding checked (%d)", real))
+local want = 0 -- (every 997th element of each: o_proj, q_proj 128x128, down_proj 128x352, embedding and head 256x128, a norm)
+for _, numel in ipairs({ 16384, 16384, 45056, 32768, 32768, 128 }) do want = want + math.ceil(numel / 997) end
+has(out, string.format('"owner checked %d: true"', want),
+  "owner() live: the tp rank and slice element it names hold gather()'s whole-weight value there")
+has(out, "model.layers.0.self_attn.o_proj.weight[8000] (row 62, col 64 of 128x128) is in tp rank 1's slice " ..
+  "(cols [64,128) of 128x128) as its element 3968", "owner() live")
+has(out, "rank 1: tp rank 1 of 2, shard rank 0, replica 0 of 1", "rank() live at tp")
 
 T.finish()
