@@ -12,11 +12,14 @@
 -- The group: fsdp.tp.group(comm) for the mesh's "cp" communicator, or
 -- fsdp.tp.group(nil, size, rank) for a dry run (the collectives then only
 -- allocate what they would).
-local base = require "fsdp.ffi"
+--
+-- Devices: the reorders are copies of chunks (ops.copy: on a GPU on the
+-- compute stream) and the collectives are ordered as fsdp.tp's (tp.start,
+-- tp.done: on a GPU by events, no host wait).
 local tensor = require "fsdp.tensor"
 local autograd = require "fsdp.autograd"
+local ops = require "fsdp.ops"
 local tpm = require "fsdp.tp"
-local ffi = base.ffi
 
 local M = {}
 
@@ -27,12 +30,6 @@ M.group = tpm.group
 M.sent = { all_gather = 0, reduce_scatter = 0 }
 
 local function counting() return tensor.is_counting() end
-
-local function cpu(t, what)
-  if t.device ~= "cpu" then
-    error(what .. ": context parallelism runs on CPU ranks for now (its GPU reorders are not built)", 3)
-  end
-end
 
 -- Why T does not split over size cp ranks (nil when it does)
 function M.check(T, size)
@@ -63,9 +60,22 @@ function M.positions(g, T)
   return p
 end
 
--- The layout of rows of T the model keeps: {g, T, q_pos = positions}
-function M.layout(g, T) return { g = g, T = T, q_pos = M.positions(g, T) } end
-function M.layout_free(l) l.q_pos:free() end
+-- The layout of rows of T the model keeps: {g, T, q_pos = positions}, and
+-- on a GPU (device "cuda") q_pos_dev, their device copy (the attention
+-- kernels read it), copied on the compute stream: its memory may come from
+-- a block the stream still uses
+function M.layout(g, T, device)
+  local l = { g = g, T = T, q_pos = M.positions(g, T) }
+  if device == "cuda" then
+    l.q_pos_dev = tensor.new(l.q_pos.shape, "int32", "cuda")
+    if not counting() then l.q_pos_dev:copy_from(l.q_pos, ops.compute_stream()) end
+  end
+  return l
+end
+function M.layout_free(l)
+  l.q_pos:free()
+  if l.q_pos_dev then l.q_pos_dev:free() end
+end
 
 -- This rank's tokens of x ({B, T} or {B * T}, any dtype), as {B, T / cp}
 -- (or {B * T / cp}); rows of B from x's shape or B
@@ -74,36 +84,42 @@ function M.split(g, x, B)
   local c = T / (2 * g.size)
   local y = tensor.new(#x.shape == 1 and { B * 2 * c } or { B, 2 * c }, x.dtype, x.device)
   if counting() then return y end
-  cpu(x, "fsdp.cp split")
-  local src, dst, es = ffi.cast("uint8_t *", x:ptr()), ffi.cast("uint8_t *", y:ptr()), x.esize
   for b = 0, B - 1 do
     for h = 0, 1 do
       local k = h == 0 and g.rank or 2 * g.size - 1 - g.rank
-      ffi.copy(dst + (b * 2 * c + h * c) * es, src + (b * T + k * c) * es, c * es)
+      ops.copy(y, b * 2 * c + h * c, x, b * T + k * c, c)
     end
   end
   return y
 end
 
+-- The whole sequence's rows {B, T = P Tl, w} in order (seq) and by rank
+-- ({P, B, Tl, w}: each rank's two chunks of each row, ranked): to_seq
+-- copies ranked into seq, else seq into ranked
+local function reorder(seq, ranked, P, B, Tl, w, to_seq)
+  local c, T = Tl / 2, Tl * P
+  for r = 0, P - 1 do
+    for b = 0, B - 1 do
+      for h = 0, 1 do
+        local k = h == 0 and r or 2 * P - 1 - r
+        local at_seq, at_rank = (b * T + k * c) * w, ((r * B + b) * Tl + h * c) * w
+        if to_seq then ops.copy(seq, at_seq, ranked, at_rank, c * w) else ops.copy(ranked, at_rank, seq, at_seq, c * w) end
+      end
+    end
+  end
+end
+
 -- {B, Tl, w} of every rank, all-gathered, in global order: {B, T, w}
 function M.gather(g, x)
   local B, Tl, w = x.shape[1], x.shape[2], x.shape[3]
-  local c, P = Tl / 2, g.size
+  local P = g.size
   local y, all = tensor.new({ B, Tl * P, w }, x.dtype, x.device), tensor.new({ P, B, Tl, w }, x.dtype, x.device)
   M.sent.all_gather = M.sent.all_gather + (P - 1) / P * all:numel() * all.esize
   if not counting() then
-    cpu(x, "fsdp.cp gather")
+    tpm.start(g, x.device)
     g.comm:all_gather(all, x)
-    g.comm:synchronize()
-    local src, dst, es, T = ffi.cast("uint8_t *", all:ptr()), ffi.cast("uint8_t *", y:ptr()), x.esize, Tl * P
-    for r = 0, P - 1 do
-      for b = 0, B - 1 do
-        for h = 0, 1 do
-          local k = h == 0 and r or 2 * P - 1 - r
-          ffi.copy(dst + ((b * T + k * c) * w) * es, src + (((r * B + b) * Tl + h * c) * w) * es, c * w * es)
-        end
-      end
-    end
+    tpm.done(g, x.device)
+    reorder(y, all, P, B, Tl, w, true)
   end
   autograd.consume(all)
   return y
@@ -115,22 +131,13 @@ function M.scatter(g, dx)
   local B, T, w = dx.shape[1], dx.shape[2], dx.shape[3]
   local P = g.size
   local Tl = T / P
-  local c = Tl / 2
   local y, all = tensor.new({ B, Tl, w }, dx.dtype, dx.device), tensor.new({ P, B, Tl, w }, dx.dtype, dx.device)
   M.sent.reduce_scatter = M.sent.reduce_scatter + (P - 1) / P * all:numel() * all.esize
   if not counting() then
-    cpu(dx, "fsdp.cp scatter")
-    local src, dst, es = ffi.cast("uint8_t *", dx:ptr()), ffi.cast("uint8_t *", all:ptr()), dx.esize
-    for r = 0, P - 1 do
-      for b = 0, B - 1 do
-        for h = 0, 1 do
-          local k = h == 0 and r or 2 * P - 1 - r
-          ffi.copy(dst + (((r * B + b) * Tl + h * c) * w) * es, src + ((b * T + k * c) * w) * es, c * w * es)
-        end
-      end
-    end
+    reorder(dx, all, P, B, Tl, w, false)
+    tpm.start(g, dx.device)
     g.comm:reduce_scatter(y, all, "sum")
-    g.comm:synchronize()
+    tpm.done(g, dx.device)
   end
   autograd.consume(all)
   return y

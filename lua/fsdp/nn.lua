@@ -121,7 +121,7 @@ function Linear:backward(ctx, dy)
     local first, inp = self.rows[1], self.inp
     tpm.reduce_grad(self.tp, self.grad.weight, self.params[1].numel, function(dw)
       ops.linear_backward(dx, dw and dw + first * inp, nil, dy, x, weight(self), n, inp, self.out)
-    end)
+    end, dy)
     return dx
   end
   ops.linear_backward(dx, self.grad.weight, self.grad.bias, dy, x, self.bound.weight, n, self.inp, self.out)
@@ -357,7 +357,7 @@ function RMSNorm:backward(ctx, dy)
   if self.tp then
     tpm.reduce_grad(self.tp, self.grad.weight, self.dim, function(dw)
       ops.rmsnorm_backward(dx, dw, dy, s.x, self.bound.weight, s.rstd, n, self.dim)
-    end)
+    end, dy)
     return dx
   end
   ops.rmsnorm_backward(dx, self.grad.weight, dy, s.x, self.bound.weight, s.rstd, n, self.dim)

@@ -46,6 +46,13 @@ local function ptrs(what, ...)
 end
 M.ptrs = ptrs
 
+-- count elements of src from its element si into dst from its element di
+-- (the reorders of fsdp.tp and fsdp.cp; the views are nobody's): on a GPU
+-- a copy on the compute stream, in its order; on the CPU at once
+function M.copy(dst, di, src, si, count)
+  dst:view(di, count):copy_from(src:view(si, count), on_cuda(dst) and M.compute_stream() or nil)
+end
+
 function M.linear_forward(y, x, w, b, n, inp, out)
   local yp, xp = ptrs("Linear forward", y, x)
   if on_cuda(y) then return check(CU().fsdp_cuda_linear_forward(yp, xp, w, b, n, inp, out, y.dtype_id, S()), "Linear forward") end
@@ -403,7 +410,7 @@ local dry = {
     return { cos = tensor.new({ seq, hd }, "fp32", device), sin = tensor.new({ seq, hd }, "fp32", device), seq = seq, device = device }
   end,
 }
-for _, name in ipairs({ "linear_forward", "linear_backward", "embedding_forward", "embedding_backward", "rmsnorm_forward",
+for _, name in ipairs({ "copy", "linear_forward", "linear_backward", "embedding_forward", "embedding_backward", "rmsnorm_forward",
   "rmsnorm_backward", "rope_tables", "rope", "attention_forward", "attention_backward", "attention_cached",
   "attention_forward_pos", "attention_backward_pos", "swiglu_forward",
   "swiglu_backward", "add", "cross_entropy", "token_logprobs", "tanh_forward", "tanh_backward" }) do

@@ -19,10 +19,20 @@
 -- The group: tp.group(comm) for a mesh's "tp" communicator, or
 -- tp.group(nil, size, rank) for a dry run (the planner's: no comm; the
 -- collectives then only allocate what they would).
+--
+-- Devices: on CPU ranks the ops run on the calling thread and each
+-- collective is waited for (comm:synchronize) before its result is read.
+-- On a GPU everything runs in the compute stream's order with no host
+-- wait (M.start, M.done): the comm's stream waits for the compute stream
+-- before a collective, the compute stream for the comm's after it; the
+-- vocab-parallel ops run their CUDA twins on the compute stream, and the
+-- cross-entropy's loss stays on the device (ops.deferred), as ops.cross_entropy's.
 local base = require "fsdp.ffi"
 local tensor = require "fsdp.tensor"
 local autograd = require "fsdp.autograd"
-local ffi, C, check = base.ffi, base.C, base.check
+local ops = require "fsdp.ops"
+local streams = require "fsdp.stream"
+local ffi, C, check, CU = base.ffi, base.C, base.check, base.cuda
 
 local M = {}
 local Group = {}
@@ -47,13 +57,40 @@ end
 
 local function counting() return tensor.is_counting() end
 
-local function cpu(t, what)
-  if t.device ~= "cpu" then
-    error(what .. ": tensor parallelism runs on CPU ranks for now (its GPU collectives and vocab-slice kernels are not built)", 3)
+-- A collective of group g on tensors of `device`, between M.start(g,
+-- device) and M.done(g, device) (fsdp.cp's too). CPU ranks: the inputs
+-- are ready when the host issues it; done waits for the comm's worker.
+-- GPU: the comm's stream waits for the compute stream's work so far (the
+-- collective's inputs), and done makes the compute stream wait for the
+-- collective (its outputs), both with events: the host never waits. Done
+-- also lets the comm drop its hold on the buffers (mesh.lua keeps them
+-- until a synchronize that never comes here): every later use of their
+-- memory, which the caching allocator hands to the compute stream, is
+-- ordered after the collective on it.
+local function events(g)
+  local e = g.events
+  if not e then
+    e = { inputs = streams.event("cuda"), outputs = streams.event("cuda"), stream = g.comm:stream() }
+    g.events = e
   end
+  return e
 end
 
-local function done(g) g.comm:synchronize() end
+function M.start(g, device)
+  if device ~= "cuda" then return end
+  local e = events(g)
+  e.inputs:record(ops.compute_stream())
+  e.stream:wait(e.inputs)
+end
+
+function M.done(g, device)
+  if device ~= "cuda" then return g.comm:synchronize() end
+  local e = events(g)
+  e.outputs:record(e.stream)
+  ops.compute_stream():wait(e.outputs)
+  g.comm.inflight = nil
+end
+local start, done = M.start, M.done
 
 -- Bytes this rank sends in the tp collectives (ring algorithms: (P-1)/P of
 -- the whole buffer for an all-gather or a reduce-scatter, twice that for an
@@ -75,9 +112,9 @@ function M.gather_rows(g, x)
   end
   sent(g, "all_gather", y)
   if counting() then return y end
-  cpu(x, "fsdp.tp gather")
+  start(g, x.device)
   g.comm:all_gather(y, x)
-  done(g)
+  done(g, x.device)
   return y
 end
 
@@ -87,25 +124,35 @@ function M.scatter_rows(g, x)
   local y = tensor.new({ x:numel() / d / g.size, d }, x.dtype, x.device)
   sent(g, "reduce_scatter", x)
   if counting() then return y end
-  cpu(x, "fsdp.tp scatter")
+  start(g, x.device)
   g.comm:reduce_scatter(y, x, "sum")
-  done(g)
+  done(g, x.device)
   return y
 end
 
 -- fn(p) adds one call's gradient of a parameter every tp rank holds whole
--- into p (n floats); the calls of all tp ranks are summed into grad, the
--- same on every rank
-function M.reduce_grad(g, grad, n, fn)
-  local t = tensor.new(n)
+-- into p (n elements of the grad's dtype: fp32 on CPU ranks, dy's on a
+-- GPU, the units' compute dtype); the calls of all tp ranks are summed into
+-- grad, the same on every rank. dy: the call's output gradient (its device).
+function M.reduce_grad(g, grad, n, fn, dy)
+  local gpu = dy.device == "cuda"
+  local t = tensor.new(n, gpu and dy.dtype or "fp32", dy.device)
   sent(g, "all_reduce", t, 2)
   if counting() then
     fn(nil)
+  elseif gpu then
+    local s = ops.compute_stream()
+    check(C.fsdp_memset(t:ptr(), 0, t:nbytes(), s:live("fsdp.tp gradient")), "fsdp.tp gradient")
+    fn(t:ptr())
+    start(g, "cuda")
+    g.comm:all_reduce(t, t, "sum")
+    done(g, "cuda")
+    check(CU().fsdp_cuda_scale_add(grad, 1, t:ptr(), n, t.dtype_id, s:live("fsdp.tp gradient")), "fsdp.tp gradient")
   else
     t:fill(0)
     fn(t:ptr())
     g.comm:all_reduce(t, t, "sum")
-    done(g)
+    done(g, "cpu")
     check(C.fsdp_scale_add(grad, 1, t:ptr(), n), "fsdp.tp gradient")
   end
   autograd.consume(t)
@@ -141,12 +188,11 @@ function GatherColumns:forward(_, x)
     autograd.consume(all)
     return y
   end
-  cpu(x, "fsdp.tp gather columns")
+  start(g, x.device)
   g.comm:all_gather(all, x)
-  done(g)
-  local src, dst, es = ffi.cast("uint8_t *", all:ptr()), ffi.cast("uint8_t *", y:ptr()), x.esize
+  done(g, x.device)
   for r = 0, g.size - 1 do
-    for i = 0, n - 1 do ffi.copy(dst + (i * cols * g.size + r * cols) * es, src + ((r * n + i) * cols) * es, cols * es) end
+    for i = 0, n - 1 do ops.copy(y, (i * g.size + r) * cols, all, (r * n + i) * cols, cols) end
   end
   autograd.consume(all)
   return y
@@ -155,40 +201,52 @@ function GatherColumns:backward(_, dy)
   local g, s = self.tp, self.saved
   local dx = tensor.new({ s.n, s.cols }, dy.dtype, dy.device)
   if counting() then return dx end
-  local src, dst, es = ffi.cast("uint8_t *", dy:ptr()), ffi.cast("uint8_t *", dx:ptr()), dy.esize
-  for i = 0, s.n - 1 do ffi.copy(dst + i * s.cols * es, src + (i * s.cols * g.size + g.rank * s.cols) * es, s.cols * es) end
+  for i = 0, s.n - 1 do ops.copy(dx, i * s.cols, dy, (i * g.size + g.rank) * s.cols, s.cols) end
   return dx
 end
 
 ---------------------------------------------------------------- vocab-parallel ops
+-- (the CUDA twins on the compute stream, as fsdp.ops runs its ops)
+local function stream(what) return ops.compute_stream():live(what) end
+
 function M.embedding_forward(y, ids, w, n, vocab, first, rows, dim)
   if counting() then return end
-  cpu(y, "Embedding (vocab-parallel)")
-  check(C.fsdp_embedding_forward_slice(y:ptr(), ids:ptr(), w, n, vocab, first, rows, dim), "Embedding forward")
+  local yp, idp = ops.ptrs("Embedding forward", y, ids)
+  if y.device == "cuda" then
+    return check(CU().fsdp_cuda_embedding_forward_slice(yp, idp, w, n, vocab, first, rows, dim, y.dtype_id,
+      stream("Embedding forward")), "Embedding forward")
+  end
+  check(C.fsdp_embedding_forward_slice(yp, idp, w, n, vocab, first, rows, dim), "Embedding forward")
 end
 
 function M.embedding_backward(dw, dy, ids, n, vocab, first, rows, dim)
   if counting() then return end
-  cpu(dy, "Embedding (vocab-parallel)")
-  check(C.fsdp_embedding_backward_slice(dw, dy:ptr(), ids:ptr(), n, vocab, first, rows, dim), "Embedding backward")
+  local dyp, idp = ops.ptrs("Embedding backward", dy, ids)
+  if dy.device == "cuda" then
+    return check(CU().fsdp_cuda_embedding_backward_slice(dw, dyp, idp, n, vocab, first, rows, dim, dy.dtype_id,
+      stream("Embedding backward")), "Embedding backward")
+  end
+  check(C.fsdp_embedding_backward_slice(dw, dyp, idp, n, vocab, first, rows, dim), "Embedding backward")
 end
 
 -- The cross-entropy of n rows of logits of which this rank holds columns
 -- [first, first + cols): the sum of the rows' losses (the same on every
 -- tp rank) and, with grad_scale, dlogits written over the logits. Two
 -- collectives: an all-gather of each row's local max and target logit,
--- an all-reduce of the sums of exponentials.
-function M.cross_entropy(g, logits, targets, n, V, first, ignore_index, grad_scale)
-  local cols = logits:numel() / n
-  local st, all, sums = tensor.new(2 * n), tensor.new({ g.size, 2 * n }), tensor.new(n)
+-- an all-reduce of the sums of exponentials. targets: the CPU int32
+-- tensor; on a GPU tdev is its device copy, and the sum is an
+-- ops.deferred (the gathered stats combined by a kernel: no host read).
+function M.cross_entropy(g, logits, targets, tdev, n, V, first, ignore_index, grad_scale)
+  local cols, dev = logits:numel() / n, logits.device
+  local st, all, sums = tensor.new(2 * n, "fp32", dev), tensor.new({ g.size, 2 * n }, "fp32", dev), tensor.new(n, "fp32", dev)
   sent(g, "all_gather", all)
   sent(g, "all_reduce", sums, 2)
+  if dev == "cuda" then return M.cross_entropy_cuda(g, logits, tdev, n, V, first, cols, ignore_index, grad_scale, st, all, sums) end
   if counting() then return 0 end
-  cpu(logits, "cross entropy (vocab-parallel)")
   local sp, lp, tp = st:ptr(), logits:ptr(), targets:ptr()
   check(C.fsdp_cross_entropy_vocab_stats(sp, sp + n, lp, tp, n, V, first, cols, ignore_index), "cross entropy")
   g.comm:all_gather(all, st)
-  done(g)
+  done(g, dev)
   local a = all:ptr()
   for i = 0, n - 1 do -- the max over the group, the target's logit from its owner (0 elsewhere)
     local m, t = a[i], a[n + i]
@@ -200,11 +258,36 @@ function M.cross_entropy(g, logits, targets, n, V, first, ignore_index, grad_sca
   end
   check(C.fsdp_cross_entropy_vocab_sum(sums:ptr(), lp, sp, n, cols), "cross entropy")
   g.comm:all_reduce(sums, sums, "sum")
-  done(g)
+  done(g, dev)
   local sum, cnt = ffi.new("double[1]"), ffi.new("int64_t[1]")
   check(C.fsdp_cross_entropy_vocab_finish(sum, cnt, grad_scale and lp or nil, lp, tp, sp, sums:ptr(), sp + n, n, V,
     first, cols, ignore_index, grad_scale or 0), "cross entropy")
   return base.f64(sum)
+end
+
+-- (M.cross_entropy on a GPU: the same passes, collectives and combine in
+-- the compute stream's order; the loss sum and count in a device buffer
+-- the step reads once, with the other micro-batches' losses)
+function M.cross_entropy_cuda(g, logits, tdev, n, V, first, cols, ignore_index, grad_scale, st, all, sums)
+  local what = "cross entropy (vocab-parallel)"
+  -- from the caching allocator; read after the step: nobody's activation
+  local loss = autograd.untracked(tensor.new, 2, "fp64", "cuda")
+  if counting() then return ops.deferred({ device = loss }, 1) end
+  if tdev == nil then error(what .. ": on a GPU the targets' device copy is needed", 3) end
+  local lp, tp, sp, ap, smp, lsp = ops.ptrs(what, logits, tdev, st, all, sums, loss)
+  local dt, s, X = logits.dtype_id, stream(what), CU()
+  check(X.fsdp_cuda_cross_entropy_vocab_stats(sp, sp + n, lp, tp, n, V, first, cols, ignore_index, dt, s), what)
+  start(g, "cuda")
+  g.comm:all_gather(all, st)
+  done(g, "cuda")
+  check(X.fsdp_cuda_cross_entropy_vocab_combine(sp, sp + n, ap, n, g.size, s), what)
+  check(X.fsdp_cuda_cross_entropy_vocab_sum(smp, lp, sp, n, cols, dt, s), what)
+  start(g, "cuda")
+  g.comm:all_reduce(sums, sums, "sum")
+  done(g, "cuda")
+  check(X.fsdp_cuda_cross_entropy_vocab_finish(lsp, ffi.cast("int64_t *", lsp) + 1, grad_scale and lp or nil, lp, tp, sp,
+    smp, sp + n, n, V, first, cols, ignore_index, grad_scale or 0, dt, s), what)
+  return ops.deferred({ device = loss }, 1)
 end
 
 -- The spec fields of a parameter slice: rows [row0, row0 + rows) and

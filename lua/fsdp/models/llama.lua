@@ -287,7 +287,7 @@ function Attention:forward(ctx, x, phase)
     autograd.consume(k)
     autograd.consume(v)
     k, v = kg, vg
-    ops.attention_forward_pos(out, lse, q, k, v, cpl.q_pos, B, T, cpl.T, nh, nkv, hd)
+    ops.attention_forward_pos(out, lse, q, k, v, cpl.q_pos, B, T, cpl.T, nh, nkv, hd, cpl.q_pos_dev)
   else
     ops.attention_forward(out, lse, q, k, v, B, T, nh, nkv, hd, docs)
   end
@@ -304,7 +304,8 @@ function Attention:backward(ctx, dy)
   local dq, dk, dv = ops.like(s.q), ops.like(s.k), ops.like(s.v)
   local cpl = s.cp
   if cpl then -- the whole sequence's key and value grads, back to the chunks' owners
-    ops.attention_backward_pos(dq, dk, dv, dout, s.q, s.k, s.v, s.out, s.lse, cpl.q_pos, B, T, cpl.T, nh, nkv, hd)
+    ops.attention_backward_pos(dq, dk, dv, dout, s.q, s.k, s.v, s.out, s.lse, cpl.q_pos, B, T, cpl.T, nh, nkv, hd,
+      cpl.q_pos_dev)
     local dkl, dvl = cpm.scatter(cpl.g, dk), cpm.scatter(cpl.g, dv)
     autograd.consume(dk)
     autograd.consume(dv)
@@ -517,12 +518,12 @@ function CausalLM:release()
   end
 end
 
--- Context parallelism: the layout of rows of T (fsdp.cp.layout), kept for
--- the shape: nobody's activation (freed by release)
-local function cp_layout(self, B, T)
+-- Context parallelism: the layout of rows of T on the ids' device
+-- (fsdp.cp.layout), kept for the shape: nobody's activation (freed by release)
+local function cp_layout(self, T, device)
   local l = self.cp_layouts[T]
   if not l then
-    l = autograd.untracked(cpm.layout, self.cp, T)
+    l = autograd.untracked(cpm.layout, self.cp, T, device)
     self.cp_layouts[T] = l
   end
   return l
@@ -567,7 +568,7 @@ local function pack(self, ids, doc_start)
     if doc_start then error("llama: packed rows with context parallelism are not built (data.pack at cp = 1)", 3) end
     local why = cpm.check(T, self.cp.size)
     if why then error("llama: " .. why, 3) end
-    self.packed.cp = cp_layout(self, B, T)
+    self.packed.cp = cp_layout(self, T, ids.device)
     if self.tp then -- (this rank's rows: of its chunks)
       if (B * T / self.cp.size) % self.tp.size ~= 0 then
         error(string.format("llama: %d x %d tokens per cp rank do not split into rows for %d tp ranks", B, T / self.cp.size,
@@ -670,6 +671,7 @@ function CausalLM:forward_loss(ctx, ids, targets, o)
     local B = ids.shape[1]
     local nf = nn.forward_chain(ctx, trunk(self), local_part(self, ids, B))
     targets = local_part(self, targets, B)
+    local tdev = o.targets_dev and local_part(self, o.targets_dev, B)
     if tp then -- the head on all rows, each rank its columns of the vocabulary
       local all = nn.call(ctx, self.tp_mods.head_in, "forward", nf)
       autograd.consume(nf)
@@ -677,7 +679,7 @@ function CausalLM:forward_loss(ctx, ids, targets, o)
     end
     local n = nf:numel() / h
     count = count_targets(targets, n, V, ignore)
-    if nf.device == "cuda" and not o.targets_dev then error("llama forward_loss: on cuda the targets' device copy is needed", 0) end
+    if nf.device == "cuda" and not tdev then error("llama forward_loss: on cuda the targets' device copy is needed", 0) end
     local rows = M.loss_rows(n, tp and V / tp.size or V, nf.esize, o.chunk_bytes or M.loss_chunk_bytes)
     local gscale = count > 0 and (o.scale or 1) / count or 0
     local grad = not ctx.no_grad and ops.like(nf) or nil
@@ -687,11 +689,11 @@ function CausalLM:forward_loss(ctx, ids, targets, o)
       local r = math.min(rows, n - r0)
       autograd.scope(function() -- one chunk's logits, turned into their gradient in place
         local logits = nn.call(ctx, head, "forward", nf:view(r0 * h, { r, h }))
-        local tv, tdv = targets:view(r0, r), o.targets_dev and o.targets_dev:view(r0, r)
+        local tv, tdv = targets:view(r0, r), tdev and tdev:view(r0, r)
         if o.coef then -- a loss written over the log-probs: its gradient, coef (onehot - softmax)
           ops.token_logprobs(nil, nil, logits, tv, tdv, o.coef:view(r0, r), r, V, ignore)
         elseif tp then
-          parts[#parts + 1] = tpm.cross_entropy(tp, logits, tv, r, V, (tp:part(V)), ignore,
+          parts[#parts + 1] = tpm.cross_entropy(tp, logits, tv, tdv, r, V, (tp:part(V)), ignore,
             grad and gscale or nil)
         else
           parts[#parts + 1] = ops.cross_entropy(logits, tv, tdv, r, V, ignore, gscale)

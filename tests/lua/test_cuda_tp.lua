@@ -1,0 +1,142 @@
+-- test_cuda_tp.lua (GPU ranks: fsdprun -n 2 or 4 --ranks-per-gpu N, as
+-- tests/scripts/test_cuda_tp.sh runs it; exits 77 without a GPU): tensor
+-- parallelism (fsdp.tp) and context parallelism (fsdp.cp) on GPU ranks
+-- against one GPU rank, as tests/lua/test_tp.lua does on CPU ranks. At
+-- W = 2 the meshes (dp_shard, tp) = (1, 2) and (dp_shard, cp) = (1, 2); at
+-- W = 4 cp 2 x tp 2. Two models: a GQA Llama whose 2 kv heads split over
+-- tp 2, and one with a single kv head (every tp rank holds k_proj and
+-- v_proj whole: their gradients summed over the group on the device) and
+-- tied embeddings. 10 AdamW steps at ZeRO 3 in fp32 equal the same model
+-- trained on one GPU rank over the same batch: each step's loss and grad
+-- norm within 1e-5 relative (other GEMM shapes, sums in other orders). On
+-- the tp meshes also the whole-logits loss (the head's columns gathered,
+-- train.loss_chunk_mb = 0), and in bf16 the losses within 3e-2 of one
+-- bf16 rank's (bf16 has 8 bits; the tp collectives add in bf16).
+-- What runs on the device: the vocab-parallel embedding and cross-entropy
+-- kernels (the gathered stats combined by a kernel), cp's reorders on the
+-- compute stream and its positions' device copy, and every tp and cp
+-- collective ordered against the compute stream by events.
+local fsdp = require "fsdp"
+local llama = require "fsdp.models.llama"
+local tpm = require "fsdp.tp"
+local C = fsdp.C
+
+if C.fsdp_device_available(C.FSDP_CUDA) ~= 1 then
+  print("test_cuda_tp: no CUDA device here; skipped")
+  os.exit(77)
+end
+local info = fsdp.init()
+local W, R = info.size, info.rank
+local T = dofile((arg[0]:match("^(.*/)") or "./") .. "testkit.lua")(string.format("test_cuda_tp rank %d/%d", R, W))
+local check = T.check
+if W ~= 2 and W ~= 4 then
+  print("test_cuda_tp: runs at 2 or 4 ranks (fsdprun -n 2|4 --ranks-per-gpu N)")
+  os.exit(2)
+end
+fsdp.check(C.fsdp_device_set(C.FSDP_CUDA, info.local_rank % C.fsdp_device_count(C.FSDP_CUDA)), "device")
+
+local gqa = { hidden_size = 64, intermediate_size = 96, num_attention_heads = 4, num_key_value_heads = 2,
+  num_hidden_layers = 2, vocab_size = 128, max_position_embeddings = 64, rms_norm_eps = 1e-5 }
+local shared_kv = {}
+for k, v in pairs(gqa) do shared_kv[k] = v end
+shared_kv.num_key_value_heads, shared_kv.tie_word_embeddings = 1, true
+
+local SEQ, MB, STEPS = 16, 2, 10
+local opt = { lr = 5e-4, beta1 = 0.9, beta2 = 0.95, eps = 1e-6, weight_decay = 0.1, clip = 1.0 }
+
+-- step k's batch, the same on every rank: ids and targets' device copies
+-- on the GPU, the targets on the host too (counted and checked there)
+local function batch(vocab, k)
+  local rnd = T.lcg(1000 + k)
+  local ids, tg = {}, {}
+  for _ = 0, MB - 1 do
+    local row = {}
+    for t = 0, SEQ do row[t] = math.floor(rnd(2147483648) / 65536) % vocab end
+    for t = 0, SEQ - 1 do ids[#ids + 1], tg[#tg + 1] = row[t], row[t + 1] end
+  end
+  local x, y = T.int32(fsdp, ids, { MB, SEQ }), T.int32(fsdp, tg, { MB * SEQ })
+  local b = { x = fsdp.tensor({ MB, SEQ }, "int32", "cuda"):copy_from(x), y = y,
+    y_dev = fsdp.tensor({ MB * SEQ }, "int32", "cuda"):copy_from(y) }
+  x:free()
+  return b
+end
+local function free(b) b.x:free(); b.y:free(); b.y_dev:free() end
+
+local chunked = llama.step_loss(1 * 2 ^ 20)
+local whole = { loss = function(logits, b, scale) return llama.loss(logits, b.y, scale, nil, b.y_dev) end }
+
+-- trains m for STEPS steps: {k = {loss, norm}}
+local function train(m, cfg, loss)
+  local out = {}
+  for k = 1, STEPS do
+    local b = batch(cfg.vocab_size, k)
+    local o = { forward_loss = loss.forward_loss, loss = loss.loss }
+    for key, v in pairs(opt) do o[key] = v end
+    local l, n = m:train_step({ b }, o)
+    out[k] = { l, n }
+    free(b)
+  end
+  return out
+end
+
+-- one GPU rank alone (each rank its own), once per model and dtype
+local solo_mesh = fsdp.mesh({ { "dp_outer", W }, { "dp_shard", 1 } }, { device = "cuda" })
+local refs = {}
+local function reference(name, cfg, dtype, loss)
+  local key = name .. dtype .. tostring(loss == whole)
+  if not refs[key] then
+    local m = fsdp.fully_shard(llama.model(cfg), { shard = solo_mesh:group("dp_shard"), units = llama.units, zero = 3,
+      seed = 7, mixed = { param_dtype = dtype } })
+    refs[key] = train(m, cfg, loss)
+    m:free()
+  end
+  return refs[key]
+end
+
+local function rel(a, b) return math.abs(a - b) / math.max(math.abs(b), 1e-30) end
+
+-- the model on mesh spec, as the trainer builds it (FSDP over dp_shard x cp)
+local function run(label, name, cfg_t, spec, dtype, loss)
+  local cfg = llama.config(cfg_t)
+  local want = reference(name, cfg, dtype, loss)
+  local mesh = fsdp.mesh(spec, { device = "cuda" })
+  local dims = {}
+  for _, d in ipairs(spec) do dims[d[1]] = d[2] end
+  local tpc, cpc = dims.tp and mesh:group("tp"), dims.cp and mesh:group("cp")
+  local m = fsdp.fully_shard(llama.model(cfg, { tp = tpc and tpm.group(tpc), cp = cpc and tpm.group(cpc) }),
+    { shard = mesh:group(cpc and "dp_shard,cp" or "dp_shard"), tp = tpc, units = llama.units, zero = 3, seed = 7,
+      mixed = { param_dtype = dtype } })
+  local got = train(m, cfg, loss)
+  local worst_l, worst_n = 0, 0
+  for k = 1, STEPS do
+    worst_l = math.max(worst_l, rel(got[k][1], want[k][1]))
+    worst_n = math.max(worst_n, rel(got[k][2], want[k][2]))
+  end
+  local what = string.format("%s, %s, %s%s", label, name, dtype, loss == whole and ", whole logits" or "")
+  if dtype == "fp32" then
+    check(worst_l <= 1e-5 and worst_n <= 1e-5, string.format("%s: %d steps' losses and grad norms equal one GPU rank's " ..
+      "(worst %.2g and %.2g relative; tolerance 1e-5)", what, STEPS, worst_l, worst_n))
+  else
+    check(worst_l <= 3e-2, string.format("%s: %d steps' losses within 3e-2 of one bf16 GPU rank's (worst %.2g; grad " ..
+      "norms %.2g)", what, STEPS, worst_l, worst_n))
+  end
+  if R == 0 then print(string.format("  %s: worst loss %.2g, grad norm %.2g relative", what, worst_l, worst_n)) end
+  check(got[STEPS][1] < got[1][1], string.format("%s: the loss falls (%.4f -> %.4f)", what, got[1][1], got[STEPS][1]))
+  m:free()
+  mesh:free()
+end
+
+local meshes = W == 2 and { { "tp2", { { "dp_shard", 1 }, { "tp", 2 } } }, { "cp2", { { "dp_shard", 1 }, { "cp", 2 } } } }
+  or { { "cp2 x tp2", { { "dp_shard", 1 }, { "cp", 2 }, { "tp", 2 } } } }
+for _, mm in ipairs(meshes) do
+  local label, spec = mm[1], mm[2]
+  local has_cp = label:find("cp") ~= nil
+  run(label, "gqa", gqa, spec, "fp32", chunked)
+  run(label, "one kv head, tied", shared_kv, spec, "fp32", chunked)
+  if not has_cp then run(label, "gqa", gqa, spec, "fp32", whole) end -- (the whole logits: not built with cp)
+  run(label, "gqa", gqa, spec, "bf16", chunked)
+end
+local st = fsdp.memory_stats("cuda")
+check(st.peak > 0, "the CUDA pool served the runs")
+solo_mesh:free()
+T.finish()
