@@ -104,9 +104,10 @@ end
 local function open_sampler(J)
   local r, cfg, where = J.r, J.cfg, J.where
   if not (r.train.sample_tokens > 0 and r.train.eval_every > 0) then return end
-  if J.tp then -- (fsdp.generate runs the model whole: not at tp > 1)
-    J.say("fsdp: train.sample_tokens = %d: no samples at tp = %d (generation with tensor parallelism is not built); " ..
-      "the evaluation's loss is still printed", r.train.sample_tokens, J.tp:size())
+  if J.tp or J.cp then -- (fsdp.generate runs the model whole: not at tp or cp > 1)
+    local what = J.tp and string.format("tp = %d", J.tp:size()) or string.format("cp = %d", J.cp:size())
+    J.say("fsdp: train.sample_tokens = %d: no samples at %s (generation with tensor or context parallelism is not " ..
+      "built); the evaluation's loss is still printed", r.train.sample_tokens, what)
     return
   end
   J.sampler = require("fsdp.generate").wrap(J.sharded, cfg, { files = J.carried or {}, dir = J.carried_from, source = where })
