@@ -21,6 +21,11 @@ if(FSDP_HAVE_CUDA)
   # phase offload by cudaMemGetInfo (tests/lua/test_cuda_engine.lua)
   add_test(NAME lua_cuda_engine COMMAND $<TARGET_FILE:fsdprun> -n 1 --timeout 300 ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_cuda_engine.lua)
   set_tests_properties(lua_cuda_engine PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 330)
+  # tp 2, cp 2, cp 2 x tp 2 on GPU ranks sharing a GPU, against one GPU rank
+  # (tests/scripts/test_cuda_tp.sh runs tests/lua/test_cuda_tp.lua at 2 and 4 ranks)
+  add_test(NAME lua_cuda_tp COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scripts/test_cuda_tp.sh $<TARGET_FILE:fsdprun>
+                                    ${CMAKE_SOURCE_DIR} 120)
+  set_tests_properties(lua_cuda_tp PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 300)
   # the planner's bytes against the GPU's allocator (tests/lua/test_planner.lua cuda)
   add_test(NAME lua_planner_cuda
            COMMAND $<TARGET_FILE:fsdprun> -n 1 --timeout 200 ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_planner.lua ${CMAKE_SOURCE_DIR} cuda)
