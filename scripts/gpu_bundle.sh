@@ -62,12 +62,13 @@ du -sh .devpack/bundle.tar.xz
 # One device call of at most 600 s, each stage stopped at
 # GPU_CHECK_STAGE_LIMIT: first what no GPU has run yet (the units' checked
 # states and overlap_step in train, generate's CUDA path, the dry run's
-# CUDA branches in planner), the Intel host's CPU (issue 38: the only
-# other vendor a session reaches), the 4-rank timeline (NCCL live, so every
-# device wait goes through the bounded waits), the peers, the host's whole
-# CPU suite, and last the multi-rank matrix (270 s on the H100; its fault
-# cases at its end run the bounded waits' abort path), which a second call
-# can take where the first ran out
+# CUDA branches in planner, tp and cp on GPU ranks in tp_cp), the Intel
+# host's CPU (issue 38: the only other vendor a session reaches), the
+# 4-rank timeline (NCCL live, so every device wait goes through the
+# bounded waits), the peers, the host's whole CPU suite, and last the
+# multi-rank matrix (270 s on the H100; its fault cases at its end run the
+# bounded waits' abort path), which a second call can take where the
+# first ran out
 echo "gpu_bundle: carry [\".devpack\"]; on the GPU machine, in one call (timeout_s 600):"
-echo "  GPU_CHECK_STAGE_LIMIT=300 TINY_STEPS=100 GPU_CHECK_STAGES=\"tests train generate planner host_cpu timeline4 \\"
+echo "  GPU_CHECK_STAGE_LIMIT=300 TINY_STEPS=100 GPU_CHECK_STAGES=\"tests train generate planner tp_cp host_cpu timeline4 \\"
 echo "    vs_peers host_suite multirank vs_peers_offload\" bash scripts/gpu_check.sh build-gpu \$OUT"

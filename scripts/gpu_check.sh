@@ -3,6 +3,7 @@
 # and carried along (scripts/gpu_bundle.sh makes build-gpu/ and .devlibs/:
 # libfsdp.so and the CUDA backend libfsdp_cuda.so side by side):
 #   [GPU_CHECK_STAGES="tests train vs_fsdp2 ..."] scripts/gpu_check.sh [BUILD_DIR] [OUT_DIR]
+#   scripts/gpu_check.sh --help   this text (nothing run)
 # Stages, run in the order GPU_CHECK_STAGES lists them (a lent GPU has
 # minutes: put first what must not be missed); each stage's wall time and
 # status go to OUT/stages.txt as it ends, so a run cut off still says how
@@ -16,6 +17,13 @@
 #               rows and the engine's log-probs against the CPU, a GRPO step against the
 #               cross-entropy's, offload / onload by cudaMemGetInfo) and bench/phase_offload.lua
 #               (the time of each move of a 1B-shaped state against a device-to-host copy)
+#   tp_cp       tensor and context parallelism on GPU ranks (issue 46): test_kernels vocab (the
+#               vocab-parallel embedding and cross-entropy kernels against their CPU ops), then
+#               tests/scripts/test_cuda_tp.sh: tests/lua/test_cuda_tp.lua on 2 ranks
+#               (tp 2, cp 2) and 4 (cp 2 x tp 2) sharing the GPU (fsdprun --ranks-per-gpu), each
+#               against one GPU rank (fp32: 10 steps' losses and grad norms within 1e-5; bf16
+#               losses within 3e-2); test_kernels stopped after 30 s, each job after 120 s, the
+#               two jobs after 270 s: the stage ends within 300 s
 #   multirank   2 and 4 GPU ranks on the GPU at hand (fsdprun --ranks-per-gpu):
 #               the matrix of scripts/multirank_check.sh against 1 GPU rank and
 #               CPU ranks, checkpoints across worlds, a killed rank, the REPL
@@ -51,13 +59,17 @@
 #   host_suite  the whole CPU suite on the host's CPU (scripts/host_suite.sh build-host: carry
 #               build-host/, which scripts/gpu_bundle.sh makes)
 # GPU_CHECK_STAGE_LIMIT=S stops a stage that runs past S seconds (below).
-# Without GPU_CHECK_STAGES: tests post multirank train generate planner demos repl adamw
+# Without GPU_CHECK_STAGES: tests post tp_cp multirank train generate planner demos repl adamw
 # kernels offload, then with GPU_CHECK_BENCH=1 blas vs_fsdp2 vs_fsdp2_offload
 # timeline offload_probe attention, then with GPU_CHECK_COLLECTIVES=1
 # collectives.
 # Libraries the GPU machine lacks (PMIx, LuaJIT, ...) may sit in .devlibs/;
 # NCCL is taken from the system or from Python's nvidia-nccl package.
 set -uo pipefail
+if [ "${1:-}" = --help ]; then # the stages and options above, nothing run
+  sed -n '2,/^set -uo pipefail/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
+  exit 0
+fi
 cd "$(dirname "$0")/.."
 build=${1:-build}
 export FSDPRUN_OVERSUBSCRIBE=1 # CPU checks run more ranks than the one GPU (fsdprun counts GPUs as slots)
@@ -107,6 +119,21 @@ stage_post() {
     "$build/fsdprun" -n 1 --host "$build/fsdp" bench/phase_offload.lua device=cuda param_dtype=$d >>"$out/post.log" 2>&1 || rc=1
   done
   tail -20 "$out/post.log"
+  return $rc
+}
+
+stage_tp_cp() {
+  local log="$out/tp_cp.log" rc=0
+  echo "== the vocab-parallel kernels against their CPU ops (test_kernels vocab)" | tee "$log"
+  if [ -x "$build/tests/test_kernels" ]; then
+    timeout 30 "$build/tests/test_kernels" vocab >>"$log" 2>&1 || rc=1
+  else
+    echo "no $build/tests/test_kernels: skipped" | tee -a "$log"
+  fi
+  echo "== tp 2, cp 2, cp 2 x tp 2 on GPU ranks sharing the GPU against one GPU rank (tests/scripts/test_cuda_tp.sh)" |
+    tee -a "$log"
+  timeout 270 bash tests/scripts/test_cuda_tp.sh "$build/fsdprun" "$PWD" 120 >>"$log" 2>&1 || rc=1
+  grep -E "worst|passed|FAILED|skipped|stopped" "$log" | tail -30
   return $rc
 }
 
@@ -300,7 +327,7 @@ stage_host_suite() {
 steps=${TINY_STEPS:-400}
 stages=${GPU_CHECK_STAGES:-}
 if [ -z "$stages" ]; then
-  stages="tests post multirank train generate planner demos repl adamw kernels offload"
+  stages="tests post tp_cp multirank train generate planner demos repl adamw kernels offload"
   [ "${GPU_CHECK_BENCH:-0}" = 1 ] && stages="$stages blas vs_fsdp2 vs_fsdp2_offload timeline offload_probe attention"
   [ "${GPU_CHECK_COLLECTIVES:-0}" = 1 ] && stages="$stages collectives"
 fi
