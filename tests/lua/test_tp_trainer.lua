@@ -1,14 +1,14 @@
 -- test_tp_trainer.lua: the trainer with a tp mesh, end to end.
 --   fsdp-host tests/lua/test_tp_trainer.lua FSDPRUN ROOT
--- * recipes/tiny.lua for 30 steps at mesh dp_shard=1,tp=2, dp_shard=1,cp=2
+-- * recipes/tiny.lua (on a text made here: the recipe's corpus is this
+--   repository's sources, which every change moves) for 30 steps at mesh dp_shard=1,tp=2, dp_shard=1,cp=2
 --   (2 ranks) and cp=2,tp=2 (4 ranks) gives the losses and grad norms of
 --   the same recipe on 1 rank, and at dp_shard=2,tp=2 (4 ranks) those of
 --   dp_shard=2 (2 ranks): within 1e-5 relative each step (AdamW eps 1e-6:
---   see test_tp.lua; lr 5e-4: at the recipe's 3e-3 and at 1e-3 the
---   runs see loss spikes (a step whose grad norm doubles), and there the
---   norm differed by up to 2.5e-4 (3e-3) and 1.6e-5 (1e-3, cp 2 x tp 2,
---   step 16) while the steps around agreed within 3e-7: such a step
---   amplifies fp32 noise, in any other summation order alike);
+--   see test_tp.lua; lr 5e-4: at the recipe's 3e-3 this training
+--   amplifies fp32 noise: one rank with 1 micro-batch of 4 rows against 2
+--   micro-batches of 2 rows, the same math summed in another order,
+--   already differs by 1.4e-4 in grad norm, and tp or cp by up to 4.8e-4);
 -- * refused before anything is allocated, naming the field and what would
 --   work: a tp that does not split the heads, the mesh in another order, a
 --   data.seq that does not split into 2 x cp chunks;
@@ -18,7 +18,17 @@ local T = dofile((arg[0]:match("^(.*/)") or "./") .. "testkit.lua")("test_tp_tra
 local check = T.check
 
 local work = T.workdir("tp-trainer")
-local common = { root .. "/recipes/tiny.lua", "train.steps=30", "data.seq=64", "data.micro_batch=4", "train.eval_every=0",
+-- the data: tokens made here, the same every time (the recipe's corpus
+-- is this repository's sources, which every change to them moves): ids
+-- below 64 as raw uint16, each chosen from the 4 that follow the last
+local rnd, bytes, w = T.lcg(11), {}, 0
+for i = 1, 40000 do
+  w = (w * 7 + math.floor(rnd(2147483648) / 65536) % 4) % 64
+  bytes[i] = string.char(w, 0)
+end
+T.write(work .. "/tokens.bin", table.concat(bytes))
+local common = { root .. "/recipes/tiny.lua", "data.token_file=" .. work .. "/tokens.bin", "data.format=raw_u16",
+  "train.steps=30", "data.seq=64", "data.micro_batch=4", "train.eval_every=0",
   "train.log_every=10", "optimizer.eps=1e-6", "optimizer.lr=5e-4", "train.sample_tokens=0" }
 
 -- (more ranks than this machine's cores: --oversubscribe, before the recipe)
