@@ -207,6 +207,12 @@ function Comm:broadcast(t, root)
   hold(self, t)
 end
 
+-- Drops the hold on the buffers of the collectives issued so far without
+-- waiting for them: for a caller that has ordered every later use of their
+-- memory after them itself (a GPU's compute stream waiting on an event the
+-- comm's stream recorded after them: fsdp.tp)
+function Comm:release_held() self.inflight = nil end
+
 -- Returns when every member has reached it (the C call only enqueues it,
 -- like the other collectives): "rank 0 prepares, the others wait" holds
 function Comm:barrier()

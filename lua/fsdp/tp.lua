@@ -63,10 +63,10 @@ local function counting() return tensor.is_counting() end
 -- GPU: the comm's stream waits for the compute stream's work so far (the
 -- collective's inputs), and done makes the compute stream wait for the
 -- collective (its outputs), both with events: the host never waits. Done
--- also lets the comm drop its hold on the buffers (mesh.lua keeps them
--- until a synchronize that never comes here): every later use of their
--- memory, which the caching allocator hands to the compute stream, is
--- ordered after the collective on it.
+-- also lets the comm drop its hold on the buffers (comm:release_held;
+-- mesh.lua keeps them until a synchronize that never comes here): every
+-- later use of their memory, which the caching allocator hands to the
+-- compute stream, is ordered after the collective on it.
 local function events(g)
   local e = g.events
   if not e then
@@ -88,7 +88,7 @@ function M.done(g, device)
   local e = events(g)
   e.outputs:record(e.stream)
   ops.compute_stream():wait(e.outputs)
-  g.comm.inflight = nil
+  g.comm:release_held()
 end
 local start, done = M.start, M.done
 
