@@ -10,8 +10,8 @@
 -- our own kernels, whose memory grows linearly with the sequence.
 -- What it plans per GPU: docs/PLANNING.md ("Long sequences"), or
 --   fsdp plan recipes/llama70b_long.lua --world 512
--- (tensor and context parallelism run on CPU ranks today; their GPU path
--- waits for a GPU check: scripts/gpu_check.sh)
+-- (tensor and context parallelism are checked on CPU ranks; their GPU path
+-- has not run on a GPU yet: scripts/gpu_check.sh, stage tp_cp)
 --   srun --mpi=pmix -N 64 --ntasks-per-node 8 fsdp recipes/llama70b_long.lua data.token_file=/data/long.bin
 return {
   model = { preset = "llama3_1_70b" },
