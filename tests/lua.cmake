@@ -72,6 +72,9 @@ foreach(n 2 4 8)
            COMMAND $<TARGET_FILE:fsdprun> -n ${n} --oversubscribe --timeout 150 ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_tp.lua)
   set_tests_properties(lua_tp_np${n} PROPERTIES LABELS multirank TIMEOUT 180)
 endforeach()
+if(FSDP_SANITIZE) # (the options' runs reach no C the shapes' do not)
+  set_tests_properties(lua_tp_np2 PROPERTIES ENVIRONMENT FSDP_TEST_QUICK=1)
+endif()
 # the trainer at tp meshes against 1 rank and dp, refusals, the plan's tp line
 add_test(NAME lua_tp_trainer
          COMMAND fsdp-host ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_tp_trainer.lua $<TARGET_FILE:fsdprun> ${CMAKE_SOURCE_DIR})
