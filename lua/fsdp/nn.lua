@@ -298,22 +298,14 @@ function Embedding:forward(ctx, ids)
   if ids.dtype ~= "int32" then error("Embedding: token ids must be an int32 tensor, got " .. ids.dtype, 2) end
   -- the output's dtype: the units' compute dtype on CUDA (set by fully_shard), fp32 on CPU
   local y = tensor.new({ ids.shape[1], ids.shape[2] or 1, self.dim }, ids.device == "cuda" and self.act_dtype or "fp32", ids.device)
-  if self.tp then
-    tpm.embedding_forward(y, ids, self.bound.weight, ids:numel(), self.vocab, self.first, self.rows, self.dim)
-  else
-    ops.embedding_forward(y, ids, self.bound.weight, ids:numel(), self.vocab, self.dim)
-  end
+  ops.embedding_forward(y, ids, self.bound.weight, ids:numel(), self.vocab, self.dim, self.first, self.rows)
   self.saved = { ids = ids }
   return y
 end
 
 function Embedding:backward(ctx, dy)
   local ids = self.saved.ids
-  if self.tp then
-    tpm.embedding_backward(self.grad.weight, dy, ids, ids:numel(), self.vocab, self.first, self.rows, self.dim)
-  else
-    ops.embedding_backward(self.grad.weight, dy, ids, ids:numel(), self.vocab, self.dim)
-  end
+  ops.embedding_backward(self.grad.weight, dy, ids, ids:numel(), self.vocab, self.dim, self.first, self.rows)
   return nil -- no gradient for token ids
 end
 

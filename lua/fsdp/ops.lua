@@ -67,16 +67,26 @@ function M.linear_backward(dx, dw, db, dy, x, w, n, inp, out)
   check(C.fsdp_linear_backward(dxp, dw, db, dyp, xp, w, n, inp, out), "Linear backward")
 end
 
-function M.embedding_forward(y, ids, w, n, vocab, dim)
+-- first, rows (default 0, vocab): a vocab-parallel slice's rows of the
+-- table (fsdp.tp): ids outside them give zero rows and no gradient
+function M.embedding_forward(y, ids, w, n, vocab, dim, first, rows)
   local yp, idp = ptrs("Embedding forward", y, ids)
-  if on_cuda(y) then return check(CU().fsdp_cuda_embedding_forward(yp, idp, w, n, vocab, dim, y.dtype_id, S()), "Embedding forward") end
-  check(C.fsdp_embedding_forward(yp, idp, w, n, vocab, dim), "Embedding forward")
+  first, rows = first or 0, rows or vocab
+  if on_cuda(y) then
+    return check(CU().fsdp_cuda_embedding_forward_slice(yp, idp, w, n, vocab, first, rows, dim, y.dtype_id, S()),
+      "Embedding forward")
+  end
+  check(C.fsdp_embedding_forward_slice(yp, idp, w, n, vocab, first, rows, dim), "Embedding forward")
 end
 
-function M.embedding_backward(dw, dy, ids, n, vocab, dim)
+function M.embedding_backward(dw, dy, ids, n, vocab, dim, first, rows)
   local dyp, idp = ptrs("Embedding backward", dy, ids)
-  if on_cuda(dy) then return check(CU().fsdp_cuda_embedding_backward(dw, dyp, idp, n, vocab, dim, dy.dtype_id, S()), "Embedding backward") end
-  check(C.fsdp_embedding_backward(dw, dyp, idp, n, vocab, dim), "Embedding backward")
+  first, rows = first or 0, rows or vocab
+  if on_cuda(dy) then
+    return check(CU().fsdp_cuda_embedding_backward_slice(dw, dyp, idp, n, vocab, first, rows, dim, dy.dtype_id, S()),
+      "Embedding backward")
+  end
+  check(C.fsdp_embedding_backward_slice(dw, dyp, idp, n, vocab, first, rows, dim), "Embedding backward")
 end
 
 function M.rmsnorm_forward(y, rstd, x, w, n, dim, eps)

@@ -21,6 +21,7 @@ local units_lib = require "fsdp.units" -- (units: the recipe's field in this fil
 local tensor = require "fsdp.tensor"
 local dry_run = require "fsdp.dry_run"
 local tpm = require "fsdp.tp"
+local pretty = require "fsdp.pretty"
 local ffi, C = base.ffi, base.C
 
 local M = {}
@@ -246,7 +247,6 @@ end
 -- 257 GiB at 32768); past it our own kernels, which need none
 M.attention_workspace_max = 32 * 2 ^ 30
 
-local function plan_bytes(n) return string.format("%.2f GiB", n / 2 ^ 30) end
 
 -- the most layers and ranks a plan takes (below, where they are refused)
 M.max_layers = 4096
@@ -322,8 +322,8 @@ function M.plan(r, o)
       ws, p.attention_workspace_from, p.attention_impl = none, "none: train.attention = 'own'", "own"
     elseif choice == "auto" and ws.backward > M.attention_workspace_max then
       p.attention_workspace_from = string.format("none: cuDNN's backward would take %s (it grows with the square of the " ..
-        "sequence), above %s: our own kernels run (train.attention = 'auto')", plan_bytes(ws.backward),
-        plan_bytes(M.attention_workspace_max))
+        "sequence), above %s: our own kernels run (train.attention = 'auto')", pretty.bytes(ws.backward),
+        pretty.bytes(M.attention_workspace_max))
       ws, p.attention_impl = none, "own"
     end
     p.attention_workspace = ws

@@ -209,26 +209,6 @@ end
 -- (the CUDA twins on the compute stream, as fsdp.ops runs its ops)
 local function stream(what) return ops.compute_stream():live(what) end
 
-function M.embedding_forward(y, ids, w, n, vocab, first, rows, dim)
-  if counting() then return end
-  local yp, idp = ops.ptrs("Embedding forward", y, ids)
-  if y.device == "cuda" then
-    return check(CU().fsdp_cuda_embedding_forward_slice(yp, idp, w, n, vocab, first, rows, dim, y.dtype_id,
-      stream("Embedding forward")), "Embedding forward")
-  end
-  check(C.fsdp_embedding_forward_slice(yp, idp, w, n, vocab, first, rows, dim), "Embedding forward")
-end
-
-function M.embedding_backward(dw, dy, ids, n, vocab, first, rows, dim)
-  if counting() then return end
-  local dyp, idp = ops.ptrs("Embedding backward", dy, ids)
-  if dy.device == "cuda" then
-    return check(CU().fsdp_cuda_embedding_backward_slice(dw, dyp, idp, n, vocab, first, rows, dim, dy.dtype_id,
-      stream("Embedding backward")), "Embedding backward")
-  end
-  check(C.fsdp_embedding_backward_slice(dw, dyp, idp, n, vocab, first, rows, dim), "Embedding backward")
-end
-
 -- The cross-entropy of n rows of logits of which this rank holds columns
 -- [first, first + cols): the sum of the rows' losses (the same on every
 -- tp rank) and, with grad_scale, dlogits written over the logits. Two
