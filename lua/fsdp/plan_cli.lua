@@ -7,13 +7,14 @@ local plan_render = require "fsdp.plan_render"
 local M = {}
 
 -- `fsdp plan RECIPE.lua --world W [--mesh SPEC] [--json] [section.field=value ...]`
-M.usage = [[usage: fsdp plan RECIPE.lua [--world W] [--mesh dp_outer=R,dp_shard=S] [--json] [section.field=value ...]
+M.usage = [[usage: fsdp plan RECIPE.lua [--world W] [--mesh dp_outer=R,dp_shard=S,cp=C,tp=P] [--json] [section.field=value ...]
 Builds the recipe's model (nothing is allocated, nothing launched), groups it into units by its policy and
 prints, per rank: the resident bytes of params, main params, optimizer state and grads, the full-unit buffer
 pools and how many buffers are live at once, the activations of a step (one micro-batch of the model run on a
 counting device: shapes and bytes, no memory, no work), the peak, the
-communication per step, a table of units and the elements each rank owns. --json prints the same as JSON.
---world defaults to 1; --mesh overrides the recipe's mesh.]]
+communication per step of each group (dp, cp, tp), a table of units and the elements each rank owns. --json
+prints the same as JSON. --world defaults to 1; --mesh overrides the recipe's mesh (dimensions in the order
+dp_outer, dp_shard, cp, tp; docs/SHARDING.md, "Parallelism").]]
 
 -- The options `fsdp plan` and `fsdp repl` share: [RECIPE] --world W
 -- --mesh SPEC [--json] section.field=value...; who names the command in

@@ -80,8 +80,8 @@ function M.fully_shard(model, opts)
   end
   -- opts.tp: the tp group's comm when the model is tensor-parallel (fsdp.tp):
   -- the grad norm and the stop signal are agreed over it too
-  if opts.tp and opts.tp:size() == 1 then opts.tp = nil end
-  local s = setmetatable({ model = model, shard = opts.shard, outer = opts.outer, zero = zero, tp = opts.tp,
+  local tp = opts.tp and opts.tp:size() > 1 and opts.tp or nil
+  local s = setmetatable({ model = model, shard = opts.shard, outer = opts.outer, zero = zero, tp = tp,
     step_count = 0, trace = opts.trace, param_dtype = pdt,
     prefetch = opts.prefetch or 1, hfsdp = opts.hfsdp and true or false, device = opts.shard.device or "cpu" }, Sharded)
   -- CUDA: the ops run on fsdp.ops' compute stream; units order their
