@@ -41,10 +41,15 @@ function M.check(T, size)
   end
 end
 
--- the local token i's chunk and its place in it: i < c in chunk r, else in chunk 2cp-1-r
+-- The sequence's chunk that half h (0 or 1) of rank r's tokens is, of
+-- P ranks' 2P chunks: the causal load balance
+function M.chunk(P, r, h) return h == 0 and r or 2 * P - 1 - r end
+local chunk = M.chunk
+
+-- the local token i's chunk and its place in it (c tokens a chunk)
 local function chunk_of(g, c, i)
-  if i < c then return g.rank, i end
-  return 2 * g.size - 1 - g.rank, i - c
+  local h = i < c and 0 or 1
+  return chunk(g.size, g.rank, h), i - h * c
 end
 
 -- The global positions of this rank's T / cp tokens: an int32 {Tl} CPU tensor
@@ -86,8 +91,7 @@ function M.split(g, x, B)
   if counting() then return y end
   for b = 0, B - 1 do
     for h = 0, 1 do
-      local k = h == 0 and g.rank or 2 * g.size - 1 - g.rank
-      ops.copy(y, b * 2 * c + h * c, x, b * T + k * c, c)
+      ops.copy(y, b * 2 * c + h * c, x, b * T + chunk(g.size, g.rank, h) * c, c)
     end
   end
   return y
@@ -101,8 +105,7 @@ local function reorder(seq, ranked, P, B, Tl, w, to_seq)
   for r = 0, P - 1 do
     for b = 0, B - 1 do
       for h = 0, 1 do
-        local k = h == 0 and r or 2 * P - 1 - r
-        local at_seq, at_rank = (b * T + k * c) * w, ((r * B + b) * Tl + h * c) * w
+        local at_seq, at_rank = (b * T + chunk(P, r, h) * c) * w, ((r * B + b) * Tl + h * c) * w
         if to_seq then ops.copy(seq, at_seq, ranked, at_rank, c * w) else ops.copy(ranked, at_rank, seq, at_seq, c * w) end
       end
     end

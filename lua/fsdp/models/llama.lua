@@ -187,11 +187,11 @@ end
 -- chunks of each row at theirs (each a run of consecutive positions)
 local function rope(x, t, B, T, heads, hd, backward, docs, cpl)
   if not cpl then return ops.rope(x, t, B, T, heads, hd, backward, nil, docs) end
-  local c, w, P, r = T / 2, heads * hd, cpl.g.size, cpl.g.rank
+  local c, w = T / 2, heads * hd
   for b = 0, B - 1 do
     for h = 0, 1 do
-      local k = h == 0 and r or 2 * P - 1 - r
-      ops.rope(x:view((b * T + h * c) * w, { 1, c, w }), t, 1, c, heads, hd, backward, k * c)
+      local first = cpm.chunk(cpl.g.size, cpl.g.rank, h) * c
+      ops.rope(x:view((b * T + h * c) * w, { 1, c, w }), t, 1, c, heads, hd, backward, first)
     end
   end
 end
