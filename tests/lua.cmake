@@ -79,9 +79,6 @@ endif()
 add_test(NAME lua_tp_trainer
          COMMAND fsdp-host ${CMAKE_CURRENT_SOURCE_DIR}/lua/test_tp_trainer.lua $<TARGET_FILE:fsdprun> ${CMAKE_SOURCE_DIR})
 set_tests_properties(lua_tp_trainer PROPERTIES LABELS multirank TIMEOUT 300)
-if(FSDP_SANITIZE)
-  set_tests_properties(lua_tp_trainer PROPERTIES ENVIRONMENT FSDP_TEST_QUICK=1)
-endif()
 # fsdp.engine and fsdp.losses: log-probs, a loss written over them trained
 # exactly (GRPO against the cross-entropy), the losses' derivatives
 foreach(n 1 2)

@@ -65,12 +65,10 @@ local one = run(1, "one")
 local tp2 = run(2, "tp2", { "mesh=dp_shard=1,tp=2" })
 compare("tp 2 against 1 rank", tp2, one)
 compare("cp 2 against 1 rank", run(2, "cp2", { "mesh=dp_shard=1,cp=2" }), one)
-if os.getenv("FSDP_TEST_QUICK") ~= "1" then
-  local dp2 = run(2, "dp2", { "mesh=dp_shard=2" })
-  local dp2tp2 = run(4, "dp2tp2", { "mesh=dp_shard=2,tp=2" })
-  compare("dp_shard 2 x tp 2 against dp_shard 2", dp2tp2, dp2)
-  compare("cp 2 x tp 2 against 1 rank", run(4, "cp2tp2", { "mesh=dp_shard=1,cp=2,tp=2" }), one)
-end
+local dp2 = run(2, "dp2", { "mesh=dp_shard=2" })
+local dp2tp2 = run(4, "dp2tp2", { "mesh=dp_shard=2,tp=2" })
+compare("dp_shard 2 x tp 2 against dp_shard 2", dp2tp2, dp2)
+compare("cp 2 x tp 2 against 1 rank", run(4, "cp2tp2", { "mesh=dp_shard=1,cp=2,tp=2" }), one)
 
 -- refusals
 local function refused(n, args, needle, what)
