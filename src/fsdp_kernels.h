@@ -103,6 +103,11 @@ int fsdp_cuda_attention_backward_pos(void *dq, void *dk, void *dv, const void *d
                                      const void *v, const void *out, const float *lse, const int32_t *q_pos,
                                      int64_t batch, int64_t tq, int64_t tk, int64_t heads, int64_t kv_heads,
                                      int64_t head_dim, fsdp_dtype dtype, fsdp_stream *s);
+/* ring attention's combine, as fsdp_attention_merge (fsdp_ops.h): out,
+ * out_b [B, T, H, D] in dtype; lse, lse_b [B, H, T] fp32; in place on
+ * out and lse (kernels/attention_merge.cu) */
+int fsdp_cuda_attention_merge(void *out, float *lse, const void *out_b, const float *lse_b, int64_t batch, int64_t seq,
+                              int64_t heads, int64_t head_dim, fsdp_dtype dtype, fsdp_stream *s);
 /* rope at positions pos [batch, seq] (device memory, each in [0, seq)) */
 int fsdp_cuda_rope_forward_at(void *x, const float *cos_t, const float *sin_t, const int32_t *pos, int64_t batch,
                               int64_t seq, int64_t heads, int64_t head_dim, fsdp_dtype dtype, fsdp_stream *s);

@@ -85,6 +85,18 @@ int fsdp_attention_forward_pos(float *out, float *lse, const float *q, const flo
 int fsdp_attention_backward_pos(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
                                 const float *v, const float *out, const float *lse, const int32_t *q_pos, int64_t batch,
                                 int64_t tq, int64_t tk, int64_t heads, int64_t kv_heads, int64_t head_dim);
+/* Ring attention's combine (context parallelism, src/ops/attention_merge.c):
+ * merges a partial result, attention over one block of keys (out_b [B, T,
+ * H, D], lse_b [B, H, T]: the layouts of fsdp_attention_forward, lse the
+ * natural log of the sum of exp(score) over the keys seen; a row that saw
+ * none has lse -inf), into the accumulator (out, lse), in place, per row:
+ *   m = max(lse, lse_b); a = exp(lse - m), b = exp(lse_b - m);
+ *   out = (a out + b out_b) / (a + b); lse = m + log(a + b).
+ * Where lse_b is -inf the row stays as it is (both -inf included); where
+ * only lse is -inf it becomes the partial's (out_b, lse_b), bit for bit.
+ * The out row of a side whose lse is -inf is not read. */
+int fsdp_attention_merge(float *out, float *lse, const float *out_b, const float *lse_b, int64_t batch, int64_t seq,
+                         int64_t heads, int64_t head_dim);
 /* rope at given positions: pos [batch, seq], each in [0, seq) (a row of
  * the tables; packed rows: t - doc_start[t]) */
 int fsdp_rope_forward_at(float *x, const float *cos_t, const float *sin_t, const int32_t *pos, int64_t batch, int64_t seq,

@@ -254,6 +254,19 @@ function M.attention_backward_pos(dq, dk, dv, dout, q, k, v, out, lse, q_pos, B,
   check(C.fsdp_attention_backward_pos(dqp, dkp, dvp, dop, qp, kp, vp, op, lp, pp, B, Tq, Tk, nh, nkv, hd), what)
 end
 
+-- Ring attention's combine (context parallelism, fsdp_attention_merge):
+-- the partial result of one block of keys, out_b [B, T, nh*hd] and its
+-- lse_b {B, nh, T} (fp32), merged into the accumulator out, lse in place
+-- by their log-sum-exps; a row whose lse is -inf saw no key
+function M.attention_merge(out, lse, out_b, lse_b, B, T, nh, hd)
+  local what = "attention_merge"
+  local op, lp, obp, lbp = ptrs(what, out, lse, out_b, lse_b)
+  if on_cuda(out) then
+    return check(CU().fsdp_cuda_attention_merge(op, lp, obp, lbp, B, T, nh, hd, out.dtype_id, S()), what)
+  end
+  check(C.fsdp_attention_merge(op, lp, obp, lbp, B, T, nh, hd), what)
+end
+
 -- which CUDA attention kernels a step of this shape runs, as a line for the
 -- user: cuDNN's fused attention and its version, or ours and why not cuDNN
 function M.attention_choice(dtype, B, T, nh, nkv, hd)
