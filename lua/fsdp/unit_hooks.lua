@@ -159,7 +159,8 @@ end
 -- the real units as sched.switch_unit drives them
 local function engine(s)
   if not s.eng then
-    s.eng = { unshard = function(u, prefetch) return unshard(u, s, prefetch) end, reshard = function(u) reshard(u, s) end }
+    s.eng = { unshard = function(u, prefetch) return unshard(u, s, prefetch) end, reshard = function(u) reshard(u, s) end,
+      holds = function(u) return u.zero == 3 and u.gathered == true and u.plan.pool_params > 0 end }
   end
   return s.eng
 end

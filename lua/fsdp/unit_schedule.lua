@@ -15,9 +15,18 @@ local M = {}
 -- model's), stopping at the first that cannot be (the pool's bound). Not
 -- from a module that borrows another unit's params (shares): that unit
 -- runs out of order, and its neighbours are not next.
--- eng.unshard(unit, is_prefetch) -> true when gathered; eng.reshard(unit).
+-- In backward the previous unit's backward is not done (a done one was
+-- resharded), so it runs again: it stays gathered when u already holds its
+-- buffer, as resharding it frees no slot u needs and only gathers it again
+-- (a nested unit: the MLP's backward makes its layer's norm again, light
+-- recompute; both went back and forth, gathered twice).
+-- eng.unshard(unit, is_prefetch) -> true when gathered; eng.reshard(unit);
+-- eng.holds(unit) -> true when it holds a gathered (or gathering) buffer.
 function M.switch_unit(cur, u, forward, shares, prefetch, units, eng)
-  if cur and cur.zero == 3 and (not forward or cur.reshard_after_forward) then eng.reshard(cur) end
+  if cur and cur.zero == 3 then
+    local keep = forward and not cur.reshard_after_forward or not forward and eng.holds(u)
+    if not keep then eng.reshard(cur) end
+  end
   local ok = eng.unshard(u, false)
   local dir = forward and 1 or -1
   for d = 1, shares and 0 or (u.prefetch or prefetch) do
@@ -72,6 +81,7 @@ function M.simulate(a, prefetch, slots)
     if held[u] and held[u] >= 0 then P.give(held[u]) end
     held[u] = nil
   end
+  function eng.holds(u) return held[u] ~= nil and held[u] >= 0 end
   local function enter(v, forward)
     local u = v.unit
     if cur ~= u then
