@@ -11,8 +11,9 @@
 // alone, in the kernels' DOCS instances (attention.cuh, which
 // tests/emu/test_attention_docs_emu.cpp runs on the CPU); doc_start NULL
 // runs the causal instances, the code as it was. Queries at given
-// positions (context parallelism: q_pos [T] of Tk keys, the _pos entry
-// points) run the POS instances.
+// positions (context parallelism: q_pos [T] of Tk keys, each in [-1, Tk):
+// -1 sees no key, out 0, lse -inf; the _pos entry points) run the POS
+// instances.
 // Layouts: q, out, dq, dout [B, T, H, D]; k, v, dk, dv [B, T, Hkv, D]; lse
 // [B, H, T]; doc_start [B, T] int32 (POS: k, v, dk, dv [B, Tk, Hkv, D];
 // q_pos [T] int32).
@@ -77,8 +78,9 @@ static void launch_backward(void *dq, void *dk, void *dv, const void *dout, cons
                                              (const T *)q, (const T *)k, (const T *)v, (const T *)out, lse, rows, sh));
   dim3 gk((unsigned)((sh.Tk + QROWS - 1) / QROWS), (unsigned)sh.Hkv, (unsigned)sh.B);
   size_t smk = sizeof(float) * (3 * QROWS * (sh.D + 1) + 2 * KTILE * sh.D + (ROWS != CAUSAL ? 3 : 2) * KTILE);
-  FSDP_DISPATCH(dtype, T, FSDP_ATTN_LAUNCH(attn_bwd_dkv, ROWS, gk, smk, st_, sh.D, (T *)dk, (T *)dv, (const T *)dout,
-                                           (const T *)q, (const T *)k, (const T *)v, (const T *)out, lse, rows, sh));
+  if (sh.Tk > 0) /* (POS without keys, every query at -1: dq alone, zeros; an empty grid is a launch error) */
+    FSDP_DISPATCH(dtype, T, FSDP_ATTN_LAUNCH(attn_bwd_dkv, ROWS, gk, smk, st_, sh.D, (T *)dk, (T *)dv, (const T *)dout,
+                                             (const T *)q, (const T *)k, (const T *)v, (const T *)out, lse, rows, sh));
 }
 
 extern "C" int fsdp_attention_simple_forward(void *out, float *lse, const void *q, const void *k, const void *v,
@@ -133,7 +135,7 @@ extern "C" int fsdp_attention_simple_backward_pos(void *dq, void *dk, void *dv, 
                                                   void *stream) {
   Shape sh;
   FSDP_CHECK(check_shape_pos(&sh, batch, tq, tk, heads, kv_heads, head_dim, dtype, "cuda attention pos backward"));
-  if (batch * tk == 0) return FSDP_OK;
+  if (!batch || (!tk && !tq)) return FSDP_OK; /* (no keys: dq still zeros) */
   launch_backward<POS_ROWS>(dq, dk, dv, dout, q, k, v, out, lse, q_pos, sh, dtype, static_cast<cudaStream_t>(stream));
   return launched("cuda attention pos backward");
 }

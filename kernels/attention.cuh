@@ -10,10 +10,13 @@
 // per row; so a row of short documents costs less than a causal one.
 // POS (queries at given positions, q_pos [T] not NULL: a context-parallel
 // rank's rows, issue 46): the T queries sit at positions q_pos[i] of the
-// sh.Tk keys, and query i sees keys 0 .. q_pos[i]. A query block's key loop
-// ends at its rows' last position; a key block's query loop skips the tiles
-// of queries that all sit before its first key, and masks per row; dk, dv
-// are the whole sequence's, sh.Tk rows.
+// sh.Tk keys, and query i sees keys 0 .. q_pos[i]; at -1 (ring attention's
+// rows that see none of a block) it sees none: out 0, lse -inf, dq 0, and
+// nothing to dk, dv (its dout, out, lse unread). A query block's key loop
+// ends at its rows' last position (none when all are -1); a key block's
+// query loop skips the tiles of queries that all sit before its first key
+// (-1 among them), and masks per row; dk, dv are the whole sequence's,
+// sh.Tk rows.
 // The template's ROWS picks the variant: CAUSAL (or false), DOCS_ROWS (or
 // true) or POS_ROWS; CAUSAL compiles to the causal kernels, unchanged.
 //
@@ -51,9 +54,10 @@ __device__ void load_rows(float *d1, const T *s1, float *d2, const T *s2, int pi
 }
 
 // POS: the last key queries i0 .. i0 + n - 1 (those inside T) see, the
-// largest of their positions (every thread the same)
+// largest of their positions, -1 where none sees a key (every thread the
+// same)
 __device__ inline int64_t last_position(const int32_t *q_pos, int64_t i0, int64_t n, int64_t T) {
-  int64_t m = 0;
+  int64_t m = -1;
   for (int64_t i = i0; i < i0 + n && i < T; i++) m = q_pos[i] > m ? q_pos[i] : m;
   return m;
 }
@@ -104,11 +108,13 @@ __global__ void attn_fwd(T *out, float *lse, const T *q, const T *k, const T *v,
     }
   }
   if (i < sh.T) {
-    float inv = 1.0f / l;
+    // POS at -1: no key, l = 0 (acc 0): out 0 and lse -inf, not 0 / 0
+    const bool none = POS && pi < 0;
+    float inv = none ? 0.0f : 1.0f / l;
 #pragma unroll
     for (int c = 0; c < MAXD; c++)
       if (c < D) st(out, ((b * sh.T + i) * sh.H + h) * D + c, acc[c] * inv);
-    lse[(b * sh.H + h) * sh.T + i] = m + logf(l);
+    lse[(b * sh.H + h) * sh.T + i] = none ? -INFINITY : m + logf(l);
   }
 }
 
@@ -189,7 +195,8 @@ __global__ void attn_bwd_dkv(T *dk, T *dv, const T *dout, const T *q, const T *k
   const int32_t *ds = DOCS ? rows + b * sh.T : nullptr;
   const int64_t Tk = POS ? sh.Tk : sh.T;
   // causal: queries j0 .. T - 1; POS: all T, a tile skipped where its
-  // positions all lie before j0; DOCS: up to the first whose document
+  // positions all lie before j0 (-1, seeing nothing, lies before every
+  // key: such a row is masked below too); DOCS: up to the first whose document
   // starts past this block's last key (queries i <= that key start at or
   // before it, doc_start[i] <= i, so the search starts after it)
   int64_t iend = sh.T;

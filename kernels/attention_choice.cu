@@ -197,7 +197,7 @@ extern "C" int fsdp_cuda_attention_backward_pos(void *dq, void *dk, void *dv, co
                                                 fsdp_stream *s) {
   const char *what = "cuda attention pos backward";
   FSDP_CHECK(fsdp_attention_check_args(batch, tq, heads, kv_heads, head_dim, dtype, what));
-  if (batch * tk == 0) return FSDP_OK;
+  if (!batch || (!tk && !tq)) return FSDP_OK; /* (no keys, every query at -1: dq still zeros) */
   FSDP_NEED_PTRS(what, dk, dv, k, v); /* no queries (tq 0): dk, dv zeros */
   if (tq) FSDP_NEED_PTRS(what, dq, dout, q, out, lse, q_pos);
   return fsdp_attention_simple_backward_pos(dq, dk, dv, dout, q, k, v, out, lse, q_pos, batch, tq, tk, heads, kv_heads,

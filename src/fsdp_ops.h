@@ -73,11 +73,14 @@ int fsdp_attention_backward_docs(float *dq, float *dk, float *dv, const float *d
                                  int64_t batch, int64_t seq, int64_t heads, int64_t kv_heads, int64_t head_dim);
 /* Queries at given positions (context parallelism: a rank's chunks of the
  * sequence, src/ops/attention_pos.c): q, out [B, tq, H, D] at positions
- * q_pos [tq] (the same for every batch row, each in [0, tk)); k, v [B, tk,
- * Hkv, D], the whole sequence in order; lse [B, H, tq]. Query i sees keys
- * 0 .. q_pos[i]. dq [B, tq, H, D]; dk, dv [B, tk, Hkv, D] the whole
- * sequence's, overwritten. fsdp_attention_pos_check: FSDP_EINVAL, naming
- * the query, unless every q_pos is in [0, tk). */
+ * q_pos [tq] (the same for every batch row, each in [-1, tk)); k, v [B, tk,
+ * Hkv, D], the whole sequence in order (or ring attention's block of it);
+ * lse [B, H, tq]. Query i sees keys 0 .. q_pos[i]; at -1 it sees none: its
+ * out row is 0 and its lse -inf, and backward gives it a dq row of 0 and
+ * takes nothing from it to dk, dv (its dout, out and lse are not read).
+ * dq [B, tq, H, D]; dk, dv [B, tk, Hkv, D] the whole sequence's,
+ * overwritten. fsdp_attention_pos_check: FSDP_EINVAL, naming the query,
+ * unless every q_pos is in [-1, tk). */
 int fsdp_attention_pos_check(const int32_t *q_pos, int64_t tq, int64_t tk);
 int fsdp_attention_forward_pos(float *out, float *lse, const float *q, const float *k, const float *v,
                                const int32_t *q_pos, int64_t batch, int64_t tq, int64_t tk, int64_t heads,

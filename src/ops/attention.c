@@ -36,10 +36,13 @@
  * same bits.
  * Queries at given positions (the _pos calls, attention_pos.c; context
  * parallelism): Tq query rows, row i at position q_pos[i] of Tk keys,
- * sees keys 0 .. q_pos[i]. A block is a run of consecutive positions
- * (cut where q_pos jumps: a rank's second chunk starts a block) and
- * multiplies with keys 0 .. its last position alone; with q_pos[i] = i it
- * is the causal computation, the same bits. */
+ * sees keys 0 .. q_pos[i] (none at -1: out 0, lse -inf, dq 0). A block is
+ * a run of positions that rise by at most one a row (cut where q_pos
+ * jumps or falls: a rank's second chunk starts a block; ring attention's
+ * runs of one position stay whole, rather than GEMV rows) and multiplies
+ * with keys 0 .. its last position alone; a run of -1 is a block of its
+ * own that no GEMM sees. With q_pos[i] = i it is the causal computation,
+ * the same bits. */
 #include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -110,13 +113,26 @@ typedef struct attn_job {
 } attn_job;
 
 /* the query rows that go to the GEMMs with row i0: up to BLOCK of them,
- * each at the position after the one before (q_pos: a jump starts a new block) */
+ * each at the position of the one before or the next (q_pos: a jump or a
+ * fall starts a new block, and rows that see no key, at -1, are blocks
+ * of their own) */
 static int64_t block_end(const attn_job *j, int64_t i0) {
   const int64_t i1 = min64(i0 + BLOCK, j->Tq);
   if (j->q_pos)
-    for (int64_t i = i0 + 1; i < i1; i++)
-      if (j->q_pos[i] != j->q_pos[i - 1] + 1) return i;
+    for (int64_t i = i0 + 1; i < i1; i++) {
+      const int32_t p = j->q_pos[i - 1], n = j->q_pos[i];
+      if (n < p || n > p + 1 || (p < 0) != (n < 0)) return i;
+    }
   return i1;
+}
+
+/* block i0's rows see no key (q_pos -1): no GEMM, their results are fixed */
+static int sees_nothing(const attn_job *j, int64_t i0) { return j->q_pos && j->q_pos[i0] < 0; }
+
+/* rows i0 .. i0 + bq - 1 of heads h0 .. h0 + nh - 1 (as gather_rows) <- 0 */
+static void zero_rows(float *x, int64_t nh, int64_t bq, int64_t D, int64_t ld) {
+  for (int64_t hh = 0; hh < nh; hh++)
+    for (int64_t r = 0; r < bq; r++) memset(x + r * ld + hh * D, 0, sizeof(float) * (size_t)D);
 }
 
 /* the keys query row i of a batch row (its doc_start ds, or NULL) sees: [*a, *e) */
@@ -127,8 +143,8 @@ static void row_keys(const attn_job *j, const int32_t *ds, int64_t i, int64_t *a
 
 /* the keys rows i0 .. i1 - 1 multiply with, [*k0, *k1): from the first
  * row's first (doc_start never decreases) to the last row's last (a
- * block's positions rise by one a row): no key past the block's last
- * position is scored */
+ * block's positions never fall): no key past the block's last position
+ * is scored */
 static void block_keys(const attn_job *j, const int32_t *ds, int64_t i0, int64_t i1, int64_t *k0, int64_t *k1) {
   *k0 = ds ? ds[i0] : 0;
   *k1 = (j->q_pos ? j->q_pos[i1 - 1] : i1 - 1) + 1;
@@ -158,11 +174,17 @@ static void forward_heads(void *arg, int64_t lo, int64_t hi) {
       /* rows i0 .. i1 - 1 see keys k0 .. k1 - 1 (row i: from its document's start, to its position) */
       int64_t k0, k1;
       i1 = block_end(j, i0);
-      block_keys(j, ds, i0, i1, &k0, &k1);
       const int64_t bq = i1 - i0, rowoff = b * Tq * ldq + i0 * ldq + h0 * D;
+      if (sees_nothing(j, i0)) { /* no key: softmax over nothing, out 0, lse log 0 */
+        zero_rows(j->out + rowoff, nh, bq, D, ldq);
+        for (int64_t s = 0; s < nh * bq; s++) j->lse_out[(b * H + h0 + s / bq) * Tq + i0 + s % bq] = -INFINITY;
+        continue;
+      }
+      block_keys(j, ds, i0, i1, &k0, &k1);
       const int m = (int)(nh * bq), n = (int)(k1 - k0);
       gather_rows(Qs, j->q + rowoff, nh, bq, D, ldq);
       fsdp_sgemm(0, 1, m, n, d, scale, Qs, D, kh + k0 * ldk, ldk, 0.0f, S, n);
+      /* (every row here sees a key: e > a, sum >= 1) */
       for (int64_t s = 0; s < m; s++) { /* e^(S_ij - max_i) for the keys row i sees, else 0; their sum */
         const int64_t i = i0 + s % bq;
         int64_t a, e;
@@ -203,9 +225,9 @@ int fsdp_attention_pos_check(const int32_t *q_pos, int64_t tq, int64_t tk) {
     return fsdp_fail(FSDP_EINVAL, "q_pos: %lld queries, %lld keys, buffer %p", (long long)tq, (long long)tk,
                      (const void *)q_pos);
   for (int64_t i = 0; i < tq; i++)
-    if (q_pos[i] < 0 || q_pos[i] >= tk)
-      return fsdp_fail(FSDP_EINVAL, "q_pos: query %lld at position %d, outside the %lld keys [0, %lld)", (long long)i,
-                       q_pos[i], (long long)tk, (long long)tk);
+    if (q_pos[i] < -1 || q_pos[i] >= tk)
+      return fsdp_fail(FSDP_EINVAL, "q_pos: query %lld at position %d, outside [-1, %lld): one of the %lld keys, or -1 "
+                       "(sees none)", (long long)i, q_pos[i], (long long)tk, (long long)tk);
   return FSDP_OK;
 }
 
@@ -278,8 +300,12 @@ static void backward_groups(void *arg, int64_t lo, int64_t hi) {
       for (int64_t i0 = 0, i1; i0 < Tq; i0 = i1) {
         int64_t k0, k1; /* keys k0 .. k1 - 1, as in forward */
         i1 = block_end(j, i0);
-        block_keys(j, ds, i0, i1, &k0, &k1);
         const int64_t bq = i1 - i0, rowoff = b * Tq * ldq + i0 * ldq + h0 * D;
+        if (sees_nothing(j, i0)) { /* dq 0, nothing to dK, dV; dout, out, lse unread */
+          zero_rows(j->dq + rowoff, nh, bq, D, ldq);
+          continue;
+        }
+        block_keys(j, ds, i0, i1, &k0, &k1);
         const int m = (int)(nh * bq), n = (int)(k1 - k0);
         gather_rows(Qs, j->q + rowoff, nh, bq, D, ldq);
         gather_rows(dOs, j->dout + rowoff, nh, bq, D, ldq);
@@ -321,8 +347,9 @@ int fsdp_attention_rows_backward(const char *op, float *dq, float *dk, float *dv
                                  const int32_t *q_pos, int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t Hkv,
                                  int64_t D) {
   FSDP_CHECK(check_call(op, ds, q_pos, B, Tq, Tk, H, Hkv, D));
-  if (!B || !Tk) return FSDP_OK;
-  /* no queries (Tq 0): dK, dV still overwritten, with zeros */
+  if (!B || (!Tk && !Tq)) return FSDP_OK;
+  /* no queries (Tq 0): dK, dV still overwritten, with zeros; no keys (Tk
+   * 0, q_pos all -1): dQ, with zeros */
   if (!dk || !dv || !k || !v || (Tq && (!dq || !dout || !q || !out || !lse)))
     return fsdp_fail(FSDP_EINVAL, "%s: NULL buffer", op);
   attn_job j = {.lse = lse, .dq = dq, .dk = dk, .dv = dv, .q = q, .k = k, .v = v, .dout = dout, .o = out,

@@ -4,11 +4,17 @@
  * chunks: each rank the same causal work); its Tq queries sit at their
  * global positions q_pos, and each sees the keys of the whole sequence
  * (Tk of them, gathered over the ranks in global order) up to its own
- * position. The computation is attention.c's (attention_rows.h): query
- * blocks of consecutive positions, each through the keys up to its last
- * position alone; with q_pos[i] = i it is the causal op, the same bits.
- * Backward writes the whole sequence's dK, dV, which the caller
- * reduce-scatters to the chunks' owners. */
+ * position. Ring attention calls it once a step, against one rank's
+ * block of keys (Tk = 2c of them), with runs of one position (a chunk
+ * that sees a whole chunk of keys: q_pos c - 1) and rows that see no key
+ * at all (q_pos -1: out 0, lse -inf, so that the steps' merge passes
+ * them by; backward: dq 0, nothing to dK, dV, their dout, out and lse
+ * unread). The computation is attention.c's (attention_rows.h): query
+ * blocks whose positions rise by at most one a row, each through the keys
+ * up to its last position alone, and no GEMM for rows at -1; with q_pos[i]
+ * = i it is the causal op, the same bits. Backward writes the whole
+ * sequence's dK, dV, which the caller reduce-scatters to the chunks'
+ * owners. */
 #include "../base/error.h"
 #include "../fsdp_ops.h"
 #include "attention_rows.h"

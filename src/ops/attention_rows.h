@@ -3,8 +3,9 @@
  * given positions (attention_pos.c). q, out [B, Tq, H, D]; k, v, dk, dv
  * [B, Tk, Hkv, D]; lse [B, H, Tq]. Query i sees keys lo .. e - 1 with lo =
  * ds[b, i] (ds [B, Tq], fsdp_doc_start_check's rules, Tq = Tk) or 0, and
- * e = q_pos[i] + 1 (q_pos [Tq], each in [0, Tk), rising by one within a
- * run) or i + 1. At most one of ds and q_pos is given. `op` names the
+ * e = q_pos[i] + 1 (q_pos [Tq], each in [-1, Tk): -1 sees no key, its
+ * out row 0 and lse -inf, its dq row 0, nothing to dk, dv) or i + 1. At
+ * most one of ds and q_pos is given. `op` names the
  * call in the errors. dq, dk, dv overwritten. */
 #ifndef FSDP_OPS_ATTENTION_ROWS_H
 #define FSDP_OPS_ATTENTION_ROWS_H

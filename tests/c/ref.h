@@ -23,11 +23,15 @@ float *ref_poisoned(int64_t n);
  * gradients of sum r * out when gq is not NULL */
 void ref_attention(int B, int T, int H, int Hkv, int D, const int32_t *ds, const double *q, const double *k,
                    const double *v, const double *r, double *out, double *gq, double *gk, double *gv);
-/* the same for Tq queries at positions q_pos [Tq] (each in [0, Tk)) against
- * Tk keys: query i sees keys 0 .. q_pos[i]; q, r, out, gq [B, Tq, H, D];
- * k, v, gk, gv [B, Tk, Hkv, D] */
+/* the same for Tq queries at positions q_pos [Tq] (each in [-1, Tk)) against
+ * Tk keys: query i sees keys 0 .. q_pos[i] (-1: none, out 0); q, r, out,
+ * gq [B, Tq, H, D]; k, v, gk, gv [B, Tk, Hkv, D] */
 void ref_attention_pos(int B, int Tq, int Tk, int H, int Hkv, int D, const int32_t *q_pos, const double *q,
                        const double *k, const double *v, const double *r, double *out, double *gq, double *gk,
                        double *gv);
+/* and each row's log-sum-exp of its scores, lse [B, H, Tq] (-inf: no key) */
+void ref_attention_pos_lse(int B, int Tq, int Tk, int H, int Hkv, int D, const int32_t *q_pos, const double *q,
+                           const double *k, const double *v, const double *r, double *out, double *lse, double *gq,
+                           double *gk, double *gv);
 
 #endif

@@ -1,18 +1,19 @@
 /* ref_attention.c: the float64 attention the attention tests hold the ops
  * to (ref.h): softmax(q k^T / sqrt(D)) v with grouped-query heads, query i
  * over keys ds[i] .. i (ds NULL: 0 .. i, causal), or over keys 0 ..
- * q_pos[i] (queries at given positions), and d(sum r * out) / d(q, k, v)
- * by the chain rule. */
+ * q_pos[i] (queries at given positions; none at -1: out 0, lse -inf),
+ * the log-sum-exp of each row's scores, and d(sum r * out) / d(q, k, v) by
+ * the chain rule. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "ref.h"
 
-/* Tq queries, Tk keys; query i sees keys lo .. e: lo = ds[b, i] or 0, e = q_pos[i] or i */
+/* Tq queries, Tk keys; query i sees keys lo .. e: lo = ds[b, i] or 0, e = q_pos[i] or i; lse [B, H, Tq] or NULL */
 static void attention(int B, int Tq, int Tk, int H, int Hkv, int D, const int32_t *ds, const int32_t *q_pos,
-                      const double *q, const double *k, const double *v, const double *r, double *out, double *gq,
-                      double *gk, double *gv) {
+                      const double *q, const double *k, const double *v, const double *r, double *out, double *lse,
+                      double *gq, double *gk, double *gv) {
   const int G = H / Hkv;
   double *pr = malloc(sizeof(double) * (size_t)Tk), *dp = malloc(sizeof(double) * (size_t)Tk), sc = 1 / sqrt((double)D);
   if (gq) {
@@ -34,6 +35,7 @@ static void attention(int B, int Tq, int Tk, int H, int Hkv, int D, const int32_
           m = pr[j] > m ? pr[j] : m;
         }
         for (int j = j0; j <= e; j++) z += (pr[j] = exp(pr[j] - m));
+        if (lse) lse[((int64_t)b * H + h) * Tq + i] = e < j0 ? -INFINITY : m + log(z);
         for (int j = j0; j <= e; j++) pr[j] /= z;
         for (int c = 0; c < D; c++) {
           double o = 0;
@@ -62,11 +64,17 @@ static void attention(int B, int Tq, int Tk, int H, int Hkv, int D, const int32_
 
 void ref_attention(int B, int T, int H, int Hkv, int D, const int32_t *ds, const double *q, const double *k,
                    const double *v, const double *r, double *out, double *gq, double *gk, double *gv) {
-  attention(B, T, T, H, Hkv, D, ds, NULL, q, k, v, r, out, gq, gk, gv);
+  attention(B, T, T, H, Hkv, D, ds, NULL, q, k, v, r, out, NULL, gq, gk, gv);
 }
 
 void ref_attention_pos(int B, int Tq, int Tk, int H, int Hkv, int D, const int32_t *q_pos, const double *q,
                        const double *k, const double *v, const double *r, double *out, double *gq, double *gk,
                        double *gv) {
-  attention(B, Tq, Tk, H, Hkv, D, NULL, q_pos, q, k, v, r, out, gq, gk, gv);
+  attention(B, Tq, Tk, H, Hkv, D, NULL, q_pos, q, k, v, r, out, NULL, gq, gk, gv);
+}
+
+void ref_attention_pos_lse(int B, int Tq, int Tk, int H, int Hkv, int D, const int32_t *q_pos, const double *q,
+                           const double *k, const double *v, const double *r, double *out, double *lse, double *gq,
+                           double *gk, double *gv) {
+  attention(B, Tq, Tk, H, Hkv, D, NULL, q_pos, q, k, v, r, out, lse, gq, gk, gv);
 }

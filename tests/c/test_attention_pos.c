@@ -17,10 +17,18 @@
  *   (h = 1e-5) of L computed in float64: the op within 1e-3 relative +
  *   1e-5, the float64 chain rule within 1e-6 relative + 1e-8.
  * - Positions in any order (repeats, jumps back): each query still sees
- *   keys 0 .. its position (float64, as above).
+ *   keys 0 .. its position (float64, as above; lse too, within out's
+ *   tolerance, in every case against float64).
+ * - Ring attention's steps (issue 46; GQA 4/2, batch 2): every query at
+ *   c - 1 of 2c keys (one run of equal positions, across 64-row blocks),
+ *   the first c queries at -1 (seeing no key) and the rest at 2c - 1,
+ *   mixed runs (-1, -1, 3, 3, 4, 5, 5, 5), and every query at -1. Rows at
+ *   -1: out and dq exactly 0, lse -inf; their dout, out and lse, NaN going
+ *   into backward, change nothing (no NaN anywhere); no keys at all (tk =
+ *   0, every query at -1) the same.
  * - The same bits with 1 and 3 CPU threads; no queries (tq = 0): dk, dv
  *   overwritten with zeros.
- * - Refusals: a position outside [0, tk) (naming the query), q_pos NULL,
+ * - Refusals: a position outside [-1, tk) (naming the query), q_pos NULL,
  *   NULL buffers, heads not a multiple of kv_heads. */
 #include <math.h>
 #include <stdlib.h>
@@ -57,22 +65,44 @@ typedef struct {
   double *q, *k, *v, *r;
 } prob;
 
-/* forward and backward of the op on p's inputs (as floats), and both against float64 */
+/* lse against float64: -inf (a row that sees no key) exactly, else as out */
+static int lse_mismatches(const char *what, const float *got, const double *want, int64_t n) {
+  int bad = 0;
+  for (int64_t i = 0; i < n; i++)
+    bad += isinf(want[i]) ? got[i] != (float)want[i] : ref_mismatches(what, got + i, want + i, 1, 1e-5, 1e-6);
+  return bad;
+}
+
+/* rows at -1 (no key): x's D values of each head exactly 0 */
+static int nonzero_unseen(const float *x, const int32_t *pos, int B, int Tq, int H, int D) {
+  int bad = 0;
+  for (int64_t e = 0; e < (int64_t)B * Tq * H * D; e++) bad += pos[e / ((int64_t)H * D) % Tq] < 0 && x[e] != 0.0f;
+  return bad;
+}
+
+/* forward and backward of the op on p's inputs (as floats), and both
+ * against float64; between them the out and lse of rows at -1 become NaN
+ * (the ring's backward hands the merged ones over: not to be read) */
 static void op_vs_float64(const prob *p, const float *q, const float *k, const float *v, const float *r, float *out,
                           float *lse, float *dq, float *dk, float *dv, const char *what) {
   const int B = p->B, Tq = p->Tq, Tk = p->Tk, H = p->H, Hkv = p->Hkv, D = p->D;
-  const int64_t nq = (int64_t)B * Tq * H * D, nk = (int64_t)B * Tk * Hkv * D;
+  const int64_t nq = (int64_t)B * Tq * H * D, nk = (int64_t)B * Tk * Hkv * D, nl = (int64_t)B * H * Tq;
+  double *want = malloc(8 * nq), *wl = malloc(8 * nl), *gq = malloc(8 * nq), *gk = malloc(8 * nk), *gv = malloc(8 * nk);
+  ref_attention_pos_lse(B, Tq, Tk, H, Hkv, D, p->pos, p->q, p->k, p->v, p->r, want, wl, gq, gk, gv);
   CHECK_OK(fsdp_attention_forward_pos(out, lse, q, k, v, p->pos, B, Tq, Tk, H, Hkv, D));
+  int bad = ref_mismatches(what, out, want, nq, 1e-5, 1e-6) + lse_mismatches(what, lse, wl, nl);
+  bad += nonzero_unseen(out, p->pos, B, Tq, H, D);
+  for (int64_t e = 0; e < nq; e++)
+    if (p->pos[e / ((int64_t)H * D) % Tq] < 0) out[e] = NAN;
+  for (int64_t e = 0; e < nl; e++)
+    if (p->pos[e % Tq] < 0) lse[e] = NAN;
   CHECK_OK(fsdp_attention_backward_pos(dq, dk, dv, r, q, k, v, out, lse, p->pos, B, Tq, Tk, H, Hkv, D));
-  double *want = malloc(8 * nq), *gq = malloc(8 * nq), *gk = malloc(8 * nk), *gv = malloc(8 * nk);
-  ref_attention_pos(B, Tq, Tk, H, Hkv, D, p->pos, p->q, p->k, p->v, p->r, want, gq, gk, gv);
-  int bad = ref_mismatches(what, out, want, nq, 1e-5, 1e-6);
-  bad += ref_mismatches(what, dq, gq, nq, 1e-4, 1e-5);
+  bad += ref_mismatches(what, dq, gq, nq, 1e-4, 1e-5) + nonzero_unseen(dq, p->pos, B, Tq, H, D);
   bad += ref_mismatches(what, dk, gk, nk, 1e-4, 1e-5);
   bad += ref_mismatches(what, dv, gv, nk, 1e-4, 1e-5);
-  if (bad) fprintf(stderr, "%s: out, dq, dk or dv off float64 (above)\n", what);
+  if (bad) fprintf(stderr, "%s: out, lse, dq, dk or dv off float64 (above), or a row at -1 not 0\n", what);
   CHECK(bad == 0);
-  free(want), free(gq), free(gk), free(gv);
+  free(want), free(wl), free(gq), free(gk), free(gv);
 }
 
 /* the whole sequence split over cp ranks, each rank against float64 and
@@ -141,16 +171,20 @@ static double ref_loss(void *ctx) {
 }
 
 /* given positions (q_pos, tq of them) of tk keys: the op against float64,
- * and with central, also against central differences of L */
-static void run_pos(int B, int Tq, int Tk, int H, int Hkv, int D, const int32_t *pos, int central, unsigned seed) {
+ * and with central, also against central differences of L. The dout
+ * rows of queries at -1 are NaN (not to be read; float64 ignores them). */
+static void run_pos(const char *what, int B, int Tq, int Tk, int H, int Hkv, int D, const int32_t *pos, int central,
+                    unsigned seed) {
   const int64_t nq = (int64_t)B * Tq * H * D, nk = (int64_t)B * Tk * Hkv * D;
   prob p = {B, Tq, Tk, H, Hkv, D, pos, malloc(8 * nq), malloc(8 * nk), malloc(8 * nk), malloc(8 * nq)};
   float *q = malloc(4 * nq), *k = malloc(4 * nk), *v = malloc(4 * nk), *r = malloc(4 * nq);
   ref_fill(q, p.q, nq, &seed, 1.5), ref_fill(k, p.k, nk, &seed, 1.5), ref_fill(v, p.v, nk, &seed, 1.0);
   ref_fill(r, p.r, nq, &seed, 1.0);
+  for (int64_t e = 0; e < nq; e++)
+    if (pos[e / ((int64_t)H * D) % Tq] < 0) r[e] = NAN;
   float *out = ref_poisoned(nq), *lse = ref_poisoned((int64_t)B * H * Tq), *dq = ref_poisoned(nq),
         *dk = ref_poisoned(nk), *dv = ref_poisoned(nk);
-  op_vs_float64(&p, q, k, v, r, out, lse, dq, dk, dv, central ? "central-difference case" : "positions in any order");
+  op_vs_float64(&p, q, k, v, r, out, lse, dq, dk, dv, what);
   if (central) {
     double *cq = malloc(8 * nq), *ck = malloc(8 * nk), *cv = malloc(8 * nk);
     for (int64_t i = 0; i < nq; i++) cq[i] = ref_central(ref_loss, &p, &p.q[i], 1e-5);
@@ -195,6 +229,35 @@ static void same_bits_any_threads(void) {
   free(q), free(k), free(v), free(r);
 }
 
+/* ring attention's steps over a block of 2c keys (cp_ring.lua), and runs
+ * of equal positions mixed with rows that see nothing */
+static void ring_steps(void) {
+  enum { C = 70, C2 = 2 * C }; /* 140 queries: blocks of 64 rows cut inside the runs */
+  int32_t pos[C2];
+  for (int i = 0; i < C2; i++) pos[i] = C - 1;
+  run_pos("every query at c - 1 of 2c keys", 2, C2, C2, 4, 2, 8, pos, 0, 47);
+  for (int i = 0; i < C2; i++) pos[i] = i < C ? -1 : C2 - 1;
+  run_pos("the first c queries at -1, the rest at 2c - 1", 2, C2, C2, 4, 2, 8, pos, 0, 48);
+  const int32_t mixed[12] = {-1, -1, 3, 3, 4, 5, 5, 5, -1, 0, 0, 9};
+  run_pos("mixed runs", 2, 12, 10, 4, 2, 8, mixed, 0, 49);
+  for (int i = 0; i < 6; i++) pos[i] = -1;
+  run_pos("every query at -1", 2, 6, 10, 4, 2, 8, pos, 0, 50);
+}
+
+/* no keys (tk 0), every query at -1: out 0, lse -inf, dq 0 */
+static void no_keys(void) {
+  enum { B = 2, TQ = 3, H = 4, HKV = 2, D = 4, NQ = B * TQ * H * D, NL = B * H * TQ };
+  const int32_t pos[TQ] = {-1, -1, -1};
+  float x[NQ] = {0}, *out = ref_poisoned(NQ), *lse = ref_poisoned(NL), *dq = ref_poisoned(NQ);
+  CHECK_OK(fsdp_attention_forward_pos(out, lse, x, x, x, pos, B, TQ, 0, H, HKV, D));
+  CHECK_OK(fsdp_attention_backward_pos(dq, x, x, x, x, x, x, out, lse, pos, B, TQ, 0, H, HKV, D));
+  int ok = 1;
+  for (int i = 0; i < NQ; i++) ok &= out[i] == 0 && dq[i] == 0;
+  for (int i = 0; i < NL; i++) ok &= lse[i] == -INFINITY;
+  CHECK(ok);
+  free(out), free(lse), free(dq);
+}
+
 static void no_queries(void) {
   enum { B = 2, T = 5, Hkv = 1, D = 4, NK = B * T * Hkv * D };
   float x = 0, k[NK] = {0}, *dk = ref_poisoned(NK), *dv = ref_poisoned(NK);
@@ -214,18 +277,20 @@ static void refusals(void) {
   int32_t pos[TQ] = {0, 1, 14, 15};
   CHECK_OK(fsdp_attention_pos_check(pos, TQ, TK));
   CHECK_OK(fsdp_attention_forward_pos(buf, lse, buf, buf, buf, pos, B, TQ, TK, H, HKV, D));
-  pos[3] = TK;
-  CHECK_FAILS(fsdp_attention_pos_check(pos, TQ, TK), FSDP_EINVAL, "query 3 at position 16, outside the 16 keys");
+  pos[1] = -1; /* sees no key */
+  CHECK_OK(fsdp_attention_pos_check(pos, TQ, TK));
+  pos[1] = 1, pos[3] = TK;
+  CHECK_FAILS(fsdp_attention_pos_check(pos, TQ, TK), FSDP_EINVAL, "query 3 at position 16, outside [-1, 16)");
   CHECK_FAILS(fsdp_attention_forward_pos(buf, lse, buf, buf, buf, pos, B, TQ, TK, H, HKV, D), FSDP_EINVAL,
               "attention_forward_pos: q_pos: query 3 at position 16");
   CHECK_FAILS(fsdp_attention_backward_pos(buf, buf, buf, buf, buf, buf, buf, buf, lse, pos, B, TQ, TK, H, HKV, D),
               FSDP_EINVAL, "attention_backward_pos: q_pos: query 3 at position 16");
-  pos[3] = 15, pos[1] = -1;
+  pos[3] = 15, pos[1] = -2;
   CHECK_FAILS(fsdp_attention_forward_pos(buf, lse, buf, buf, buf, pos, B, TQ, TK, H, HKV, D), FSDP_EINVAL,
-              "query 1 at position -1");
+              "query 1 at position -2, outside [-1, 16): one of the 16 keys, or -1");
   pos[1] = 1; /* no keys at all */
   CHECK_FAILS(fsdp_attention_forward_pos(buf, lse, buf, buf, buf, pos, B, TQ, 0, H, HKV, D), FSDP_EINVAL,
-              "query 0 at position 0, outside the 0 keys");
+              "query 0 at position 0, outside [-1, 0)");
   CHECK_FAILS(fsdp_attention_forward_pos(buf, lse, buf, buf, buf, NULL, B, TQ, TK, H, HKV, D), FSDP_EINVAL,
               "q_pos is NULL");
   CHECK_FAILS(fsdp_attention_backward_pos(buf, buf, buf, buf, buf, buf, buf, buf, lse, NULL, B, TQ, TK, H, HKV, D),
@@ -248,12 +313,14 @@ int main(void) {
   run_cp(2, 48, 6, 3, 8, 4, 44);    /* chunks of 6 rows, GQA */
   {
     const int32_t pos[4] = {0, 1, 6, 7}; /* rank 0 of cp 2, T 8 */
-    run_pos(2, 4, 8, 4, 2, 4, pos, 1, 45);
+    run_pos("central-difference case", 2, 4, 8, 4, 2, 4, pos, 1, 45);
   }
   {
     const int32_t pos[9] = {19, 0, 5, 5, 6, 7, 3, 2, 19}; /* repeats, jumps back */
-    run_pos(2, 9, 20, 6, 3, 8, pos, 0, 46);
+    run_pos("positions in any order", 2, 9, 20, 6, 3, 8, pos, 0, 46);
   }
+  ring_steps();
+  no_keys();
   no_queries();
   refusals();
   return fsdp_test_summary("attention_pos");

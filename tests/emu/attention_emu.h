@@ -23,33 +23,42 @@ struct Attn {
   std::vector<float> lse;
 };
 
-/* forward, dq per query row, dk and dv per key row (sh.Tk of them); rows:
- * doc_start (DOCS_ROWS), q_pos (POS_ROWS) or NULL (CAUSAL). Outputs start
- * NaN: every element must be written. */
+/* dq per query row, dk and dv per key row (sh.Tk of them) into a's, from
+ * its out and lse; rows: doc_start (DOCS_ROWS), q_pos (POS_ROWS) or NULL
+ * (CAUSAL). dq, dk, dv start NaN: every element must be written. */
 template <typename T, int MAXD, int ROWS>
-static Attn<T> run_kernels(const std::vector<T> &q, const std::vector<T> &k, const std::vector<T> &v,
-                           const std::vector<T> &dout, const int32_t *rows, const Shape &sh) {
+static void run_backward_kernels(Attn<T> &a, const std::vector<T> &q, const std::vector<T> &k, const std::vector<T> &v,
+                                 const std::vector<T> &dout, const int32_t *rows, const Shape &sh) {
   const float nan = NAN;
-  Attn<T> a{std::vector<T>(q.size(), from<T>(nan)), std::vector<T>(q.size(), from<T>(nan)),
-            std::vector<T>(k.size(), from<T>(nan)), std::vector<T>(k.size(), from<T>(nan)),
-            std::vector<float>((size_t)(sh.B * sh.H * sh.T), nan)};
+  a.dq.assign(q.size(), from<T>(nan)), a.dk.assign(k.size(), from<T>(nan)), a.dv.assign(k.size(), from<T>(nan));
   const unsigned nq = (unsigned)((sh.T + QROWS - 1) / QROWS), nk = (unsigned)((sh.Tk + QROWS - 1) / QROWS);
   const int64_t D = sh.D;
-  if (nq) {
-    cuda_emu::launch({nq, (unsigned)sh.H, (unsigned)sh.B}, QROWS, sizeof(float) * (QROWS * (D + 1) + 2 * KTILE * D), [&] {
-      fsdp_attn::attn_fwd<T, MAXD, ROWS>(a.out.data(), a.lse.data(), q.data(), k.data(), v.data(), rows, sh);
-    });
+  if (nq)
     cuda_emu::launch({nq, (unsigned)sh.H, (unsigned)sh.B}, QROWS, sizeof(float) * (2 * QROWS * (D + 1) + 2 * KTILE * D),
                      [&] {
                        fsdp_attn::attn_bwd_dq<T, MAXD, ROWS>(a.dq.data(), dout.data(), q.data(), k.data(), v.data(),
                                                              a.out.data(), a.lse.data(), rows, sh);
                      });
-  }
   cuda_emu::launch({nk, (unsigned)sh.Hkv, (unsigned)sh.B}, QROWS,
                    sizeof(float) * (3 * QROWS * (D + 1) + 2 * KTILE * D + (ROWS ? 3 : 2) * KTILE), [&] {
                      fsdp_attn::attn_bwd_dkv<T, MAXD, ROWS>(a.dk.data(), a.dv.data(), dout.data(), q.data(), k.data(),
                                                             v.data(), a.out.data(), a.lse.data(), rows, sh);
                    });
+}
+
+/* forward, then the backward kernels (above). Outputs start NaN. */
+template <typename T, int MAXD, int ROWS>
+static Attn<T> run_kernels(const std::vector<T> &q, const std::vector<T> &k, const std::vector<T> &v,
+                           const std::vector<T> &dout, const int32_t *rows, const Shape &sh) {
+  const float nan = NAN;
+  Attn<T> a{std::vector<T>(q.size(), from<T>(nan)), {}, {}, {}, std::vector<float>((size_t)(sh.B * sh.H * sh.T), nan)};
+  const unsigned nq = (unsigned)((sh.T + QROWS - 1) / QROWS);
+  const int64_t D = sh.D;
+  if (nq)
+    cuda_emu::launch({nq, (unsigned)sh.H, (unsigned)sh.B}, QROWS, sizeof(float) * (QROWS * (D + 1) + 2 * KTILE * D), [&] {
+      fsdp_attn::attn_fwd<T, MAXD, ROWS>(a.out.data(), a.lse.data(), q.data(), k.data(), v.data(), rows, sh);
+    });
+  run_backward_kernels<T, MAXD, ROWS>(a, q, k, v, dout, rows, sh);
   return a;
 }
 
@@ -57,6 +66,14 @@ template <typename T, int ROWS>
 static Attn<T> run_any(const std::vector<T> &q, const std::vector<T> &k, const std::vector<T> &v,
                        const std::vector<T> &dout, const int32_t *rows, const Shape &sh) {
   return sh.D <= 32 ? run_kernels<T, 32, ROWS>(q, k, v, dout, rows, sh) : run_kernels<T, 64, ROWS>(q, k, v, dout, rows, sh);
+}
+
+/* the backward kernels alone, from a's out and lse */
+template <typename T, int ROWS>
+static void run_any_backward(Attn<T> &a, const std::vector<T> &q, const std::vector<T> &k, const std::vector<T> &v,
+                             const std::vector<T> &dout, const int32_t *rows, const Shape &sh) {
+  if (sh.D <= 32) run_backward_kernels<T, 32, ROWS>(a, q, k, v, dout, rows, sh);
+  else run_backward_kernels<T, 64, ROWS>(a, q, k, v, dout, rows, sh);
 }
 
 /* max |got - want| / max |want| (abs: max |got - want|); a non-finite value fails */
