@@ -89,6 +89,12 @@ int fsdp_comm_reduce_scatter(fsdp_comm *c, void *out, fsdp_dtype out_dtype, cons
 int fsdp_comm_all_reduce(fsdp_comm *c, void *out, const void *in, size_t count, fsdp_dtype dtype,
                          int op);
 int fsdp_comm_broadcast(fsdp_comm *c, void *buf, size_t count, fsdp_dtype dtype, int root);
+/* A ring shift (ring attention's blocks of keys and values): member me
+ * sends in (count elements) to member (me + dist) mod n and receives out
+ * from member (me - dist) mod n, both at once. dist may be any int
+ * (negative: the other way round; a multiple of n: a copy). out and in
+ * must not overlap. */
+int fsdp_comm_shift(fsdp_comm *c, void *out, const void *in, size_t count, fsdp_dtype dtype, int dist);
 int fsdp_comm_barrier(fsdp_comm *c);
 /* Wait for all enqueued collectives; returns the first failure, if any. */
 int fsdp_comm_synchronize(fsdp_comm *c);
@@ -113,14 +119,16 @@ int64_t fsdp_comm_scratch_bytes(const fsdp_comm *c);
  * (n-1)/n for an all-gather, a reduce-scatter and a broadcast, 2(n-1)/n
  * for an all-reduce; a reduce-scatter in its output (accumulation) dtype
  * (a bf16 -> fp32 one moves fp32: NCCL casts before it reduces, and the
- * planner counts reduce_dtype). A barrier moves nothing. One atomic add
- * per call: any thread may issue or read. */
+ * planner counts reduce_dtype). A shift sends exactly its count (0 when
+ * dist is a multiple of n: a copy). A barrier moves nothing. One atomic
+ * add per call: any thread may issue or read. */
 typedef enum {
   FSDP_COMM_ALL_GATHER = 0,
   FSDP_COMM_REDUCE_SCATTER = 1,
   FSDP_COMM_ALL_REDUCE = 2,
   FSDP_COMM_BROADCAST = 3,
-  FSDP_COMM_KINDS = 4, /* how many kinds; as a kind: all of them */
+  FSDP_COMM_SHIFT = 4,
+  FSDP_COMM_KINDS = 5, /* how many kinds; as a kind: all of them */
 } fsdp_comm_kind;
 /* Bytes sent in collectives of that kind (FSDP_COMM_KINDS: all), exact
  * below 2^53; -1 for a NULL comm or an unknown kind (the error set). */

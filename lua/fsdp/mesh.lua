@@ -207,6 +207,23 @@ function Comm:broadcast(t, root)
   hold(self, t)
 end
 
+-- comm:shift(out, inp, dist): this member sends inp to member (me + dist)
+-- mod n and receives out from member (me - dist) mod n (ring attention's
+-- blocks); dist defaults to 1, may be negative; out and inp separate
+function Comm:shift(out, inp, dist)
+  local h = comm(self, "comm:shift")
+  need_tensor(out, "comm:shift", "out", self); need_tensor(inp, "comm:shift", "in", self)
+  if out:numel() ~= inp:numel() or out.dtype ~= inp.dtype then
+    error(string.format("comm:shift: out is %d x %s, in is %d x %s; they must match", out:numel(), out.dtype, inp:numel(), inp.dtype), 2)
+  end
+  dist = dist or 1
+  if type(dist) ~= "number" or dist % 1 ~= 0 or math.abs(dist) >= 2 ^ 31 then
+    error("comm:shift: dist must be an integer (a C int), got " .. tostring(dist), 2)
+  end
+  check(C.fsdp_comm_shift(h, out.data, inp.data, inp:numel(), inp.dtype_id, dist), "comm:shift")
+  hold(self, out, inp)
+end
+
 -- Drops the hold on the buffers of the collectives issued so far without
 -- waiting for them: for a caller that has ordered every later use of their
 -- memory after them itself (a GPU's compute stream waiting on an event the
@@ -230,13 +247,15 @@ function Comm:set_timeout(s) check(C.fsdp_comm_set_timeout(comm(self, "comm:set_
 -- (fsdp_comm_bytes_sent: every collective issued on it, whoever issued
 -- it, counted by the ring convention the planner uses: (n-1)/n of the
 -- full buffer for an all-gather, a reduce-scatter or a broadcast,
--- 2(n-1)/n for an all-reduce). comm:bytes_sent("all_gather") is one
--- kind's bytes; comm:bytes_sent() a table of every kind's and their total.
+-- 2(n-1)/n for an all-reduce; a shift's whole buffer, 0 for a copy).
+-- comm:bytes_sent("all_gather") is one kind's bytes; comm:bytes_sent() a
+-- table of every kind's and their total.
 -- comm:calls(kind) likewise counts the collectives; comm:bytes_reset()
 -- sets both back to 0.
 local kinds = { all_gather = C.FSDP_COMM_ALL_GATHER, reduce_scatter = C.FSDP_COMM_REDUCE_SCATTER,
-  all_reduce = C.FSDP_COMM_ALL_REDUCE, broadcast = C.FSDP_COMM_BROADCAST, total = C.FSDP_COMM_KINDS }
-M.comm_kinds = { "all_gather", "reduce_scatter", "all_reduce", "broadcast" }
+  all_reduce = C.FSDP_COMM_ALL_REDUCE, broadcast = C.FSDP_COMM_BROADCAST, shift = C.FSDP_COMM_SHIFT,
+  total = C.FSDP_COMM_KINDS }
+M.comm_kinds = { "all_gather", "reduce_scatter", "all_reduce", "broadcast", "shift" }
 local function counts(c, kind, what, read)
   local h = comm(c, what)
   if kind == nil then
@@ -246,7 +265,7 @@ local function counts(c, kind, what, read)
   end
   local v = kinds[kind]
   if not v then
-    error(string.format("%s: kind '%s' (expected all_gather, reduce_scatter, all_reduce, broadcast or total)", what,
+    error(string.format("%s: kind '%s' (expected all_gather, reduce_scatter, all_reduce, broadcast, shift or total)", what,
       tostring(kind)), 3)
   end
   return tonumber(read(h, v))

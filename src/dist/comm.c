@@ -124,7 +124,7 @@ static int counted(fsdp_comm *c, int kind, size_t count, size_t members, int dty
 static int known_kind(const fsdp_comm *c, const char *what, int kind) {
   if (!c) return fsdp_fail(FSDP_EINVAL, "%s: NULL comm", what);
   if (kind < 0 || kind > FSDP_COMM_KINDS)
-    return fsdp_fail(FSDP_EINVAL, "%s on '%s': kind %d (expected FSDP_COMM_ALL_GATHER .. FSDP_COMM_BROADCAST, or "
+    return fsdp_fail(FSDP_EINVAL, "%s on '%s': kind %d (expected FSDP_COMM_ALL_GATHER .. FSDP_COMM_SHIFT, or "
                      "FSDP_COMM_KINDS for all)", what, c->name, kind);
   return FSDP_OK;
 }
@@ -134,9 +134,10 @@ double fsdp_comm_bytes_sent(const fsdp_comm *c, int kind) {
   double n = c->size, sent = 0;
   for (int k = 0; k < FSDP_COMM_KINDS; k++) {
     if (kind != FSDP_COMM_KINDS && k != kind) continue;
-    /* of the full buffer: (n-1)/n, twice that for an all-reduce (ring reduce-scatter, then all-gather) */
+    /* of the full buffer: (n-1)/n, twice that for an all-reduce (ring reduce-scatter, then all-gather);
+     * a shift's is what it sends, all of it */
     double full = (double)__atomic_load_n(&c->full_bytes[k], __ATOMIC_RELAXED);
-    sent += (k == FSDP_COMM_ALL_REDUCE ? 2 : 1) * full * (n - 1) / n;
+    sent += k == FSDP_COMM_SHIFT ? full : (k == FSDP_COMM_ALL_REDUCE ? 2 : 1) * full * (n - 1) / n;
   }
   return sent;
 }
@@ -193,6 +194,23 @@ int fsdp_comm_broadcast(fsdp_comm *c, void *buf, size_t count, fsdp_dtype dtype,
   if (root < 0 || root >= c->size)
     return fsdp_fail(FSDP_EINVAL, "broadcast on '%s': root %d out of range [0, %d)", c->name, root, c->size);
   return counted(c, FSDP_COMM_BROADCAST, count, 1, dtype, c->ops->broadcast(c, buf, count, dtype, root));
+}
+
+int fsdp_comm_shift(fsdp_comm *c, void *out, const void *in, size_t count, fsdp_dtype dtype, int dist) {
+  NEED_COMM(c, "shift");
+  FSDP_CHECK(check_buffer(c, "shift", "in", in, count, 1, dtype));
+  FSDP_CHECK(check_buffer(c, "shift", "out", out, count, 1, dtype));
+  size_t bytes = count * fsdp_dtype_size(dtype);
+  /* a member's out is written while its next member may still read its in
+   * (shm), or while NCCL sends it: no overlap, even of a copy */
+  uintptr_t o = (uintptr_t)out, i = (uintptr_t)in;
+  if (bytes && o < i + bytes && i < o + bytes)
+    return fsdp_fail(FSDP_EINVAL, "shift on '%s': out and in overlap (%zu bytes at %p and %p); give separate buffers",
+                     c->name, bytes, out, in);
+  int n = c->size, d = dist % n;
+  if (d < 0) d += n;
+  /* a copy sends nothing; still one call */
+  return counted(c, FSDP_COMM_SHIFT, d ? count : 0, 1, dtype, c->ops->shift(c, out, in, count, dtype, d));
 }
 
 int fsdp_comm_barrier(fsdp_comm *c) {

@@ -13,6 +13,8 @@ typedef struct comm_ops {
                         size_t count, int op);
   int (*all_reduce)(fsdp_comm *c, void *out, const void *in, size_t count, int dtype, int op);
   int (*broadcast)(fsdp_comm *c, void *buf, size_t count, int dtype, int root);
+  /* dist already reduced to [0, size); out and in do not overlap */
+  int (*shift)(fsdp_comm *c, void *out, const void *in, size_t count, int dtype, int dist);
   int (*barrier)(fsdp_comm *c);
   /* Optional: wait for the comm's pending work with a bounded wait (NCCL polls
    * for async errors). NULL: fsdp_stream_synchronize(c->stream). */

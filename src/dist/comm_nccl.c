@@ -160,6 +160,28 @@ static int nccl_broadcast(fsdp_comm *c, void *buf, size_t count, int dtype, int 
   return NC(c, ncclBroadcast(buf, buf, count, nccl_type(dtype), root, comm_of(c), stream_of(c)));
 }
 
+/* A send to the next member and a receive from the previous, fused in one
+ * group so that no member's send waits for its receive (a ring of blocking
+ * pairs would deadlock). dist 0 (and a group of one): a copy on the stream. */
+static int nccl_shift(fsdp_comm *c, void *out, const void *in, size_t count, int dtype, int dist) {
+  FSDP_CHECK(live(c));
+  int n = c->size, me = c->rank;
+  if (dist == 0) {
+    cudaError_t e = cudaMemcpyAsync(out, in, count * fsdp_dtype_size((fsdp_dtype)dtype), cudaMemcpyDeviceToDevice,
+                                    stream_of(c));
+    return e == cudaSuccess ? FSDP_OK : cuda_fail(e, c, "shift (a copy)");
+  }
+  ncclDataType_t t = nccl_type(dtype);
+  FSDP_CHECK(NC(c, ncclGroupStart()));
+  int rc = NC(c, ncclSend(in, count, t, (me + dist) % n, comm_of(c), stream_of(c)));
+  if (rc == FSDP_OK) rc = NC(c, ncclRecv(out, count, t, (me - dist + n) % n, comm_of(c), stream_of(c)));
+  if (rc < 0) {
+    ncclGroupEnd(); /* closed even after a failure inside (the group depth is per thread); rc says why */
+    return rc;
+  }
+  return NC(c, ncclGroupEnd());
+}
+
 static int nccl_barrier(fsdp_comm *c) {
   FSDP_CHECK(live(c));
   nccl_comm *nc = c->impl;
@@ -306,9 +328,19 @@ static void nccl_deregister(fsdp_comm *c, void *handle, int mode) {
   if (dereg) dereg(comm_of(c), handle);
 }
 
-static const comm_ops nccl_ops = {"nccl",         nccl_all_gather, nccl_reduce_scatter, nccl_all_reduce,
-                                  nccl_broadcast, nccl_barrier,    nccl_synchronize,    nccl_destroy,
-                                  nccl_mem_alloc, nccl_mem_free,   nccl_register,       nccl_deregister};
+static const comm_ops nccl_ops = {.transport = "nccl",
+                                  .all_gather = nccl_all_gather,
+                                  .reduce_scatter = nccl_reduce_scatter,
+                                  .all_reduce = nccl_all_reduce,
+                                  .broadcast = nccl_broadcast,
+                                  .shift = nccl_shift,
+                                  .barrier = nccl_barrier,
+                                  .synchronize = nccl_synchronize,
+                                  .destroy = nccl_destroy,
+                                  .mem_alloc = nccl_mem_alloc,
+                                  .mem_free = nccl_mem_free,
+                                  .register_buffer = nccl_register,
+                                  .deregister_buffer = nccl_deregister};
 
 int fsdp_comm_nccl_create(const comm_group_spec *spec, fsdp_comm **out) {
   *out = NULL;

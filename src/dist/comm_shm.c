@@ -10,15 +10,17 @@
  *   all_reduce      write my chunk; reduce my 1/n portion of it in place in my
  *                   slot; barrier; read every member's reduced portion
  *   broadcast       root writes; the others read
+ *   shift           write my chunk; read the slot of member (me - dist) mod n
+ *                   (dist a multiple of n: one barrier, then a local copy)
  * Reductions add members in rank order with fp32 accumulation and round once,
  * so every member gets bit-identical results and runs are reproducible.
  * Alternating the two slots means the next step may start writing while a
  * slow member still reads the previous one; one barrier per step suffices.
  *
  * Safety: every collective first publishes a descriptor (kind, count, dtypes,
- * root) and checks everyone's after the first barrier, so ranks that call
- * different collectives fail with a message instead of corrupting data or
- * hanging. Waits are bounded (timeout) and notice dead peers.
+ * root or a shift's dist) and checks everyone's after the first barrier, so
+ * ranks that call different collectives fail with a message instead of
+ * corrupting data or hanging. Waits are bounded (timeout) and notice dead peers.
  * The segment's name is removed as soon as every member has mapped it (or
  * the creation failed), by every member that knows it, so that a member
  * dying then leaves nothing behind in /dev/shm; fsdprun removes what a
@@ -46,12 +48,12 @@
 #define SHM_MAX_MEMBERS 256
 #define SHM_DATA_OFFSET (64u * 1024u)
 
-enum { OP_ALL_GATHER = 1, OP_REDUCE_SCATTER, OP_ALL_REDUCE, OP_BROADCAST, OP_BARRIER };
-static const char *op_names[] = {"?", "all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier"};
+enum { OP_ALL_GATHER = 1, OP_REDUCE_SCATTER, OP_ALL_REDUCE, OP_BROADCAST, OP_BARRIER, OP_SHIFT };
+static const char *op_names[] = {"?", "all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier", "shift"};
 
 typedef struct op_desc {
   uint64_t seq, count;
-  int32_t kind, dtype, out_dtype, op, root, pad;
+  int32_t kind, dtype, out_dtype, op, root, pad; /* root: a broadcast's; a shift's dist, in [0, n) */
 } op_desc;
 
 typedef struct shm_header {
@@ -79,7 +81,7 @@ typedef struct shm_comm {
 
 typedef struct coll {
   fsdp_comm *c;
-  int kind, dtype, out_dtype, op, root;
+  int kind, dtype, out_dtype, op, root; /* root: as in op_desc */
   void *out;
   const void *in;
   size_t count;
@@ -179,9 +181,12 @@ static int step_barrier(fsdp_comm *c, shm_comm *s, const char *what) {
 }
 
 static void describe(char *buf, size_t cap, const op_desc *d) {
-  snprintf(buf, cap, "%s(count=%llu, %s%s%s, root=%d)", op_names[d->kind], (unsigned long long)d->count,
+  char extra[32] = ""; /* only the kinds that have one */
+  if (d->kind == OP_BROADCAST) snprintf(extra, sizeof extra, ", root=%d", d->root);
+  if (d->kind == OP_SHIFT) snprintf(extra, sizeof extra, ", dist=%d", d->root);
+  snprintf(buf, cap, "%s(count=%llu, %s%s%s%s)", op_names[d->kind], (unsigned long long)d->count,
            fsdp_dtype_name(d->dtype), d->out_dtype != d->dtype ? "->" : "",
-           d->out_dtype != d->dtype ? fsdp_dtype_name(d->out_dtype) : "", d->root);
+           d->out_dtype != d->dtype ? fsdp_dtype_name(d->out_dtype) : "", extra);
 }
 
 /* After the first barrier of a collective, everyone's descriptor is visible. */
@@ -218,16 +223,17 @@ static int run_group(coll *a, shm_comm *s) {
     per_step = s->hdr->chunk / (es * (size_t)n);
   else
     per_step = s->hdr->chunk / es;
-  size_t steps = a->kind == OP_BARRIER ? 1 : nsteps(a->count, per_step);
+  int copy = a->kind == OP_SHIFT && a->root == 0; /* still met and checked: every member calls it */
+  size_t steps = a->kind == OP_BARRIER || copy ? 1 : nsteps(a->count, per_step);
 
   for (size_t st = 0; st < steps; st++) {
     uint64_t h = s->step++ & 1;
     size_t off = st * per_step;
     size_t len = a->count - off < per_step ? a->count - off : per_step;
-    if (a->kind == OP_BARRIER || a->count == 0) len = 0;
+    if (a->kind == OP_BARRIER || a->count == 0 || copy) len = 0;
     char *mys = slot(s, me, h);
     /* write */
-    if (a->kind == OP_ALL_GATHER || a->kind == OP_ALL_REDUCE) {
+    if (a->kind == OP_ALL_GATHER || a->kind == OP_ALL_REDUCE || a->kind == OP_SHIFT) {
       memcpy(mys, (const char *)a->in + off * es, len * es);
     } else if (a->kind == OP_REDUCE_SCATTER) {
       for (int j = 0; j < n; j++)
@@ -245,6 +251,8 @@ static int run_group(coll *a, shm_comm *s) {
       reduce_members(s, h, (size_t)me * per_step * es, a->dtype, a->out, a->out_dtype, off, len, a->op);
     } else if (a->kind == OP_BROADCAST && me != a->root) {
       memcpy((char *)a->out + off * es, slot(s, a->root, h), len * es);
+    } else if (a->kind == OP_SHIFT) {
+      memcpy((char *)a->out + off * es, slot(s, (me - a->root + n) % n, h), len * es);
     } else if (a->kind == OP_ALL_REDUCE) {
       size_t part = (len + (size_t)n - 1) / (size_t)n;
       size_t lo = (size_t)me * part < len ? (size_t)me * part : len;
@@ -258,6 +266,7 @@ static int run_group(coll *a, shm_comm *s) {
       }
     }
   }
+  if (copy) memcpy(a->out, a->in, a->count * es);
   return FSDP_OK;
 }
 
@@ -267,6 +276,9 @@ static int run_single(coll *a, shm_comm *s) {
   switch (a->kind) {
     case OP_ALL_GATHER:
       memmove(a->out, a->in, a->count * es);
+      return FSDP_OK;
+    case OP_SHIFT: /* to and from itself (comm.c refused overlap) */
+      memcpy(a->out, a->in, a->count * es);
       return FSDP_OK;
     case OP_REDUCE_SCATTER:
     case OP_ALL_REDUCE:
@@ -310,6 +322,9 @@ static int shm_all_reduce(fsdp_comm *c, void *out, const void *in, size_t count,
 static int shm_broadcast(fsdp_comm *c, void *buf, size_t count, int dtype, int root) {
   return enqueue(c, OP_BROADCAST, buf, buf, count, dtype, dtype, FSDP_SUM, root);
 }
+static int shm_shift(fsdp_comm *c, void *out, const void *in, size_t count, int dtype, int dist) {
+  return enqueue(c, OP_SHIFT, out, in, count, dtype, dtype, FSDP_SUM, dist);
+}
 static int shm_barrier_op(fsdp_comm *c) { return enqueue(c, OP_BARRIER, NULL, NULL, 0, FSDP_FP32, FSDP_FP32, 0, 0); }
 
 static void shm_destroy(fsdp_comm *c) {
@@ -322,8 +337,14 @@ static void shm_destroy(fsdp_comm *c) {
   }
 }
 
-static const comm_ops shm_ops = {"shm", shm_all_gather, shm_reduce_scatter, shm_all_reduce, shm_broadcast,
-                                 shm_barrier_op, NULL, shm_destroy, NULL, NULL, NULL, NULL};
+static const comm_ops shm_ops = {.transport = "shm",
+                                 .all_gather = shm_all_gather,
+                                 .reduce_scatter = shm_reduce_scatter,
+                                 .all_reduce = shm_all_reduce,
+                                 .broadcast = shm_broadcast,
+                                 .shift = shm_shift,
+                                 .barrier = shm_barrier_op,
+                                 .destroy = shm_destroy};
 
 /* ---- creation ---- */
 

@@ -10,6 +10,9 @@
  * the "random" family (uniform in [-1, 1)) to 1e-5 absolute per member (fp32)
  * or 2^-8 relative + 1e-5 (bf16).
  *
+ * Shifts: dist 1, -1, 2 and n (a copy) at every size, one over many
+ * default chunks, and with 4 KiB chunks many in flight at once.
+ *
  * Modes: (none) the full suite; --dead-peer: rank 1 exits before a collective
  * and the others must get FSDP_EPEER naming it; --late-peer: with a 1 s
  * timeout, rank 1 arrives 3 s late and the others must get FSDP_ETIMEOUT. */
@@ -154,6 +157,42 @@ static void case_broadcast(fsdp_comm *c, size_t n, int dtype, int root) {
   free(buf);
 }
 
+/* out = the input of member (me - dist) mod n; in left as it was */
+static void check_shift(fsdp_comm *c, const void *out, const void *in, size_t n, int dtype, int dist) {
+  int W_ = fsdp_comm_size(c), src = ((fsdp_comm_rank(c) - dist) % W_ + W_) % W_;
+  size_t es = fsdp_dtype_size(dtype);
+  void *mine = malloc(n * es + 1);
+  fill(mine, dtype, n, 1, R, 0);
+  bad_count = 0;
+  for (size_t i = 0; i < n; i++) {
+    double want = input(1, dtype, fsdp_comm_member(c, src), i), got = get(out, dtype, i);
+    expect("shift", i, got, want, got == want);
+  }
+  if (bad_count)
+    fprintf(stderr, "  (shift n=%zu %s dist=%d on %s)\n", n, fsdp_dtype_name(dtype), dist, fsdp_comm_name(c));
+  CHECK(bad_count == 0);
+  CHECK(n == 0 || memcmp(in, mine, n * es) == 0);
+  free(mine);
+}
+
+static void case_shift(fsdp_comm *c, size_t n, int dtype, int dist) {
+  size_t es = fsdp_dtype_size(dtype);
+  void *in = malloc(n * es + 1), *out = malloc(n * es + 1);
+  fill(in, dtype, n, 1, R, 0);
+  poison(out, n * es);
+  CHECK_OK(fsdp_comm_shift(c, out, in, n, dtype, dist));
+  CHECK_OK(fsdp_comm_synchronize(c));
+  check_shift(c, out, in, n, dtype, dist);
+  free(in);
+  free(out);
+}
+
+/* the shifts ring attention makes (1, -1), a longer one, and a copy */
+static void shifts_on(fsdp_comm *c, size_t n, int dtype) {
+  int dists[] = {1, -1, 2, fsdp_comm_size(c)};
+  for (int k = 0; k < 4; k++) case_shift(c, n, dtype, dists[k]);
+}
+
 static void suite_on(fsdp_comm *c) {
   static const size_t sizes[] = {0, 1, 7, 1001, 100003};
   int dtypes[] = {FSDP_FP32, FSDP_BF16};
@@ -167,6 +206,7 @@ static void suite_on(fsdp_comm *c) {
       case_all_gather(c, sizes[k], dtypes[d], 1);
       case_broadcast(c, sizes[k], dtypes[d], fsdp_comm_size(c) - 1);
       case_broadcast(c, sizes[k], dtypes[d], 0);
+      shifts_on(c, sizes[k], dtypes[d]);
     }
   for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++)
     for (int op = FSDP_SUM; op <= FSDP_AVG; op++) case_reduce_scatter(c, sizes[k], FSDP_BF16, FSDP_FP32, op, 1);
@@ -181,6 +221,74 @@ static void suite_large(fsdp_comm *c) {
   case_all_reduce(c, (size_t)32 << 20, FSDP_BF16, FSDP_AVG, 0);
   case_reduce_scatter(c, ((size_t)32 << 20) / W_ + 3, FSDP_BF16, FSDP_FP32, FSDP_SUM, 1);
   case_all_gather(c, ((size_t)16 << 20) / W_ + 1, FSDP_FP32, 1);
+  case_shift(c, ((size_t)16 << 20) / W_ + 1, FSDP_FP32, 1);
+}
+
+/* Shifts over staging chunks of 4 KiB (FSDP_SHM_CHUNK for this mesh
+ * only): many steps per shift, counts on and off a chunk's edge, all of
+ * them in flight at once and checked at the end (the two slots alternate
+ * across collectives as within one). */
+static void suite_shift_chunks(void) {
+  const char *old = getenv("FSDP_SHM_CHUNK");
+  char keep[64] = "";
+  if (old) snprintf(keep, sizeof keep, "%s", old);
+  setenv("FSDP_SHM_CHUNK", "4096", 1);
+  fsdp_mesh *m = NULL;
+  fsdp_comm *c = fsdp_test_world(FSDP_CPU, &m);
+  if (old)
+    setenv("FSDP_SHM_CHUNK", keep, 1);
+  else
+    unsetenv("FSDP_SHM_CHUNK");
+  if (!c) {
+    fsdp_mesh_destroy(m);
+    return;
+  }
+  enum { K = 16 };
+  static const size_t counts[] = {1024, 3001, 2048 * 3, 5};
+  int dists[] = {1, -1, 2, W, -3, 2 * W + 1};
+  void *in[K], *out[K];
+  int dt[K], dist[K];
+  size_t cnt[K];
+  for (int k = 0; k < K; k++) {
+    dt[k] = k % 2 ? FSDP_BF16 : FSDP_FP32;
+    dist[k] = dists[k % 6];
+    cnt[k] = counts[k % 4];
+    size_t es = fsdp_dtype_size(dt[k]);
+    in[k] = malloc(cnt[k] * es);
+    out[k] = malloc(cnt[k] * es);
+    fill(in[k], dt[k], cnt[k], 1, R, 0);
+    poison(out[k], cnt[k] * es);
+    CHECK_OK(fsdp_comm_shift(c, out[k], in[k], cnt[k], dt[k], dist[k]));
+  }
+  CHECK_OK(fsdp_comm_synchronize(c));
+  for (int k = 0; k < K; k++) {
+    check_shift(c, out[k], in[k], cnt[k], dt[k], dist[k]);
+    free(in[k]);
+    free(out[k]);
+  }
+  fsdp_mesh_destroy(m);
+}
+
+/* Member 0 shifts by 1; the others all-gather (others_gather) or shift by
+ * others_dist: all fail, each message naming both calls. */
+static void mismatch(int others_gather, int others_dist, const char *call0, const char *call1) {
+  fsdp_mesh *m = NULL;
+  fsdp_comm *c = fsdp_test_world(FSDP_CPU, &m);
+  if (!c) {
+    fsdp_mesh_destroy(m);
+    return;
+  }
+  float in[4] = {1, 2, 3, 4}, *out = calloc(4 * (size_t)W, sizeof(float));
+  if (R != 0 && others_gather)
+    CHECK_OK(fsdp_comm_all_gather(c, out, in, 4, FSDP_FP32));
+  else
+    CHECK_OK(fsdp_comm_shift(c, out, in, 4, FSDP_FP32, R == 0 ? 1 : others_dist));
+  int rc = fsdp_comm_synchronize(c);
+  CHECK(rc == FSDP_ECOMM);
+  CHECK(strstr(fsdp_last_error(), call0) && strstr(fsdp_last_error(), call1));
+  if (R == 0) printf("rank 0 got: %s\n", fsdp_last_error());
+  free(out);
+  fsdp_mesh_destroy(m);
 }
 
 /* Work behind an event must not run before the event: a CPU "compute"
@@ -299,6 +407,12 @@ static void suite_errors(void) {
   CHECK_FAILS(fsdp_comm_broadcast(c, x, 1, FSDP_FP32, W), FSDP_EINVAL, "root");
   CHECK_FAILS(fsdp_comm_all_gather(c, NULL, x, 1, FSDP_FP32), FSDP_EINVAL, "out is NULL");
   CHECK_FAILS(fsdp_comm_all_gather(c, x, x, 1, 42), FSDP_EINVAL, "dtype 42");
+  CHECK_FAILS(fsdp_comm_shift(c, x, x, 2, FSDP_FP32, 1), FSDP_EINVAL, "out and in overlap");
+  CHECK(strstr(fsdp_last_error(), "shift on 'dp_shard") != NULL);
+  CHECK_FAILS(fsdp_comm_shift(c, (uint16_t *)x + 1, x, 2, FSDP_BF16, 0), FSDP_EINVAL, "overlap"); /* even a copy */
+  CHECK_FAILS(fsdp_comm_shift(c, x, NULL, 1, FSDP_FP32, 1), FSDP_EINVAL, "in is NULL");
+  CHECK_FAILS(fsdp_comm_shift(c, x + 2, x, 2, FSDP_INT32, 1), FSDP_EINVAL, "dtype");
+  CHECK_FAILS(fsdp_comm_shift(NULL, x + 2, x, 2, FSDP_FP32, 1), FSDP_EINVAL, "NULL comm");
   if (W > 1) {
     /* ranks disagree on the count: everyone must fail, nobody may hang */
     float *buf = calloc(64, 4);
@@ -308,6 +422,8 @@ static void suite_errors(void) {
     free(buf);
   }
   fsdp_mesh_destroy(m);
+  if (W > 1) mismatch(1, 0, "shift(count=4, fp32, dist=1)", "all_gather(count=4, fp32)");
+  if (W > 2) mismatch(0, 2, "shift(count=4, fp32, dist=1)", "shift(count=4, fp32, dist=2)");
 }
 
 static int dead_or_late(int late) {
@@ -361,6 +477,7 @@ int main(int argc, char **argv) {
     suite_ordering(c);
     if (large) suite_large(c);
   }
+  suite_shift_chunks();
   if (W % 2 == 0) suite_2d();
   fsdp_mesh_destroy(m);
   suite_errors();

@@ -3,7 +3,8 @@
  * fsdprun, against the ring formula the planner uses: of the full buffer
  * of n members, (n-1)/n for an all-gather (count x n elements), a
  * reduce-scatter (count x n, in its output dtype) and a broadcast
- * (count), 2(n-1)/n for an all-reduce (count). Checked for each kind and
+ * (count), 2(n-1)/n for an all-reduce (count), all of a shift's count (0
+ * for a copy: dist a multiple of n). Checked for each kind and
  * dtype on the world and on a 2-D mesh's groups (each counts only its
  * own), with a failed call not counted, a barrier counting nothing, a
  * reset, the errors, and two threads issuing on two channels of one group
@@ -73,6 +74,10 @@ static int one_of_each(fsdp_comm *c, size_t count, int dtype, expected *e) {
   e->sent[FSDP_COMM_ALL_REDUCE] += 2.0 * (double)(n - 1) / (double)n * (double)(count * es);
   CALL(fsdp_comm_broadcast(c, out, count, dtype, (int)n - 1));
   e->sent[FSDP_COMM_BROADCAST] += (double)(n - 1) / (double)n * (double)(count * es);
+  CALL(fsdp_comm_shift(c, out, in, count, dtype, -1));
+  e->sent[FSDP_COMM_SHIFT] += n > 1 ? (double)(count * es) : 0;
+  CALL(fsdp_comm_shift(c, out, in, count, dtype, (int)n)); /* a copy: a call, no bytes */
+  e->calls[FSDP_COMM_SHIFT]++;
   for (int k = 0; k < FSDP_COMM_KINDS; k++) e->calls[k]++;
   CALL(fsdp_comm_synchronize(c));
   free(in);
@@ -98,6 +103,7 @@ static void suite_kinds(fsdp_comm *c) {
   CHECK_FAILS(fsdp_comm_all_reduce(c, x, x, 4, FSDP_INT32, FSDP_SUM), FSDP_EINVAL, "dtype");
   CHECK_FAILS(fsdp_comm_all_gather(c, NULL, x, 4, FSDP_FP32), FSDP_EINVAL, "out is NULL");
   CHECK_FAILS(fsdp_comm_reduce_scatter(c, x, FSDP_FP32, x, FSDP_FP32, 1, 7), FSDP_EINVAL, "unknown reduction");
+  CHECK_FAILS(fsdp_comm_shift(c, x, x, 4, FSDP_FP32, 1), FSDP_EINVAL, "overlap");
   check_counts(c, &e, "after a barrier and refused calls");
   /* one collective of 1 MiB fp32 of each kind, the figures written out for n = 1..4 */
   CHECK_OK(fsdp_comm_bytes_reset(c));
@@ -107,6 +113,7 @@ static void suite_kinds(fsdp_comm *c) {
   float *buf = calloc(count * n, 4), *part = calloc(count, 4);
   CHECK_OK(fsdp_comm_all_gather(c, buf, part, count, FSDP_FP32));
   CHECK_OK(fsdp_comm_all_reduce(c, part, part, count, FSDP_FP32, FSDP_SUM));
+  CHECK_OK(fsdp_comm_shift(c, buf, part, count, FSDP_FP32, 1));
   CHECK_OK(fsdp_comm_synchronize(c));
   static const double ag[] = {0, 0, 1048576, 2097152, 3145728}; /* (n-1) MiB */
   static const double ar[] = {0, 0, 1048576, 1398101.3333333333, 1572864}; /* 2(n-1)/n MiB */
@@ -114,6 +121,8 @@ static void suite_kinds(fsdp_comm *c) {
     CHECK(fsdp_comm_bytes_sent(c, FSDP_COMM_ALL_GATHER) == ag[n]);
     CHECK(same(fsdp_comm_bytes_sent(c, FSDP_COMM_ALL_REDUCE), ar[n]));
   }
+  CHECK(fsdp_comm_bytes_sent(c, FSDP_COMM_SHIFT) == (n > 1 ? 1048576 : 0)); /* 1 MiB, or a copy */
+  CHECK(fsdp_comm_calls(c, FSDP_COMM_SHIFT) == 1);
   free(buf);
   free(part);
 }
@@ -202,7 +211,7 @@ static void suite_errors(void) {
   fsdp_comm *c = fsdp_test_world(FSDP_CPU, &m);
   if (!c) return;
   CHECK(fsdp_comm_bytes_sent(c, FSDP_COMM_KINDS + 1) == -1);
-  CHECK(strstr(fsdp_last_error(), "kind 5") != NULL);
+  CHECK(strstr(fsdp_last_error(), "kind 6") != NULL);
   CHECK(fsdp_comm_bytes_sent(c, -1) == -1);
   CHECK_FAILS((int)fsdp_comm_calls(c, 9), FSDP_EINVAL, "kind 9");
   fsdp_mesh_destroy(m);

@@ -74,6 +74,16 @@ local function run_on(comm, label)
         ok = true
         for i = 0, count - 1 do ok = ok and b:get(i) == value(members[n], i) end
         check(ok, string.format("%s broadcast %s n=%d", label, dtype, count))
+        -- shift: member (me - dist) mod n's x arrives (dist nil: 1)
+        for _, dist in ipairs { 1, -1, 2, n } do
+          local y = fsdp.tensor(count, dtype)
+          comm:shift(y, x, dist ~= 1 and dist or nil)
+          comm:synchronize()
+          local src = members[(me - dist) % n + 1]
+          ok = true
+          for i = 0, count - 1 do ok = ok and y:get(i) == value(src, i) end
+          check(ok, string.format("%s shift %s n=%d dist=%d", label, dtype, count, dist))
+        end
       end
     end
   end
@@ -119,13 +129,16 @@ do
   world:all_reduce(x, x, "sum")
   world:all_reduce(fsdp.tensor(count, "bf16"), fsdp.tensor(count, "bf16"), "sum")
   world:broadcast(x, 0)
+  world:shift(fsdp.tensor(count), x)
   world:synchronize()
   local s = world:bytes_sent()
-  local ag, ar = (n - 1) * count * 4, 2 * (n - 1) / n * count * 6
+  local ag, ar, sh = (n - 1) * count * 4, 2 * (n - 1) / n * count * 6, n > 1 and count * 4 or 0
   check(s.all_gather == ag and s.reduce_scatter == ag and math.abs(s.all_reduce - ar) <= 1e-9 * ar and
-    math.abs(s.broadcast - ag / n) <= 1e-9 * ag and math.abs(s.total - (2 * ag + ar + ag / n)) <= 1e-9 * s.total,
-    string.format("bytes_sent by kind on %d ranks: %s %s %s %s", n, s.all_gather, s.reduce_scatter, s.all_reduce, s.broadcast))
-  check(world:calls("all_reduce") == 2 and world:calls("total") == 5, "calls by kind")
+    math.abs(s.broadcast - ag / n) <= 1e-9 * ag and s.shift == sh and
+    math.abs(s.total - (2 * ag + ar + ag / n + sh)) <= 1e-9 * s.total,
+    string.format("bytes_sent by kind on %d ranks: %s %s %s %s %s", n, s.all_gather, s.reduce_scatter, s.all_reduce,
+      s.broadcast, s.shift))
+  check(world:calls("all_reduce") == 2 and world:calls("shift") == 1 and world:calls("total") == 6, "calls by kind")
   check(world:bytes_sent("all_gather") == ag, "bytes_sent of one kind")
   local okk, e = pcall(world.bytes_sent, world, "gather")
   check(not okk and tostring(e):find("kind 'gather'"), "an unknown kind is an error: " .. tostring(e))
@@ -134,6 +147,11 @@ end
 -- Lua-side argument checks name what is wrong
 local ok, err = pcall(function() world:all_gather(fsdp.tensor(1), fsdp.tensor(1)) end)
 check(W == 1 and ok or (not ok and tostring(err):find("expected")), "all_gather size mismatch is an error: " .. tostring(err))
+ok, err = pcall(function() world:shift(fsdp.tensor(2), fsdp.tensor(3)) end)
+check(not ok and tostring(err):find("must match"), "shift size mismatch is an error: " .. tostring(err))
+local same = fsdp.tensor(4)
+ok, err = pcall(function() world:shift(same, same) end)
+check(not ok and tostring(err):find("overlap"), "shift in place is an error: " .. tostring(err))
 ok, err = pcall(function() mesh:group("nope") end)
 check(not ok and tostring(err):find("no dimension 'nope'"), "unknown group: " .. tostring(err))
 
