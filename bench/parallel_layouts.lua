@@ -9,17 +9,17 @@
 -- SwiGLU 1376 = 8/3 x 512 rounded up to 32, vocab 32000, embeddings not
 -- tied), fp32, ZeRO 3, seq 4096, micro_batch 1, one micro-batch per step
 -- (so a step is dp x 4096 tokens), the project's own docs and sources as
--- bytes. Default layouts, for 4 ranks: dp_shard=4; dp_shard=1,cp=4;
--- dp_shard=2,tp=2. Each runs 1 warm-up step and then `steps` (default 2)
--- timed ones.
+-- bytes. Default layouts, for 4 ranks: dp_shard=4; dp_shard=1,cp=4 (cp's
+-- attention as an all-gather); dp_shard=1,cp=4+ring (as a ring,
+-- train.cp_attention = "ring"); dp_shard=2,tp=2. Each runs 1 warm-up step
+-- and then `steps` (default 2) timed ones.
 --
 -- Groups: dp = FSDP's (dp_shard, times cp when there is one, both
--- channels: gathers on 0, reductions on 1) with dp_outer's; cp; tp. What a
--- step measures beyond the plan: the one small all-reduce of the step's
--- scalars (each unit's grad norm and non-finite count, the loss, the stop
--- flag: 2 x units + 2 floats) over the shard group and over tp, which the
--- plan leaves out; the table says when the difference is exactly that.
--- Every rank's counts are compared (they must agree); rank 0 prints.
+-- channels: gathers on 0, reductions on 1) with dp_outer's; cp; tp. The
+-- plan counts every collective of a step, the small all-reduce of its
+-- scalars too (each unit's grad norm and non-finite count, the loss, the
+-- stop flag); a difference is printed. Every rank's counts are compared
+-- (they must agree); rank 0 prints.
 --
 -- Time: tokens/s from the slowest rank's train_step wall time; beside it
 -- tokens per CPU second, the ranks' CPU seconds in the step summed (every
@@ -34,7 +34,7 @@ local planner = require "fsdp.planner"
 local pretty = require "fsdp.pretty"
 local C = fsdp.C
 
-local o = { layouts = "dp_shard=4;dp_shard=1,cp=4;dp_shard=2,tp=2", steps = 2, seq = 4096, layers = 8 }
+local o = { layouts = "dp_shard=4;dp_shard=1,cp=4;dp_shard=1,cp=4+ring;dp_shard=2,tp=2", steps = 2, seq = 4096, layers = 8 }
 for i = 1, #(arg or {}) do
   local k, v = arg[i]:match("^([%w_]+)=(.+)$")
   if not k or o[k] == nil then
@@ -44,7 +44,12 @@ for i = 1, #(arg or {}) do
 end
 local root = debug.getinfo(1, "S").source:match("^@(.*)/bench/[^/]*$") or "."
 
-local function recipe(mesh)
+-- a layout: a mesh, "+ring" after it for ring attention over cp
+local function recipe(layout)
+  local mesh = layout:gsub("%+ring$", "")
+  if mesh:find("+", 1, true) then
+    error("parallel_layouts.lua: layout '" .. layout .. "'; expected a mesh, with +ring after it or not", 0)
+  end
   return {
     model = { hidden_size = 512, intermediate_size = 1376, num_attention_heads = 8, num_key_value_heads = 4,
       num_hidden_layers = o.layers, vocab_size = 32000, max_position_embeddings = math.max(4096, o.seq),
@@ -55,7 +60,8 @@ local function recipe(mesh)
     schedule = { warmup = 1, decay = "cosine", min_lr_ratio = 0.1 },
     data = { corpus = { root = root, include = { "README.md", "docs/*.md", "src/*.h", "src/*/*.c", "lua/fsdp/*.lua" } },
       seq = o.seq, micro_batch = 1 },
-    train = { steps = 1 + o.steps, grad_accum = 1, seed = 1234, eval_every = 0, log_every = 1, sample_tokens = 0 },
+    train = { steps = 1 + o.steps, grad_accum = 1, seed = 1234, eval_every = 0, log_every = 1, sample_tokens = 0,
+      cp_attention = mesh ~= layout and "ring" or "all_gather" },
   }
 end
 
@@ -80,7 +86,7 @@ end
 local info = fsdp.init()
 -- a mesh of our own, to compare every rank's counts (the trainer frees its own)
 local all = fsdp.mesh("all=-1"):group("all")
-local kinds = { "all_gather", "reduce_scatter", "all_reduce" }
+local kinds = { "all_gather", "reduce_scatter", "all_reduce", "shift" }
 local groups = { "dp", "cp", "tp" }
 
 -- the trainer's fully_shard, wrapped: each train_step timed, every comm's
@@ -116,15 +122,16 @@ end
 local function fmt(n) return n == 0 and "0" or pretty.bytes(n) end
 local results = {}
 local t_all = C.fsdp_time_now()
-for mesh in o.layouts:gmatch("[^;]+") do
+for layout in o.layouts:gmatch("[^;]+") do
+  local mesh = layout:gsub("%+ring$", "")
   steps = {}
-  if info.rank == 0 then print(string.format("== %s: %d ranks, seq %d", mesh, info.size, o.seq)) end
+  if info.rank == 0 then print(string.format("== %s: %d ranks, seq %d", layout, info.size, o.seq)) end
   io.stdout:flush()
   local l0 = load1()
-  local out = train.run(recipe(mesh), "parallel_layouts[" .. mesh .. "]", {})
+  local out = train.run(recipe(layout), "parallel_layouts[" .. layout .. "]", {})
   local l1 = load1()
   local S0, R, P, Cp = planner.mesh_sizes(mesh, info.size, "parallel_layouts")
-  local p = planner.plan(recipe(mesh), { world = info.size, mesh = mesh, where = "parallel_layouts" })
+  local p = planner.plan(recipe(layout), { world = info.size, mesh = mesh, where = "parallel_layouts" })
   local planned = { dp = p.comm, cp = p.comm_cp or {}, tp = p.comm_tp or {} }
   -- the timed steps (after the warm-up) must each send the same; every rank's figures compared
   local timed, time, cpu = {}, 0, 0
@@ -159,7 +166,7 @@ for mesh in o.layouts:gmatch("[^;]+") do
   part:free(); gathered:free()
   local dp = S0 * R
   local tokens_step = 1 * o.seq * 1 * dp
-  results[#results + 1] = { mesh = mesh, tps = tokens_step * #timed / slowest, step_s = slowest / #timed,
+  results[#results + 1] = { mesh = layout, tps = tokens_step * #timed / slowest, step_s = slowest / #timed,
     tpc = tokens_step * #timed / cpu_all, cpu_step = cpu_all / #timed, load = { l0, l1 },
     tokens_step = tokens_step, first = first, planned = planned, agree = agree, same_steps = same_steps,
     loss = out.losses, sizes = { dp = S0 * Cp * R, cp = Cp, tp = P }, n_params = p.n_params }
@@ -185,17 +192,7 @@ if info.rank == 0 then
       if r.sizes[g] > 1 then
         for _, k in ipairs(kinds) do
           local m, pl = r.first.bytes[g][k] or 0, r.planned[g][k] or 0
-          local note = ""
-          if m ~= pl then
-            local n = r.sizes[g]
-            local scalars = 2 * (n - 1) / n * (2 * r.first.units + 2) * 4
-            if k == "all_reduce" and (g == "dp" or g == "tp") and math.abs(m - pl - scalars) < 1e-6 then
-              note = string.format("+%s: the step's scalars (2 x %d units + 2 floats), not planned", fmt(scalars),
-                r.first.units)
-            else
-              note = string.format("differs by %.0f B", m - pl)
-            end
-          end
+          local note = m ~= pl and string.format("differs by %.0f B", m - pl) or ""
           if m > 0 or pl > 0 then
             print(string.format("| %s | %s (%d) | %s | %.0f (%s) | %.0f (%s) | %s | %s |", r.mesh, g, r.sizes[g], k, m, fmt(m),
               pl, fmt(pl), pl > 0 and string.format("%.6f", m / pl) or "-", note))

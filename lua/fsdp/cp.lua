@@ -27,7 +27,11 @@ M.group = tpm.group
 
 -- Bytes this rank sends in the cp collectives (ring algorithms), counted
 -- on the counting device as on a real one (the planner's figure).
-M.sent = { all_gather = 0, reduce_scatter = 0 }
+M.sent = { all_gather = 0, reduce_scatter = 0, shift = 0 }
+
+-- How attention reaches the other cp ranks' keys and values
+-- (train.cp_attention): "all_gather" (this file) or "ring" (fsdp.cp_ring)
+M.attention_ways = { all_gather = true, ring = true }
 
 local function counting() return tensor.is_counting() end
 
@@ -68,18 +72,25 @@ end
 -- The layout of rows of T the model keeps: {g, T, q_pos = positions}, and
 -- on a GPU (device "cuda") q_pos_dev, their device copy (the attention
 -- kernels read it), copied on the compute stream: its memory may come from
--- a block the stream still uses
-function M.layout(g, T, device)
-  local l = { g = g, T = T, q_pos = M.positions(g, T) }
+-- a block the stream still uses. way: M.attention_ways' ("all_gather" if
+-- nil); a ring's layout also holds its steps' positions (l.ring).
+function M.layout(g, T, device, way)
+  way = way or "all_gather"
+  if not M.attention_ways[way] then
+    error(string.format("fsdp.cp.layout: attention way %s; expected 'all_gather' or 'ring'", tostring(way)), 2)
+  end
+  local l = { g = g, T = T, way = way, q_pos = M.positions(g, T) }
   if device == "cuda" then
     l.q_pos_dev = tensor.new(l.q_pos.shape, "int32", "cuda")
     if not counting() then l.q_pos_dev:copy_from(l.q_pos, ops.compute_stream()) end
   end
+  if way == "ring" then l.ring = require("fsdp.cp_ring").positions(T, g.size, device) end
   return l
 end
 function M.layout_free(l)
   l.q_pos:free()
   if l.q_pos_dev then l.q_pos_dev:free() end
+  if l.ring then require("fsdp.cp_ring").positions_free(l.ring) end
 end
 
 -- This rank's tokens of x ({B, T} or {B * T}, any dtype), as {B, T / cp}

@@ -175,8 +175,9 @@ function M.render(p)
     bytes(c.reduce_scatter), bytes(c.all_reduce)) end
   if p.comm_tp or p.comm_cp then -- (each group's own: the dp groups' FSDP collectives, the tp and cp layers')
     out[#out + 1] = string.format("communication per rank per step (bytes sent, ring algorithms): dp groups: %s%s%s",
-      comm(p.comm), p.comm_cp and string.format("; cp group (%d ranks): all-gather %s, reduce-scatter %s", p.cp,
-      bytes(p.comm_cp.all_gather), bytes(p.comm_cp.reduce_scatter)) or "",
+      comm(p.comm), p.comm_cp and string.format("; cp group (%d ranks): %s", p.cp, (p.comm_cp.shift or 0) > 0 and
+      string.format("ring shifts %s", bytes(p.comm_cp.shift)) or string.format("all-gather %s, reduce-scatter %s",
+      bytes(p.comm_cp.all_gather), bytes(p.comm_cp.reduce_scatter))) or "",
       p.comm_tp and string.format("; tp group (%d ranks): %s", p.tp, comm(p.comm_tp)) or "")
   else
     out[#out + 1] = "communication per rank per step (bytes sent, ring algorithms): " .. comm(p.comm)

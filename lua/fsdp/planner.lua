@@ -217,7 +217,7 @@ local function plan_assigned(p, model, a, s)
     if u.zero == 1 or u.zero == 2 then ag = ag + (S - 1) * u.shard_numel * ces end -- new params after the step
     if u.zero >= 2 then rs = rs + K * (S - 1) * u.shard_numel * res
     elseif u.zero == 1 then rs = rs + (S - 1) * u.shard_numel * res
-    else ar = ar + 2 * (S - 1) * u.shard_numel * res end
+    else ar = ar + 2 * (S - 1) / S * u.total_numel * res end -- (ZeRO 0 all-reduces the unpadded grads)
     if R > 1 then
       if hf then
         rs = rs + (R - 1) * u.n_opt * 4
@@ -227,13 +227,26 @@ local function plan_assigned(p, model, a, s)
       end
     end
   end
+  -- the step's scalars (fsdp.shard's train_step): each unit's grad norm
+  -- and non-finite count, the loss and the stop flag, fp32, summed over
+  -- the shard group and the tp group (hfsdp: the outer one too; else the
+  -- outer one averages the loss and the flag)
+  local scalars = (2 * #p.units + 2) * 4
+  ar = ar + 2 * (S - 1) / S * scalars
+  if R > 1 then ar = ar + 2 * (R - 1) / R * (hf and scalars or 8) end
+  -- packed rows' batches count their targets: the step's total, summed
+  -- over the data-parallel ranks as five fp32 (fsdp.shard.sum_ints); so
+  -- do a chat mask's, which no plan knows of (20 bytes a step)
+  if p.packed then ar = ar + 2 * (S - 1) / S * 20 + 2 * (R - 1) / R * 20 end
   p.comm = { all_gather = ag, reduce_scatter = rs, all_reduce = ar }
   -- the tp group's: what one micro-batch's tp layers sent in the dry run
   -- (their all-gathers and reduce-scatters of rows, the vocab-parallel
-  -- loss's, the shared weights' grads), K of them
-  if (p.tp or 1) > 1 then
+  -- loss's, the shared weights' grads), K of them, and the step's scalars
+  local P = p.tp or 1
+  if P > 1 then
     p.comm_tp = {}
     for k, v in pairs(d.tp_sent) do p.comm_tp[k] = K * v end
+    p.comm_tp.all_reduce = (p.comm_tp.all_reduce or 0) + 2 * (P - 1) / P * scalars
   end
   if (p.cp or 1) > 1 then -- the cp group's: the keys' and values' all-gathers, their grads' reduce-scatters
     p.comm_cp = {}
@@ -281,7 +294,8 @@ function M.plan(r, o)
   end
   -- (tensor parallelism: tp rank 0's slices; every tp rank holds as many bytes)
   local model = llama.model(cfg, { checkpoint = f.checkpoint, recompute = f.recompute,
-    tp = P > 1 and tpm.group(nil, P, 0) or nil, cp = Cp > 1 and tpm.group(nil, Cp, 0) or nil })
+    tp = P > 1 and tpm.group(nil, P, 0) or nil, cp = Cp > 1 and tpm.group(nil, Cp, 0) or nil,
+    cp_attention = r.train.cp_attention })
   local ok, a = pcall(shard.assign, model, { units = M.policy(f.units, where), zero = f.zero, offload = f.offload, hfsdp = f.hfsdp })
   if not ok then error(where .. ": fsdp.units: " .. tostring(a):gsub("^fully_shard: ", ""), 0) end
   local hf = f.hfsdp
@@ -299,7 +313,8 @@ function M.plan(r, o)
   local p = { where = where, world = W, shard = S, dp_shard = S0, outer = R, tp = P, cp = Cp, hfsdp = hf, zero = f.zero, param_dtype = f.param_dtype,
     cfg = cfg, n_params = llama.num_params(cfg), units = {}, micro_batch = B, seq = T, grad_accum = K,
     checkpoint = f.checkpoint, recompute = f.recompute, prefetch = f.prefetch, max_live_units = f.max_live_units, assignment = a,
-    mesh = type(o.mesh or r.mesh) == "string" and (o.mesh or r.mesh) or "custom", warnings = warnings, device = r.train.device }
+    mesh = type(o.mesh or r.mesh) == "string" and (o.mesh or r.mesh) or "custom", warnings = warnings, device = r.train.device,
+    packed = r.data.pack or nil }
   local gpu = r.train.device == "cuda"
   -- the attention kernels' workspaces: as this GPU's cuDNN plans them
   -- (o.attention_workspace, from ops.attention_workspace), else estimated

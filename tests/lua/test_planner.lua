@@ -77,7 +77,7 @@ local function build(r)
   -- (tp and cp meshes: the model's slices and chunks, FSDP over dp_shard x cp, as the trainer makes them)
   local tpc, cpc = names.tp and mesh:group("tp") or nil, names.cp and mesh:group("cp") or nil
   local s = fsdp.fully_shard(llama.model(cfg, { checkpoint = r.fsdp.checkpoint, recompute = r.fsdp.recompute,
-    tp = tpc and tpm.group(tpc) or nil, cp = cpc and tpm.group(cpc) or nil }),
+    tp = tpc and tpm.group(tpc) or nil, cp = cpc and tpm.group(cpc) or nil, cp_attention = r.train.cp_attention }),
     { shard = mesh:group(cpc and "dp_shard,cp" or "dp_shard"), tp = tpc,
     outer = names.dp_outer and mesh:group("dp_outer") or nil, units = planner.policy(r.fsdp.units, "tiny.lua"),
     zero = r.fsdp.zero, prefetch = r.fsdp.prefetch, max_live_units = r.fsdp.max_live_units, hfsdp = r.fsdp.hfsdp,
@@ -150,8 +150,31 @@ local function compare(label, over)
   local staged = s.staging and s.staging.n * 8 or 0
   check(staged == p.resident.staging, string.format("%s: the fp32 staging: planned %d bytes, allocated %d", label,
     p.resident.staging, staged))
-  -- again, measured: the first step made the lasting state (optimizer, rope tables)
+  -- again, measured: the first step made the lasting state (optimizer, rope tables);
+  -- and the bytes each group's comms sent in it
+  local comms, mesh = {}, s.shard.mesh
+  for _, c in pairs(mesh.comms) do c:bytes_reset() end
   local act, base = one_step(s, cfg, r, true)
+  local function group_bytes(list)
+    local seen, b = {}, { all_gather = 0, reduce_scatter = 0, all_reduce = 0, shift = 0 }
+    for _, c in ipairs(list) do
+      if c and not seen[tostring(c.handle)] then
+        seen[tostring(c.handle)] = true
+        for k in pairs(b) do b[k] = b[k] + c:bytes_sent(k) end
+      end
+    end
+    return b
+  end
+  comms.dp = group_bytes({ s.shard, s.reduce, s.outer })
+  comms.tp = group_bytes({ s.tp })
+  for _, d in ipairs(mesh:dims()) do if d.name == "cp" and d.size > 1 then comms.cp = group_bytes({ mesh:group("cp") }) end end
+  for g, planned in pairs({ dp = p.comm, tp = p.comm_tp or {}, cp = p.comm_cp or {} }) do
+    for k, m in pairs(comms[g] or {}) do
+      -- ((n-1)/n of a buffer is no whole number of bytes: equal to a thousandth of one)
+      check(math.abs(m - (planned[k] or 0)) < 1e-3, string.format("%s: %s group's %s: planned %.3f bytes a step, sent %.3f",
+        label, g, k, planned[k] or 0, m))
+    end
+  end
   check(act == p.activations, string.format("%s: activations: planned %d bytes, measured %d", label, p.activations, act))
   -- what stays between steps (the pools too), with the step's batches made: all but the
   -- GPU's fp32 cast block (stream-ordered, outside the allocator's count)
@@ -329,6 +352,7 @@ end
 -- and vocab-parallel loss, planned to the byte
 if W == 2 then
   compare("cp 2", { ["mesh"] = "dp_shard=1,cp=2" })
+  compare("cp 2, ring attention", { ["mesh"] = "dp_shard=1,cp=2", ["train.cp_attention"] = "ring" })
   compare("cp 2, bf16, recompute mlp, checkpoint full", { ["mesh"] = "dp_shard=1,cp=2", ["fsdp.param_dtype"] = "bf16",
     ["fsdp.recompute"] = "mlp", ["fsdp.checkpoint"] = "full" })
   compare("tp 2", { ["mesh"] = "dp_shard=1,tp=2" })
@@ -341,6 +365,8 @@ if W == 4 then
   compare("dp_shard 2 x cp 2, zero 2, 2 micro-batches", { ["mesh"] = "dp_shard=2,cp=2", ["fsdp.zero"] = 2,
     ["train.grad_accum"] = 2 })
   compare("cp 4, zero 1", { ["mesh"] = "dp_shard=1,cp=4", ["fsdp.zero"] = 1 })
+  compare("cp 4, ring attention, checkpoint full", { ["mesh"] = "dp_shard=1,cp=4", ["train.cp_attention"] = "ring",
+    ["fsdp.checkpoint"] = "full" })
   compare("tp 4 (each kv head shared by 2 ranks), zero 2, tied", { ["mesh"] = "dp_shard=1,tp=4", ["fsdp.zero"] = 2,
     ["model.tie_word_embeddings"] = true })
   compare("dp_outer 2 x tp 2, the whole logits", { ["mesh"] = "dp_outer=2,dp_shard=1,tp=2", ["train.loss_chunk_mb"] = 0 })

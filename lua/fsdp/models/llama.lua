@@ -21,6 +21,7 @@ local nn = require "fsdp.nn"
 local autograd = require "fsdp.autograd"
 local tpm = require "fsdp.tp"
 local cpm = require "fsdp.cp"
+local cp_ring = require "fsdp.cp_ring"
 
 local M = {}
 
@@ -281,15 +282,20 @@ function Attention:forward(ctx, x, phase)
   local t, docs = self:tables(cpl and cpl.T or T, x.device), self.packed.docs
   rope(q, t, B, T, nh, hd, false, docs, cpl)
   rope(k, t, B, T, nkv, hd, false, docs, cpl)
-  local out, lse = ops.like(q, { B, T, nh * hd }), tensor.new({ B, nh, T }, "fp32", q.device)
-  if cpl then
-    local kg, vg = cpm.gather(cpl.g, k), cpm.gather(cpl.g, v)
-    autograd.consume(k)
-    autograd.consume(v)
-    k, v = kg, vg
-    ops.attention_forward_pos(out, lse, q, k, v, cpl.q_pos, B, T, cpl.T, nh, nkv, hd, cpl.q_pos_dev)
+  local out, lse
+  if cpl and cpl.way == "ring" then -- (this rank's keys and values alone, kept for backward)
+    out, lse = cp_ring.forward(cpl, q, k, v, B, T, nh, nkv, hd)
   else
-    ops.attention_forward(out, lse, q, k, v, B, T, nh, nkv, hd, docs)
+    out, lse = ops.like(q, { B, T, nh * hd }), tensor.new({ B, nh, T }, "fp32", q.device)
+    if cpl then
+      local kg, vg = cpm.gather(cpl.g, k), cpm.gather(cpl.g, v)
+      autograd.consume(k)
+      autograd.consume(v)
+      k, v = kg, vg
+      ops.attention_forward_pos(out, lse, q, k, v, cpl.q_pos, B, T, cpl.T, nh, nkv, hd, cpl.q_pos_dev)
+    else
+      ops.attention_forward(out, lse, q, k, v, B, T, nh, nkv, hd, docs)
+    end
   end
   self.saved = { q = q, k = k, v = v, out = out, lse = lse, B = B, T = T, docs = docs, cp = cpl }
   return leave_block(ctx, self, nn.call(ctx, ch[4], phase, out), phase)
@@ -301,9 +307,12 @@ function Attention:backward(ctx, dy)
   local B, T = s.B, s.T
   if self.scatter then dy = nn.call(ctx, self.scatter, "backward", dy) end
   local dout = nn.call(ctx, ch[4], "backward", dy)
-  local dq, dk, dv = ops.like(s.q), ops.like(s.k), ops.like(s.v)
-  local cpl = s.cp
-  if cpl then -- the whole sequence's key and value grads, back to the chunks' owners
+  local cpl, dq, dk, dv = s.cp
+  if cpl and cpl.way == "ring" then
+    dq, dk, dv = cp_ring.backward(cpl, dout, s.q, s.k, s.v, s.out, s.lse, B, T, nh, nkv, hd)
+  elseif cpl then
+    -- the whole sequence's key and value grads, back to the chunks' owners
+    dq, dk, dv = ops.like(s.q), ops.like(s.k), ops.like(s.v)
     ops.attention_backward_pos(dq, dk, dv, dout, s.q, s.k, s.v, s.out, s.lse, cpl.q_pos, B, T, cpl.T, nh, nkv, hd,
       cpl.q_pos_dev)
     local dkl, dvl = cpm.scatter(cpl.g, dk), cpm.scatter(cpl.g, dv)
@@ -311,6 +320,7 @@ function Attention:backward(ctx, dy)
     autograd.consume(dv)
     dk, dv = dkl, dvl
   else
+    dq, dk, dv = ops.like(s.q), ops.like(s.k), ops.like(s.v)
     ops.attention_backward(dq, dk, dv, dout, s.q, s.k, s.v, s.out, s.lse, B, T, nh, nkv, hd, s.docs)
   end
   local t = self:tables(cpl and cpl.T or T, dq.device)
@@ -435,12 +445,17 @@ local CausalLM = class("LlamaForCausalLM")
 -- with sequence parallelism (M.tp_check says which sizes split the model).
 -- opts.cp: a cp group of size > 1: context parallelism (fsdp.cp); the
 -- forwards then take whole rows of ids (and targets) and compute this
--- rank's chunks of them.
+-- rank's chunks of them; opts.cp_attention: how attention reaches the
+-- other cp ranks' keys and values, "all_gather" (fsdp.cp, the default) or
+-- "ring" (fsdp.cp_ring).
 function M.model(cfg, opts)
   opts = opts or {}
   local tp, cp = opts.tp, opts.cp
   if tp and tp.size == 1 then tp = nil end
   if cp and cp.size == 1 then cp = nil end
+  if opts.cp_attention ~= nil and not cpm.attention_ways[opts.cp_attention] then
+    error(string.format("llama.model: cp_attention = %s; expected 'all_gather' or 'ring'", tostring(opts.cp_attention)), 2)
+  end
   if tp then
     local why = M.tp_check(cfg, tp.size)
     if why then error("llama.model: " .. why, 2) end
@@ -472,6 +487,7 @@ function M.model(cfg, opts)
     head.params, head.shares = {}, model.children[1]
   end
   local lm = setmetatable({ cfg = cfg, params = {}, rope = rope, packed = packed, tp = tp, cp = cp, cp_layouts = {},
+    cp_attention = opts.cp_attention,
     children = { model, head },
     child_names = { "model", "lm_head" } }, CausalLM)
   if tp then -- the sequence-parallel rows' ends: after the embedding, around the head
@@ -523,7 +539,7 @@ end
 local function cp_layout(self, T, device)
   local l = self.cp_layouts[T]
   if not l then
-    l = autograd.untracked(cpm.layout, self.cp, T, device)
+    l = autograd.untracked(cpm.layout, self.cp, T, device, self.cp_attention)
     self.cp_layouts[T] = l
   end
   return l
