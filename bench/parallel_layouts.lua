@@ -9,10 +9,11 @@
 -- SwiGLU 1376 = 8/3 x 512 rounded up to 32, vocab 32000, embeddings not
 -- tied), fp32, ZeRO 3, seq 4096, micro_batch 1, one micro-batch per step
 -- (so a step is dp x 4096 tokens), the project's own docs and sources as
--- bytes. Default layouts, for 4 ranks: dp_shard=4; dp_shard=1,cp=4 (cp's
--- attention as an all-gather); dp_shard=1,cp=4+ring (as a ring,
--- train.cp_attention = "ring"); dp_shard=2,tp=2. Each runs 1 warm-up step
--- and then `steps` (default 2) timed ones.
+-- bytes. A layout is a mesh, with +ring or +all_gather after it to set
+-- train.cp_attention (else its default, a ring). Default layouts, for 4
+-- ranks: dp_shard=4; dp_shard=1,cp=4+all_gather; dp_shard=1,cp=4+ring;
+-- dp_shard=2,tp=2. Each runs 1 warm-up step and then `steps` (default 2)
+-- timed ones.
 --
 -- Groups: dp = FSDP's (dp_shard, times cp when there is one, both
 -- channels: gathers on 0, reductions on 1) with dp_outer's; cp; tp. The
@@ -34,7 +35,8 @@ local planner = require "fsdp.planner"
 local pretty = require "fsdp.pretty"
 local C = fsdp.C
 
-local o = { layouts = "dp_shard=4;dp_shard=1,cp=4;dp_shard=1,cp=4+ring;dp_shard=2,tp=2", steps = 2, seq = 4096, layers = 8 }
+local o = { layouts = "dp_shard=4;dp_shard=1,cp=4+all_gather;dp_shard=1,cp=4+ring;dp_shard=2,tp=2", steps = 2, seq = 4096,
+  layers = 8 }
 for i = 1, #(arg or {}) do
   local k, v = arg[i]:match("^([%w_]+)=(.+)$")
   if not k or o[k] == nil then
@@ -44,12 +46,18 @@ for i = 1, #(arg or {}) do
 end
 local root = debug.getinfo(1, "S").source:match("^@(.*)/bench/[^/]*$") or "."
 
--- a layout: a mesh, "+ring" after it for ring attention over cp
-local function recipe(layout)
-  local mesh = layout:gsub("%+ring$", "")
-  if mesh:find("+", 1, true) then
-    error("parallel_layouts.lua: layout '" .. layout .. "'; expected a mesh, with +ring after it or not", 0)
+-- a layout's mesh and cp attention (nil: the default)
+local function layout_of(layout)
+  local mesh, way = layout:match("^([^+]*)%+(.*)$")
+  if not mesh then return layout, nil end
+  if way ~= "ring" and way ~= "all_gather" then
+    error("parallel_layouts.lua: layout '" .. layout .. "'; expected a mesh, with +ring or +all_gather after it or not", 0)
   end
+  return mesh, way
+end
+
+local function recipe(layout)
+  local mesh, way = layout_of(layout)
   return {
     model = { hidden_size = 512, intermediate_size = 1376, num_attention_heads = 8, num_key_value_heads = 4,
       num_hidden_layers = o.layers, vocab_size = 32000, max_position_embeddings = math.max(4096, o.seq),
@@ -61,7 +69,7 @@ local function recipe(layout)
     data = { corpus = { root = root, include = { "README.md", "docs/*.md", "src/*.h", "src/*/*.c", "lua/fsdp/*.lua" } },
       seq = o.seq, micro_batch = 1 },
     train = { steps = 1 + o.steps, grad_accum = 1, seed = 1234, eval_every = 0, log_every = 1, sample_tokens = 0,
-      cp_attention = mesh ~= layout and "ring" or "all_gather" },
+      cp_attention = way },
   }
 end
 
@@ -123,7 +131,7 @@ local function fmt(n) return n == 0 and "0" or pretty.bytes(n) end
 local results = {}
 local t_all = C.fsdp_time_now()
 for layout in o.layouts:gmatch("[^;]+") do
-  local mesh = layout:gsub("%+ring$", "")
+  local mesh = layout_of(layout)
   steps = {}
   if info.rank == 0 then print(string.format("== %s: %d ranks, seq %d", layout, info.size, o.seq)) end
   io.stdout:flush()

@@ -30,7 +30,8 @@ M.group = tpm.group
 M.sent = { all_gather = 0, reduce_scatter = 0, shift = 0 }
 
 -- How attention reaches the other cp ranks' keys and values
--- (train.cp_attention): "all_gather" (this file) or "ring" (fsdp.cp_ring)
+-- (train.cp_attention): "ring" (fsdp.cp_ring, the trainer's default) or
+-- "all_gather" (this file)
 M.attention_ways = { all_gather = true, ring = true }
 
 local function counting() return tensor.is_counting() end

@@ -9,7 +9,7 @@
 -- The queries attend to each block as it passes, with the block's
 -- visibility as query positions (the causal load balance makes it one of
 -- three shapes):
---   s = 0, its own block: the causal attention of the two chunks in order;
+--   s = 0, its own block: causal over the two chunks in order (q_pos = i);
 --   a block of a lower rank: every query sees the block's first chunk
 --     (q_pos = c - 1), none its second;
 --   a block of a higher rank: the first chunk's queries see nothing
@@ -53,7 +53,8 @@ function M.positions(T, P, device)
     end
     return p
   end
-  return { below = make(function() return c - 1 end), above = make(function(i) return i < c and -1 or 2 * c - 1 end) }
+  return { own = make(function(i) return i end), below = make(function() return c - 1 end),
+    above = make(function(i) return i < c and -1 or 2 * c - 1 end) }
 end
 
 function M.positions_free(r)
@@ -63,10 +64,14 @@ function M.positions_free(r)
   end
 end
 
--- the positions of step s >= 1 at rank r of P
+-- the positions of step s at rank r of P (s = 0: its own block, the
+-- causal attention of its two chunks in order; positions, not the causal
+-- call, so that every step runs one family of kernels on a GPU, whose
+-- log-sum-exps merge)
 local function step_positions(l, s)
   local P, r = l.g.size, l.g.rank
   local src = (r - s) % P
+  if s == 0 then return l.ring.own end
   return src < r and l.ring.below or l.ring.above
 end
 
@@ -107,10 +112,10 @@ function M.forward(l, q, k, v, B, Tl, nh, nkv, hd)
   for s = 0, P - 1 do
     local nk, nv = pass_on(g, dev, s, ck, cv)
     if not counting() then
+      local p = step_positions(l, s)
       if s == 0 then
-        ops.attention_forward(out, lse, q, ck, cv, B, Tl, nh, nkv, hd)
+        ops.attention_forward_pos(out, lse, q, ck, cv, p.host, B, Tl, Tl, nh, nkv, hd, p.dev)
       else
-        local p = step_positions(l, s)
         ops.attention_forward_pos(po, pl, q, ck, cv, p.host, B, Tl, Tl, nh, nkv, hd, p.dev)
         ops.attention_merge(out, lse, po, pl, B, Tl, nh, hd)
       end
@@ -139,13 +144,15 @@ function M.backward(l, dout, q, k, v, out, lse, B, Tl, nh, nkv, hd)
   local sk, sv        -- the gradients the last shift sent on (read until the next finish)
   for s = 0, P - 1 do
     local nk, nv = pass_on(g, dev, s, ck, cv)
-    if s == 0 then
-      ak, av = ops.like(k), ops.like(v)
-      if not counting() then ops.attention_backward(dq, ak, av, dout, q, ck, cv, out, lse, B, Tl, nh, nkv, hd) end
-    elseif not counting() then
+    if s == 0 then ak, av = ops.like(k), ops.like(v) end
+    if not counting() then
       local p = step_positions(l, s)
-      ops.attention_backward_pos(dqs, dks, dvs, dout, q, ck, cv, out, lse, p.host, B, Tl, Tl, nh, nkv, hd, p.dev)
-      ops.add(dq, dq, dqs)
+      if s == 0 then
+        ops.attention_backward_pos(dq, ak, av, dout, q, ck, cv, out, lse, p.host, B, Tl, Tl, nh, nkv, hd, p.dev)
+      else
+        ops.attention_backward_pos(dqs, dks, dvs, dout, q, ck, cv, out, lse, p.host, B, Tl, Tl, nh, nkv, hd, p.dev)
+        ops.add(dq, dq, dqs)
+      end
     end
     finish(g, dev) -- (the next block and this one's gradients so far are here)
     if sk then

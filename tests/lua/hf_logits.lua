@@ -1,4 +1,4 @@
--- hf_logits.lua DIR ROOT OUT [tied|folder [EXPORT]] [mesh=SPEC]: the tiny
+-- hf_logits.lua DIR ROOT OUT [tied|folder [EXPORT]] [mesh=SPEC] [cp_attention=WAY]: the tiny
 -- recipe's model (recipes/tiny.lua under ROOT; "tied": with
 -- tie_word_embeddings; "folder": the architecture of DIR's config.json
 -- instead) with the weights of the Hugging Face folder DIR, run forward on
@@ -13,7 +13,8 @@
 -- two chunks' rows of each sequence: rank 0 gathers every rank's rows and
 -- puts each at its sequence position from fsdp.cp.positions, then writes OUT
 -- in the order of one rank's. The tp ranks of a cp rank must have the same
--- logits, bit for bit (checked here: the run fails if not).
+-- logits, bit for bit (checked here: the run fails if not). cp_attention:
+-- ring (the default) or all_gather (llama.model's option).
 local fsdp = require "fsdp"
 local llama = require "fsdp.models.llama"
 local hf = require "fsdp.hf"
@@ -21,10 +22,10 @@ local hf_config = require "fsdp.hf_config"
 local tpm = require "fsdp.tp"
 local cpm = require "fsdp.cp"
 local info = fsdp.init()
-local args, spec = {}, "dp_shard=-1"
+local args, spec, way = {}, "dp_shard=-1", nil
 for i = 1, #arg do
-  local m = arg[i]:match("^mesh=(.+)$")
-  if m then spec = m else args[#args + 1] = arg[i] end
+  local m, w = arg[i]:match("^mesh=(.+)$"), arg[i]:match("^cp_attention=(.+)$")
+  if m then spec = m elseif w then way = w else args[#args + 1] = arg[i] end
 end
 local dir, root, out = args[1], args[2], args[3]
 local cfg
@@ -40,7 +41,7 @@ local size = {}
 for _, d in ipairs(mesh:dims()) do size[d.name] = d.size end
 local P, Cp = size.tp or 1, size.cp or 1
 local tpc, cpc = P > 1 and mesh:group("tp") or nil, Cp > 1 and mesh:group("cp") or nil
-local model = llama.model(cfg, { tp = tpc and tpm.group(tpc), cp = cpc and tpm.group(cpc) })
+local model = llama.model(cfg, { tp = tpc and tpm.group(tpc), cp = cpc and tpm.group(cpc), cp_attention = way })
 local s = fsdp.fully_shard(model, { shard = mesh:group(cpc and "dp_shard,cp" or "dp_shard"), tp = tpc, units = llama.units,
   zero = 3 })
 hf.import(s, cfg, dir, { quiet = true })

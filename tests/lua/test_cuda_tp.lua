@@ -11,7 +11,10 @@
 -- norm within 1e-5 relative (other GEMM shapes, sums in other orders). On
 -- the tp meshes also the whole-logits loss (the head's columns gathered,
 -- train.loss_chunk_mb = 0), and in bf16 the losses within 3e-2 of one
--- bf16 rank's (bf16 has 8 bits; the tp collectives add in bf16).
+-- bf16 rank's (bf16 has 8 bits; the tp collectives add in bf16). On
+-- the cp meshes attention is a ring (fsdp.cp_ring: NCCL's send/receive
+-- shifts, the merge kernel, queries that see no key), and also an
+-- all-gather (fsdp.cp), fp32 and bf16.
 -- What runs on the device: the vocab-parallel embedding and cross-entropy
 -- kernels (the gathered stats combined by a kernel), cp's reorders on the
 -- compute stream and its positions' device copy, and every tp and cp
@@ -96,14 +99,15 @@ end
 local function rel(a, b) return math.abs(a - b) / math.max(math.abs(b), 1e-30) end
 
 -- the model on mesh spec, as the trainer builds it (FSDP over dp_shard x cp)
-local function run(label, name, cfg_t, spec, dtype, loss)
+local function run(label, name, cfg_t, spec, dtype, loss, cp_attention)
   local cfg = llama.config(cfg_t)
   local want = reference(name, cfg, dtype, loss)
   local mesh = fsdp.mesh(spec, { device = "cuda" })
   local dims = {}
   for _, d in ipairs(spec) do dims[d[1]] = d[2] end
   local tpc, cpc = dims.tp and mesh:group("tp"), dims.cp and mesh:group("cp")
-  local m = fsdp.fully_shard(llama.model(cfg, { tp = tpc and tpm.group(tpc), cp = cpc and tpm.group(cpc) }),
+  local m = fsdp.fully_shard(llama.model(cfg, { tp = tpc and tpm.group(tpc), cp = cpc and tpm.group(cpc),
+    cp_attention = cp_attention }),
     { shard = mesh:group(cpc and "dp_shard,cp" or "dp_shard"), tp = tpc, units = llama.units, zero = 3, seed = 7,
       mixed = { param_dtype = dtype } })
   local got = train(m, cfg, loss)
@@ -112,7 +116,8 @@ local function run(label, name, cfg_t, spec, dtype, loss)
     worst_l = math.max(worst_l, rel(got[k][1], want[k][1]))
     worst_n = math.max(worst_n, rel(got[k][2], want[k][2]))
   end
-  local what = string.format("%s, %s, %s%s", label, name, dtype, loss == whole and ", whole logits" or "")
+  local what = string.format("%s, %s, %s%s%s", label, name, dtype, loss == whole and ", whole logits" or "",
+    cp_attention == "all_gather" and ", all-gather attention" or "")
   if dtype == "fp32" then
     check(worst_l <= 1e-5 and worst_n <= 1e-5, string.format("%s: %d steps' losses and grad norms equal one GPU rank's " ..
       "(worst %.2g and %.2g relative; tolerance 1e-5)", what, STEPS, worst_l, worst_n))
@@ -135,6 +140,10 @@ for _, mm in ipairs(meshes) do
   run(label, "one kv head, tied", shared_kv, spec, "fp32", chunked)
   if not has_cp then run(label, "gqa", gqa, spec, "fp32", whole) end -- (the whole logits: not built with cp)
   run(label, "gqa", gqa, spec, "bf16", chunked)
+  if has_cp then -- (cp's attention as an all-gather too; the default is a ring)
+    run(label, "gqa", gqa, spec, "fp32", chunked, "all_gather")
+    run(label, "gqa", gqa, spec, "bf16", chunked, "all_gather")
+  end
 end
 local st = fsdp.memory_stats("cuda")
 check(st.peak > 0, "the CUDA pool served the runs")

@@ -297,6 +297,13 @@ do
   for _, a in ipairs(gpu) do g[#g + 1] = a.change end
   check(table.concat(g, "; "):find("fsdp.offload = 'all'", 1, true) and table.concat(g, "; "):find("bf16", 1, true),
     "on GPUs: offload and bf16 lower the device's part: " .. table.concat(g, "; "))
+  -- a cp mesh whose attention is an all-gather: the ring keeps less
+  r8.train.device, r8.mesh, r8.data.seq, r8.train.cp_attention = "cpu", "dp_shard=1,cp=2", 1024, "all_gather"
+  local cp = plan_fit.advice(r8, { world = 2, where = "r8.lua" }, false)
+  local c = {}
+  for _, a in ipairs(cp) do c[#c + 1] = a.change end
+  check(table.concat(c, "; "):find("train.cp_attention = 'ring'", 1, true), "cp 2, all-gather: the ring advised: " ..
+    table.concat(c, "; "))
 end
 -- the header names the ZeRO levels the units have, not the recipe's alone:
 -- a policy that mixes them read "zero 3"
@@ -352,7 +359,7 @@ end
 -- and vocab-parallel loss, planned to the byte
 if W == 2 then
   compare("cp 2", { ["mesh"] = "dp_shard=1,cp=2" })
-  compare("cp 2, ring attention", { ["mesh"] = "dp_shard=1,cp=2", ["train.cp_attention"] = "ring" })
+  compare("cp 2, all-gather attention", { ["mesh"] = "dp_shard=1,cp=2", ["train.cp_attention"] = "all_gather" })
   compare("cp 2, bf16, recompute mlp, checkpoint full", { ["mesh"] = "dp_shard=1,cp=2", ["fsdp.param_dtype"] = "bf16",
     ["fsdp.recompute"] = "mlp", ["fsdp.checkpoint"] = "full" })
   compare("tp 2", { ["mesh"] = "dp_shard=1,tp=2" })
@@ -365,7 +372,7 @@ if W == 4 then
   compare("dp_shard 2 x cp 2, zero 2, 2 micro-batches", { ["mesh"] = "dp_shard=2,cp=2", ["fsdp.zero"] = 2,
     ["train.grad_accum"] = 2 })
   compare("cp 4, zero 1", { ["mesh"] = "dp_shard=1,cp=4", ["fsdp.zero"] = 1 })
-  compare("cp 4, ring attention, checkpoint full", { ["mesh"] = "dp_shard=1,cp=4", ["train.cp_attention"] = "ring",
+  compare("cp 4, all-gather attention, checkpoint full", { ["mesh"] = "dp_shard=1,cp=4", ["train.cp_attention"] = "all_gather",
     ["fsdp.checkpoint"] = "full" })
   compare("tp 4 (each kv head shared by 2 ranks), zero 2, tied", { ["mesh"] = "dp_shard=1,tp=4", ["fsdp.zero"] = 2,
     ["model.tie_word_embeddings"] = true })

@@ -8,9 +8,10 @@
 # (tests/scripts/hf_transformers_logits.py); and a model transformers writes
 # (save_pretrained, random weights; 4 heads, 2 kv heads) imported gives its
 # logits too, and so it does at tensor and context parallel meshes: tp 2
-# (kv heads split), cp 2, cp 2 x tp 2 and tp 4 (each kv head shared by two
-# tp ranks), within the same bound (the cp ranks' rows placed at their
-# sequence positions by fsdp.cp.positions). The
+# (kv heads split), cp 2 (its attention as a ring, and all-gathered), cp 2
+# x tp 2 and tp 4 (each kv head shared by two tp ranks), within the same
+# bound (the cp ranks' rows placed at their sequence positions by
+# fsdp.cp.positions). The
 # export is a whole folder: AutoTokenizer loads its byte-level tokenizer;
 # fsdp generate's greedy tokens equal transformers' generate token for token
 # (tests/scripts/hf_generate.py) on the export and on a model with wide
@@ -69,12 +70,14 @@ check "transformers writes a wide random model" "[ -f '$work/wide/config.json' ]
 check "our model imports transformers' folder" "[ -s '$work/ours-from-hf.txt' ]" || cat "$work/ours.out"
 # the same folder imported at tp and cp meshes (2 and 4 ranks): whole logits
 # with tp, each rank's chunks put at their positions with cp (hf_logits.lua)
-meshes="tp2:2:dp_shard=1,tp=2 cp2:2:dp_shard=1,cp=2 cp2tp2:4:dp_shard=1,cp=2,tp=2 tp4:4:dp_shard=1,tp=4"
+# (cp2ag: attention over the cp ranks as an all-gather, fsdp.cp; else a ring)
+meshes="tp2:2:dp_shard=1,tp=2 cp2:2:dp_shard=1,cp=2 cp2ag:2:dp_shard=1,cp=2:all_gather cp2tp2:4:dp_shard=1,cp=2,tp=2"
+meshes="$meshes tp4:4:dp_shard=1,tp=4"
 for m in $meshes; do
-  IFS=: read -r name n spec <<<"$m"
+  IFS=: read -r name n spec way <<<"$m"
   "$fsdprun" -n "$n" --oversubscribe --timeout 120 "$root/tests/lua/hf_logits.lua" "$work/from-hf" "$root" \
-    "$work/ours-$name.txt" "mesh=$spec" >"$work/ours.out" 2>&1
-  check "our model imports it at mesh $spec" "[ -s '$work/ours-$name.txt' ]" || cat "$work/ours.out"
+    "$work/ours-$name.txt" "mesh=$spec" ${way:+"cp_attention=$way"} >"$work/ours.out" 2>&1
+  check "our model imports it at mesh $spec${way:+, $way attention}" "[ -s '$work/ours-$name.txt' ]" || cat "$work/ours.out"
 done
 # packed rows (several documents a row, masked targets) on that model
 "$fsdp" "$root/tests/lua/hf_packed.lua" "$work/from-hf" "$work/ours-packed.txt" >"$work/ours.out" 2>&1
@@ -101,6 +104,7 @@ hf_jobs "$py" "$work/py2" \
   "from_hf${T}hf_transformers_logits.py${T}$work/from-hf${T}$work/ours-from-hf.txt" \
   "from_hf_tp2${T}hf_transformers_logits.py${T}$work/from-hf${T}$work/ours-tp2.txt" \
   "from_hf_cp2${T}hf_transformers_logits.py${T}$work/from-hf${T}$work/ours-cp2.txt" \
+  "from_hf_cp2ag${T}hf_transformers_logits.py${T}$work/from-hf${T}$work/ours-cp2ag.txt" \
   "from_hf_cp2tp2${T}hf_transformers_logits.py${T}$work/from-hf${T}$work/ours-cp2tp2.txt" \
   "from_hf_tp4${T}hf_transformers_logits.py${T}$work/from-hf${T}$work/ours-tp4.txt" \
   "llama3${T}hf_transformers_logits.py${T}$work/llama3${T}$work/ours-llama3.txt" \
@@ -111,8 +115,9 @@ hf_jobs "$py" "$work/py2" \
   "packed${T}hf_packed.py${T}$work/from-hf${T}$work/ours-packed.txt"
 check "transformers' model imported: its logits equal ours" "[ $(job_rc "$work/py2" from_hf) = 0 ]"
 for m in $meshes; do
-  IFS=: read -r name n spec <<<"$m"
-  check "imported at mesh $spec: transformers' logits equal ours" "[ $(job_rc "$work/py2" from_hf_$name) = 0 ]"
+  IFS=: read -r name n spec way <<<"$m"
+  check "imported at mesh $spec${way:+, $way attention}: transformers' logits equal ours" \
+    "[ $(job_rc "$work/py2" from_hf_$name) = 0 ]"
 done
 check "packed rows: each document's log-probs are transformers' on it alone; the masked loss is torch's" \
   "[ $(job_rc "$work/py2" packed) = 0 ]"

@@ -446,8 +446,9 @@ local CausalLM = class("LlamaForCausalLM")
 -- opts.cp: a cp group of size > 1: context parallelism (fsdp.cp); the
 -- forwards then take whole rows of ids (and targets) and compute this
 -- rank's chunks of them; opts.cp_attention: how attention reaches the
--- other cp ranks' keys and values, "all_gather" (fsdp.cp, the default) or
--- "ring" (fsdp.cp_ring).
+-- other cp ranks' keys and values, "ring" (fsdp.cp_ring, the default:
+-- measured the faster on CPU ranks, bench/RESULTS.md) or "all_gather"
+-- (fsdp.cp).
 function M.model(cfg, opts)
   opts = opts or {}
   local tp, cp = opts.tp, opts.cp
@@ -487,7 +488,7 @@ function M.model(cfg, opts)
     head.params, head.shares = {}, model.children[1]
   end
   local lm = setmetatable({ cfg = cfg, params = {}, rope = rope, packed = packed, tp = tp, cp = cp, cp_layouts = {},
-    cp_attention = opts.cp_attention,
+    cp_attention = opts.cp_attention or "ring",
     children = { model, head },
     child_names = { "model", "lm_head" } }, CausalLM)
   if tp then -- the sequence-parallel rows' ends: after the embedding, around the head
