@@ -1,4 +1,4 @@
--- parallel_layouts.lua [layouts=a;b;c] [steps=N] [seq=N] [layers=N]: one
+-- parallel_layouts.lua [layouts=a;b;c] [steps=N] [seq=N] [layers=N] [device=cpu|cuda]: one
 -- Llama trained through the trainer (fsdp.train) at several meshes of the
 -- ranks fsdprun starts, one after another in one job, and for each its
 -- tokens/s and the bytes this rank sent per step in each group, measured
@@ -29,6 +29,9 @@
 -- between runs (bench/RESULTS.md), and the load average around each.
 --   FSDPRUN_OVERSUBSCRIBE=1 build/fsdprun -n 4 bench/parallel_layouts.lua
 --   (bench/parallel_layouts.sh BUILD [RANKS] [args...] runs it)
+-- device=cuda: GPU ranks (train.device), as scripts/gpu_check.sh's stage
+-- cp_attention runs it (2 ranks sharing one GPU); there the wall time is
+-- the measure.
 local fsdp = require "fsdp"
 local train = require "fsdp.train"
 local planner = require "fsdp.planner"
@@ -36,11 +39,11 @@ local pretty = require "fsdp.pretty"
 local C = fsdp.C
 
 local o = { layouts = "dp_shard=4;dp_shard=1,cp=4+all_gather;dp_shard=1,cp=4+ring;dp_shard=2,tp=2", steps = 2, seq = 4096,
-  layers = 8 }
+  layers = 8, device = "cpu" }
 for i = 1, #(arg or {}) do
   local k, v = arg[i]:match("^([%w_]+)=(.+)$")
   if not k or o[k] == nil then
-    error("parallel_layouts.lua [layouts=a;b;c] [steps=N] [seq=N] [layers=N]: argument '" .. arg[i] .. "'", 0)
+    error("parallel_layouts.lua [layouts=a;b;c] [steps=N] [seq=N] [layers=N] [device=cpu|cuda]: argument '" .. arg[i] .. "'", 0)
   end
   o[k] = type(o[k]) == "number" and assert(tonumber(v), k .. " must be a number") or v
 end
@@ -69,7 +72,7 @@ local function recipe(layout)
     data = { corpus = { root = root, include = { "README.md", "docs/*.md", "src/*.h", "src/*/*.c", "lua/fsdp/*.lua" } },
       seq = o.seq, micro_batch = 1 },
     train = { steps = 1 + o.steps, grad_accum = 1, seed = 1234, eval_every = 0, log_every = 1, sample_tokens = 0,
-      cp_attention = way },
+      cp_attention = way, device = o.device },
   }
 end
 

@@ -24,6 +24,10 @@
 #               against one GPU rank (fp32: 10 steps' losses and grad norms within 1e-5; bf16
 #               losses within 3e-2); test_kernels stopped after 30 s, each job after 120 s, the
 #               two jobs after 270 s: the stage ends within 300 s
+#   cp_attention (with GPU_CHECK_BENCH=1) context parallelism's two attentions timed side by
+#               side on 2 GPU ranks sharing the GPU (issue 46): bench/parallel_layouts.lua
+#               device=cuda at cp 2, seq 16384, 2 layers, ring and all-gather in both orders
+#               (bench/RESULTS.md has the CPU ranks' figures); stopped after 240 s
 #   multirank   2 and 4 GPU ranks on the GPU at hand (fsdprun --ranks-per-gpu):
 #               the matrix of scripts/multirank_check.sh against 1 GPU rank and
 #               CPU ranks, checkpoints across worlds, a killed rank, the REPL
@@ -134,6 +138,18 @@ stage_tp_cp() {
     tee -a "$log"
   timeout 270 bash tests/scripts/test_cuda_tp.sh "$build/fsdprun" "$PWD" 120 >>"$log" 2>&1 || rc=1
   grep -E "worst|passed|FAILED|skipped|stopped" "$log" | tail -30
+  return $rc
+}
+
+stage_cp_attention() {
+  echo "== cp 2 on 2 GPU ranks sharing the GPU: ring against all-gather attention (bench/parallel_layouts.lua)"
+  timeout 240 "$build/fsdprun" -n 2 --ranks-per-gpu 2 --rank0-only --no-prefix --timeout 600 bench/parallel_layouts.lua \
+    device=cuda seq=16384 layers=2 steps=3 \
+    "layouts=dp_shard=1,cp=2+all_gather;dp_shard=1,cp=2+ring;dp_shard=1,cp=2+ring;dp_shard=1,cp=2+all_gather" \
+    >"$out/cp_attention.log" 2>&1
+  local rc=$?
+  sed -n '/parallel_layouts:/,$p' "$out/cp_attention.log"
+  [ $rc = 0 ] || tail -20 "$out/cp_attention.log"
   return $rc
 }
 
@@ -328,7 +344,7 @@ steps=${TINY_STEPS:-400}
 stages=${GPU_CHECK_STAGES:-}
 if [ -z "$stages" ]; then
   stages="tests post tp_cp multirank train generate planner demos repl adamw kernels offload"
-  [ "${GPU_CHECK_BENCH:-0}" = 1 ] && stages="$stages blas vs_fsdp2 vs_fsdp2_offload timeline offload_probe attention"
+  [ "${GPU_CHECK_BENCH:-0}" = 1 ] && stages="$stages cp_attention blas vs_fsdp2 vs_fsdp2_offload timeline offload_probe attention"
   [ "${GPU_CHECK_COLLECTIVES:-0}" = 1 ] && stages="$stages collectives"
 fi
 for st in $stages; do
