@@ -10,7 +10,7 @@
 -- tied), fp32, ZeRO 3, seq 4096, micro_batch 1, one micro-batch per step
 -- (so a step is dp x 4096 tokens), the project's own docs and sources as
 -- bytes. A layout is a mesh, with +ring or +all_gather after it to set
--- train.cp_attention (else its default, a ring). Default layouts, for 4
+-- train.cp_attention (else its default, an all-gather). Default layouts, for 4
 -- ranks: dp_shard=4; dp_shard=1,cp=4+all_gather; dp_shard=1,cp=4+ring;
 -- dp_shard=2,tp=2. Each runs 1 warm-up step and then `steps` (default 2)
 -- timed ones.

@@ -1,21 +1,29 @@
 -- fsdp.cp: context parallelism over a cp group of the mesh (docs/SHARDING.md,
 -- "Parallelism"). A sequence of T tokens is cut into 2 x cp chunks of
 -- c = T / (2 cp); rank r holds chunks r and 2cp-1-r (the causal load
--- balance: every rank then has as much attention work), runs every
--- per-token layer on them, and for attention all-gathers the keys and
--- values of the whole sequence (in global order) and attends from its
--- queries at their true positions; the backward's key and value gradients
--- go back to the chunks' owners as a reduce-scatter. The model is whole on
--- every cp rank (FSDP shards it over dp_shard x cp), so the loss of the
--- sequence is the mean over all cp ranks' tokens.
+-- balance: every rank then has as much attention work) and runs every
+-- per-token layer on them. The model is whole on every cp rank (FSDP
+-- shards it over dp_shard x cp), so the loss of the sequence is the mean
+-- over all cp ranks' tokens.
+--
+-- Attention reaches the other ranks' keys and values, here, as an
+-- all-gather (the default), or as a ring (fsdp.cp_ring,
+-- train.cp_attention = "ring", which keeps less for the backward):
+-- every rank's block of keys and values gathered (one block a rank, as
+-- the ranks hold them) while the queries attend to the rank's own block,
+-- then to each other block as it is seen from this rank's positions
+-- (M.block_positions: the same three shapes as the ring's steps), the
+-- partial results merged by their log-sum-exp. The backward attends to
+-- each block again and reduce-scatters the blocks' key and value
+-- gradients to their owners.
 --
 -- The group: fsdp.tp.group(comm) for the mesh's "cp" communicator, or
 -- fsdp.tp.group(nil, size, rank) for a dry run (the collectives then only
 -- allocate what they would).
 --
--- Devices: the reorders are copies of chunks (ops.copy: on a GPU on the
--- compute stream) and the collectives are ordered as fsdp.tp's (tp.start,
--- tp.done: on a GPU by events, no host wait).
+-- Devices: copies on the compute stream (ops.copy) and the collectives
+-- ordered as fsdp.tp's (tp.start, tp.done: on a GPU by events, no host
+-- wait).
 local tensor = require "fsdp.tensor"
 local autograd = require "fsdp.autograd"
 local ops = require "fsdp.ops"
@@ -30,8 +38,8 @@ M.group = tpm.group
 M.sent = { all_gather = 0, reduce_scatter = 0, shift = 0 }
 
 -- How attention reaches the other cp ranks' keys and values
--- (train.cp_attention): "ring" (fsdp.cp_ring, the trainer's default) or
--- "all_gather" (this file)
+-- (train.cp_attention): "all_gather" (below, the default) or "ring"
+-- (fsdp.cp_ring)
 M.attention_ways = { all_gather = true, ring = true }
 
 local function counting() return tensor.is_counting() end
@@ -70,28 +78,53 @@ function M.positions(g, T)
   return p
 end
 
--- The layout of rows of T the model keeps: {g, T, q_pos = positions}, and
--- on a GPU (device "cuda") q_pos_dev, their device copy (the attention
--- kernels read it), copied on the compute stream: its memory may come from
--- a block the stream still uses. way: M.attention_ways' ("all_gather" if
--- nil); a ring's layout also holds its steps' positions (l.ring).
+-- The query positions with which this rank's 2c tokens see a block of
+-- 2c keys and values, one rank's (P ranks): {own, below, above}, each
+-- {host = int32 {2c}, dev = its device copy or nil}, copied on the
+-- compute stream (its memory may come from a block the stream still uses):
+--   own: this rank's own block, causal over its two chunks in order (i);
+--   below: a lower rank's: every query sees its first chunk (c - 1), none
+--     its second (both of this rank's chunks lie between them);
+--   above: a higher rank's: the first chunk's queries see none of it (-1),
+--     the second chunk's all of it (2c - 1).
+function M.block_positions(T, P, device)
+  local c = T / (2 * P)
+  local function make(fill)
+    local p = { host = tensor.new({ 2 * c }, "int32") }
+    if not counting() then
+      local pp = p.host:ptr()
+      for i = 0, 2 * c - 1 do pp[i] = fill(i) end
+    end
+    if device == "cuda" then
+      p.dev = tensor.new(p.host.shape, "int32", "cuda")
+      if not counting() then p.dev:copy_from(p.host, ops.compute_stream()) end
+    end
+    return p
+  end
+  return { own = make(function(i) return i end), below = make(function() return c - 1 end),
+    above = make(function(i) return i < c and -1 or 2 * c - 1 end) }
+end
+
+-- the positions this rank sees rank src's block with (layout l)
+function M.block_of(l, src)
+  local r = l.g.rank
+  return src == r and l.blocks.own or src < r and l.blocks.below or l.blocks.above
+end
+
+-- The layout of rows of T the model keeps: {g, T, way, blocks =
+-- M.block_positions}. way: M.attention_ways' ("all_gather" if nil).
 function M.layout(g, T, device, way)
   way = way or "all_gather"
   if not M.attention_ways[way] then
-    error(string.format("fsdp.cp.layout: attention way %s; expected 'all_gather' or 'ring'", tostring(way)), 2)
+    error(string.format("fsdp.cp.layout: attention way %s; expected 'ring' or 'all_gather'", tostring(way)), 2)
   end
-  local l = { g = g, T = T, way = way, q_pos = M.positions(g, T) }
-  if device == "cuda" then
-    l.q_pos_dev = tensor.new(l.q_pos.shape, "int32", "cuda")
-    if not counting() then l.q_pos_dev:copy_from(l.q_pos, ops.compute_stream()) end
-  end
-  if way == "ring" then l.ring = require("fsdp.cp_ring").positions(T, g.size, device) end
-  return l
+  return { g = g, T = T, way = way, blocks = M.block_positions(T, g.size, device) }
 end
 function M.layout_free(l)
-  l.q_pos:free()
-  if l.q_pos_dev then l.q_pos_dev:free() end
-  if l.ring then require("fsdp.cp_ring").positions_free(l.ring) end
+  for _, p in pairs(l.blocks) do
+    p.host:free()
+    if p.dev then p.dev:free() end
+  end
 end
 
 -- This rank's tokens of x ({B, T} or {B * T}, any dtype), as {B, T / cp}
@@ -109,53 +142,67 @@ function M.split(g, x, B)
   return y
 end
 
--- The whole sequence's rows {B, T = P Tl, w} in order (seq) and by rank
--- ({P, B, Tl, w}: each rank's two chunks of each row, ranked): to_seq
--- copies ranked into seq, else seq into ranked
-local function reorder(seq, ranked, P, B, Tl, w, to_seq)
-  local c, T = Tl / 2, Tl * P
-  for r = 0, P - 1 do
-    for b = 0, B - 1 do
-      for h = 0, 1 do
-        local at_seq, at_rank = (b * T + chunk(P, r, h) * c) * w, ((r * B + b) * Tl + h * c) * w
-        if to_seq then ops.copy(seq, at_seq, ranked, at_rank, c * w) else ops.copy(ranked, at_rank, seq, at_seq, c * w) end
+-- out {B, Tl, nh * hd}, lse {B, nh, Tl} of queries q {B, Tl, nh * hd}
+-- against the whole sequence's keys and values, of which this rank holds
+-- k, v {B, Tl, nkv * hd}; also every rank's k and v all-gathered, {P, B,
+-- Tl, nkv * hd} (the backward's)
+function M.attention_forward(l, q, k, v, B, Tl, nh, nkv, hd)
+  local g, dev = l.g, q.device
+  local P, w = g.size, nkv * hd
+  local ka, va = tensor.new({ P, B, Tl, w }, k.dtype, dev), tensor.new({ P, B, Tl, w }, v.dtype, dev)
+  M.sent.all_gather = M.sent.all_gather + 2 * (P - 1) / P * ka:numel() * ka.esize
+  local out, lse = ops.like(q, { B, Tl, nh * hd }), tensor.new({ B, nh, Tl }, "fp32", dev)
+  local po, pl = ops.like(out), tensor.new(lse.shape, "fp32", dev)
+  if not counting() then
+    tpm.start(g, dev)
+    g.comm:all_gather(ka, k)
+    g.comm:all_gather(va, v)
+    local p = M.block_of(l, g.rank) -- (while the others' blocks come)
+    ops.attention_forward_pos(out, lse, q, k, v, p.host, B, Tl, Tl, nh, nkv, hd, p.dev)
+    tpm.done(g, dev)
+    for src = 0, P - 1 do
+      if src ~= g.rank then
+        p = M.block_of(l, src)
+        local at = src * B * Tl * w
+        ops.attention_forward_pos(po, pl, q, ka:view(at, { B, Tl, w }), va:view(at, { B, Tl, w }), p.host, B, Tl, Tl,
+          nh, nkv, hd, p.dev)
+        ops.attention_merge(out, lse, po, pl, B, Tl, nh, hd)
       end
     end
   end
+  autograd.consume(po)
+  autograd.consume(pl)
+  return out, lse, ka, va
 end
 
--- {B, Tl, w} of every rank, all-gathered, in global order: {B, T, w}
-function M.gather(g, x)
-  local B, Tl, w = x.shape[1], x.shape[2], x.shape[3]
-  local P = g.size
-  local y, all = tensor.new({ B, Tl * P, w }, x.dtype, x.device), tensor.new({ P, B, Tl, w }, x.dtype, x.device)
-  M.sent.all_gather = M.sent.all_gather + (P - 1) / P * all:numel() * all.esize
+-- dq {B, Tl, nh * hd} and this rank's dk, dv {B, Tl, nkv * hd} from dout,
+-- the all-gathered ka, va and what forward gave
+function M.attention_backward(l, dout, q, ka, va, out, lse, B, Tl, nh, nkv, hd)
+  local g, dev = l.g, q.device
+  local P, w = g.size, nkv * hd
+  local dq, dqs = ops.like(q), ops.like(q)
+  local dka, dva = ops.like(ka), ops.like(va)
   if not counting() then
-    tpm.start(g, x.device)
-    g.comm:all_gather(all, x)
-    tpm.done(g, x.device)
-    reorder(y, all, P, B, Tl, w, true)
+    for src = 0, P - 1 do
+      local p, at = M.block_of(l, src), src * B * Tl * w
+      local first = src == 0
+      ops.attention_backward_pos(first and dq or dqs, dka:view(at, { B, Tl, w }), dva:view(at, { B, Tl, w }), dout, q,
+        ka:view(at, { B, Tl, w }), va:view(at, { B, Tl, w }), out, lse, p.host, B, Tl, Tl, nh, nkv, hd, p.dev)
+      if not first then ops.add(dq, dq, dqs) end
+    end
   end
-  autograd.consume(all)
-  return y
-end
-
--- The gradient of the whole {B, T, w} (each rank's part of it) summed
--- over the group and given back to the chunks' owners: {B, Tl, w}
-function M.scatter(g, dx)
-  local B, T, w = dx.shape[1], dx.shape[2], dx.shape[3]
-  local P = g.size
-  local Tl = T / P
-  local y, all = tensor.new({ B, Tl, w }, dx.dtype, dx.device), tensor.new({ P, B, Tl, w }, dx.dtype, dx.device)
-  M.sent.reduce_scatter = M.sent.reduce_scatter + (P - 1) / P * all:numel() * all.esize
+  autograd.consume(dqs)
+  local dk, dv = tensor.new({ B, Tl, w }, dka.dtype, dev), tensor.new({ B, Tl, w }, dva.dtype, dev)
+  M.sent.reduce_scatter = M.sent.reduce_scatter + 2 * (P - 1) / P * dka:numel() * dka.esize
   if not counting() then
-    reorder(dx, all, P, B, Tl, w, false)
-    tpm.start(g, dx.device)
-    g.comm:reduce_scatter(y, all, "sum")
-    tpm.done(g, dx.device)
+    tpm.start(g, dev)
+    g.comm:reduce_scatter(dk, dka, "sum")
+    g.comm:reduce_scatter(dv, dva, "sum")
+    tpm.done(g, dev)
   end
-  autograd.consume(all)
-  return y
+  autograd.consume(dka)
+  autograd.consume(dva)
+  return dq, dk, dv
 end
 
 return M

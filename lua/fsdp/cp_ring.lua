@@ -7,14 +7,9 @@
 -- values travels once round the ring (comm:shift to the next rank, from
 -- the one before), so that at step s rank r holds rank (r - s) mod P's.
 -- The queries attend to each block as it passes, with the block's
--- visibility as query positions (the causal load balance makes it one of
--- three shapes):
---   s = 0, its own block: causal over the two chunks in order (q_pos = i);
---   a block of a lower rank: every query sees the block's first chunk
---     (q_pos = c - 1), none its second;
---   a block of a higher rank: the first chunk's queries see nothing
---     (q_pos = -1), the second chunk's see the whole block (q_pos = 2c - 1).
--- Each step's output and log-sum-exp merge into the running ones
+-- visibility as query positions (fsdp.cp.block_positions: the causal load
+-- balance makes it causal, a first chunk seen by all, or a block seen by
+-- the second chunk alone). Each step's output and log-sum-exp merge into the running ones
 -- (ops.attention_merge). The backward sends the blocks round again; with
 -- the whole output and log-sum-exp each step's gradients are exact
 -- shares, and a block's key and value gradients travel with it, summed on
@@ -22,10 +17,10 @@
 --
 -- Next to the all-gather it keeps only this rank's keys and values for the
 -- backward (the all-gather keeps the whole sequence's: P times as much per
--- layer), and each step's shift can run while the step's attention
--- computes (the comm's worker thread on CPU ranks, its stream on a GPU);
--- it sends as much forward and about twice as much backward (the gradients
--- go round too). bench/parallel_layouts.sh measures the two side by side.
+-- layer), and each step's shift runs while the step's attention computes
+-- (the comm's worker thread on CPU ranks, its stream on a GPU); it sends
+-- as much forward and about twice as much backward (the gradients go round
+-- too). bench/parallel_layouts.sh measures the two side by side.
 local tensor = require "fsdp.tensor"
 local autograd = require "fsdp.autograd"
 local ops = require "fsdp.ops"
@@ -36,44 +31,9 @@ local M = {}
 
 local function counting() return tensor.is_counting() end
 
--- The query positions of a step of the ring for a layout of 2c tokens a
--- rank: {below = ..., above = ...}, each {host = int32 {2c}, dev = its
--- device copy or nil} (fsdp.cp.layout keeps them as l.ring)
-function M.positions(T, P, device)
-  local c = T / (2 * P)
-  local function make(fill)
-    local p = { host = tensor.new({ 2 * c }, "int32") }
-    if not counting() then
-      local pp = p.host:ptr()
-      for i = 0, 2 * c - 1 do pp[i] = fill(i) end
-    end
-    if device == "cuda" then
-      p.dev = tensor.new(p.host.shape, "int32", "cuda")
-      if not counting() then p.dev:copy_from(p.host, ops.compute_stream()) end
-    end
-    return p
-  end
-  return { own = make(function(i) return i end), below = make(function() return c - 1 end),
-    above = make(function(i) return i < c and -1 or 2 * c - 1 end) }
-end
-
-function M.positions_free(r)
-  for _, p in pairs(r) do
-    p.host:free()
-    if p.dev then p.dev:free() end
-  end
-end
-
--- the positions of step s at rank r of P (s = 0: its own block, the
--- causal attention of its two chunks in order; positions, not the causal
--- call, so that every step runs one family of kernels on a GPU, whose
--- log-sum-exps merge)
-local function step_positions(l, s)
-  local P, r = l.g.size, l.g.rank
-  local src = (r - s) % P
-  if s == 0 then return l.ring.own end
-  return src < r and l.ring.below or l.ring.above
-end
+-- the positions of step s: rank (r - s)'s block seen from rank r
+-- (fsdp.cp.block_of: at s = 0 its own, causal over its two chunks in order)
+local function step_positions(l, s) return cp.block_of(l, (l.g.rank - s) % l.g.size) end
 
 -- Starts a shift of x to the next rank; returns what arrives from the one
 -- before (read it after finish). In flight with whatever the caller

@@ -41,7 +41,7 @@ M.schema = {
     stop_after = { "int", nil }, loss_chunk_mb = { "number", 256 }, peak_tflops = { "number", nil },
     max_bad_steps = { "int", 5 }, profile = { "string", nil }, profile_step = { "int", nil },
     sample_tokens = { "int", 0 }, sample_prompt = { "string", nil }, sample_temperature = { "number", 0.8 },
-    attention = { { "auto", "cudnn", "own" }, "auto" }, cp_attention = { { "ring", "all_gather" }, "ring" },
+    attention = { { "auto", "cudnn", "own" }, "auto" }, cp_attention = { { "all_gather", "ring" }, "all_gather" },
   },
   -- docs/CHECKPOINTS.md
   checkpoint = {

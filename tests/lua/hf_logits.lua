@@ -14,7 +14,7 @@
 -- puts each at its sequence position from fsdp.cp.positions, then writes OUT
 -- in the order of one rank's. The tp ranks of a cp rank must have the same
 -- logits, bit for bit (checked here: the run fails if not). cp_attention:
--- ring (the default) or all_gather (llama.model's option).
+-- all_gather (the default) or ring (llama.model's option).
 local fsdp = require "fsdp"
 local llama = require "fsdp.models.llama"
 local hf = require "fsdp.hf"

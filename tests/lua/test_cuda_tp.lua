@@ -12,9 +12,9 @@
 -- the tp meshes also the whole-logits loss (the head's columns gathered,
 -- train.loss_chunk_mb = 0), and in bf16 the losses within 3e-2 of one
 -- bf16 rank's (bf16 has 8 bits; the tp collectives add in bf16). On
--- the cp meshes attention is a ring (fsdp.cp_ring: NCCL's send/receive
--- shifts, the merge kernel, queries that see no key), and also an
--- all-gather (fsdp.cp), fp32 and bf16.
+-- the cp meshes attention is an all-gather (fsdp.cp) and also a ring
+-- (fsdp.cp_ring: NCCL's send/receive shifts), both through the merge
+-- kernel and queries that see no key, fp32 and bf16.
 -- What runs on the device: the vocab-parallel embedding and cross-entropy
 -- kernels (the gathered stats combined by a kernel), cp's reorders on the
 -- compute stream and its positions' device copy, and every tp and cp
@@ -117,7 +117,7 @@ local function run(label, name, cfg_t, spec, dtype, loss, cp_attention)
     worst_n = math.max(worst_n, rel(got[k][2], want[k][2]))
   end
   local what = string.format("%s, %s, %s%s%s", label, name, dtype, loss == whole and ", whole logits" or "",
-    cp_attention == "all_gather" and ", all-gather attention" or "")
+    cp_attention == "ring" and ", ring attention" or "")
   if dtype == "fp32" then
     check(worst_l <= 1e-5 and worst_n <= 1e-5, string.format("%s: %d steps' losses and grad norms equal one GPU rank's " ..
       "(worst %.2g and %.2g relative; tolerance 1e-5)", what, STEPS, worst_l, worst_n))
@@ -140,9 +140,9 @@ for _, mm in ipairs(meshes) do
   run(label, "one kv head, tied", shared_kv, spec, "fp32", chunked)
   if not has_cp then run(label, "gqa", gqa, spec, "fp32", whole) end -- (the whole logits: not built with cp)
   run(label, "gqa", gqa, spec, "bf16", chunked)
-  if has_cp then -- (cp's attention as an all-gather too; the default is a ring)
-    run(label, "gqa", gqa, spec, "fp32", chunked, "all_gather")
-    run(label, "gqa", gqa, spec, "bf16", chunked, "all_gather")
+  if has_cp then -- (cp's attention as a ring too: comm:shift on NCCL, the merge kernel, queries at -1)
+    run(label, "gqa", gqa, spec, "fp32", chunked, "ring")
+    run(label, "gqa", gqa, spec, "bf16", chunked, "ring")
   end
 end
 local st = fsdp.memory_stats("cuda")

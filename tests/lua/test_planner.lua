@@ -359,7 +359,7 @@ end
 -- and vocab-parallel loss, planned to the byte
 if W == 2 then
   compare("cp 2", { ["mesh"] = "dp_shard=1,cp=2" })
-  compare("cp 2, all-gather attention", { ["mesh"] = "dp_shard=1,cp=2", ["train.cp_attention"] = "all_gather" })
+  compare("cp 2, ring attention", { ["mesh"] = "dp_shard=1,cp=2", ["train.cp_attention"] = "ring" })
   compare("cp 2, bf16, recompute mlp, checkpoint full", { ["mesh"] = "dp_shard=1,cp=2", ["fsdp.param_dtype"] = "bf16",
     ["fsdp.recompute"] = "mlp", ["fsdp.checkpoint"] = "full" })
   compare("tp 2", { ["mesh"] = "dp_shard=1,tp=2" })
@@ -372,7 +372,7 @@ if W == 4 then
   compare("dp_shard 2 x cp 2, zero 2, 2 micro-batches", { ["mesh"] = "dp_shard=2,cp=2", ["fsdp.zero"] = 2,
     ["train.grad_accum"] = 2 })
   compare("cp 4, zero 1", { ["mesh"] = "dp_shard=1,cp=4", ["fsdp.zero"] = 1 })
-  compare("cp 4, all-gather attention, checkpoint full", { ["mesh"] = "dp_shard=1,cp=4", ["train.cp_attention"] = "all_gather",
+  compare("cp 4, ring attention, checkpoint full", { ["mesh"] = "dp_shard=1,cp=4", ["train.cp_attention"] = "ring",
     ["fsdp.checkpoint"] = "full" })
   compare("tp 4 (each kv head shared by 2 ranks), zero 2, tied", { ["mesh"] = "dp_shard=1,tp=4", ["fsdp.zero"] = 2,
     ["model.tie_word_embeddings"] = true })

@@ -9,9 +9,9 @@
 -- two ranks) and a 4-layer GQA Llama (8 heads, 4 kv heads: split), 30
 -- AdamW steps at ZeRO 3 (and, at W = 2 and 4, ZeRO 1 and 2, activation
 -- checkpointing, recompute "mlp" and "none", tied embeddings, with and
--- without cp; cp's attention is a ring, fsdp.cp_ring, and every mesh with
--- cp also runs it as an all-gather, fsdp.cp) equal the same model trained
--- unsharded on one rank over the
+-- without cp; cp's attention is an all-gather, fsdp.cp, and every mesh
+-- with cp also runs it as a ring, fsdp.cp_ring) equal the same model
+-- trained unsharded on one rank over the
 -- global batch: each step's loss and grad norm within 1e-5 relative
 -- (fp32: other GEMM shapes and sums in another order; measured at most
 -- 4.5e-6). AdamW's eps is 1e-6: with 1e-8 its first steps move an element
@@ -180,10 +180,8 @@ for _, mm in ipairs(meshes) do
   local label, spec = mm[1], mm[2]
   run("tiny " .. label .. " zero 3", tiny, spec, { slices = W < 8 and whole_params(tiny) or nil })
   run("gqa " .. label .. " zero 3", gqa, spec, { slices = W < 8 and whole_params(gqa) or nil })
-  for _, d in ipairs(spec) do -- (cp: attention as an all-gather too, fsdp.cp; the default is a ring)
-    if d[1] == "cp" then
-      run("gqa " .. label .. " zero 3, all-gather attention", gqa, spec, { model = { cp_attention = "all_gather" } })
-    end
+  for _, d in ipairs(spec) do -- (cp: attention as a ring too, fsdp.cp_ring; the default is an all-gather)
+    if d[1] == "cp" then run("gqa " .. label .. " zero 3, ring attention", gqa, spec, { model = { cp_attention = "ring" } }) end
   end
 end
 local tied = {}
@@ -203,8 +201,8 @@ if W < 8 and os.getenv("FSDP_TEST_QUICK") ~= "1" then
   run("gqa cp zero 2, tied embeddings", tied, cspec, { zero = 2 })
   run("tiny cp zero 3, checkpoint full", tiny, cspec, { model = { checkpoint = "full" } })
   run("gqa cp zero 3, recompute mlp", gqa, cspec, { model = { recompute = "mlp" } })
-  run("tiny cp zero 1, checkpoint full, all-gather attention", tiny, cspec, { zero = 1,
-    model = { checkpoint = "full", cp_attention = "all_gather" } })
+  run("tiny cp zero 1, checkpoint full, ring attention", tiny, cspec, { zero = 1,
+    model = { checkpoint = "full", cp_attention = "ring" } })
 end
 
 ---------------------------------------------------------------- checkpoints and Hugging Face files

@@ -8,7 +8,7 @@
 # (tests/scripts/hf_transformers_logits.py); and a model transformers writes
 # (save_pretrained, random weights; 4 heads, 2 kv heads) imported gives its
 # logits too, and so it does at tensor and context parallel meshes: tp 2
-# (kv heads split), cp 2 (its attention as a ring, and all-gathered), cp 2
+# (kv heads split), cp 2 (its attention all-gathered, and as a ring), cp 2
 # x tp 2 and tp 4 (each kv head shared by two tp ranks), within the same
 # bound (the cp ranks' rows placed at their sequence positions by
 # fsdp.cp.positions). The
@@ -70,8 +70,8 @@ check "transformers writes a wide random model" "[ -f '$work/wide/config.json' ]
 check "our model imports transformers' folder" "[ -s '$work/ours-from-hf.txt' ]" || cat "$work/ours.out"
 # the same folder imported at tp and cp meshes (2 and 4 ranks): whole logits
 # with tp, each rank's chunks put at their positions with cp (hf_logits.lua)
-# (cp2ag: attention over the cp ranks as an all-gather, fsdp.cp; else a ring)
-meshes="tp2:2:dp_shard=1,tp=2 cp2:2:dp_shard=1,cp=2 cp2ag:2:dp_shard=1,cp=2:all_gather cp2tp2:4:dp_shard=1,cp=2,tp=2"
+# (cp2ring: attention over the cp ranks as a ring, fsdp.cp_ring; else an all-gather)
+meshes="tp2:2:dp_shard=1,tp=2 cp2:2:dp_shard=1,cp=2 cp2ring:2:dp_shard=1,cp=2:ring cp2tp2:4:dp_shard=1,cp=2,tp=2"
 meshes="$meshes tp4:4:dp_shard=1,tp=4"
 for m in $meshes; do
   IFS=: read -r name n spec way <<<"$m"
@@ -104,7 +104,7 @@ hf_jobs "$py" "$work/py2" \
   "from_hf${T}hf_transformers_logits.py${T}$work/from-hf${T}$work/ours-from-hf.txt" \
   "from_hf_tp2${T}hf_transformers_logits.py${T}$work/from-hf${T}$work/ours-tp2.txt" \
   "from_hf_cp2${T}hf_transformers_logits.py${T}$work/from-hf${T}$work/ours-cp2.txt" \
-  "from_hf_cp2ag${T}hf_transformers_logits.py${T}$work/from-hf${T}$work/ours-cp2ag.txt" \
+  "from_hf_cp2ring${T}hf_transformers_logits.py${T}$work/from-hf${T}$work/ours-cp2ring.txt" \
   "from_hf_cp2tp2${T}hf_transformers_logits.py${T}$work/from-hf${T}$work/ours-cp2tp2.txt" \
   "from_hf_tp4${T}hf_transformers_logits.py${T}$work/from-hf${T}$work/ours-tp4.txt" \
   "llama3${T}hf_transformers_logits.py${T}$work/llama3${T}$work/ours-llama3.txt" \

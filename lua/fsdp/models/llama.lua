@@ -285,17 +285,15 @@ function Attention:forward(ctx, x, phase)
   local out, lse
   if cpl and cpl.way == "ring" then -- (this rank's keys and values alone, kept for backward)
     out, lse = cp_ring.forward(cpl, q, k, v, B, T, nh, nkv, hd)
+  elseif cpl then -- (every rank's keys and values gathered, kept for backward)
+    local ka, va
+    out, lse, ka, va = cpm.attention_forward(cpl, q, k, v, B, T, nh, nkv, hd)
+    autograd.consume(k)
+    autograd.consume(v)
+    k, v = ka, va
   else
     out, lse = ops.like(q, { B, T, nh * hd }), tensor.new({ B, nh, T }, "fp32", q.device)
-    if cpl then
-      local kg, vg = cpm.gather(cpl.g, k), cpm.gather(cpl.g, v)
-      autograd.consume(k)
-      autograd.consume(v)
-      k, v = kg, vg
-      ops.attention_forward_pos(out, lse, q, k, v, cpl.q_pos, B, T, cpl.T, nh, nkv, hd, cpl.q_pos_dev)
-    else
-      ops.attention_forward(out, lse, q, k, v, B, T, nh, nkv, hd, docs)
-    end
+    ops.attention_forward(out, lse, q, k, v, B, T, nh, nkv, hd, docs)
   end
   self.saved = { q = q, k = k, v = v, out = out, lse = lse, B = B, T = T, docs = docs, cp = cpl }
   return leave_block(ctx, self, nn.call(ctx, ch[4], phase, out), phase)
@@ -310,15 +308,8 @@ function Attention:backward(ctx, dy)
   local cpl, dq, dk, dv = s.cp
   if cpl and cpl.way == "ring" then
     dq, dk, dv = cp_ring.backward(cpl, dout, s.q, s.k, s.v, s.out, s.lse, B, T, nh, nkv, hd)
-  elseif cpl then
-    -- the whole sequence's key and value grads, back to the chunks' owners
-    dq, dk, dv = ops.like(s.q), ops.like(s.k), ops.like(s.v)
-    ops.attention_backward_pos(dq, dk, dv, dout, s.q, s.k, s.v, s.out, s.lse, cpl.q_pos, B, T, cpl.T, nh, nkv, hd,
-      cpl.q_pos_dev)
-    local dkl, dvl = cpm.scatter(cpl.g, dk), cpm.scatter(cpl.g, dv)
-    autograd.consume(dk)
-    autograd.consume(dv)
-    dk, dv = dkl, dvl
+  elseif cpl then -- (the key and value grads of every rank's block, back to their owners)
+    dq, dk, dv = cpm.attention_backward(cpl, dout, s.q, s.k, s.v, s.out, s.lse, B, T, nh, nkv, hd)
   else
     dq, dk, dv = ops.like(s.q), ops.like(s.k), ops.like(s.v)
     ops.attention_backward(dq, dk, dv, dout, s.q, s.k, s.v, s.out, s.lse, B, T, nh, nkv, hd, s.docs)
@@ -446,9 +437,9 @@ local CausalLM = class("LlamaForCausalLM")
 -- opts.cp: a cp group of size > 1: context parallelism (fsdp.cp); the
 -- forwards then take whole rows of ids (and targets) and compute this
 -- rank's chunks of them; opts.cp_attention: how attention reaches the
--- other cp ranks' keys and values, "ring" (fsdp.cp_ring, the default:
--- measured the faster on CPU ranks, bench/RESULTS.md) or "all_gather"
--- (fsdp.cp).
+-- other cp ranks' keys and values, "all_gather" (fsdp.cp, the default:
+-- measured the faster on CPU ranks, bench/RESULTS.md) or "ring"
+-- (fsdp.cp_ring: less memory).
 function M.model(cfg, opts)
   opts = opts or {}
   local tp, cp = opts.tp, opts.cp
@@ -488,7 +479,7 @@ function M.model(cfg, opts)
     head.params, head.shares = {}, model.children[1]
   end
   local lm = setmetatable({ cfg = cfg, params = {}, rope = rope, packed = packed, tp = tp, cp = cp, cp_layouts = {},
-    cp_attention = opts.cp_attention or "ring",
+    cp_attention = opts.cp_attention or "all_gather",
     children = { model, head },
     child_names = { "model", "lm_head" } }, CausalLM)
   if tp then -- the sequence-parallel rows' ends: after the embedding, around the head
