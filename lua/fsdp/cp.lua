@@ -111,6 +111,26 @@ function M.block_of(l, src)
   return src == r and l.blocks.own or src < r and l.blocks.below or l.blocks.above
 end
 
+-- Attention of the queries q {B, Tl, nh * hd} to rank src's block of keys
+-- and values kb, vb {B, Tl, nkv * hd}: into (out, lse) for the first block
+-- attended, else into (po, pl) and merged into them by log-sum-exp (the
+-- all-gather's and the ring's step alike)
+function M.attend_block(l, src, first, out, lse, po, pl, q, kb, vb, B, Tl, nh, nkv, hd)
+  local p = M.block_of(l, src)
+  if first then return ops.attention_forward_pos(out, lse, q, kb, vb, p.host, B, Tl, Tl, nh, nkv, hd, p.dev) end
+  ops.attention_forward_pos(po, pl, q, kb, vb, p.host, B, Tl, Tl, nh, nkv, hd, p.dev)
+  ops.attention_merge(out, lse, po, pl, B, Tl, nh, hd)
+end
+
+-- Its backward, with the whole out and lse: the block's dkb, dvb written;
+-- dq written for the first block, else dqs written and added to it
+function M.attend_block_backward(l, src, first, dq, dqs, dkb, dvb, dout, q, kb, vb, out, lse, B, Tl, nh, nkv, hd)
+  local p = M.block_of(l, src)
+  ops.attention_backward_pos(first and dq or dqs, dkb, dvb, dout, q, kb, vb, out, lse, p.host, B, Tl, Tl, nh, nkv, hd,
+    p.dev)
+  if not first then ops.add(dq, dq, dqs) end
+end
+
 -- The layout of rows of T the model keeps: {g, T, way, blocks =
 -- M.block_positions}. way: M.attention_ways' ("all_gather" if nil).
 function M.layout(g, T, device, way)
@@ -157,16 +177,13 @@ function M.attention_forward(l, q, k, v, B, Tl, nh, nkv, hd)
     tpm.start(g, dev)
     g.comm:all_gather(ka, k)
     g.comm:all_gather(va, v)
-    local p = M.block_of(l, g.rank) -- (while the others' blocks come)
-    ops.attention_forward_pos(out, lse, q, k, v, p.host, B, Tl, Tl, nh, nkv, hd, p.dev)
+    M.attend_block(l, g.rank, true, out, lse, po, pl, q, k, v, B, Tl, nh, nkv, hd) -- (while the others' blocks come)
     tpm.done(g, dev)
     for src = 0, P - 1 do
       if src ~= g.rank then
-        p = M.block_of(l, src)
         local at = src * B * Tl * w
-        ops.attention_forward_pos(po, pl, q, ka:view(at, { B, Tl, w }), va:view(at, { B, Tl, w }), p.host, B, Tl, Tl,
-          nh, nkv, hd, p.dev)
-        ops.attention_merge(out, lse, po, pl, B, Tl, nh, hd)
+        M.attend_block(l, src, false, out, lse, po, pl, q, ka:view(at, { B, Tl, w }), va:view(at, { B, Tl, w }), B, Tl,
+          nh, nkv, hd)
       end
     end
   end
@@ -184,11 +201,9 @@ function M.attention_backward(l, dout, q, ka, va, out, lse, B, Tl, nh, nkv, hd)
   local dka, dva = ops.like(ka), ops.like(va)
   if not counting() then
     for src = 0, P - 1 do
-      local p, at = M.block_of(l, src), src * B * Tl * w
-      local first = src == 0
-      ops.attention_backward_pos(first and dq or dqs, dka:view(at, { B, Tl, w }), dva:view(at, { B, Tl, w }), dout, q,
-        ka:view(at, { B, Tl, w }), va:view(at, { B, Tl, w }), out, lse, p.host, B, Tl, Tl, nh, nkv, hd, p.dev)
-      if not first then ops.add(dq, dq, dqs) end
+      local at = src * B * Tl * w
+      M.attend_block_backward(l, src, src == 0, dq, dqs, dka:view(at, { B, Tl, w }), dva:view(at, { B, Tl, w }), dout, q,
+        ka:view(at, { B, Tl, w }), va:view(at, { B, Tl, w }), out, lse, B, Tl, nh, nkv, hd)
     end
   end
   autograd.consume(dqs)

@@ -31,9 +31,8 @@ local M = {}
 
 local function counting() return tensor.is_counting() end
 
--- the positions of step s: rank (r - s)'s block seen from rank r
--- (fsdp.cp.block_of: at s = 0 its own, causal over its two chunks in order)
-local function step_positions(l, s) return cp.block_of(l, (l.g.rank - s) % l.g.size) end
+-- whose block step s holds: rank (r - s)'s (s = 0: its own)
+local function source(l, s) return (l.g.rank - s) % l.g.size end
 
 -- Starts a shift of x to the next rank; returns what arrives from the one
 -- before (read it after finish). In flight with whatever the caller
@@ -71,15 +70,7 @@ function M.forward(l, q, k, v, B, Tl, nh, nkv, hd)
   local ck, cv = k, v -- the block held at this step (s = 0: the caller's own)
   for s = 0, P - 1 do
     local nk, nv = pass_on(g, dev, s, ck, cv)
-    if not counting() then
-      local p = step_positions(l, s)
-      if s == 0 then
-        ops.attention_forward_pos(out, lse, q, ck, cv, p.host, B, Tl, Tl, nh, nkv, hd, p.dev)
-      else
-        ops.attention_forward_pos(po, pl, q, ck, cv, p.host, B, Tl, Tl, nh, nkv, hd, p.dev)
-        ops.attention_merge(out, lse, po, pl, B, Tl, nh, hd)
-      end
-    end
+    if not counting() then cp.attend_block(l, source(l, s), s == 0, out, lse, po, pl, q, ck, cv, B, Tl, nh, nkv, hd) end
     if nk then finish(g, dev) end -- (the next block is here; this one was sent)
     if s > 0 then
       autograd.consume(ck)
@@ -105,14 +96,9 @@ function M.backward(l, dout, q, k, v, out, lse, B, Tl, nh, nkv, hd)
   for s = 0, P - 1 do
     local nk, nv = pass_on(g, dev, s, ck, cv)
     if s == 0 then ak, av = ops.like(k), ops.like(v) end
-    if not counting() then
-      local p = step_positions(l, s)
-      if s == 0 then
-        ops.attention_backward_pos(dq, ak, av, dout, q, ck, cv, out, lse, p.host, B, Tl, Tl, nh, nkv, hd, p.dev)
-      else
-        ops.attention_backward_pos(dqs, dks, dvs, dout, q, ck, cv, out, lse, p.host, B, Tl, Tl, nh, nkv, hd, p.dev)
-        ops.add(dq, dq, dqs)
-      end
+    if not counting() then -- (s = 0: straight into this block's gradients so far)
+      local dkb, dvb = s == 0 and ak or dks, s == 0 and av or dvs
+      cp.attend_block_backward(l, source(l, s), s == 0, dq, dqs, dkb, dvb, dout, q, ck, cv, out, lse, B, Tl, nh, nkv, hd)
     end
     finish(g, dev) -- (the next block and this one's gradients so far are here)
     if sk then

@@ -86,9 +86,8 @@ function M.advice(r, o, device_only)
   if f.param_dtype ~= "bf16" then try("fsdp.param_dtype = 'bf16'", { "fsdp.param_dtype=bf16" }) end
   if device_only and f.offload ~= "all" then try("fsdp.offload = 'all'", { "fsdp.offload=all" }) end
   -- (a cp mesh: ring attention keeps 1/cp of the keys and values for the backward)
-  if r.train.cp_attention ~= "ring" and type(o.mesh or r.mesh) == "string" and (o.mesh or r.mesh):find("cp=", 1, true) then
-    try("train.cp_attention = 'ring'", { "train.cp_attention=ring" })
-  end
+  local okm, _, _, _, cp = pcall(planner.mesh_sizes, o.mesh or r.mesh, o.world or 1, o.where or "recipe")
+  if okm and cp > 1 and r.train.cp_attention ~= "ring" then try("train.cp_attention = 'ring'", { "train.cp_attention=ring" }) end
   if d.micro_batch > 1 then
     local mb = math.floor(d.micro_batch / 2)
     local args = { "data.micro_batch=" .. mb }

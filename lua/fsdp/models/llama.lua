@@ -479,7 +479,7 @@ function M.model(cfg, opts)
     head.params, head.shares = {}, model.children[1]
   end
   local lm = setmetatable({ cfg = cfg, params = {}, rope = rope, packed = packed, tp = tp, cp = cp, cp_layouts = {},
-    cp_attention = opts.cp_attention or "all_gather",
+    cp_attention = opts.cp_attention, -- (nil: fsdp.cp.layout's default)
     children = { model, head },
     child_names = { "model", "lm_head" } }, CausalLM)
   if tp then -- the sequence-parallel rows' ends: after the embedding, around the head
