@@ -10,7 +10,8 @@
 -- tied), fp32, ZeRO 3, seq 4096, micro_batch 1, one micro-batch per step
 -- (so a step is dp x 4096 tokens), the project's own docs and sources as
 -- bytes. A layout is a mesh, with +ring or +all_gather after it to set
--- train.cp_attention (else its default, an all-gather). Default layouts, for 4
+-- train.cp_attention (else its default, an all-gather), +serial to set
+-- train.tp_overlap = false. Default layouts, for 4
 -- ranks: dp_shard=4; dp_shard=1,cp=4+all_gather; dp_shard=1,cp=4+ring;
 -- dp_shard=2,tp=2. Each runs 1 warm-up step and then `steps` (default 2)
 -- timed ones.
@@ -49,18 +50,27 @@ for i = 1, #(arg or {}) do
 end
 local root = debug.getinfo(1, "S").source:match("^@(.*)/bench/[^/]*$") or "."
 
--- a layout's mesh and cp attention (nil: the default)
+-- a layout's mesh and its options after it: +ring or +all_gather
+-- (train.cp_attention; nil: the default), +serial (train.tp_overlap =
+-- false: the tp reduce-scatters not overlapped with the weight gradients)
 local function layout_of(layout)
-  local mesh, way = layout:match("^([^+]*)%+(.*)$")
-  if not mesh then return layout, nil end
-  if way ~= "ring" and way ~= "all_gather" then
-    error("parallel_layouts.lua: layout '" .. layout .. "'; expected a mesh, with +ring or +all_gather after it or not", 0)
+  local mesh = layout:match("^([^+]*)")
+  local way, overlap
+  for opt in layout:gmatch("%+([^+]*)") do
+    if opt == "ring" or opt == "all_gather" then
+      way = opt
+    elseif opt == "serial" then
+      overlap = false
+    else
+      error("parallel_layouts.lua: layout '" .. layout .. "'; expected a mesh, with +ring, +all_gather or +serial " ..
+        "after it or not", 0)
+    end
   end
-  return mesh, way
+  return mesh, way, overlap
 end
 
 local function recipe(layout)
-  local mesh, way = layout_of(layout)
+  local mesh, way, overlap = layout_of(layout)
   return {
     model = { hidden_size = 512, intermediate_size = 1376, num_attention_heads = 8, num_key_value_heads = 4,
       num_hidden_layers = o.layers, vocab_size = 32000, max_position_embeddings = math.max(4096, o.seq),
@@ -72,7 +82,7 @@ local function recipe(layout)
     data = { corpus = { root = root, include = { "README.md", "docs/*.md", "src/*.h", "src/*/*.c", "lua/fsdp/*.lua" } },
       seq = o.seq, micro_batch = 1 },
     train = { steps = 1 + o.steps, grad_accum = 1, seed = 1234, eval_every = 0, log_every = 1, sample_tokens = 0,
-      cp_attention = way, device = o.device },
+      cp_attention = way, tp_overlap = overlap, device = o.device },
   }
 end
 

@@ -28,6 +28,10 @@
 #               side on 2 GPU ranks sharing the GPU (issue 46): bench/parallel_layouts.lua
 #               device=cuda at cp 2, seq 16384, 2 layers, ring and all-gather in both orders
 #               (bench/RESULTS.md has the CPU ranks' figures); stopped after 240 s
+#   tp_overlap  (with GPU_CHECK_BENCH=1) tp 2 on 2 GPU ranks sharing the GPU with the backward's
+#               reduce-scatters overlapped with the weight gradients and without (train.tp_overlap,
+#               issue 46): bench/parallel_layouts.lua device=cuda seq 8192, 4 layers, both
+#               orders; stopped after 150 s
 #   multirank   2 and 4 GPU ranks on the GPU at hand (fsdprun --ranks-per-gpu):
 #               the matrix of scripts/multirank_check.sh against 1 GPU rank and
 #               CPU ranks, checkpoints across worlds, a killed rank, the REPL
@@ -64,7 +68,7 @@
 #               build-host/, which scripts/gpu_bundle.sh makes)
 # GPU_CHECK_STAGE_LIMIT=S stops a stage that runs past S seconds (below).
 # Without GPU_CHECK_STAGES: tests post tp_cp multirank train generate planner demos repl adamw
-# kernels offload, then with GPU_CHECK_BENCH=1 blas vs_fsdp2 vs_fsdp2_offload
+# kernels offload, then with GPU_CHECK_BENCH=1 cp_attention tp_overlap blas vs_fsdp2 vs_fsdp2_offload
 # timeline offload_probe attention, then with GPU_CHECK_COLLECTIVES=1
 # collectives.
 # Libraries the GPU machine lacks (PMIx, LuaJIT, ...) may sit in .devlibs/;
@@ -141,16 +145,30 @@ stage_tp_cp() {
   return $rc
 }
 
-stage_cp_attention() {
-  echo "== cp 2 on 2 GPU ranks sharing the GPU: ring against all-gather attention (bench/parallel_layouts.lua)"
-  timeout 240 "$build/fsdprun" -n 2 --ranks-per-gpu 2 --rank0-only --no-prefix --timeout 600 bench/parallel_layouts.lua \
-    device=cuda seq=16384 layers=2 steps=3 \
-    "layouts=dp_shard=1,cp=2+all_gather;dp_shard=1,cp=2+ring;dp_shard=1,cp=2+ring;dp_shard=1,cp=2+all_gather" \
-    >"$out/cp_attention.log" 2>&1
+# bench/parallel_layouts.lua on 2 GPU ranks sharing the GPU: NAME LIMIT_S TITLE ARGS...
+# (its table to stdout, the log in OUT/NAME.log)
+layouts_on_gpu() {
+  local name=$1 limit=$2 title=$3
+  shift 3
+  echo "== $title (bench/parallel_layouts.lua)"
+  timeout "$limit" "$build/fsdprun" -n 2 --ranks-per-gpu 2 --rank0-only --no-prefix --timeout 600 \
+    bench/parallel_layouts.lua device=cuda "$@" >"$out/$name.log" 2>&1
   local rc=$?
-  sed -n '/parallel_layouts:/,$p' "$out/cp_attention.log"
-  [ $rc = 0 ] || tail -20 "$out/cp_attention.log"
+  sed -n '/parallel_layouts:/,$p' "$out/$name.log"
+  [ $rc = 0 ] || tail -20 "$out/$name.log"
   return $rc
+}
+
+stage_cp_attention() {
+  layouts_on_gpu cp_attention 240 "cp 2 on 2 GPU ranks sharing the GPU: ring against all-gather attention" \
+    seq=16384 layers=2 steps=3 \
+    "layouts=dp_shard=1,cp=2+all_gather;dp_shard=1,cp=2+ring;dp_shard=1,cp=2+ring;dp_shard=1,cp=2+all_gather"
+}
+
+stage_tp_overlap() {
+  layouts_on_gpu tp_overlap 150 \
+    "tp 2 on 2 GPU ranks sharing the GPU: the backward's reduce-scatters overlapped and not (train.tp_overlap)" \
+    seq=8192 layers=4 steps=3 "layouts=dp_shard=1,tp=2+serial;dp_shard=1,tp=2;dp_shard=1,tp=2;dp_shard=1,tp=2+serial"
 }
 
 stage_multirank() {
@@ -344,7 +362,7 @@ steps=${TINY_STEPS:-400}
 stages=${GPU_CHECK_STAGES:-}
 if [ -z "$stages" ]; then
   stages="tests post tp_cp multirank train generate planner demos repl adamw kernels offload"
-  [ "${GPU_CHECK_BENCH:-0}" = 1 ] && stages="$stages cp_attention blas vs_fsdp2 vs_fsdp2_offload timeline offload_probe attention"
+  [ "${GPU_CHECK_BENCH:-0}" = 1 ] && stages="$stages cp_attention tp_overlap blas vs_fsdp2 vs_fsdp2_offload timeline offload_probe attention"
   [ "${GPU_CHECK_COLLECTIVES:-0}" = 1 ] && stages="$stages collectives"
 fi
 for st in $stages; do

@@ -111,10 +111,28 @@ function Linear:forward(ctx, x)
 end
 
 -- self.dx_into (set by the caller, used once): a tensor of x's shape to
--- write dx into (rows of a larger gradient) instead of a new one
+-- write dx into (rows of a larger gradient) instead of a new one.
+-- A backward in two calls (nn.linears_backward's overlap):
+-- backward_input(ctx, dy) returns dx alone, then the module's backward
+-- (nn.call, its hooks) adds dW alone and returns nil. A replicated
+-- Linear (its dW all-reduced over the tp group) has no split.
+function Linear:backward_input(ctx, dy)
+  local x = self.saved.x
+  local dx = self.dx_into or ops.like(x)
+  self.dx_into = nil
+  ops.linear_backward(dx, nil, nil, dy, x, weight(self), x:numel() / self.inp, self.inp, self.out)
+  self.input_done = true
+  return dx
+end
+
 function Linear:backward(ctx, dy)
   local x = self.saved.x
   local n = x:numel() / self.inp
+  if self.input_done then
+    self.input_done = nil
+    ops.linear_backward(nil, self.grad.weight, self.grad.bias, dy, x, self.bound.weight, n, self.inp, self.out)
+    return nil
+  end
   local dx = self.dx_into or ops.like(x)
   self.dx_into = nil
   if self.rows then -- every tp rank's rows' gradients, summed into the whole weight's
@@ -204,6 +222,47 @@ function nn.call(ctx, c, phase, x)
   return hooked(ctx, c, phase, autograd.forward, ctx, c, x, phase)
 end
 nn.plain = plain
+
+-- The input gradient of Linears that read one input (a block's q, k and v
+-- projections; gate and up): the sum of their dx, in mods' order. gather
+-- (a tensor-parallel block's GatherRows, or nil) then reduce-scatters it
+-- to this rank's rows. With gather.tp.overlap (fsdp.tp's default) the
+-- Linears' weight gradients compute while that reduce-scatter runs
+-- (Megatron's overlap of the sequence-parallel reduce-scatter with the
+-- weight-gradient GEMMs): dx first (Linear:backward_input, its weight
+-- bound, no grads), the module's backward with dW alone in the
+-- reduce-scatter's meanwhile. The same GEMMs in the same order per
+-- weight: the same bits as without the overlap. Each dy is consumed;
+-- let_go (optional, a tensor: the Linears' input made again by
+-- nn.bring_back) is consumed once nothing reads it.
+local function splits(c)
+  return c.backward_input ~= nil and not c.rows and not c.ck_input and type(c.saved) == "table" and c.saved.x ~= nil
+end
+
+function nn.linears_backward(ctx, mods, dys, gather, let_go)
+  local overlap = gather and gather.tp.overlap
+  local dx, later = nil, {}
+  for i, c in ipairs(mods) do
+    local part
+    if overlap and splits(c) then
+      part = hooked(ctx, c, "backward_input", autograd.scope, c.backward_input, c, ctx, dys[i])
+      later[#later + 1] = i
+    else
+      part = nn.call(ctx, c, "backward", dys[i])
+    end
+    if dx then ops.add(dx, dx, part) else dx = part end
+  end
+  if #later == 0 then
+    if let_go then autograd.consume(let_go) end
+    if not gather then return dx end
+    return nn.call(ctx, gather, "backward", dx)
+  end
+  gather.meanwhile = function()
+    for _, i in ipairs(later) do nn.call(ctx, mods[i], "backward", dys[i]) end
+    if let_go then autograd.consume(let_go) end -- (their saved x: read by their dW)
+  end
+  return nn.call(ctx, gather, "backward", dx)
+end
 
 -- Light recompute (fsdp.recompute = "light"): Linears that read the output
 -- of a cheap module (an RMSNorm) let go of it once their forward has run,

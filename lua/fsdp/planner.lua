@@ -295,7 +295,8 @@ function M.plan(r, o)
   -- (tensor parallelism: tp rank 0's slices; every tp rank holds as many bytes)
   local model = llama.model(cfg, { checkpoint = f.checkpoint, recompute = f.recompute,
     tp = P > 1 and tpm.group(nil, P, 0) or nil, cp = Cp > 1 and tpm.group(nil, Cp, 0) or nil,
-    cp_attention = r.train.cp_attention })
+    cp_attention = r.train.cp_attention,
+    tp_overlap = r.train.tp_overlap })
   local ok, a = pcall(shard.assign, model, { units = M.policy(f.units, where), zero = f.zero, offload = f.offload, hfsdp = f.hfsdp })
   if not ok then error(where .. ": fsdp.units: " .. tostring(a):gsub("^fully_shard: ", ""), 0) end
   local hf = f.hfsdp

@@ -42,6 +42,7 @@ M.schema = {
     max_bad_steps = { "int", 5 }, profile = { "string", nil }, profile_step = { "int", nil },
     sample_tokens = { "int", 0 }, sample_prompt = { "string", nil }, sample_temperature = { "number", 0.8 },
     attention = { { "auto", "cudnn", "own" }, "auto" }, cp_attention = { { "all_gather", "ring" }, "all_gather" },
+    tp_overlap = { "boolean", true },
   },
   -- docs/CHECKPOINTS.md
   checkpoint = {

@@ -44,7 +44,7 @@ function M.group(comm, size, rank)
     error(string.format("fsdp.tp.group: size %s, rank %s; expected a comm or a size >= 1 and a rank below it",
       tostring(size), tostring(rank)), 2)
   end
-  return setmetatable({ comm = comm, size = size, rank = rank }, Group)
+  return setmetatable({ comm = comm, size = size, rank = rank, overlap = true }, Group)
 end
 
 -- the part [first, first + count) of n things (n divisible by the size:
@@ -118,14 +118,21 @@ function M.gather_rows(g, x)
   return y
 end
 
--- x: partial sums of every row ({B, T, d}); returns this rank's rows, summed over the group
-function M.scatter_rows(g, x)
+-- x: partial sums of every row ({B, T, d}); returns this rank's rows,
+-- summed over the group. meanwhile (optional): a function run between the
+-- reduce-scatter's start and its wait (work that does not read y: the
+-- weight gradients of nn.linears_backward)
+function M.scatter_rows(g, x, meanwhile)
   local d = x.shape[#x.shape]
   local y = tensor.new({ x:numel() / d / g.size, d }, x.dtype, x.device)
   sent(g, "reduce_scatter", x)
-  if counting() then return y end
+  if counting() then
+    if meanwhile then meanwhile() end
+    return y
+  end
   start(g, x.device)
   g.comm:reduce_scatter(y, x, "sum")
+  if meanwhile then meanwhile() end
   done(g, x.device)
   return y
 end
@@ -166,7 +173,11 @@ local function class(kind) local c = { kind = kind }; c.__index = c; return c en
 local GatherRows = class("tp.GatherRows")
 function M.GatherRows(g) return setmetatable({ params = {}, tp = g }, GatherRows) end
 function GatherRows:forward(_, x) return M.gather_rows(self.tp, x) end
-function GatherRows:backward(_, dy) return M.scatter_rows(self.tp, dy) end
+function GatherRows:backward(_, dy)
+  local fn = self.meanwhile -- (set by nn.linears_backward, used once)
+  self.meanwhile = nil
+  return M.scatter_rows(self.tp, dy, fn)
+end
 
 -- Leaving one: partial sums of all rows -> this rank's rows, summed
 local ScatterRows = class("tp.ScatterRows")

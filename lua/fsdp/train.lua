@@ -193,7 +193,8 @@ end
 local function build_model(J)
   local r = J.r
   J.model = llama.model(J.cfg, { checkpoint = r.fsdp.checkpoint, recompute = r.fsdp.recompute, tp = J.tpg, cp = J.cpg,
-    cp_attention = r.train.cp_attention })
+    cp_attention = r.train.cp_attention,
+    tp_overlap = r.train.tp_overlap })
   J.sharded = fsdp.fully_shard(J.model, { shard = J.shard, outer = J.outer, tp = J.tp, units = planner.policy(r.fsdp.units, J.where),
     zero = r.fsdp.zero, prefetch = r.fsdp.prefetch, max_live_units = r.fsdp.max_live_units, seed = J.seed,
     hfsdp = r.fsdp.hfsdp, offload = r.fsdp.offload, comm_register = r.fsdp.comm_register,

@@ -205,6 +205,73 @@ if W < 8 and os.getenv("FSDP_TEST_QUICK") ~= "1" then
     model = { checkpoint = "full", cp_attention = "ring" } })
 end
 
+---------------------------------------------------------------- the backward's overlap (W = 2)
+-- The weight gradients of a block's column-parallel Linears compute while
+-- its sequence-parallel reduce-scatter runs (nn.linears_backward): the tp
+-- comm is wrapped to log its reduce-scatters and waits, the dW-only GEMMs
+-- (linear_backward with no dx) are logged too. With the overlap each
+-- layer's MLP runs 2 of them (gate, up) and its attention 3 (q, k, v)
+-- between a reduce-scatter and its wait; without it none, and the losses
+-- and grad norms of 3 steps are the same bits (the same GEMMs per weight:
+-- tolerance 0).
+if W == 2 then
+  local ops = require "fsdp.ops"
+  local log = {}
+  local function logged(comm)
+    return setmetatable({}, { __index = function(_, k)
+      local f = comm[k]
+      if type(f) ~= "function" then return f end
+      return function(_, ...)
+        if k == "reduce_scatter" or k == "synchronize" then log[#log + 1] = k end
+        return f(comm, ...)
+      end
+    end })
+  end
+  local lb = ops.linear_backward
+  ops.linear_backward = function(dx, ...)
+    if dx == nil then log[#log + 1] = "dW" end
+    return lb(dx, ...)
+  end
+  local cfg = llama.config(tiny)
+  local function three_steps(overlap)
+    local mesh = fsdp.mesh({ { "dp_shard", 1 }, { "tp", 2 } })
+    local m = fsdp.fully_shard(llama.model(cfg, { tp = tpm.group(logged(mesh:group("tp"))), tp_overlap = overlap }),
+      { shard = mesh:group("dp_shard"), tp = mesh:group("tp"), units = llama.units, zero = 3, seed = 7 })
+    local out, windows = {}, {}
+    for k = 1, 3 do
+      log = {}
+      local b = batch(cfg.vocab_size, k, MB, 0)
+      out[k] = { m:train_step({ b }, { forward_loss = steps.forward_loss, lr = opt.lr, beta1 = opt.beta1,
+        beta2 = opt.beta2, eps = opt.eps, weight_decay = opt.weight_decay, clip = opt.clip }) }
+      free(b)
+      local open
+      for _, e in ipairs(log) do -- each reduce-scatter's dW GEMMs before its wait
+        if e == "reduce_scatter" then
+          open = 0
+        elseif e == "dW" and open then
+          open = open + 1
+        elseif e == "synchronize" and open then
+          if open > 0 then windows[#windows + 1] = open end
+          open = nil
+        end
+      end
+    end
+    m:free(); mesh:free()
+    return out, table.concat(windows, " ")
+  end
+  local on, won = three_steps(true)
+  local off, woff = three_steps(false)
+  ops.linear_backward = lb
+  local want = {}
+  for _ = 1, 3 * tiny.num_hidden_layers do want[#want + 1] = "2 3" end
+  check(won == table.concat(want, " "), string.format("with the overlap each layer's backward computes 2 and 3 " ..
+    "weight gradients while its reduce-scatters run (got '%s')", won))
+  check(woff == "", string.format("without it none (got '%s')", woff))
+  local same = true
+  for k = 1, 3 do same = same and on[k][1] == off[k][1] and on[k][2] == off[k][2] end
+  check(same, "3 steps' losses and grad norms are the same bits with and without the overlap")
+end
+
 ---------------------------------------------------------------- checkpoints and Hugging Face files
 do
   local cfg = llama.config(gqa)

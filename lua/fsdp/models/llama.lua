@@ -318,12 +318,7 @@ function Attention:backward(ctx, dy)
   rope(dq, t, B, T, nh, hd, true, s.docs, cpl)
   rope(dk, t, B, T, nkv, hd, true, s.docs, cpl)
   local n = self.input_norm and nn.bring_back(ctx, self.input_norm, { ch[1], ch[2], ch[3] }, self.gather)
-  local dx = nn.call(ctx, ch[1], "backward", dq)
-  ops.add(dx, dx, nn.call(ctx, ch[2], "backward", dk))
-  ops.add(dx, dx, nn.call(ctx, ch[3], "backward", dv))
-  if n then autograd.consume(n) end
-  if self.gather then return nn.call(ctx, self.gather, "backward", dx) end
-  return dx
+  return nn.linears_backward(ctx, { ch[1], ch[2], ch[3] }, { dq, dk, dv }, self.gather, n or nil)
 end
 
 ---------------------------------------------------------------- MLP
@@ -380,11 +375,7 @@ function MLP:backward(ctx, dy)
   ops.swiglu_backward(dg, du, da, dg, du)
   autograd.consume(da)
   if not n then n = self.input_norm and nn.bring_back(ctx, self.input_norm, { ch[1], ch[2] }, self.gather) end
-  local dx = nn.call(ctx, ch[1], "backward", dg)
-  ops.add(dx, dx, nn.call(ctx, ch[2], "backward", du))
-  if n then autograd.consume(n) end
-  if self.gather then return nn.call(ctx, self.gather, "backward", dx) end
-  return dx
+  return nn.linears_backward(ctx, { ch[1], ch[2] }, { dg, du }, self.gather, n or nil)
 end
 
 ---------------------------------------------------------------- decoder layer
@@ -433,7 +424,10 @@ local CausalLM = class("LlamaForCausalLM")
 -- "mlp" also runs the gate and up projections again in backward (two of
 -- the layer's seven GEMMs once more, the same bits): two thirds less.
 -- opts.tp: a tp group (fsdp.tp.group) of size > 1: tensor parallelism
--- with sequence parallelism (M.tp_check says which sizes split the model).
+-- with sequence parallelism (M.tp_check says which sizes split the model);
+-- opts.tp_overlap (default true): the sequence-parallel reduce-scatters
+-- of the backward run while the weight gradients compute
+-- (nn.linears_backward; false: one after the other, the same bits).
 -- opts.cp: a cp group of size > 1: context parallelism (fsdp.cp); the
 -- forwards then take whole rows of ids (and targets) and compute this
 -- rank's chunks of them; opts.cp_attention: how attention reaches the
@@ -448,9 +442,13 @@ function M.model(cfg, opts)
   if opts.cp_attention ~= nil and not cpm.attention_ways[opts.cp_attention] then
     error(string.format("llama.model: cp_attention = %s; expected 'all_gather' or 'ring'", tostring(opts.cp_attention)), 2)
   end
+  if opts.tp_overlap ~= nil and type(opts.tp_overlap) ~= "boolean" then
+    error(string.format("llama.model: tp_overlap = %s; expected true or false", tostring(opts.tp_overlap)), 2)
+  end
   if tp then
     local why = M.tp_check(cfg, tp.size)
     if why then error("llama.model: " .. why, 2) end
+    tp.overlap = opts.tp_overlap ~= false
   end
   local ck = opts.checkpoint or "none"
   if ck ~= "none" and ck ~= "full" and not (type(ck) == "number" and ck >= 1 and ck % 1 == 0) then
