@@ -27,13 +27,20 @@ local M = {}
 
 -- the ctx of a dry run: modules are bound to nothing (fsdp.binding; their
 -- parameters' pointers are nil, no op reads them), and what this changes
--- on them is put back afterwards (touched)
+-- on it are put back afterwards (touched). While c.trace is a table, each
+-- call's entry and exit go there ({module, phase[, true on exit]}: the
+-- order unit_schedule.replay replays).
 local function counting_ctx(act_dtype, touched)
-  local function enter(_, m)
+  local c = { dry = true }
+  function c.enter(_, m, phase)
     if not touched[m] then touched[m] = binding.save(m) end
     binding.bind(m, {}, {}, act_dtype)
+    if c.trace then c.trace[#c.trace + 1] = { m, phase or "forward" } end
   end
-  return { dry = true, enter = enter, leave = function() end }
+  function c.leave(_, m, phase)
+    if c.trace then c.trace[#c.trace + 1] = { m, phase or "forward", true } end
+  end
+  return c
 end
 
 -- every tensor of a batch (a tensor, or a table of them) freed
@@ -60,7 +67,8 @@ end
 -- GPU's loss sums), batch = the bytes of one micro-batch on the device,
 -- tp_sent = {all_gather, reduce_scatter, all_reduce}: bytes one
 -- micro-batch's tensor-parallel collectives send (fsdp.tp), cp_sent the
--- same of its context-parallel ones (fsdp.cp) }.
+-- same of its context-parallel ones (fsdp.cp), trace = its module calls
+-- in order (unit_schedule.replay) }.
 function M.step(model, o)
   local K = o.micro_batches or 1
   local device = o.device or "cpu"
@@ -91,13 +99,16 @@ function M.step(model, o)
     local was = {}
     for k, v in pairs(tp.sent) do was["tp" .. k] = v end
     for k, v in pairs(cp.sent) do was["cp" .. k] = v end
+    ctx.trace = {}
     local peak, left = one()
+    local trace = ctx.trace
+    ctx.trace = nil
     -- (tensor and context parallelism: one micro-batch's collectives, bytes this rank sends)
     local tp_sent, cp_sent = {}, {}
     for k, v in pairs(tp.sent) do tp_sent[k] = v - was["tp" .. k] end
     for k, v in pairs(cp.sent) do cp_sent[k] = v - was["cp" .. k] end
     return { activations = peak + (K - 1) * left, lasting = lasting, left = left, batch = batch, tp_sent = tp_sent,
-      cp_sent = cp_sent }
+      cp_sent = cp_sent, trace = trace }
   end)
   ops.counting_workspace = nil
   -- the model as it was: no bindings of ours, no meta caches

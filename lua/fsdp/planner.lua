@@ -209,10 +209,14 @@ local function plan_assigned(p, model, a, s)
   -- communication per rank per step: bytes each rank sends in ring
   -- algorithms ((n-1)/n of the buffer for all-gather and reduce-scatter,
   -- twice that for all-reduce), summed over the step's collectives
+  -- (each unit's all-gathers: the module calls of the dry run's
+  -- micro-batch replayed against the pools, as the run makes them)
+  local gathered, why2 = shard.replay(a, f.prefetch, slots, d.trace)
+  if not gathered then error(where .. ": the schedule does not fit its buffer pools: " .. why2, 0) end
   local ag, rs, ar = 0, 0, 0
   for i, u in ipairs(p.units) do
     local au = a.units[i]
-    local gathers = u.zero == 3 and (peak.gathers[au] or 0) * K or 0
+    local gathers = u.zero == 3 and (gathered[au] or 0) * K or 0
     ag = ag + gathers * (S - 1) * u.shard_numel * ces
     if u.zero == 1 or u.zero == 2 then ag = ag + (S - 1) * u.shard_numel * ces end -- new params after the step
     if u.zero >= 2 then rs = rs + K * (S - 1) * u.shard_numel * res

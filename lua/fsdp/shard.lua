@@ -36,7 +36,7 @@ local init_kinds = { normal = C.FSDP_INIT_NORMAL, uniform = C.FSDP_INIT_UNIFORM,
 local units = require "fsdp.units"
 local sched = require "fsdp.unit_schedule"
 for _, k in ipairs({ "unit_options", "offload_mode", "assign", "plan_units" }) do M[k] = units[k] end
-for _, k in ipairs({ "switch_unit", "simulate", "pool_slots", "sum", "pool_bound" }) do M[k] = sched[k] end
+for _, k in ipairs({ "switch_unit", "simulate", "replay", "pool_slots", "sum", "pool_bound" }) do M[k] = sched[k] end
 
 local function shown(v) return type(v) == "string" and string.format("'%s' (a string)", v) or tostring(v) end
 

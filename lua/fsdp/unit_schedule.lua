@@ -64,10 +64,10 @@ end
 -- grads = {...}}): {params = peak param buffers, grads = peak grad buffers,
 -- gathers = {[unit] = all-gathers per micro-batch}}, or nil and the
 -- reason when a unit finds no slot it fits when it must have one.
-function M.simulate(a, prefetch, slots)
-  local P, G = sim_pool(slots.params), sim_pool(slots.grads)
-  local held, gheld, gathers, cur = {}, {}, {}, nil
-  local eng = {}
+-- units' param buffers as the replays see them: switch_unit's engine over
+-- pool P, counting each unit's all-gathers into gathers
+local function sim_engine(P, gathers)
+  local held, eng = {}, {}
   function eng.unshard(u)
     if u.zero ~= 3 or held[u] then return true end
     if u.plan.pool_params == 0 then held[u] = -1; return true end -- one rank: the shard is the full unit
@@ -82,6 +82,13 @@ function M.simulate(a, prefetch, slots)
     held[u] = nil
   end
   function eng.holds(u) return held[u] ~= nil and held[u] >= 0 end
+  return eng
+end
+
+function M.simulate(a, prefetch, slots)
+  local P, G = sim_pool(slots.params), sim_pool(slots.grads)
+  local gheld, cur = {}, nil
+  local eng = sim_engine(P, {})
   local function enter(v, forward)
     local u = v.unit
     if cur ~= u then
@@ -113,7 +120,40 @@ function M.simulate(a, prefetch, slots)
       if gheld[v.unit] then G.give(gheld[v.unit]); gheld[v.unit] = nil end
     end
   end
-  return { params = P.peak, grads = G.peak, gathers = gathers }
+  return { params = P.peak, grads = G.peak }
+end
+
+-- The all-gathers of one micro-batch by the module calls as it ran them
+-- (trace: {module, phase, leave} in call order, fsdp.dry_run's record of
+-- the model run on the counting device): Ctx:enter and Ctx:leave
+-- (fsdp.unit_hooks) replayed on unit state, with pools of these slots. It
+-- sees what M.simulate's model order does not: a unit entered again out
+-- of that order (light recompute making a layer's norm again inside its
+-- nested MLP unit's backward, a checkpointed layer's re-run), whose
+-- gathers depend on prefetch. Returns {[unit] = gathers}, or nil and why.
+function M.replay(a, prefetch, slots, trace)
+  local P, gathers, pending, cur = sim_pool(slots.params), {}, {}, nil
+  local eng = sim_engine(P, gathers)
+  for _, e in ipairs(trace) do
+    local m, phase = e[1], e[2]
+    local u = a.unit_of[m]
+    if u and not e[3] then
+      if cur ~= u then
+        if not M.switch_unit(cur, u, phase == "forward", m.shares, prefetch, a.units, eng) then
+          return nil, string.format("unit '%s' cannot be gathered: no free param buffer fits it", u.name)
+        end
+        cur = u
+      end
+      if phase == "forward" then pending[u] = (pending[u] or 0) + 1 end
+    elseif u and phase == "backward" then -- (its last backward: resharded, reduced)
+      pending[u] = (pending[u] or 1) - 1
+      if pending[u] == 0 then
+        if u.zero == 3 then eng.reshard(u) end
+        cur = nil
+      end
+    end
+  end
+  return gathers
 end
 
 -- The pools' slots for assignment a (units planned: M.plan_units) and

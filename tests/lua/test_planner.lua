@@ -347,11 +347,23 @@ compare("a policy mixing zero 1-3, one unit kept gathered", { ["fsdp.units"] = m
 -- the MLP a unit of its own: its first module (gate_proj) is not the last
 -- to run backward (the MLP runs gate's backward before up's), so the unit
 -- is reduced after its last backward, not its first module's
-compare("each MLP its own unit", { ["fsdp.units"] = function(m, path)
+local function mlp_units(m, path)
   if m.kind == "LlamaDecoderLayer" or m.kind == "LlamaMLP" then return path end
   if path == "model.embed_tokens" then return "embed" end
   if path == "lm_head" or path == "model.norm" then return "head" end
-end })
+end
+compare("each MLP its own unit", { ["fsdp.units"] = mlp_units })
+-- the same nested units without prefetching, and with every layer
+-- checkpointed: the MLP's backward makes its layer's norm again (light
+-- recompute) or re-runs the layer, entering the layer's unit out of model
+-- order, which gathers units more often than a step in model order would
+-- (the planner replays the dry run's calls: unit_schedule.replay)
+for _, o in ipairs({ { "prefetch 0", { ["fsdp.prefetch"] = 0 } }, { "checkpoint full", { ["fsdp.checkpoint"] = "full" } },
+  { "checkpoint full, prefetch 0", { ["fsdp.checkpoint"] = "full", ["fsdp.prefetch"] = 0 } } }) do
+  local over = { ["fsdp.units"] = mlp_units }
+  for k, v in pairs(o[2]) do over[k] = v end
+  compare("each MLP its own unit, " .. o[1], over)
+end
 for _, pol in ipairs({ "two_layers_per_unit", "replicate_embeddings", "zero_by_size", "param_budget", "attention_mlp_units" }) do
   compare("policy " .. pol, { ["fsdp.units"] = "recipes/policies/" .. pol .. ".lua" })
 end
