@@ -143,6 +143,20 @@ int fsdp_cross_entropy_vocab_finish(double *loss_sum, int64_t *count, float *dlo
  * logits); ignored rows get 0 (src/ops/token_logprobs.c) */
 int fsdp_token_logprobs(float *logp, float *entropy, float *dlogits, const float *logits, const int32_t *targets,
                         const float *coef, int64_t n, int64_t vocab, int32_t ignore_index);
+/* token_logprobs over logits split by vocabulary (src/ops/token_logprobs_vocab.c),
+ * after fsdp_cross_entropy_vocab_stats and the group's max and target logit:
+ * sums: sum[i] = sum_j exp(x_ij - max_i) and, xsum non-NULL, xsum[i] =
+ * sum_j exp(x_ij - max_i) (x_ij - max_i) over the local columns (the caller
+ * sums both over the ranks); finish: logp = target_logit - (max + log sum),
+ * entropy = log sum - xsum / sum (each may be NULL; entropy needs xsum),
+ * dlogits (may be NULL, may alias logits; needs coef) = coef (onehot(t) -
+ * exp(x - max) / sum) over the local columns; ignored rows get 0 in all three */
+int fsdp_token_logprobs_vocab_sums(float *sum, float *xsum, const float *logits, const float *row_max, int64_t n,
+                                   int64_t cols);
+int fsdp_token_logprobs_vocab_finish(float *logp, float *entropy, float *dlogits, const float *logits,
+                                     const int32_t *targets, const float *coef, const float *row_max, const float *sum,
+                                     const float *xsum, const float *target_logit, int64_t n, int64_t vocab,
+                                     int64_t first, int64_t cols, int32_t ignore_index);
 
 /* ---- which OpenBLAS kernels the CPU GEMMs run on (src/ops/blas_core.c) - */
 /* The core OpenBLAS runs ("Haswell", "Prescott", ...). */

@@ -4,6 +4,10 @@
  *   logp_i = x_it - lse_i,   entropy_i = lse_i - sum_j p_ij x_ij,
  *   dlogits_i = coef_i (onehot(t_i) - p_i),  coef_i = dL/dlogp_i,
  * p_i = softmax(x_i). Rows whose target is ignore_index get 0 in all three.
+ * Taken about the row's max m: logp = (x_t - m) - log s, entropy = log s -
+ * sum_j e^(x_j - m) (x_j - m) / s, s = sum_j e^(x_j - m): every term has one
+ * sign, so large logits lose no digits against the log-sum-exp (as
+ * kernels/token_logprobs.cuh), and a logit of -inf adds nothing.
  * dlogits may be the logits themselves (written in place, as
  * cross_entropy.c does: the full logits are never held twice). fp32 with
  * the vectorised row loops of rows.c; rows shared among the rank's CPU
@@ -39,12 +43,12 @@ static void tl_rows(void *arg, int64_t lo, int64_t hi) {
       continue;
     }
     const float m = fsdp_row_max(x, V), xt = x[t];
-    double ex = 0; /* sum_j e^(x_j - m) x_j, for the entropy (read before d overwrites x) */
-    if (j->entropy) {
-      float s = 0;
-      for (int64_t c = 0; c < V; c++) s += expf(x[c] - m) * x[c];
-      ex = s;
-    }
+    float u = 0; /* sum_j e^(x_j - m) (x_j - m), for the entropy (read before d overwrites x) */
+    if (j->entropy)
+      for (int64_t c = 0; c < V; c++) {
+        const float e = expf(x[c] - m);
+        if (e > 0.0f) u += e * (x[c] - m); /* e^-inf = 0: no 0 x -inf */
+      }
     float sum;
     if (d) { /* d = e^(x - m), then -coef / sum times it, plus coef at the target */
       if (d != x) memcpy(d, x, sizeof(float) * (size_t)V);
@@ -55,9 +59,9 @@ static void tl_rows(void *arg, int64_t lo, int64_t hi) {
     } else {
       sum = fsdp_row_sum_exp(x, V, m);
     }
-    const float lse = m + logf(sum);
-    if (j->logp) j->logp[i] = xt - lse;
-    if (j->entropy) j->entropy[i] = (float)(lse - ex / sum);
+    const float log_s = logf(sum);
+    if (j->logp) j->logp[i] = (xt - m) - log_s;
+    if (j->entropy) j->entropy[i] = log_s - u / sum;
   }
 }
 

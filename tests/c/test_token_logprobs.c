@@ -6,8 +6,12 @@
  *   gradient itself against central differences of sum coef * logp
  *   (h = 1e-5, 1e-6 relative);
  * - ignored rows: 0 in logp, entropy and dlogits; in place (dlogits over
- *   the logits) the same bits; logits of 1e4 do not overflow; a bad target
- *   is refused naming its row, dlogits without coef too;
+ *   the logits) the same bits; logits of 1e4 do not overflow; a row of
+ *   logits 1e4 + [-4, 4) (no digits lost to the log-sum-exp) and one with
+ *   logits of -inf (finite: no 0 x -inf = NaN, their dlogits exactly 0):
+ *   logp and entropy within 1e-5 relative + 1e-6 of float64, dlogits
+ *   within 1e-5 relative + 1e-7; a bad target is refused naming its row,
+ *   dlogits without coef too;
  * - 3 threads, and 97 rows give the same bits with 1, 2, 3 and 7. */
 #include <math.h>
 #include <stdlib.h>
@@ -22,7 +26,7 @@ enum { IGN = -100 };
 static void row_ref(const double *x, int v, int t, double coef, double *logp, double *ent, double *grad) {
   double m = x[0], s = 0, sx = 0;
   for (int j = 1; j < v; j++) m = x[j] > m ? x[j] : m;
-  for (int j = 0; j < v; j++) s += exp(x[j] - m), sx += exp(x[j] - m) * x[j];
+  for (int j = 0; j < v; j++) s += exp(x[j] - m), sx += x[j] > -INFINITY ? exp(x[j] - m) * x[j] : 0;
   double lse = m + log(s);
   *logp = x[t] - lse;
   *ent = lse - sx / s;
@@ -90,6 +94,17 @@ static void edges(void) {
   CHECK(isfinite(lp[0]) && fabsf(lp[0]) < 1e-6f && fabsf(en[0]) < 1e-6f); /* one logit far above: p = 1 */
   CHECK(fabsf(lp[1] - logf(0.2f)) < 1e-6f && fabsf(en[1] - logf(5.0f)) < 1e-6f); /* uniform */
   CHECK(fabsf(d[5 + 3] - (-2.0f * 0.8f)) < 1e-6f && fabsf(d[5] - 0.4f) < 1e-6f);
+  /* row 0: large logits close together; row 1: two logits of -inf */
+  float y[2 * 5] = {1e4f + 1.5f, 1e4f - 2.25f, 1e4f, 1e4f + 3.0f, 1e4f - 0.5f, -INFINITY, 1.0f, -INFINITY, 0.5f, 2.0f};
+  double yd[10], wlp[2], wen[2], wd[10];
+  int32_t ty[2] = {2, 1};
+  for (int k = 0; k < 10; k++) yd[k] = y[k];
+  for (int r = 0; r < 2; r++) row_ref(yd + 5 * r, 5, ty[r], coef[r], &wlp[r], &wen[r], wd + 5 * r);
+  CHECK_OK(fsdp_token_logprobs(lp, en, d, y, ty, coef, 2, 5, IGN));
+  CHECK(isfinite(en[1]) && isfinite(lp[1]) && d[5] == 0 && d[7] == 0);
+  CHECK(ref_mismatches("logp (1e4, -inf)", lp, wlp, 2, 1e-5, 1e-6) == 0);
+  CHECK(ref_mismatches("entropy (1e4, -inf)", en, wen, 2, 1e-5, 1e-6) == 0);
+  CHECK(ref_mismatches("dlogits (1e4, -inf)", d, wd, 10, 1e-5, 1e-7) == 0);
   t[1] = 5;
   CHECK_FAILS(fsdp_token_logprobs(lp, en, NULL, x, t, NULL, 2, 5, IGN), FSDP_EINVAL, "target 5 in row 1");
   t[1] = 3;
