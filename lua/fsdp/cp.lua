@@ -162,6 +162,29 @@ function M.split(g, x, B)
   return y
 end
 
+-- The inverse of M.split: every cp rank's tokens x ({B * T / cp}, any
+-- dtype) all-gathered and put in the sequence's order, {B * T} (the
+-- post-training engine's per-token log-probs: the same on every cp rank)
+function M.join(g, x, B)
+  local P, c = g.size, x:numel() / (2 * B)
+  local all, y = tensor.new({ P, x:numel() }, x.dtype, x.device), tensor.new({ B * 2 * c * P }, x.dtype, x.device)
+  M.sent.all_gather = M.sent.all_gather + (P - 1) / P * all:numel() * all.esize
+  if not counting() then
+    tpm.start(g, x.device)
+    g.comm:all_gather(all, x)
+    tpm.done(g, x.device)
+    for r = 0, P - 1 do
+      for b = 0, B - 1 do
+        for h = 0, 1 do
+          ops.copy(y, b * 2 * c * P + chunk(P, r, h) * c, all, r * x:numel() + b * 2 * c + h * c, c)
+        end
+      end
+    end
+  end
+  autograd.consume(all)
+  return y
+end
+
 -- out {B, Tl, nh * hd}, lse {B, nh, Tl} of queries q {B, Tl, nh * hd}
 -- against the whole sequence's keys and values, of which this rank holds
 -- k, v {B, Tl, nkv * hd}; also every rank's k and v all-gathered, {P, B,

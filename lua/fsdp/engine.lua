@@ -98,12 +98,15 @@ function Engine:logprobs(b, o)
 end
 
 -- the step's targets and sequences, summed over the data-parallel ranks
--- exactly (one all-reduce)
+-- exactly (one all-reduce). The cp ranks of a data-parallel rank, in its
+-- shard group, hold the same batch: each counted once.
+local function cp_size(s) return s.model.cp and s.model.cp.size or 1 end
+
 local function global_counts(s, counts, rows)
   local n, r = 0, 0
   for k = 1, #counts do n, r = n + counts[k], r + rows[k] end
   local sums = shard.sum_ints(s, 2, { [0] = n, [1] = r })
-  return sums[0], sums[1]
+  return sums[0] / cp_size(s), sums[1] / cp_size(s)
 end
 
 -- One optimizer step on loss (fsdp.losses) over the micro-batches; opt:
@@ -117,7 +120,10 @@ function Engine:step(batches, loss, opt)
   local counts, rows = {}, {}
   for k, b in ipairs(batches) do counts[k], rows[k] = targets_of(b, V, "engine:step: micro-batch " .. k) end
   local N, S = global_counts(self.s, counts, rows)
-  local W = self.s.shard:size() * (self.s.outer and self.s.outer:size() or 1)
+  -- the data-parallel ranks (with cp the shard group holds each one's cp
+  -- ranks, which compute parts of the same batch)
+  local cpn = cp_size(self.s)
+  local W = self.s.shard:size() / cpn * (self.s.outer and self.s.outer:size() or 1)
   local info = { micro_batches = K, ranks = W, targets = N, sequences = S }
   -- pass 1: the log-probs, the loss and its coefficients
   local work, stats = {}, {}
@@ -128,10 +134,12 @@ function Engine:step(batches, loss, opt)
       error(string.format("engine:step: the loss returned %s, %s for micro-batch %d; expected a number and a tensor of %d " ..
         "coefficients (d value / d lp)", type(value), type(coef), k, lp:numel()), 2)
     end
-    -- the step's gradient is the mean over micro-batches: 1 / K of each
+    -- the step's gradient is the mean over micro-batches: 1 / K of each;
+    -- with cp, times cp: each cp rank's tokens' gradient is averaged over
+    -- the shard group, cp ranks included, where the tokens' parts add up
     local c = tensor.new(coef:numel())
     local cp, src = c:ptr(), coef:ptr()
-    for i = 0, coef:numel() - 1 do cp[i] = src[i] / K end
+    for i = 0, coef:numel() - 1 do cp[i] = src[i] * cpn / K end
     if self.device == "cuda" then c = tensor.new(c.shape, "fp32", "cuda"):copy_from(c) end
     work[k] = { b = b, coef = c, value = value }
     for name, v in pairs(st or {}) do stats[name] = (stats[name] or 0) + v / K end

@@ -220,6 +220,49 @@ end
 -- (the CUDA twins on the compute stream, as fsdp.ops runs its ops)
 local function stream(what) return ops.compute_stream():live(what) end
 
+-- (CPU ranks) the group's max of each row and its target's logit from its
+-- owner (0 elsewhere) into sp (n maxima, then n target logits), from the
+-- gathered stats {ranks, 2n}: the CPU twin of the combine kernel
+local function combine(g, all, sp, n)
+  local a = all:ptr()
+  for i = 0, n - 1 do
+    local m, t = a[i], a[n + i]
+    for r = 1, g.size - 1 do
+      m = math.max(m, a[r * 2 * n + i])
+      t = t + a[r * 2 * n + n + i]
+    end
+    sp[i], sp[n + i] = m, t
+  end
+end
+
+-- The passes the vocab-parallel ops share, around their two collectives:
+-- each row's max over the group and its target's logit from its owner
+-- (into st: n maxima, then n target logits; all: the gathered {ranks, 2n}),
+-- then this rank's sums (sums_fn(sp), the op's own) summed over the group.
+-- tptr: the targets on the logits' device. Returns st's pointer.
+local function row_stats(g, what, logits, tptr, st, all, sums, n, V, first, ignore_index, sums_fn)
+  local dev, cols, sp = logits.device, logits:numel() / n, st:ptr()
+  if dev == "cuda" then
+    local X, s = CU(), stream(what)
+    check(X.fsdp_cuda_cross_entropy_vocab_stats(sp, sp + n, logits:ptr(), tptr, n, V, first, cols, ignore_index,
+      logits.dtype_id, s), what)
+    start(g, dev)
+    g.comm:all_gather(all, st)
+    done(g, dev)
+    check(X.fsdp_cuda_cross_entropy_vocab_combine(sp, sp + n, all:ptr(), n, g.size, s), what)
+  else
+    check(C.fsdp_cross_entropy_vocab_stats(sp, sp + n, logits:ptr(), tptr, n, V, first, cols, ignore_index), what)
+    g.comm:all_gather(all, st)
+    done(g, dev)
+    combine(g, all, sp, n)
+  end
+  sums_fn(sp)
+  start(g, dev)
+  g.comm:all_reduce(sums, sums, "sum")
+  done(g, dev)
+  return sp
+end
+
 -- The cross-entropy of n rows of logits of which this rank holds columns
 -- [first, first + cols): the sum of the rows' losses (the same on every
 -- tp rank) and, with grad_scale, dlogits written over the logits. Two
@@ -234,25 +277,13 @@ function M.cross_entropy(g, logits, targets, tdev, n, V, first, ignore_index, gr
   sent(g, "all_reduce", sums, 2)
   if dev == "cuda" then return M.cross_entropy_cuda(g, logits, tdev, n, V, first, cols, ignore_index, grad_scale, st, all, sums) end
   if counting() then return 0 end
-  local sp, lp, tp = st:ptr(), logits:ptr(), targets:ptr()
-  check(C.fsdp_cross_entropy_vocab_stats(sp, sp + n, lp, tp, n, V, first, cols, ignore_index), "cross entropy")
-  g.comm:all_gather(all, st)
-  done(g, dev)
-  local a = all:ptr()
-  for i = 0, n - 1 do -- the max over the group, the target's logit from its owner (0 elsewhere)
-    local m, t = a[i], a[n + i]
-    for r = 1, g.size - 1 do
-      m = math.max(m, a[r * 2 * n + i])
-      t = t + a[r * 2 * n + n + i]
-    end
-    sp[i], sp[n + i] = m, t
-  end
-  check(C.fsdp_cross_entropy_vocab_sum(sums:ptr(), lp, sp, n, cols), "cross entropy")
-  g.comm:all_reduce(sums, sums, "sum")
-  done(g, dev)
+  local what, lp, tp, smp = "cross entropy", logits:ptr(), targets:ptr(), sums:ptr()
+  local sp = row_stats(g, what, logits, tp, st, all, sums, n, V, first, ignore_index, function(sp)
+    check(C.fsdp_cross_entropy_vocab_sum(smp, lp, sp, n, cols), what)
+  end)
   local sum, cnt = ffi.new("double[1]"), ffi.new("int64_t[1]")
-  check(C.fsdp_cross_entropy_vocab_finish(sum, cnt, grad_scale and lp or nil, lp, tp, sp, sums:ptr(), sp + n, n, V,
-    first, cols, ignore_index, grad_scale or 0), "cross entropy")
+  check(C.fsdp_cross_entropy_vocab_finish(sum, cnt, grad_scale and lp or nil, lp, tp, sp, smp, sp + n, n, V,
+    first, cols, ignore_index, grad_scale or 0), what)
   return base.f64(sum)
 end
 
@@ -265,20 +296,54 @@ function M.cross_entropy_cuda(g, logits, tdev, n, V, first, cols, ignore_index, 
   local loss = autograd.untracked(tensor.new, 2, "fp64", "cuda")
   if counting() then return ops.deferred({ device = loss }, 1) end
   if tdev == nil then error(what .. ": on a GPU the targets' device copy is needed", 3) end
-  local lp, tp, sp, ap, smp, lsp = ops.ptrs(what, logits, tdev, st, all, sums, loss)
-  local dt, s, X = logits.dtype_id, stream(what), CU()
-  check(X.fsdp_cuda_cross_entropy_vocab_stats(sp, sp + n, lp, tp, n, V, first, cols, ignore_index, dt, s), what)
-  start(g, "cuda")
-  g.comm:all_gather(all, st)
-  done(g, "cuda")
-  check(X.fsdp_cuda_cross_entropy_vocab_combine(sp, sp + n, ap, n, g.size, s), what)
-  check(X.fsdp_cuda_cross_entropy_vocab_sum(smp, lp, sp, n, cols, dt, s), what)
-  start(g, "cuda")
-  g.comm:all_reduce(sums, sums, "sum")
-  done(g, "cuda")
+  local lp, tp, smp, lsp = ops.ptrs(what, logits, tdev, sums, loss)
+  local dt, X = logits.dtype_id, CU()
+  local sp = row_stats(g, what, logits, tp, st, all, sums, n, V, first, ignore_index, function(sp)
+    check(X.fsdp_cuda_cross_entropy_vocab_sum(smp, lp, sp, n, cols, dt, stream(what)), what)
+  end)
   check(X.fsdp_cuda_cross_entropy_vocab_finish(lsp, ffi.cast("int64_t *", lsp) + 1, grad_scale and lp or nil, lp, tp, sp,
-    smp, sp + n, n, V, first, cols, ignore_index, grad_scale or 0, dt, s), what)
+    smp, sp + n, n, V, first, cols, ignore_index, grad_scale or 0, dt, stream(what)), what)
   return ops.deferred({ device = loss }, 1)
+end
+
+-- Each of n rows' log-probability of its target (and with en its entropy)
+-- from logits of which this rank holds columns [first, first + cols), and
+-- with coef (dL/dlogp per row) the gradient coef (onehot - softmax) written
+-- over the logits (fsdp_token_logprobs_vocab_*): the post-training
+-- engine's log-probs and losses over them (fsdp.engine) at tp > 1. The
+-- passes of M.cross_entropy: an all-gather of each row's local max and
+-- target logit, an all-reduce of its sums of exponentials (and, for the
+-- entropy, of exp(x - max) x). lp, en: fp32 {n} on the logits' device, or
+-- nil; every tp rank gets the same values. targets: the CPU int32 tensor;
+-- on a GPU tdev is its device copy.
+function M.token_logprobs(g, logits, targets, tdev, coef, lp, en, n, V, first, ignore_index)
+  local cols, dev = logits:numel() / n, logits.device
+  local what = "token log-probs (vocab-parallel)"
+  local st, all = tensor.new(2 * n, "fp32", dev), tensor.new({ g.size, 2 * n }, "fp32", dev)
+  local sums = tensor.new(en and 2 * n or n, "fp32", dev) -- (n sums, then n sums of exp(x - max) x)
+  sent(g, "all_gather", all)
+  sent(g, "all_reduce", sums, 2)
+  if counting() then return end
+  local gpu = dev == "cuda"
+  if gpu and tdev == nil then error(what .. ": on a GPU the targets' device copy is needed", 2) end
+  local lgp, tp, smp = logits:ptr(), (gpu and tdev or targets):ptr(), sums:ptr()
+  local xs = en and smp + n or nil
+  local lpp, enp, cfp = ops.ptrs(what, lp, en, coef)
+  local dl = coef and lgp or nil
+  if gpu then
+    local X, dt = CU(), logits.dtype_id
+    local sp = row_stats(g, what, logits, tp, st, all, sums, n, V, first, ignore_index, function(sp)
+      check(X.fsdp_cuda_token_logprobs_vocab_sums(smp, xs, lgp, sp, n, cols, dt, stream(what)), what)
+    end)
+    check(X.fsdp_cuda_token_logprobs_vocab_finish(lpp, enp, dl, lgp, tp, cfp, sp, smp, xs, sp + n, n, V, first, cols,
+      ignore_index, dt, stream(what)), what)
+  else
+    local sp = row_stats(g, what, logits, tp, st, all, sums, n, V, first, ignore_index, function(sp)
+      check(C.fsdp_token_logprobs_vocab_sums(smp, xs, lgp, sp, n, cols), what)
+    end)
+    check(C.fsdp_token_logprobs_vocab_finish(lpp, enp, dl, lgp, tp, cfp, sp, smp, xs, sp + n, n, V, first, cols,
+      ignore_index), what)
+  end
 end
 
 -- The spec fields of a parameter slice: rows [row0, row0 + rows) and

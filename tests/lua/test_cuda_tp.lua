@@ -15,8 +15,9 @@
 -- the cp meshes attention is an all-gather (fsdp.cp) and also a ring
 -- (fsdp.cp_ring: NCCL's send/receive shifts), both through the merge
 -- kernel and queries that see no key, fp32 and bf16.
--- What runs on the device: the vocab-parallel embedding and cross-entropy
--- kernels (the gathered stats combined by a kernel), cp's reorders on the
+-- Then the post-training engine's log-probs and GRPO steps on each mesh.
+-- What runs on the device: the vocab-parallel embedding, cross-entropy and
+-- log-prob kernels (the gathered stats combined by a kernel), cp's reorders on the
 -- compute stream and its positions' device copy, and every tp and cp
 -- collective ordered against the compute stream by events.
 local fsdp = require "fsdp"
@@ -145,6 +146,40 @@ for _, mm in ipairs(meshes) do
     run(label, "gqa", gqa, spec, "bf16", chunked, "ring")
   end
 end
+-- The post-training engine on the same meshes (fp32): the log-probs and
+-- entropies (the vocab-parallel kernels, fsdp_cuda_token_logprobs_vocab_*;
+-- cp's tokens gathered) within 1e-5 absolute of one GPU rank's, 0 at the
+-- ignored targets, and 3 GRPO steps' losses and grad norms within 1e-5
+-- relative, as tests/lua/test_tp.lua holds them on CPU ranks.
+local engine = require "fsdp.engine"
+local function engine_run(cfg, spec)
+  local shard, mesh, tpc, cpc = solo_mesh:group("dp_shard"), nil, nil, nil
+  if spec then
+    mesh = fsdp.mesh(spec, { device = "cuda" })
+    local dims = {}
+    for _, d in ipairs(spec) do dims[d[1]] = d[2] end
+    tpc, cpc = dims.tp and mesh:group("tp"), dims.cp and mesh:group("cp")
+    shard = mesh:group(cpc and "dp_shard,cp" or "dp_shard")
+  end
+  local m = fsdp.fully_shard(llama.model(cfg, { tp = tpc and tpm.group(tpc), cp = cpc and tpm.group(cpc) }),
+    { shard = shard, tp = tpc, units = llama.units, zero = 3, seed = 7 })
+  local rnd = T.lcg(77)
+  local b = { x = fsdp.tensor({ MB, SEQ }, "int32"), y = fsdp.tensor({ MB, SEQ }, "int32") }
+  for i = 0, MB * SEQ - 1 do
+    b.x:set(i, math.floor(rnd(2147483648) / 65536) % cfg.vocab_size)
+    b.y:set(i, i % 7 == 3 and -100 or math.floor(rnd(2147483648) / 65536) % cfg.vocab_size)
+  end
+  local out = T.engine_grpo(fsdp, engine.new(m, cfg), b, opt)
+  m:free()
+  if mesh then mesh:free() end
+  return out
+end
+for _, mm in ipairs(meshes) do
+  local cfg = llama.config(gqa)
+  local said = T.engine_compare(engine_run(cfg, mm[2]), engine_run(cfg, nil), MB * SEQ, "engine at " .. mm[1])
+  if R == 0 then print("  " .. said) end
+end
+
 local st = fsdp.memory_stats("cuda")
 check(st.peak > 0, "the CUDA pool served the runs")
 solo_mesh:free()

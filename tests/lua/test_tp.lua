@@ -272,6 +272,44 @@ if W == 2 then
   check(same, "3 steps' losses and grad norms are the same bits with and without the overlap")
 end
 
+---------------------------------------------------------------- the post-training engine (W = 2, 4)
+-- fsdp.engine at tp = W, cp = W and (W = 4) cp 2 x tp 2, dp_shard 1,
+-- against one rank on the same batch (the 4-layer GQA Llama: its kv heads
+-- split at tp 2 and 4): the log-probs and entropies (the vocabulary split
+-- over the tp ranks, fsdp_token_logprobs_vocab_*; each cp rank's tokens
+-- gathered, fsdp.cp.join) within 1e-5 absolute (fp32: other GEMM shapes;
+-- values of -5 or so), 0 at the ignored targets; then 3 GRPO steps (clip
+-- 0.2, a KL term against the first log-probs, old log-probs of the step
+-- before, AdamW) whose losses and grad norms are within 1e-5 relative of
+-- one rank's, as the training runs above.
+if W <= 4 then
+  local engine = require "fsdp.engine"
+  local cfg = llama.config(gqa)
+  local function engine_run(spec)
+    local m, mesh
+    if spec then
+      m, mesh = build(cfg, spec, {})
+    else
+      m = fsdp.fully_shard(llama.model(cfg), { shard = solo, units = llama.units, zero = 3, seed = 7 })
+    end
+    local raw = batch(cfg.vocab_size, 1, MB, 0)
+    local b = { x = raw.x, y = fsdp.tensor({ MB, SEQ }, "int32") }
+    for i = 0, raw.y:numel() - 1 do b.y:set(i, i % 7 == 3 and -100 or raw.y:get(i)) end
+    raw.y:free()
+    local out = T.engine_grpo(fsdp, engine.new(m, cfg), b, opt)
+    m:free()
+    if mesh then mesh:free() end
+    return out
+  end
+  local want = engine_run(nil)
+  local shapes = { { "tp " .. W, { { "dp_shard", 1 }, { "tp", W } } }, { "cp " .. W, { { "dp_shard", 1 }, { "cp", W } } } }
+  if W == 4 then shapes[3] = { "cp 2 x tp 2", { { "dp_shard", 1 }, { "cp", 2 }, { "tp", 2 } } } end
+  for _, sh in ipairs(shapes) do
+    local said = T.engine_compare(engine_run(sh[2]), want, MB * SEQ, "engine at " .. sh[1])
+    if R == 0 then print("  " .. said) end
+  end
+end
+
 ---------------------------------------------------------------- checkpoints and Hugging Face files
 do
   local cfg = llama.config(gqa)

@@ -10,6 +10,9 @@
 --   T.unit_bytes_diff(fsdp, s, p) -> where a sharded model's units hold other bytes than plan p says
 --   T.lcg(seed) -> rnd(n): integers in [0, n) from a small LCG, the same on every rank and machine
 --   T.int32(fsdp, list, shape) -> an int32 CPU tensor of the list's values
+--   T.engine_grpo(fsdp, E, b, opt) -> {lp, en, steps}: fsdp.engine E's log-probs and entropies of batch b,
+--     then 3 GRPO steps (clip 0.2, KL 0.04 against those log-probs, fixed advantages) and their {loss, norm}
+--   T.engine_compare(got, want, n, label) -> two such runs held to each other (1e-5 absolute, relative)
 return function(label)
   local T = { passed = 0, failed = 0 }
   function T.check(ok, what)
@@ -126,6 +129,40 @@ return function(label)
       end
     end
     return bad
+  end
+  function T.engine_grpo(fsdp, E, b, opt)
+    local losses = require "fsdp.losses"
+    local n = b.y:numel()
+    local lp, en = E:logprobs(b, { entropy = true })
+    local out = { lp = {}, en = {}, steps = {} }
+    for i = 0, n - 1 do out.lp[i], out.en[i] = lp:get(i), en:get(i) end
+    b.advantages, b.ref_logp = fsdp.tensor(n), lp
+    for i = 0, n - 1 do b.advantages:set(i, ((i * 37) % 11 - 5) / 5) end
+    for k = 1, 3 do
+      b.old_logp = E:logprobs(b)
+      local o = {}
+      for key, v in pairs(opt) do o[key] = v end
+      out.steps[k] = { E:step({ b }, losses.grpo({ clip = 0.2, kl = 0.04 }), o) }
+    end
+    return out
+  end
+  -- (positions i % 7 == 3 are the ignored targets: 0 there)
+  function T.engine_compare(got, want, n, what)
+    local worst, zeros, wl, wn = 0, true, 0, 0
+    local function rel(a, b) return math.abs(a - b) / math.max(math.abs(b), 1e-30) end
+    for i = 0, n - 1 do
+      worst = math.max(worst, math.abs(got.lp[i] - want.lp[i]), math.abs(got.en[i] - want.en[i]))
+      if i % 7 == 3 then zeros = zeros and got.lp[i] == 0 and got.en[i] == 0 end
+    end
+    for k = 1, 3 do
+      wl = math.max(wl, rel(got.steps[k][1], want.steps[k][1]))
+      wn = math.max(wn, rel(got.steps[k][2], want.steps[k][2]))
+    end
+    T.check(worst <= 1e-5 and zeros, string.format("%s: log-probs and entropies within 1e-5 of one rank's, 0 at the " ..
+      "ignored targets (worst %.2g)", what, worst))
+    T.check(wl <= 1e-5 and wn <= 1e-5, string.format("%s: 3 GRPO steps' losses and grad norms within 1e-5 relative of " ..
+      "one rank's (worst %.2g and %.2g)", what, wl, wn))
+    return string.format("%s: log-probs %.2g, GRPO losses %.2g, norms %.2g", what, worst, wl, wn)
   end
   return T
 end

@@ -549,6 +549,15 @@ local function trunk(self)
   return { m.children[1], m.children[2], m.children[3] }
 end
 
+-- (tp) the head runs on all rows, each rank its columns of the
+-- vocabulary: the trunk's rows of this rank gathered
+local function head_rows(self, ctx, nf)
+  if not self.tp then return nf end
+  local all = nn.call(ctx, self.tp_mods.head_in, "forward", nf)
+  autograd.consume(nf)
+  return all
+end
+
 -- the modules after the trunk up to whole logits: the head (with tp: on
 -- all rows, its vocabulary columns gathered into whole rows)
 local function head_mods(self, mods)
@@ -670,19 +679,13 @@ function CausalLM:forward_loss(ctx, ids, targets, o)
   local count
   pack(self, ids, o.doc_start)
   local tp = self.tp
-  if (tp or self.cp) and o.coef then
-    error("llama forward_loss: losses over log-probs (fsdp.engine) with tensor or context parallelism are not built", 2)
-  end
   local sum, dnf = autograd.scope(function()
     local B = ids.shape[1]
     local nf = nn.forward_chain(ctx, trunk(self), local_part(self, ids, B))
     targets = local_part(self, targets, B)
     local tdev = o.targets_dev and local_part(self, o.targets_dev, B)
-    if tp then -- the head on all rows, each rank its columns of the vocabulary
-      local all = nn.call(ctx, self.tp_mods.head_in, "forward", nf)
-      autograd.consume(nf)
-      nf = all
-    end
+    local coef = o.coef and local_part(self, o.coef, B)
+    nf = head_rows(self, ctx, nf)
     local n = nf:numel() / h
     count = count_targets(targets, n, V, ignore)
     if nf.device == "cuda" and not tdev then error("llama forward_loss: on cuda the targets' device copy is needed", 0) end
@@ -690,14 +693,16 @@ function CausalLM:forward_loss(ctx, ids, targets, o)
     local gscale = count > 0 and (o.scale or 1) / count or 0
     local grad = not ctx.no_grad and ops.like(nf) or nil
     local parts = {}
-    if o.coef and o.coef:numel() ~= n then error(string.format("llama forward_loss: %d coefficients for %d positions", o.coef:numel(), n), 0) end
+    if coef and coef:numel() ~= n then error(string.format("llama forward_loss: %d coefficients for %d positions", coef:numel(), n), 0) end
     for r0 = 0, n - 1, rows do
       local r = math.min(rows, n - r0)
       autograd.scope(function() -- one chunk's logits, turned into their gradient in place
         local logits = nn.call(ctx, head, "forward", nf:view(r0 * h, { r, h }))
         local tv, tdv = targets:view(r0, r), tdev and tdev:view(r0, r)
-        if o.coef then -- a loss written over the log-probs: its gradient, coef (onehot - softmax)
-          ops.token_logprobs(nil, nil, logits, tv, tdv, o.coef:view(r0, r), r, V, ignore)
+        if coef and tp then -- a loss written over the log-probs: its gradient, coef (onehot - softmax)
+          tpm.token_logprobs(tp, logits, tv, tdv, coef:view(r0, r), nil, nil, r, V, (tp:part(V)), ignore)
+        elseif coef then
+          ops.token_logprobs(nil, nil, logits, tv, tdv, coef:view(r0, r), r, V, ignore)
         elseif tp then
           parts[#parts + 1] = tpm.cross_entropy(tp, logits, tv, tdv, r, V, (tp:part(V)), ignore,
             grad and gscale or nil)
@@ -724,32 +729,46 @@ end
 -- target (0 where the target is ignore_index) and, with o.entropy, the
 -- entropy of its distribution: fp32 {n} tensors on the model's device,
 -- computed over chunks of rows as forward_loss does (the full logits never
--- exist). o.doc_start, o.targets_dev, o.chunk_bytes as there.
+-- exist). o.doc_start, o.targets_dev, o.chunk_bytes as there. With
+-- tensor parallelism each tp rank's slice of the vocabulary combines over
+-- the group (fsdp.tp.token_logprobs); with context parallelism each cp
+-- rank computes its tokens' and they are all-gathered (fsdp.cp.join):
+-- every rank returns all n.
 function CausalLM:forward_logprobs(ctx, ids, targets, o)
   ctx = ctx or nn.plain
   o = o or {}
   local cfg, head = self.cfg, self.children[2]
   local ignore = o.ignore_index or -100
   local V, h = cfg.vocab_size, cfg.hidden_size
-  if self.tp or self.cp then
-    error("llama forward_logprobs: log-probs with tensor or context parallelism are not built (fsdp.engine at tp = cp = 1)", 2)
-  end
+  local tp, cp = self.tp, self.cp
   pack(self, ids, o.doc_start)
   return autograd.scope(function()
-    local nf = nn.forward_chain(ctx, trunk(self), ids)
+    local B = ids.shape[1]
+    local nf = nn.forward_chain(ctx, trunk(self), local_part(self, ids, B))
+    targets = local_part(self, targets, B)
+    local tdev = o.targets_dev and local_part(self, o.targets_dev, B)
+    nf = head_rows(self, ctx, nf)
     local n = nf:numel() / h
     count_targets(targets, n, V, ignore)
     if nf.device == "cuda" and not o.targets_dev then error("llama forward_logprobs: on cuda the targets' device copy is needed", 0) end
     local lp = tensor.new({ n }, "fp32", nf.device)
     local en = o.entropy and tensor.new({ n }, "fp32", nf.device) or nil
-    local rows = M.loss_rows(n, V, nf.esize, o.chunk_bytes or M.loss_chunk_bytes)
+    local rows = M.loss_rows(n, tp and V / tp.size or V, nf.esize, o.chunk_bytes or M.loss_chunk_bytes)
     for r0 = 0, n - 1, rows do
       local r = math.min(rows, n - r0)
       autograd.scope(function()
         local logits = nn.call(ctx, head, "forward", nf:view(r0 * h, { r, h }))
-        ops.token_logprobs(lp:view(r0, r), en and en:view(r0, r), logits, targets:view(r0, r),
-          o.targets_dev and o.targets_dev:view(r0, r), nil, r, V, ignore)
+        local lv, ev, tv, tdv = lp:view(r0, r), en and en:view(r0, r), targets:view(r0, r), tdev and tdev:view(r0, r)
+        if tp then
+          tpm.token_logprobs(tp, logits, tv, tdv, nil, lv, ev, r, V, (tp:part(V)), ignore)
+        else
+          ops.token_logprobs(lv, ev, logits, tv, tdv, nil, r, V, ignore)
+        end
       end)
+    end
+    if cp then -- every cp rank's positions, in the sequence's order
+      lp = cpm.join(cp, lp, B)
+      en = en and cpm.join(cp, en, B)
     end
     return lp, en
   end)
