@@ -146,6 +146,18 @@ int fsdp_cuda_cross_entropy_vocab_finish(double *loss_sum, int64_t *count, void 
                                          const float *target_logit, int64_t n, int64_t vocab, int64_t first,
                                          int64_t cols, int32_t ignore_index, float grad_scale, fsdp_dtype dtype,
                                          fsdp_stream *s);
+/* as the fsdp_token_logprobs_vocab_* passes (fsdp_ops.h), after
+ * fsdp_cuda_cross_entropy_vocab_stats and _combine: logits (and dlogits,
+ * which may alias them) fp32 or bf16, everything else fp32, all device
+ * memory; a target outside [0, vocab) is taken as ignored (the caller
+ * checks them on the host) */
+int fsdp_cuda_token_logprobs_vocab_sums(float *sum, float *xsum, const void *logits, const float *row_max, int64_t n,
+                                        int64_t cols, fsdp_dtype dtype, fsdp_stream *s);
+int fsdp_cuda_token_logprobs_vocab_finish(float *logp, float *entropy, void *dlogits, const void *logits,
+                                          const int32_t *targets, const float *coef, const float *row_max,
+                                          const float *sum, const float *xsum, const float *target_logit, int64_t n,
+                                          int64_t vocab, int64_t first, int64_t cols, int32_t ignore_index,
+                                          fsdp_dtype dtype, fsdp_stream *s);
 /* as fsdp_token_logprobs (fsdp_ops.h): logits fp32 or bf16 (dlogits in
  * their dtype, may alias them); logp, entropy, coef fp32; all device memory */
 int fsdp_cuda_token_logprobs(float *logp, float *entropy, void *dlogits, const void *logits, const int32_t *targets,

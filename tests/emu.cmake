@@ -34,6 +34,8 @@ if(CMAKE_CXX_COMPILER AND NOT FSDP_SANITIZE)
   target_link_libraries(test_embedding_slice_emu PRIVATE fsdp)
   fsdp_emu_test(cross_entropy_vocab 60) # kernels/cross_entropy_vocab.cuh: the vocab-parallel loss's passes, vs the CPU op
   target_link_libraries(test_cross_entropy_vocab_emu PRIVATE fsdp)
+  fsdp_emu_test(token_logprobs_vocab 60) # kernels/token_logprobs_vocab.cuh: the vocab-parallel log-probs' passes, vs the CPU op
+  target_link_libraries(test_token_logprobs_vocab_emu PRIVATE fsdp)
   fsdp_emu_test(attention_merge 60) # kernels/attention_merge.cuh: ring attention's combine by log-sum-exp, vs the CPU op
   target_link_libraries(test_attention_merge_emu PRIVATE fsdp)
 else()

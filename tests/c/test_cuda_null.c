@@ -56,6 +56,17 @@ int main(void) {
           "cuda token_logprobs: targets is NULL");
   refused(fsdp_cuda_token_logprobs(NULL, NULL, y, a, (const int32_t *)b, NULL, 2, 4, -1, FSDP_FP32, NULL),
           "cuda token_logprobs: dlogits without coef");
+  refused(fsdp_cuda_token_logprobs_vocab_sums(r, r + 8, a, NULL, 2, 4, FSDP_FP32, NULL),
+          "cuda token_logprobs_vocab_sums: row_max is NULL");
+  refused(fsdp_cuda_token_logprobs_vocab_finish(y, NULL, NULL, a, NULL, NULL, r, r, NULL, r, 2, 8, 4, 4, -1, FSDP_FP32,
+                                                NULL),
+          "cuda token_logprobs_vocab_finish: targets is NULL");
+  refused(fsdp_cuda_token_logprobs_vocab_finish(y, y + 8, NULL, a, (const int32_t *)b, NULL, r, r, NULL, r, 2, 8, 4, 4,
+                                                -1, FSDP_FP32, NULL),
+          "cuda token_logprobs_vocab_finish: entropy without xsum");
+  refused(fsdp_cuda_token_logprobs_vocab_finish(NULL, NULL, y, a, (const int32_t *)b, NULL, r, r, NULL, r, 2, 8, 4, 4, -1,
+                                                FSDP_FP32, NULL),
+          "cuda token_logprobs_vocab_finish: dlogits without coef");
   refused(fsdp_cuda_sum_squares(NULL, FSDP_FP32, 4, (double *)r, (int64_t *)(r + 8), NULL), "cuda sum_squares: x is NULL");
   /* nothing to do: no pointer is needed */
   CHECK(fsdp_cuda_add(NULL, NULL, NULL, 0, FSDP_FP32, NULL) == FSDP_OK);
