@@ -42,7 +42,7 @@ extern "C" int fsdp_cuda_cross_entropy_vocab_combine(float *row_max, float *targ
     return fsdp_fail(FSDP_EINVAL, "%s: bad arguments (n=%lld ranks=%d)", what, (long long)n, ranks);
   if (n == 0) return FSDP_OK;
   FSDP_NEED_PTRS(what, row_max, target_logit, gathered);
-  fsdp_vce::vocab_combine<<<blocks_for(n, 256), 256, 0, stream_of(s)>>>(row_max, target_logit, gathered, n, ranks);
+  fsdp_vce::vocab_combine<><<<blocks_for(n, 256), 256, 0, stream_of(s)>>>(row_max, target_logit, gathered, n, ranks);
   return launched(what);
 }
 

@@ -108,6 +108,9 @@ __global__ void vocab_stats(float *row_max, float *target_logit, const T *logits
 
 // gathered: {ranks, 2n}, each rank's stats (n maxima, then n target
 // logits); writes the group's into row_max and target_logit
+// (a template, as every kernel here: each .cu that includes this header
+// then shares one definition instead of defining it again)
+template <int = 0>
 __global__ void vocab_combine(float *row_max, float *target_logit, const float *gathered, int64_t n, int ranks) {
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
     float m = gathered[i], t = gathered[n + i];

@@ -11,12 +11,7 @@
 using namespace fsdpk;
 
 #define FSDP_CE_SHARED(name) extern __shared__ __align__(16) unsigned char name[]
-/* cross_entropy_vocab.cuh's one kernel that is not a template, vocab_combine,
- * is defined with external linkage: cross_entropy_vocab.cu's; this file's
- * copy (unused) is renamed so that the two do not clash at link time */
-#define vocab_combine vocab_combine_unused_here
 #include "token_logprobs_vocab.cuh"
-#undef vocab_combine
 
 static const unsigned ROW_THREADS = 1024; /* a block per row, as the cross-entropy's passes */
 static const size_t ROW_SHARED = 32 * sizeof(float);

@@ -80,7 +80,7 @@ static void check_case(double tol, int64_t V, int ranks, int offset, int grad) {
     kit.expect(rc == 0, "the CPU stats run", rc, 0);
   }
   std::vector<float> st((size_t)(2 * n), NAN), cpu((size_t)(2 * n));
-  cuda_emu::launch({1, 1, 1}, 32, 0, [&] { fsdp_vce::vocab_combine(st.data(), st.data() + n, gathered.data(), n, ranks); });
+  cuda_emu::launch({1, 1, 1}, 32, 0, [&] { fsdp_vce::vocab_combine<>(st.data(), st.data() + n, gathered.data(), n, ranks); });
   for (int64_t i = 0; i < n; i++) { /* fsdp.tp's Lua loop, in doubles */
     double m = cpu_st[(size_t)i], t = cpu_st[(size_t)(n + i)];
     for (int k = 1; k < ranks; k++) {

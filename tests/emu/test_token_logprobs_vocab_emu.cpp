@@ -85,7 +85,7 @@ static void check_case(double tol, int64_t V, int ranks, int offset, int grad, b
       cpu[(size_t)(n + i)] = (k ? cpu[(size_t)(n + i)] : 0.0f) + c[(size_t)(n + i)];
     }
   }
-  cuda_emu::launch({1, 1, 1}, 32, 0, [&] { fsdp_vce::vocab_combine(st.data(), st.data() + n, gathered.data(), n, ranks); });
+  cuda_emu::launch({1, 1, 1}, 32, 0, [&] { fsdp_vce::vocab_combine<>(st.data(), st.data() + n, gathered.data(), n, ranks); });
   /* pass 2, the all-reduce */
   std::vector<float> sums((size_t)n, 0.0f), xsums((size_t)n, 0.0f), cpu_sums((size_t)n, 0.0f), cpu_xsums((size_t)n, 0.0f);
   std::vector<float> ps((size_t)n), pu((size_t)n);
