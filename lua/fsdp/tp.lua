@@ -137,6 +137,18 @@ function M.scatter_rows(g, x, meanwhile)
   return y
 end
 
+-- x: partial sums of every row, summed over the group in place
+-- (generation: every tp rank holds all rows, so a row-parallel layer's
+-- output is all-reduced rather than reduce-scattered into sequence shards)
+function M.sum_rows(g, x)
+  sent(g, "all_reduce", x, 2)
+  if counting() then return x end
+  start(g, x.device)
+  g.comm:all_reduce(x, x, "sum")
+  done(g, x.device)
+  return x
+end
+
 -- fn(p) adds one call's gradient of a parameter every tp rank holds whole
 -- into p (n elements of the grad's dtype: fp32 on CPU ranks, dy's on a
 -- GPU, the units' compute dtype); the calls of all tp ranks are summed into
@@ -184,6 +196,13 @@ local ScatterRows = class("tp.ScatterRows")
 function M.ScatterRows(g) return setmetatable({ params = {}, tp = g }, ScatterRows) end
 function ScatterRows:forward(_, x) return M.scatter_rows(self.tp, x) end
 function ScatterRows:backward(_, dy) return M.gather_rows(self.tp, dy) end
+
+-- The embedding's partial sums of all rows -> summed, all rows on every
+-- rank (generation's trunk; forward only)
+local SumRows = class("tp.SumRows")
+function M.SumRows(g) return setmetatable({ params = {}, tp = g }, SumRows) end
+function SumRows:forward(_, x) return M.sum_rows(self.tp, x) end
+function SumRows:backward() error("fsdp.tp: SumRows is generation's (forward only)", 2) end
 
 -- Logits split over the vocabulary -> whole rows {n, V} (a forward that
 -- returns logits); the backward takes this rank's columns back

@@ -100,16 +100,12 @@ end
 -- train.sample_tokens: text from the model at each evaluation, on every
 -- rank (its forward gathers units: collective), printed by rank 0; the
 -- same prompt and seed each time, so the samples show what was learned.
--- The prompt is checked now, not at the first evaluation.
+-- The prompt is checked now, not at the first evaluation. At any mesh:
+-- tp ranks generate with their heads, cp ranks the whole sequence
+-- (llama's forward_last).
 local function open_sampler(J)
   local r, cfg, where = J.r, J.cfg, J.where
   if not (r.train.sample_tokens > 0 and r.train.eval_every > 0) then return end
-  if J.tp or J.cp then -- (fsdp.generate runs the model whole: not at tp or cp > 1)
-    local what = J.tp and string.format("tp = %d", J.tp:size()) or string.format("cp = %d", J.cp:size())
-    J.say("fsdp: train.sample_tokens = %d: no samples at %s (generation with tensor or context parallelism is not " ..
-      "built); the evaluation's loss is still printed", r.train.sample_tokens, what)
-    return
-  end
   J.sampler = require("fsdp.generate").wrap(J.sharded, cfg, { files = J.carried or {}, dir = J.carried_from, source = where })
   local ok, ids = pcall(J.sampler.encode, J.sampler, r.train.sample_prompt or "The ")
   if not ok then error(where .. ": train.sample_prompt: " .. tostring(ids), 0) end

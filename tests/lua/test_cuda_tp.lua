@@ -15,7 +15,9 @@
 -- the cp meshes attention is an all-gather (fsdp.cp) and also a ring
 -- (fsdp.cp_ring: NCCL's send/receive shifts), both through the merge
 -- kernel and queries that see no key, fp32 and bf16.
--- Then the post-training engine's log-probs and GRPO steps on each mesh.
+-- Then generation (greedy tokens with and without KV caches, the last
+-- logits) and the post-training engine's log-probs and GRPO steps on each
+-- mesh, against one GPU rank.
 -- What runs on the device: the vocab-parallel embedding, cross-entropy and
 -- log-prob kernels (the gathered stats combined by a kernel), cp's reorders on the
 -- compute stream and its positions' device copy, and every tp and cp
@@ -169,15 +171,19 @@ local function engine_run(cfg, spec)
     b.x:set(i, math.floor(rnd(2147483648) / 65536) % cfg.vocab_size)
     b.y:set(i, i % 7 == 3 and -100 or math.floor(rnd(2147483648) / 65536) % cfg.vocab_size)
   end
+  local gen = T.generation(fsdp, m, cfg)
   local out = T.engine_grpo(fsdp, engine.new(m, cfg), b, opt)
+  out.gen = gen
   m:free()
   if mesh then mesh:free() end
   return out
 end
 for _, mm in ipairs(meshes) do
   local cfg = llama.config(gqa)
-  local said = T.engine_compare(engine_run(cfg, mm[2]), engine_run(cfg, nil), MB * SEQ, "engine at " .. mm[1])
-  if R == 0 then print("  " .. said) end
+  local got, want = engine_run(cfg, mm[2]), engine_run(cfg, nil)
+  local said = T.engine_compare(got, want, MB * SEQ, "engine at " .. mm[1])
+  local gsaid = T.generation_compare(got.gen, want.gen, cfg.vocab_size, "generation at " .. mm[1])
+  if R == 0 then print("  " .. said .. "; " .. gsaid) end
 end
 
 local st = fsdp.memory_stats("cuda")

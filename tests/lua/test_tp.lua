@@ -272,20 +272,23 @@ if W == 2 then
   check(same, "3 steps' losses and grad norms are the same bits with and without the overlap")
 end
 
----------------------------------------------------------------- the post-training engine (W = 2, 4)
+---------------------------------------------------------------- the post-training engine and generation (W = 2, 4)
 -- fsdp.engine at tp = W, cp = W and (W = 4) cp 2 x tp 2, dp_shard 1,
 -- against one rank on the same batch (the 4-layer GQA Llama: its kv heads
--- split at tp 2 and 4): the log-probs and entropies (the vocabulary split
+-- split at tp 2 and 4; at W = 4 also the tiny Llama at tp 4, whose 2 kv
+-- heads are each shared by 2 tp ranks): the log-probs and entropies (the vocabulary split
 -- over the tp ranks, fsdp_token_logprobs_vocab_*; each cp rank's tokens
 -- gathered, fsdp.cp.join) within 1e-5 absolute (fp32: other GEMM shapes;
 -- values of -5 or so), 0 at the ignored targets; then 3 GRPO steps (clip
 -- 0.2, a KL term against the first log-probs, old log-probs of the step
 -- before, AdamW) whose losses and grad norms are within 1e-5 relative of
--- one rank's, as the training runs above.
+-- one rank's, as the training runs above. Before those steps, generation
+-- (fsdp.generate over the sharded model, as the trainer's samples): the
+-- prompt's last logits within 1e-5 of one rank's, and 10 greedy tokens,
+-- with the KV caches and without, equal to one rank's.
 if W <= 4 then
   local engine = require "fsdp.engine"
-  local cfg = llama.config(gqa)
-  local function engine_run(spec)
+  local function engine_run(spec, cfg)
     local m, mesh
     if spec then
       m, mesh = build(cfg, spec, {})
@@ -296,17 +299,28 @@ if W <= 4 then
     local b = { x = raw.x, y = fsdp.tensor({ MB, SEQ }, "int32") }
     for i = 0, raw.y:numel() - 1 do b.y:set(i, i % 7 == 3 and -100 or raw.y:get(i)) end
     raw.y:free()
+    local gen = T.generation(fsdp, m, cfg) -- (first: the weights as built)
     local out = T.engine_grpo(fsdp, engine.new(m, cfg), b, opt)
+    out.gen = gen
     m:free()
     if mesh then mesh:free() end
     return out
   end
-  local want = engine_run(nil)
   local shapes = { { "tp " .. W, { { "dp_shard", 1 }, { "tp", W } } }, { "cp " .. W, { { "dp_shard", 1 }, { "cp", W } } } }
-  if W == 4 then shapes[3] = { "cp 2 x tp 2", { { "dp_shard", 1 }, { "cp", 2 }, { "tp", 2 } } } end
+  if W == 4 then -- (and the tiny Llama's 2 kv heads, each shared by 2 of the 4 tp ranks)
+    shapes[3] = { "cp 2 x tp 2", { { "dp_shard", 1 }, { "cp", 2 }, { "tp", 2 } } }
+    shapes[4] = { "tp 4, kv heads shared", { { "dp_shard", 1 }, { "tp", 4 } }, tiny }
+  end
+  local wants = {}
   for _, sh in ipairs(shapes) do
-    local said = T.engine_compare(engine_run(sh[2]), want, MB * SEQ, "engine at " .. sh[1])
-    if R == 0 then print("  " .. said) end
+    local cfg = llama.config(sh[3] or gqa)
+    local key = sh[3] and "tiny" or "gqa"
+    wants[key] = wants[key] or engine_run(nil, cfg)
+    local want = wants[key]
+    local got = engine_run(sh[2], cfg)
+    local said = T.engine_compare(got, want, MB * SEQ, "engine at " .. sh[1])
+    local gsaid = T.generation_compare(got.gen, want.gen, cfg.vocab_size, "generation at " .. sh[1])
+    if R == 0 then print("  " .. said .. "; " .. gsaid) end
   end
 end
 

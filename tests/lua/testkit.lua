@@ -13,6 +13,8 @@
 --   T.engine_grpo(fsdp, E, b, opt) -> {lp, en, steps}: fsdp.engine E's log-probs and entropies of batch b,
 --     then 3 GRPO steps (clip 0.2, KL 0.04 against those log-probs, fixed advantages) and their {loss, norm}
 --   T.engine_compare(got, want, n, label) -> two such runs held to each other (1e-5 absolute, relative)
+--   T.generation(fsdp, s, cfg) -> a sharded model's 10 greedy tokens after a fixed prompt, with the KV caches
+--     and without, and the prompt's last logits; T.generation_compare(got, want, V, label) holds two to each other
 return function(label)
   local T = { passed = 0, failed = 0 }
   function T.check(ok, what)
@@ -145,6 +147,32 @@ return function(label)
       out.steps[k] = { E:step({ b }, losses.grpo({ clip = 0.2, kl = 0.04 }), o) }
     end
     return out
+  end
+  function T.generation(fsdp, s, cfg)
+    local g = require("fsdp.generate").wrap(s, cfg, {})
+    local prompt = { 5, 17, 3, 99, 42, 7, 64 }
+    local o = { max_new_tokens = 10, greedy = true, stop_at_eos = false }
+    local out = { cached = g:generate(prompt, o) }
+    o.no_cache = true
+    out.whole = g:generate(prompt, o)
+    local pt = T.int32(fsdp, prompt, { 1, #prompt })
+    local lg = s:infer(function(model, ctx) return model:forward_last(ctx, pt) end)
+    if lg.device == "cuda" then require("fsdp.ops").compute_stream():synchronize() end -- (the kernels that wrote it)
+    local host = lg.device == "cuda" and fsdp.tensor(lg.shape, lg.dtype):copy_from(lg) or lg
+    out.logits = {}
+    for i = 0, cfg.vocab_size - 1 do out.logits[i] = host:get(i) end
+    if host ~= lg then host:free() end
+    lg:free(); pt:free()
+    return out
+  end
+  function T.generation_compare(got, want, V, what)
+    local worst = 0
+    for i = 0, V - 1 do worst = math.max(worst, math.abs(got.logits[i] - want.logits[i])) end
+    T.check(worst <= 1e-5, string.format("%s: the prompt's last logits within 1e-5 of one rank's (worst %.2g)", what, worst))
+    local a, c, d = table.concat(got.cached, " "), table.concat(got.whole, " "), table.concat(want.cached, " ")
+    T.check(a == d and c == d, string.format("%s: 10 greedy tokens with KV caches (%s) and without (%s) equal one " ..
+      "rank's (%s)", what, a, c, d))
+    return string.format("generation: logits %.2g", worst)
   end
   -- (positions i % 7 == 3 are the ignored targets: 0 there)
   function T.engine_compare(got, want, n, what)

@@ -197,13 +197,17 @@ local function rope(x, t, B, T, heads, hd, backward, docs, cpl)
   end
 end
 
--- (tensor parallelism) x through the block's entry, y through its exit
+-- (tensor parallelism) x through the block's entry, y through its exit.
+-- Generation (forward_last sets the group's `whole`) runs all rows on
+-- every tp rank: nothing to gather, and the row-parallel layer's partial
+-- sums are all-reduced.
 local function enter_block(ctx, m, x, phase)
-  if not m.gather then return x end
+  if not m.gather or m.gather.tp.whole then return x end
   return nn.call(ctx, m.gather, phase, x)
 end
 local function leave_block(ctx, m, y, phase)
   if not m.scatter then return y end
+  if m.scatter.tp.whole then return tpm.sum_rows(m.scatter.tp, y) end
   local z = nn.call(ctx, m.scatter, phase, y)
   autograd.consume(y)
   return z
@@ -224,13 +228,14 @@ end
 -- go into the layer's cache, and the queries attend to every cached
 -- position up to theirs. kv = {pos = first new position, cap = positions
 -- the caches hold, layers = {[attention] = {k, v}}}; nothing is saved.
+-- With tp each rank caches and attends with its heads (all rows), and the
+-- output projection's partial sums are all-reduced; with cp every rank
+-- runs the whole sequence (the model is whole there: forward_last).
 function Attention:forward_cached(ctx, x, phase)
-  if self.gather or self.packed.cp then
-    error("LlamaAttention: generation with tensor or context parallelism is not built (generate at tp = cp = 1)", 2)
-  end
+  if self.packed.cp then error("LlamaAttention: generation runs whole rows (forward_last), not cp's chunks", 2) end
   local cfg, ch, kv = self.cfg, self.children, ctx.kv
   local B, T = x.shape[1], x.shape[2]
-  local nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+  local nh, nkv, hd = self.nh, self.nkv, cfg.head_dim
   local pos, cap = kv.pos, kv.cap
   if pos + T > cap then
     error(string.format("LlamaAttention: positions up to %d do not fit the KV cache of %d", pos + T, cap), 2)
@@ -260,7 +265,7 @@ function Attention:forward_cached(ctx, x, phase)
   else
     ops.attention_cached(out, q, c.k, c.v, B, T, pos, cap, nh, nkv, hd)
   end
-  return nn.call(ctx, ch[4], phase, out)
+  return leave_block(ctx, self, nn.call(ctx, ch[4], phase, out), phase)
 end
 
 function Attention:forward(ctx, x, phase)
@@ -585,6 +590,7 @@ local function pack(self, ids, doc_start)
     if why then error("llama: " .. why, 3) end
     self.packed.cp = cp_layout(self, T, ids.device)
     if self.tp then -- (this rank's rows: of its chunks)
+      self.tp.whole = nil
       if (B * T / self.cp.size) % self.tp.size ~= 0 then
         error(string.format("llama: %d x %d tokens per cp rank do not split into rows for %d tp ranks", B, T / self.cp.size,
           self.tp.size), 3)
@@ -599,6 +605,7 @@ local function pack(self, ids, doc_start)
       table.concat(ids.shape, ", ")), 3)
   end
   if self.tp then -- (sequence parallelism: every tp rank holds an equal share of the rows)
+    self.tp.whole = nil
     local B, T = ids.shape[1], ids.shape[2]
     if (B * T) % self.tp.size ~= 0 then
       error(string.format("llama: %d x %d tokens do not split into rows for %d tp ranks (micro-batch x data.seq must " ..
@@ -625,19 +632,28 @@ function CausalLM:forward(ctx, ids, doc_start)
 end
 
 -- The logits of the last position only, {B = 1, vocab} (generation: the
--- head runs on one row, not on every prompt position)
+-- head runs on one row, not on every prompt position). With tp every rank
+-- runs all rows (the embedding's and each block's partial sums
+-- all-reduced, each rank's heads cached) and the head's vocabulary
+-- columns are gathered; with cp every rank runs the whole sequence, as
+-- its model is whole.
 function CausalLM:forward_last(ctx, ids)
   ctx = ctx or nn.plain
   if ids.shape[1] ~= 1 then error("llama forward_last: one sequence at a time (batch " .. ids.shape[1] .. ")", 2) end
-  if self.tp or self.cp then
-    error("llama forward_last: generation with tensor or context parallelism is not built (generate at tp = cp = 1)", 2)
+  self.packed.cp, self.packed.docs = nil, nil
+  local h, m, t = self.cfg.hidden_size, self.children[1], self.tp_mods
+  local mods = { m.children[1], m.children[2], m.children[3] }
+  if t then -- (until the next forward's pack)
+    self.tp.whole, self.tp.rows = true, nil
+    t.embed_sum = t.embed_sum or tpm.SumRows(self.tp)
+    table.insert(mods, 2, t.embed_sum)
   end
-  pack(self, ids, nil)
-  local h = self.cfg.hidden_size
   return autograd.scope(function()
-    local nf = nn.forward_chain(ctx, trunk(self), ids)
+    local nf = nn.forward_chain(ctx, mods, ids)
     local T = nf:numel() / h
-    return nn.call(ctx, self.children[2], "forward", nf:view((T - 1) * h, { 1, h }))
+    local logits = nn.call(ctx, self.children[2], "forward", nf:view((T - 1) * h, { 1, h }))
+    if t then return nn.call(ctx, t.logits, "forward", logits) end
+    return logits
   end)
 end
 
