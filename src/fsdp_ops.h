@@ -88,6 +88,21 @@ int fsdp_attention_forward_pos(float *out, float *lse, const float *q, const flo
 int fsdp_attention_backward_pos(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
                                 const float *v, const float *out, const float *lse, const int32_t *q_pos, int64_t batch,
                                 int64_t tq, int64_t tk, int64_t heads, int64_t kv_heads, int64_t head_dim);
+/* the _pos calls with packed rows (context parallelism over documents,
+ * src/ops/attention_pos_docs.c): query i of batch row b sees keys
+ * q_lo[b, i] .. q_pos[i] of the tk (q_lo [B, tq], each in [0, q_pos[i] +
+ * 1]; q_lo = q_pos + 1 sees none: out 0, lse -inf, dq 0, nothing to dk,
+ * dv, as q_pos -1); within a run of queries whose positions rise by one,
+ * q_lo never falls. fsdp_attention_pos_docs_check: FSDP_EINVAL naming the
+ * batch row and query otherwise. */
+int fsdp_attention_pos_docs_check(const int32_t *q_pos, const int32_t *q_lo, int64_t batch, int64_t tq, int64_t tk);
+int fsdp_attention_forward_pos_docs(float *out, float *lse, const float *q, const float *k, const float *v,
+                                    const int32_t *q_pos, const int32_t *q_lo, int64_t batch, int64_t tq, int64_t tk,
+                                    int64_t heads, int64_t kv_heads, int64_t head_dim);
+int fsdp_attention_backward_pos_docs(float *dq, float *dk, float *dv, const float *dout, const float *q,
+                                     const float *k, const float *v, const float *out, const float *lse,
+                                     const int32_t *q_pos, const int32_t *q_lo, int64_t batch, int64_t tq, int64_t tk,
+                                     int64_t heads, int64_t kv_heads, int64_t head_dim);
 /* Ring attention's combine (context parallelism, src/ops/attention_merge.c):
  * merges a partial result, attention over one block of keys (out_b [B, T,
  * H, D], lse_b [B, H, T]: the layouts of fsdp_attention_forward, lse the

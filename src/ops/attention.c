@@ -42,7 +42,16 @@
  * runs of one position stay whole, rather than GEMV rows) and multiplies
  * with keys 0 .. its last position alone; a run of -1 is a block of its
  * own that no GEMM sees. With q_pos[i] = i it is the causal computation,
- * the same bits. */
+ * the same bits.
+ * Both (the _pos_docs calls, attention_pos_docs.c; context parallelism
+ * over packed rows): row i of batch row b sees keys q_lo[b, i] .. q_pos[i]
+ * (q_lo in the keys' coordinates, as doc_start is), none where q_lo =
+ * q_pos + 1. A block is cut as for q_pos and multiplies with the keys from
+ * its rows' earliest first to their latest last; a row that sees no key
+ * inside a block of rows that do (its document starts after the keys) has
+ * its scores and dO zeroed before the GEMMs that sum over rows: out 0, lse
+ * -inf, dq 0, nothing to dK, dV, no NaN; a block none of whose rows sees a
+ * key has no GEMM, as a run at -1. */
 #include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -93,12 +102,15 @@ static void gather_rows(float *dst, const float *x, int64_t nh, int64_t bq, int6
     for (int64_t r = 0; r < bq; r++) memcpy(dst + (hh * bq + r) * D, x + r * ld + hh * D, sizeof(float) * (size_t)D);
 }
 
-/* the inverse: dst's rows <- src's, each times scale[row] (none: 1) */
+/* the inverse: dst's rows <- src's, each times scale[row] (none: 1; 0: a
+ * row that sees no key, exactly 0 whatever src holds) */
 static void scatter_rows(float *x, const float *src, const float *scale, int64_t nh, int64_t bq, int64_t D, int64_t ld) {
   for (int64_t s = 0; s < nh * bq; s++) {
     float *row = x + (s % bq) * ld + (s / bq) * D;
     const float *in = src + s * D, f = scale ? scale[s] : 1.0f;
-    for (int64_t c = 0; c < D; c++) row[c] = in[c] * f;
+    if (f == 0.0f) memset(row, 0, sizeof(float) * (size_t)D);
+    else
+      for (int64_t c = 0; c < D; c++) row[c] = in[c] * f;
   }
 }
 
@@ -106,7 +118,7 @@ static void scatter_rows(float *x, const float *src, const float *scale, int64_t
 typedef struct attn_job {
   float *out, *lse_out, *dq, *dk, *dv;
   const float *q, *k, *v, *dout, *o, *lse;
-  const int32_t *doc_start; /* [B, T], or NULL: every row one document */
+  const int32_t *doc_start; /* [B, Tq], or NULL: every row one document (with q_pos: q_lo) */
   const int32_t *q_pos;     /* [Tq], or NULL: query i at position i */
   int64_t B, Tq, Tk, H, Hkv, D;
   atomic_int no_memory; /* a thread found no memory for its scratch */
@@ -126,28 +138,32 @@ static int64_t block_end(const attn_job *j, int64_t i0) {
   return i1;
 }
 
-/* block i0's rows see no key (q_pos -1): no GEMM, their results are fixed */
-static int sees_nothing(const attn_job *j, int64_t i0) { return j->q_pos && j->q_pos[i0] < 0; }
-
 /* rows i0 .. i0 + bq - 1 of heads h0 .. h0 + nh - 1 (as gather_rows) <- 0 */
 static void zero_rows(float *x, int64_t nh, int64_t bq, int64_t D, int64_t ld) {
   for (int64_t hh = 0; hh < nh; hh++)
     for (int64_t r = 0; r < bq; r++) memset(x + r * ld + hh * D, 0, sizeof(float) * (size_t)D);
 }
 
-/* the keys query row i of a batch row (its doc_start ds, or NULL) sees: [*a, *e) */
+/* the keys query row i of a batch row (its doc_start or q_lo ds, or NULL)
+ * sees: [*a, *e), none where a = e */
 static void row_keys(const attn_job *j, const int32_t *ds, int64_t i, int64_t *a, int64_t *e) {
   *a = ds ? ds[i] : 0;
   *e = (j->q_pos ? j->q_pos[i] : i) + 1;
 }
 
-/* the keys rows i0 .. i1 - 1 multiply with, [*k0, *k1): from the first
- * row's first (doc_start never decreases) to the last row's last (a
- * block's positions never fall): no key past the block's last position
- * is scored */
+/* the keys rows i0 .. i1 - 1 multiply with, [*k0, *k1): from the earliest
+ * first key of a row that sees any (doc_start never falls: the first
+ * row's; q_lo may, in a run of one position) to the latest last (a
+ * block's positions never fall: the last such row's): no key outside is
+ * scored. None (k0 = k1): no row sees a key (a run at -1, documents after
+ * the keys), no GEMM, the results fixed */
 static void block_keys(const attn_job *j, const int32_t *ds, int64_t i0, int64_t i1, int64_t *k0, int64_t *k1) {
-  *k0 = ds ? ds[i0] : 0;
-  *k1 = (j->q_pos ? j->q_pos[i1 - 1] : i1 - 1) + 1;
+  int64_t lo = INT64_MAX, hi = 0;
+  for (int64_t i = i0, a, e; i < i1; i++) {
+    row_keys(j, ds, i, &a, &e);
+    if (a < e) lo = min64(lo, a), hi = e > hi ? e : hi;
+  }
+  *k0 = hi ? lo : 0, *k1 = hi;
 }
 
 /* forward of head stacks lo .. hi - 1 (item = (b * Hkv + kv head) *
@@ -175,24 +191,28 @@ static void forward_heads(void *arg, int64_t lo, int64_t hi) {
       int64_t k0, k1;
       i1 = block_end(j, i0);
       const int64_t bq = i1 - i0, rowoff = b * Tq * ldq + i0 * ldq + h0 * D;
-      if (sees_nothing(j, i0)) { /* no key: softmax over nothing, out 0, lse log 0 */
+      block_keys(j, ds, i0, i1, &k0, &k1);
+      if (k1 == k0) { /* no key: softmax over nothing, out 0, lse log 0 */
         zero_rows(j->out + rowoff, nh, bq, D, ldq);
         for (int64_t s = 0; s < nh * bq; s++) j->lse_out[(b * H + h0 + s / bq) * Tq + i0 + s % bq] = -INFINITY;
         continue;
       }
-      block_keys(j, ds, i0, i1, &k0, &k1);
       const int m = (int)(nh * bq), n = (int)(k1 - k0);
       gather_rows(Qs, j->q + rowoff, nh, bq, D, ldq);
       fsdp_sgemm(0, 1, m, n, d, scale, Qs, D, kh + k0 * ldk, ldk, 0.0f, S, n);
-      /* (every row here sees a key: e > a, sum >= 1) */
       for (int64_t s = 0; s < m; s++) { /* e^(S_ij - max_i) for the keys row i sees, else 0; their sum */
         const int64_t i = i0 + s % bq;
         int64_t a, e;
         row_keys(j, ds, i, &a, &e);
-        a -= k0, e -= k0; /* columns [a, e) */
-        float *row = S + s * n;
+        float *row = S + s * n, *lse = j->lse_out + (b * H + h0 + s / bq) * Tq + i;
+        if (a == e) { /* this row sees no key: a row of 0 in P, out 0, lse log 0 */
+          memset(row, 0, sizeof(float) * (size_t)n);
+          *lse = -INFINITY, inv[s] = 0.0f;
+          continue;
+        }
+        a -= k0, e -= k0; /* columns [a, e): e > a, sum >= 1 */
         const float mx = fsdp_row_max(row + a, e - a), sum = fsdp_row_exp_sum(row + a, e - a, mx);
-        j->lse_out[(b * H + h0 + s / bq) * Tq + i] = mx + logf(sum);
+        *lse = mx + logf(sum);
         inv[s] = 1.0f / sum;
         memset(row, 0, sizeof(float) * (size_t)a);
         memset(row + e, 0, sizeof(float) * (size_t)(n - e));
@@ -231,14 +251,14 @@ int fsdp_attention_pos_check(const int32_t *q_pos, int64_t tq, int64_t tk) {
   return FSDP_OK;
 }
 
-/* the arguments every call checks */
+/* the arguments every call checks: ds alone is doc_start, with q_pos q_lo */
 static int check_call(const char *op, const int32_t *ds, const int32_t *q_pos, int64_t B, int64_t Tq, int64_t Tk,
                       int64_t H, int64_t Hkv, int64_t D) {
   FSDP_CHECK(check_dims(op, B, Tq, Tk, H, Hkv, D));
   if (!B) return FSDP_OK;
-  if (ds) FSDP_CHECK(fsdp_doc_start_check(ds, B, Tq));
+  if (ds && !q_pos) FSDP_CHECK(fsdp_doc_start_check(ds, B, Tq));
   if (q_pos) {
-    const int rc = fsdp_attention_pos_check(q_pos, Tq, Tk);
+    const int rc = ds ? fsdp_attention_pos_docs_check(q_pos, ds, B, Tq, Tk) : fsdp_attention_pos_check(q_pos, Tq, Tk);
     if (rc < 0) return fsdp_fail_context(rc, "%s", op);
   }
   return FSDP_OK;
@@ -278,12 +298,13 @@ static void backward_groups(void *arg, int64_t lo, int64_t hi) {
   attn_job *j = arg;
   const int64_t Tq = j->Tq, Tk = j->Tk, H = j->H, Hkv = j->Hkv, D = j->D, G = H / Hkv, rows = block_rows(Tq);
   const int64_t gs = stack_heads(G, Tq, Tk), sr = gs * rows;
-  float *P = malloc(sizeof(float) * (size_t)sr * (size_t)(2 * Tk + 3 * D + 1));
+  float *P = malloc(sizeof(float) * (size_t)sr * (size_t)(2 * Tk + 3 * D + 2));
   if (!P) {
     atomic_store(&j->no_memory, 1);
     return;
   }
   float *dP = P + sr * Tk, *Qs = dP + sr * Tk, *dOs = Qs + sr * D, *dQs = dOs + sr * D, *Di = dQs + sr * D;
+  float *seen = Di + sr; /* 1: the row sees a key, 0: none (its dq row 0) */
   const float scale = 1.0f / sqrtf((float)D);
   const int64_t ldq = H * D, ldk = Hkv * D;
   const int d = (int)D;
@@ -301,15 +322,22 @@ static void backward_groups(void *arg, int64_t lo, int64_t hi) {
         int64_t k0, k1; /* keys k0 .. k1 - 1, as in forward */
         i1 = block_end(j, i0);
         const int64_t bq = i1 - i0, rowoff = b * Tq * ldq + i0 * ldq + h0 * D;
-        if (sees_nothing(j, i0)) { /* dq 0, nothing to dK, dV; dout, out, lse unread */
+        block_keys(j, ds, i0, i1, &k0, &k1);
+        if (k1 == k0) { /* dq 0, nothing to dK, dV; dout, out, lse unread */
           zero_rows(j->dq + rowoff, nh, bq, D, ldq);
           continue;
         }
-        block_keys(j, ds, i0, i1, &k0, &k1);
         const int m = (int)(nh * bq), n = (int)(k1 - k0);
         gather_rows(Qs, j->q + rowoff, nh, bq, D, ldq);
         gather_rows(dOs, j->dout + rowoff, nh, bq, D, ldq);
         for (int64_t s = 0; s < m; s++) { /* rowsum(dO * O) = sum_j P_ij dP_ij */
+          int64_t a, e;
+          row_keys(j, ds, i0 + s % bq, &a, &e);
+          seen[s] = a < e;
+          if (!seen[s]) { /* no key: dO 0 (its dout, out, lse not used), so nothing to dV */
+            memset(dOs + s * D, 0, sizeof(float) * (size_t)D);
+            continue;
+          }
           const float *o = j->o + rowoff + (s % bq) * ldq + (s / bq) * D;
           double di = 0;
           for (int64_t c = 0; c < D; c++) di += (double)dOs[s * D + c] * o[c];
@@ -319,10 +347,15 @@ static void backward_groups(void *arg, int64_t lo, int64_t hi) {
         fsdp_sgemm(0, 1, m, n, d, 1.0f, dOs, D, vh + k0 * ldk, ldk, 0.0f, dP, n);
         for (int64_t s = 0; s < m; s++) {
           const int64_t i = i0 + s % bq;
+          float *p = P + s * n, *dp = dP + s * n;
+          if (!seen[s]) { /* P, dS 0: nothing to dQ, dK, dV */
+            memset(p, 0, sizeof(float) * (size_t)n);
+            memset(dp, 0, sizeof(float) * (size_t)n);
+            continue;
+          }
           int64_t a, e;
           row_keys(j, ds, i, &a, &e);
           a -= k0, e -= k0; /* columns [a, e) */
-          float *p = P + s * n, *dp = dP + s * n;
           fsdp_row_exp_scaled(p + a, e - a, j->lse[(b * H + h0 + s / bq) * Tq + i], 1.0f);
           fsdp_row_softmax_grad(dp + a, p + a, e - a, Di[s]);
           memset(p, 0, sizeof(float) * (size_t)a);
@@ -333,7 +366,7 @@ static void backward_groups(void *arg, int64_t lo, int64_t hi) {
         /* dQ rows i0 .. i1 - 1 of the stack's heads; dK, dV rows k0 .. k1 - 1
          * gather this block's share */
         fsdp_sgemm(0, 0, m, d, n, scale, dP, n, kh + k0 * ldk, ldk, 0.0f, dQs, d);
-        scatter_rows(j->dq + rowoff, dQs, NULL, nh, bq, D, ldq);
+        scatter_rows(j->dq + rowoff, dQs, seen, nh, bq, D, ldq);
         fsdp_sgemm(1, 0, n, d, m, scale, dP, n, Qs, D, 1.0f, j->dk + ko + k0 * ldk, ldk);
         fsdp_sgemm(1, 0, n, d, m, 1.0f, P, n, dOs, D, 1.0f, j->dv + ko + k0 * ldk, ldk);
       }

@@ -33,5 +33,11 @@ void ref_attention_pos(int B, int Tq, int Tk, int H, int Hkv, int D, const int32
 void ref_attention_pos_lse(int B, int Tq, int Tk, int H, int Hkv, int D, const int32_t *q_pos, const double *q,
                            const double *k, const double *v, const double *r, double *out, double *lse, double *gq,
                            double *gk, double *gv);
+/* the same with each query's first key too: query i of batch row b sees keys
+ * q_lo[b, i] .. q_pos[i] (q_lo [B, Tq]; none where q_lo = q_pos + 1: out 0,
+ * lse -inf); lse may be NULL */
+void ref_attention_pos_docs(int B, int Tq, int Tk, int H, int Hkv, int D, const int32_t *q_pos, const int32_t *q_lo,
+                            const double *q, const double *k, const double *v, const double *r, double *out, double *lse,
+                            double *gq, double *gk, double *gv);
 
 #endif

@@ -1,16 +1,18 @@
 /* ref_attention.c: the float64 attention the attention tests hold the ops
  * to (ref.h): softmax(q k^T / sqrt(D)) v with grouped-query heads, query i
  * over keys ds[i] .. i (ds NULL: 0 .. i, causal), or over keys 0 ..
- * q_pos[i] (queries at given positions; none at -1: out 0, lse -inf),
- * the log-sum-exp of each row's scores, and d(sum r * out) / d(q, k, v) by
- * the chain rule. */
+ * q_pos[i] (queries at given positions; none at -1: out 0, lse -inf), or
+ * over keys q_lo[i] .. q_pos[i] (both; none where q_lo = q_pos + 1), the
+ * log-sum-exp of each row's scores, and d(sum r * out) / d(q, k, v) by the
+ * chain rule. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "ref.h"
 
-/* Tq queries, Tk keys; query i sees keys lo .. e: lo = ds[b, i] or 0, e = q_pos[i] or i; lse [B, H, Tq] or NULL */
+/* Tq queries, Tk keys; query i sees keys lo .. e: lo = ds[b, i] or 0, e = q_pos[i] or i (none if e < lo); lse [B, H,
+ * Tq] or NULL */
 static void attention(int B, int Tq, int Tk, int H, int Hkv, int D, const int32_t *ds, const int32_t *q_pos,
                       const double *q, const double *k, const double *v, const double *r, double *out, double *lse,
                       double *gq, double *gk, double *gv) {
@@ -77,4 +79,10 @@ void ref_attention_pos_lse(int B, int Tq, int Tk, int H, int Hkv, int D, const i
                            const double *k, const double *v, const double *r, double *out, double *lse, double *gq,
                            double *gk, double *gv) {
   attention(B, Tq, Tk, H, Hkv, D, NULL, q_pos, q, k, v, r, out, lse, gq, gk, gv);
+}
+
+void ref_attention_pos_docs(int B, int Tq, int Tk, int H, int Hkv, int D, const int32_t *q_pos, const int32_t *q_lo,
+                            const double *q, const double *k, const double *v, const double *r, double *out, double *lse,
+                            double *gq, double *gk, double *gv) {
+  attention(B, Tq, Tk, H, Hkv, D, q_lo, q_pos, q, k, v, r, out, lse, gq, gk, gv);
 }
