@@ -111,23 +111,67 @@ function M.block_of(l, src)
   return src == r and l.blocks.own or src < r and l.blocks.below or l.blocks.above
 end
 
+-- Packed rows (documents one after another in a row): the first key of
+-- rank src's block that each of this rank's queries sees, its document's
+-- first there, for every block: {[src] = {host = int32 {B, 2c}, dev}}.
+-- A block's keys are its two chunks in order, so the keys before a global
+-- position form a prefix: those of each chunk below the document's start.
+-- doc_start: int32 {B, T} CPU, each position's document's first position.
+function M.doc_bounds(g, T, doc_start, device)
+  local P, B, c = g.size, doc_start.shape[1], T / (2 * g.size)
+  local out = {}
+  for src = 0, P - 1 do
+    local lo = { host = tensor.new({ B, 2 * c }, "int32") }
+    if device == "cuda" then lo.dev = tensor.new(lo.host.shape, "int32", "cuda") end
+    out[src] = lo
+  end
+  if counting() then return out end
+  local ds, a, hp = doc_start:ptr(), {}, {}
+  for src = 0, P - 1 do a[src], hp[src] = { chunk(P, src, 0) * c, chunk(P, src, 1) * c }, out[src].host:ptr() end
+  for b = 0, B - 1 do
+    for i = 0, 2 * c - 1 do
+      local k, j = chunk_of(g, c, i)
+      local first = ds[b * T + k * c + j]
+      for src = 0, P - 1 do
+        local s0, s1 = a[src][1], a[src][2]
+        hp[src][b * 2 * c + i] = math.min(math.max(first - s0, 0), c) + math.min(math.max(first - s1, 0), c)
+      end
+    end
+  end
+  for src = 0, P - 1 do
+    local lo = out[src]
+    if lo.dev then lo.dev:copy_from(lo.host, ops.compute_stream()) end
+  end
+  return out
+end
+
 -- Attention of the queries q {B, Tl, nh * hd} to rank src's block of keys
 -- and values kb, vb {B, Tl, nkv * hd}: into (out, lse) for the first block
 -- attended, else into (po, pl) and merged into them by log-sum-exp (the
--- all-gather's and the ring's step alike)
+-- all-gather's and the ring's step alike). Packed rows (l.lo, M.doc_bounds):
+-- each query sees its document's keys alone.
 function M.attend_block(l, src, first, out, lse, po, pl, q, kb, vb, B, Tl, nh, nkv, hd)
-  local p = M.block_of(l, src)
-  if first then return ops.attention_forward_pos(out, lse, q, kb, vb, p.host, B, Tl, Tl, nh, nkv, hd, p.dev) end
-  ops.attention_forward_pos(po, pl, q, kb, vb, p.host, B, Tl, Tl, nh, nkv, hd, p.dev)
-  ops.attention_merge(out, lse, po, pl, B, Tl, nh, hd)
+  local p, lo = M.block_of(l, src), l.lo and l.lo[src]
+  local o, ls = first and out or po, first and lse or pl
+  if lo then
+    ops.attention_forward_pos_docs(o, ls, q, kb, vb, p.host, lo.host, B, Tl, Tl, nh, nkv, hd, p.dev, lo.dev)
+  else
+    ops.attention_forward_pos(o, ls, q, kb, vb, p.host, B, Tl, Tl, nh, nkv, hd, p.dev)
+  end
+  if not first then ops.attention_merge(out, lse, po, pl, B, Tl, nh, hd) end
 end
 
 -- Its backward, with the whole out and lse: the block's dkb, dvb written;
 -- dq written for the first block, else dqs written and added to it
 function M.attend_block_backward(l, src, first, dq, dqs, dkb, dvb, dout, q, kb, vb, out, lse, B, Tl, nh, nkv, hd)
-  local p = M.block_of(l, src)
-  ops.attention_backward_pos(first and dq or dqs, dkb, dvb, dout, q, kb, vb, out, lse, p.host, B, Tl, Tl, nh, nkv, hd,
-    p.dev)
+  local p, lo = M.block_of(l, src), l.lo and l.lo[src]
+  local d = first and dq or dqs
+  if lo then
+    ops.attention_backward_pos_docs(d, dkb, dvb, dout, q, kb, vb, out, lse, p.host, lo.host, B, Tl, Tl, nh, nkv, hd, p.dev,
+      lo.dev)
+  else
+    ops.attention_backward_pos(d, dkb, dvb, dout, q, kb, vb, out, lse, p.host, B, Tl, Tl, nh, nkv, hd, p.dev)
+  end
   if not first then ops.add(dq, dq, dqs) end
 end
 

@@ -254,6 +254,42 @@ function M.attention_backward_pos(dq, dk, dv, dout, q, k, v, out, lse, q_pos, B,
   check(C.fsdp_attention_backward_pos(dqp, dkp, dvp, dop, qp, kp, vp, op, lp, pp, B, Tq, Tk, nh, nkv, hd), what)
 end
 
+-- The same with packed rows (context parallelism over documents,
+-- fsdp_attention_forward_pos_docs): q_lo, an int32 {B, Tq} CPU tensor, the
+-- first key each query of each batch row sees (its document's first in
+-- this block of keys), so query i sees keys q_lo[b, i] .. q_pos[i]; on a
+-- GPU the kernels read q_lo_dev, its device copy (both checked here).
+local function pos_docs_arg(what, out, q_pos, q_lo, q_pos_dev, q_lo_dev, B, Tq, Tk)
+  local pp, lo = ptrs(what, q_pos, q_lo)
+  if not on_cuda(out) then return pp, lo end
+  if q_pos_dev == nil or q_lo_dev == nil then error(what .. ": on a GPU, the device copies of q_pos and q_lo are needed", 3) end
+  check(C.fsdp_attention_pos_docs_check(pp, lo, B, Tq, Tk), what)
+  return ptrs(what, q_pos_dev, q_lo_dev)
+end
+
+function M.attention_forward_pos_docs(out, lse, q, k, v, q_pos, q_lo, B, Tq, Tk, nh, nkv, hd, q_pos_dev, q_lo_dev)
+  local what = "attention_forward_pos_docs"
+  local op, lp, qp, kp, vp = ptrs(what, out, lse, q, k, v)
+  local pp, lo = pos_docs_arg(what, out, q_pos, q_lo, q_pos_dev, q_lo_dev, B, Tq, Tk)
+  if on_cuda(out) then
+    return check(CU().fsdp_cuda_attention_forward_pos_docs(op, lp, qp, kp, vp, pp, lo, B, Tq, Tk, nh, nkv, hd,
+      out.dtype_id, S()), what)
+  end
+  check(C.fsdp_attention_forward_pos_docs(op, lp, qp, kp, vp, pp, lo, B, Tq, Tk, nh, nkv, hd), what)
+end
+
+function M.attention_backward_pos_docs(dq, dk, dv, dout, q, k, v, out, lse, q_pos, q_lo, B, Tq, Tk, nh, nkv, hd, q_pos_dev,
+                                       q_lo_dev)
+  local what = "attention_backward_pos_docs"
+  local dqp, dkp, dvp, dop, qp, kp, vp, op, lp = ptrs(what, dq, dk, dv, dout, q, k, v, out, lse)
+  local pp, lo = pos_docs_arg(what, dk, q_pos, q_lo, q_pos_dev, q_lo_dev, B, Tq, Tk)
+  if on_cuda(dk) then
+    return check(CU().fsdp_cuda_attention_backward_pos_docs(dqp, dkp, dvp, dop, qp, kp, vp, op, lp, pp, lo, B, Tq, Tk, nh,
+      nkv, hd, dk.dtype_id, S()), what)
+  end
+  check(C.fsdp_attention_backward_pos_docs(dqp, dkp, dvp, dop, qp, kp, vp, op, lp, pp, lo, B, Tq, Tk, nh, nkv, hd), what)
+end
+
 -- Ring attention's combine (context parallelism, fsdp_attention_merge):
 -- the partial result of one block of keys, out_b [B, T, nh*hd] and its
 -- lse_b {B, nh, T} (fp32), merged into the accumulator out, lse in place
@@ -435,7 +471,8 @@ local dry = {
 }
 for _, name in ipairs({ "copy", "linear_forward", "linear_backward", "embedding_forward", "embedding_backward", "rmsnorm_forward",
   "rmsnorm_backward", "rope_tables", "rope", "attention_forward", "attention_backward", "attention_cached",
-  "attention_forward_pos", "attention_backward_pos", "swiglu_forward",
+  "attention_forward_pos", "attention_backward_pos", "attention_forward_pos_docs", "attention_backward_pos_docs",
+  "swiglu_forward",
   "swiglu_backward", "add", "cross_entropy", "token_logprobs", "tanh_forward", "tanh_backward" }) do
   local work, shape_only = M[name], dry[name]
   M[name] = function(...)

@@ -340,10 +340,9 @@ function M.check(r, where)
   if ck.every > 0 and not ck.dir then fail(where, "checkpoint.every = %d needs checkpoint.dir", ck.every) end
   if t.resume == "auto" and not ck.dir then fail(where, "train.resume = 'auto' needs checkpoint.dir (where to look)") end
   local cp = M.mesh_size(r.mesh, "cp")
-  if cp > 1 then -- (context parallelism: each rank its chunks of whole rows of plain windows)
+  if cp > 1 then -- (context parallelism: each rank its chunks of whole rows, plain or packed)
     local why = require("fsdp.cp").check(d.seq, cp)
     if why then fail(where, "mesh: cp = %d: %s", cp, why) end
-    if d.pack then fail(where, "mesh: cp = %d: packed rows (data.pack, data.max_tokens) with context parallelism are not built", cp) end
     if t.loss_chunk_mb == 0 then
       fail(where, "mesh: cp = %d: train.loss_chunk_mb = 0 (the whole logits) with context parallelism is not built; " ..
         "give it > 0", cp)

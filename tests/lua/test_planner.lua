@@ -372,6 +372,8 @@ end
 if W == 2 then
   compare("cp 2", { ["mesh"] = "dp_shard=1,cp=2" })
   compare("cp 2, ring attention", { ["mesh"] = "dp_shard=1,cp=2", ["train.cp_attention"] = "ring" })
+  compare("cp 2, packed rows (each block's first keys of the queries' documents)", { ["mesh"] = "dp_shard=1,cp=2",
+    ["data.corpus"] = false, ["data.token_file"] = "packed.bin", ["data.pack"] = true })
   compare("cp 2, bf16, recompute mlp, checkpoint full", { ["mesh"] = "dp_shard=1,cp=2", ["fsdp.param_dtype"] = "bf16",
     ["fsdp.recompute"] = "mlp", ["fsdp.checkpoint"] = "full" })
   compare("tp 2", { ["mesh"] = "dp_shard=1,tp=2" })

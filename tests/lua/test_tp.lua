@@ -49,20 +49,34 @@ local opt = { lr = 5e-4, beta1 = 0.9, beta2 = 0.95, eps = 1e-6, weight_decay = 0
 
 -- the global batch of step k: rows of ids and their next-token targets,
 -- the same on every rank; dp rank d takes rows [d*MB, (d+1)*MB)
-local function batch(vocab, k, rows, first)
+-- packed: rows of documents (lengths 1 to 6, placed by the row and step),
+-- each with doc_start, no target across a document's end (-100 at its
+-- last token) and the count of targets
+local function batch(vocab, k, rows, first, packed)
   local rnd = T.lcg(1000 + k)
-  local ids, tg = {}, {}
+  local ids, tg, ds, count = {}, {}, {}, 0
   for r = 0, first + rows - 1 do
     local row = {}
     for t = 0, SEQ do row[t] = math.floor(rnd(2147483648) / 65536) % vocab end -- (the LCG's high bits: its low ones repeat)
     if r >= first then
-      for t = 0, SEQ - 1 do ids[#ids + 1], tg[#tg + 1] = row[t], row[t + 1] end
+      local start = 0
+      for t = 0, SEQ - 1 do
+        if packed and t > 0 and (t + 3 * r + k) % 6 == 0 then start = t end
+        local last = packed and (t == SEQ - 1 or (t + 1 + 3 * r + k) % 6 == 0)
+        ids[#ids + 1], tg[#tg + 1], ds[#ds + 1] = row[t], last and -100 or row[t + 1], start
+        if not last then count = count + 1 end
+      end
     end
   end
-  return { x = T.int32(fsdp, ids, { rows, SEQ }), y = T.int32(fsdp, tg, { rows * SEQ }) }
+  local b = { x = T.int32(fsdp, ids, { rows, SEQ }), y = T.int32(fsdp, tg, { rows * SEQ }) }
+  if packed then b.doc_start, b.count = T.int32(fsdp, ds, { rows, SEQ }), count end
+  return b
 end
 
-local function free(b) b.x:free(); b.y:free() end
+local function free(b)
+  b.x:free(); b.y:free()
+  if b.doc_start then b.doc_start:free() end
+end
 local steps = llama.step_loss(1 * 2 ^ 20)
 
 -- one rank alone on the whole global batch: the reference losses and norms
@@ -72,14 +86,14 @@ local solo = solo_mesh:group("dp_shard")
 -- norm, by model and data-parallel ranks (activation checkpointing and
 -- recompute give the same bits, test_llama: one reference serves them)
 local references = {}
-local function reference(cfg_t, dp)
-  local key = tostring(cfg_t) .. "/" .. dp
+local function reference(cfg_t, dp, packed)
+  local key = tostring(cfg_t) .. "/" .. dp .. (packed and "/packed" or "")
   if references[key] then return references[key] end
   local cfg = llama.config(cfg_t)
   local m = fsdp.fully_shard(llama.model(cfg), { shard = solo, units = llama.units, zero = 3, seed = 7 })
   local out = {}
   for k = 1, STEPS do
-    local b = batch(cfg.vocab_size, k, MB * dp, 0)
+    local b = batch(cfg.vocab_size, k, MB * dp, 0, packed)
     local loss, norm = m:train_step({ b }, { forward_loss = steps.forward_loss, lr = opt.lr, beta1 = opt.beta1,
       beta2 = opt.beta2, eps = opt.eps, weight_decay = opt.weight_decay, clip = opt.clip })
     out[k] = { loss, norm }
@@ -127,7 +141,7 @@ end
 local function run(name, cfg_t, spec, o)
   local cfg = llama.config(cfg_t)
   local m, mesh, dp, dp_rank = build(cfg, spec, o)
-  local want = reference(cfg_t, dp)
+  local want = reference(cfg_t, dp, o.packed)
   -- 1. the slices hold the whole weights' values (before any step)
   if o.slices then
     local bad = 0
@@ -140,7 +154,7 @@ local function run(name, cfg_t, spec, o)
   end
   local worst_l, worst_n = 0, 0
   for k = 1, STEPS do
-    local b = batch(cfg.vocab_size, k, MB, dp_rank * MB)
+    local b = batch(cfg.vocab_size, k, MB, dp_rank * MB, o.packed)
     local loss, norm = m:train_step({ b }, { forward_loss = steps.forward_loss, lr = opt.lr, beta1 = opt.beta1,
       beta2 = opt.beta2, eps = opt.eps, weight_decay = opt.weight_decay, clip = opt.clip })
     worst_l = math.max(worst_l, rel(loss, want[k][1]))
@@ -180,8 +194,13 @@ for _, mm in ipairs(meshes) do
   local label, spec = mm[1], mm[2]
   run("tiny " .. label .. " zero 3", tiny, spec, { slices = W < 8 and whole_params(tiny) or nil })
   run("gqa " .. label .. " zero 3", gqa, spec, { slices = W < 8 and whole_params(gqa) or nil })
-  for _, d in ipairs(spec) do -- (cp: attention as a ring too, fsdp.cp_ring; the default is an all-gather)
-    if d[1] == "cp" then run("gqa " .. label .. " zero 3, ring attention", gqa, spec, { model = { cp_attention = "ring" } }) end
+  for _, d in ipairs(spec) do -- (cp: attention as a ring too, fsdp.cp_ring; the default is an all-gather; and packed rows)
+    if d[1] == "cp" then
+      run("gqa " .. label .. " zero 3, ring attention", gqa, spec, { model = { cp_attention = "ring" } })
+      run("gqa " .. label .. " zero 3, packed rows", gqa, spec, { packed = true })
+      run("tiny " .. label .. " zero 3, packed rows, ring attention", tiny, spec, { packed = true,
+        model = { cp_attention = "ring" } })
+    end
   end
 end
 local tied = {}

@@ -22,6 +22,8 @@ local autograd = require "fsdp.autograd"
 local tpm = require "fsdp.tp"
 local cpm = require "fsdp.cp"
 local cp_ring = require "fsdp.cp_ring"
+local base = require "fsdp.ffi"
+local C, check = base.C, base.check
 
 local M = {}
 
@@ -188,11 +190,21 @@ end
 -- chunks of each row at theirs (each a run of consecutive positions)
 local function rope(x, t, B, T, heads, hd, backward, docs, cpl)
   if not cpl then return ops.rope(x, t, B, T, heads, hd, backward, nil, docs) end
-  local c, w = T / 2, heads * hd
+  local c, w, Tf = T / 2, heads * hd, cpl.T
+  local ds = cpl.starts and not cpl.starts.meta and cpl.starts:ptr() -- (packed rows: each document's run at its place in it)
   for b = 0, B - 1 do
     for h = 0, 1 do
-      local first = cpm.chunk(cpl.g.size, cpl.g.rank, h) * c
-      ops.rope(x:view((b * T + h * c) * w, { 1, c, w }), t, 1, c, heads, hd, backward, first)
+      local first, i = cpm.chunk(cpl.g.size, cpl.g.rank, h) * c, 0
+      while i < c do
+        local j, at = c, first
+        if ds then
+          local d = ds[b * Tf + first + i]
+          j, at = i + 1, first + i - d
+          while j < c and ds[b * Tf + first + j] == d do j = j + 1 end
+        end
+        ops.rope(x:view((b * T + h * c + i) * w, { 1, j - i, w }), t, 1, j - i, heads, hd, backward, at)
+        i = j
+      end
     end
   end
 end
@@ -276,7 +288,7 @@ function Attention:forward(ctx, x, phase)
   local B, T = x.shape[1], x.shape[2]
   local nh, nkv, hd = self.nh, self.nkv, cfg.head_dim
   local full = self.packed.cp and self.packed.cp.T or T
-  if full > cfg.max_position_embeddings and not self.packed.docs then -- (packed rows: pack() checks each document)
+  if full > cfg.max_position_embeddings and not (self.packed.docs or (self.packed.cp and self.packed.cp.lo)) then -- (packed rows: pack() checks each document)
     error(string.format("LlamaAttention: sequence length %d exceeds max_position_embeddings %d", full, cfg.max_position_embeddings), 2)
   end
   local q = nn.call(ctx, ch[1], phase, x)
@@ -577,6 +589,26 @@ local function head_mods(self, mods)
   return mods
 end
 
+-- doc_start against ids ({B, T} both, fsdp_doc_start_check) and the
+-- model: a row may be longer than the model's positions; no document may
+local function check_docs(self, ids, doc_start)
+  if doc_start.shape[1] ~= ids.shape[1] or doc_start.shape[2] ~= ids.shape[2] then
+    error(string.format("llama: doc_start is {%s}, the ids {%s}", table.concat(doc_start.shape, ", "),
+      table.concat(ids.shape, ", ")), 4)
+  end
+  local B, T = ids.shape[1], ids.shape[2]
+  if doc_start.meta then return end -- (a dry run: nothing to read)
+  local ds = doc_start:ptr()
+  check(C.fsdp_doc_start_check(ds, B, T), "llama: packed rows")
+  if T <= self.cfg.max_position_embeddings then return end
+  local longest = 0
+  for i = 0, B * T - 1 do longest = math.max(longest, i % T - ds[i] + 1) end
+  if longest > self.cfg.max_position_embeddings then
+    error(string.format("llama: a packed document of %d tokens passes max_position_embeddings %d", longest,
+      self.cfg.max_position_embeddings), 4)
+  end
+end
+
 -- Packed rows (documents one after another in a row of ids): doc_start,
 -- an int32 {B, T} CPU tensor, the first position of each position's
 -- document (ops.doc_layout); nil: each row is one sequence. The layers
@@ -585,10 +617,14 @@ end
 local function pack(self, ids, doc_start)
   if self.cp then
     local B, T = ids.shape[1], ids.shape[2]
-    if doc_start then error("llama: packed rows with context parallelism are not built (data.pack at cp = 1)", 3) end
     local why = cpm.check(T, self.cp.size)
     if why then error("llama: " .. why, 3) end
     self.packed.cp = cp_layout(self, T, ids.device)
+    if doc_start then -- packed rows: each query sees its document's keys alone, at its place in it
+      check_docs(self, ids, doc_start)
+      self.packed.cp = setmetatable({ starts = doc_start, lo = cpm.doc_bounds(self.cp, T, doc_start, ids.device) },
+        { __index = self.packed.cp })
+    end
     if self.tp then -- (this rank's rows: of its chunks)
       self.tp.whole = nil
       if (B * T / self.cp.size) % self.tp.size ~= 0 then
@@ -600,10 +636,7 @@ local function pack(self, ids, doc_start)
     self.packed.docs = nil
     return
   end
-  if doc_start and (doc_start.shape[1] ~= ids.shape[1] or doc_start.shape[2] ~= ids.shape[2]) then
-    error(string.format("llama: doc_start is {%s}, the ids {%s}", table.concat(doc_start.shape, ", "),
-      table.concat(ids.shape, ", ")), 3)
-  end
+  if doc_start then check_docs(self, ids, doc_start) end
   if self.tp then -- (sequence parallelism: every tp rank holds an equal share of the rows)
     self.tp.whole = nil
     local B, T = ids.shape[1], ids.shape[2]
@@ -614,15 +647,6 @@ local function pack(self, ids, doc_start)
     self.tp.rows = { B, T }
   end
   self.packed.docs = doc_start and ops.doc_layout(doc_start, ids.device) or nil
-  local docs = self.packed.docs
-  if docs and not doc_start.meta and ids.shape[2] > self.cfg.max_position_embeddings then
-    local p, longest = docs.pos:ptr(), 0 -- (a row may be longer than the model's positions; no document may)
-    for i = 0, docs.pos:numel() - 1 do longest = math.max(longest, p[i] + 1) end
-    if longest > self.cfg.max_position_embeddings then
-      error(string.format("llama: a packed document of %d tokens passes max_position_embeddings %d", longest,
-        self.cfg.max_position_embeddings), 3)
-    end
-  end
 end
 
 function CausalLM:forward(ctx, ids, doc_start)
@@ -685,28 +709,35 @@ end
 -- input. Without grads (ctx.no_grad) only the loss. targets: a CPU int32
 -- tensor; on CUDA, targets_dev is its device copy. o.doc_start: packed
 -- rows (CausalLM:forward). Returns the loss (a
--- number, or an ops.deferred on a GPU) and the count.
+-- number, or an ops.deferred on a GPU) and the count (with cp: of the
+-- whole rows' targets, all cp ranks' together).
 function CausalLM:forward_loss(ctx, ids, targets, o)
   ctx = ctx or nn.plain
   o = o or {}
   local cfg, head = self.cfg, self.children[2]
   local ignore = o.ignore_index or -100
   local V, h = cfg.vocab_size, cfg.hidden_size
-  local count
+  local count, norm
   pack(self, ids, o.doc_start)
   local tp = self.tp
   local sum, dnf = autograd.scope(function()
     local B = ids.shape[1]
     local nf = nn.forward_chain(ctx, trunk(self), local_part(self, ids, B))
+    -- (cp: the loss is the mean over the rows' targets on every cp rank,
+    -- which the step averages over them: each rank's sum over 1/cp of the
+    -- count, however the targets fall into its chunks (masks, packed rows))
+    if self.cp then count = count_targets(targets, targets:numel(), V, ignore) end
     targets = local_part(self, targets, B)
     local tdev = o.targets_dev and local_part(self, o.targets_dev, B)
     local coef = o.coef and local_part(self, o.coef, B)
     nf = head_rows(self, ctx, nf)
     local n = nf:numel() / h
-    count = count_targets(targets, n, V, ignore)
+    local here = count_targets(targets, n, V, ignore)
+    count = count or here
+    norm = self.cp and count / self.cp.size or count
     if nf.device == "cuda" and not tdev then error("llama forward_loss: on cuda the targets' device copy is needed", 0) end
     local rows = M.loss_rows(n, tp and V / tp.size or V, nf.esize, o.chunk_bytes or M.loss_chunk_bytes)
-    local gscale = count > 0 and (o.scale or 1) / count or 0
+    local gscale = count > 0 and (o.scale or 1) / norm or 0
     local grad = not ctx.no_grad and ops.like(nf) or nil
     local parts = {}
     if coef and coef:numel() ~= n then error(string.format("llama forward_loss: %d coefficients for %d positions", coef:numel(), n), 0) end
@@ -738,7 +769,7 @@ function CausalLM:forward_loss(ctx, ids, targets, o)
   end)
   self.dnf = dnf
   if count == 0 or o.coef then return 0, count end
-  return sum / count, count
+  return sum / norm, count
 end
 
 -- Forward only (ctx.no_grad): each position's log-probability of its
