@@ -251,14 +251,15 @@ int fsdp_attention_pos_check(const int32_t *q_pos, int64_t tq, int64_t tk) {
   return FSDP_OK;
 }
 
-/* the arguments every call checks: ds alone is doc_start, with q_pos q_lo */
+/* the arguments every call checks (ds with q_pos is q_lo: its caller,
+ * attention_pos_docs.c, checks it) */
 static int check_call(const char *op, const int32_t *ds, const int32_t *q_pos, int64_t B, int64_t Tq, int64_t Tk,
                       int64_t H, int64_t Hkv, int64_t D) {
   FSDP_CHECK(check_dims(op, B, Tq, Tk, H, Hkv, D));
   if (!B) return FSDP_OK;
   if (ds && !q_pos) FSDP_CHECK(fsdp_doc_start_check(ds, B, Tq));
   if (q_pos) {
-    const int rc = ds ? fsdp_attention_pos_docs_check(q_pos, ds, B, Tq, Tk) : fsdp_attention_pos_check(q_pos, Tq, Tk);
+    const int rc = fsdp_attention_pos_check(q_pos, Tq, Tk);
     if (rc < 0) return fsdp_fail_context(rc, "%s", op);
   }
   return FSDP_OK;
@@ -269,7 +270,12 @@ int fsdp_attention_rows_forward(const char *op, float *out, float *lse, const fl
                                 int64_t Hkv, int64_t D) {
   FSDP_CHECK(check_call(op, ds, q_pos, B, Tq, Tk, H, Hkv, D));
   if (!B || !Tq) return FSDP_OK;
-  if (!out || !lse || !q || !k || !v) return fsdp_fail(FSDP_EINVAL, "%s: NULL buffer", op);
+  if (!out || !lse || !q || (Tk && (!k || !v))) return fsdp_fail(FSDP_EINVAL, "%s: NULL buffer", op);
+  if (!Tk) { /* no keys (q_pos all -1): out 0, lse -inf; k, v unread (may be NULL) */
+    memset(out, 0, sizeof(float) * (size_t)(B * Tq * H * D));
+    for (int64_t i = 0; i < B * H * Tq; i++) lse[i] = -INFINITY;
+    return FSDP_OK;
+  }
   attn_job j = {.out = out, .lse_out = lse, .q = q, .k = k, .v = v, .doc_start = ds, .q_pos = q_pos, .B = B, .Tq = Tq,
                 .Tk = Tk, .H = H, .Hkv = Hkv, .D = D};
   atomic_init(&j.no_memory, 0);
@@ -382,9 +388,13 @@ int fsdp_attention_rows_backward(const char *op, float *dq, float *dk, float *dv
   FSDP_CHECK(check_call(op, ds, q_pos, B, Tq, Tk, H, Hkv, D));
   if (!B || (!Tk && !Tq)) return FSDP_OK;
   /* no queries (Tq 0): dK, dV still overwritten, with zeros; no keys (Tk
-   * 0, q_pos all -1): dQ, with zeros */
-  if (!dk || !dv || !k || !v || (Tq && (!dq || !dout || !q || !out || !lse)))
+   * 0, q_pos all -1): dQ, with zeros, k, v, dk, dv untouched (may be NULL) */
+  if ((Tk && (!dk || !dv || !k || !v)) || (Tq && (!dq || !dout || !q || !out || !lse)))
     return fsdp_fail(FSDP_EINVAL, "%s: NULL buffer", op);
+  if (!Tk) {
+    memset(dq, 0, sizeof(float) * (size_t)(B * Tq * H * D));
+    return FSDP_OK;
+  }
   attn_job j = {.lse = lse, .dq = dq, .dk = dk, .dv = dv, .q = q, .k = k, .v = v, .dout = dout, .o = out,
                 .doc_start = ds, .q_pos = q_pos, .B = B, .Tq = Tq, .Tk = Tk, .H = H, .Hkv = Hkv, .D = D};
   atomic_init(&j.no_memory, 0);

@@ -37,17 +37,21 @@ int fsdp_attention_pos_docs_check(const int32_t *q_pos, const int32_t *q_lo, int
   return FSDP_OK;
 }
 
-/* the NULL index buffers (the core would take q_lo NULL for the _pos call) */
-static int check_indices(const char *op, const int32_t *q_pos, const int32_t *q_lo, int64_t batch, int64_t tq) {
-  if (batch && tq && (!q_pos || !q_lo)) return fsdp_fail(FSDP_EINVAL, "%s: %s is NULL", op, q_pos ? "q_lo" : "q_pos");
-  return FSDP_OK;
+/* q_pos and q_lo (the core checks q_pos alone, and would take q_lo NULL
+ * for the _pos call) */
+static int check_indices(const char *op, const int32_t *q_pos, const int32_t *q_lo, int64_t batch, int64_t tq,
+                         int64_t tk) {
+  if (batch <= 0 || tq <= 0) return FSDP_OK; /* no rows: the core's checks */
+  if (!q_pos || !q_lo) return fsdp_fail(FSDP_EINVAL, "%s: %s is NULL", op, q_pos ? "q_lo" : "q_pos");
+  const int rc = fsdp_attention_pos_docs_check(q_pos, q_lo, batch, tq, tk);
+  return rc < 0 ? fsdp_fail_context(rc, "%s", op) : FSDP_OK;
 }
 
 int fsdp_attention_forward_pos_docs(float *out, float *lse, const float *q, const float *k, const float *v,
                                     const int32_t *q_pos, const int32_t *q_lo, int64_t batch, int64_t tq, int64_t tk,
                                     int64_t heads, int64_t kv_heads, int64_t head_dim) {
   static const char op[] = "attention_forward_pos_docs";
-  FSDP_CHECK(check_indices(op, q_pos, q_lo, batch, tq));
+  FSDP_CHECK(check_indices(op, q_pos, q_lo, batch, tq, tk));
   return fsdp_attention_rows_forward(op, out, lse, q, k, v, q_lo, q_pos, batch, tq, tk, heads, kv_heads, head_dim);
 }
 
@@ -56,7 +60,7 @@ int fsdp_attention_backward_pos_docs(float *dq, float *dk, float *dv, const floa
                                      const int32_t *q_pos, const int32_t *q_lo, int64_t batch, int64_t tq, int64_t tk,
                                      int64_t heads, int64_t kv_heads, int64_t head_dim) {
   static const char op[] = "attention_backward_pos_docs";
-  FSDP_CHECK(check_indices(op, q_pos, q_lo, batch, tq));
+  FSDP_CHECK(check_indices(op, q_pos, q_lo, batch, tq, tk));
   return fsdp_attention_rows_backward(op, dq, dk, dv, dout, q, k, v, out, lse, q_lo, q_pos, batch, tq, tk, heads,
                                       kv_heads, head_dim);
 }

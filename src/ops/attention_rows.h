@@ -4,7 +4,7 @@
  * out [B, Tq, H, D]; k, v, dk, dv [B, Tk, Hkv, D]; lse [B, H, Tq]. Query i
  * sees keys lo .. e - 1 with lo = ds[b, i] (ds [B, Tq]: without q_pos
  * doc_start, fsdp_doc_start_check's rules, Tq = Tk; with it q_lo,
- * fsdp_attention_pos_docs_check's) or 0, and e = q_pos[i] + 1 (q_pos
+ * fsdp_attention_pos_docs_check's, which the caller checks) or 0, and e = q_pos[i] + 1 (q_pos
  * [Tq], each in [-1, Tk)) or i + 1. A query with lo = e (q_pos -1, or q_lo
  * q_pos + 1) sees no key: its out row 0 and lse -inf, its dq row 0,
  * nothing to dk, dv. `op` names the call in the errors. dq, dk, dv

@@ -28,7 +28,8 @@
  * - A small case against central differences (h = 1e-5) of L in float64:
  *   the op within 1e-3 relative + 1e-5, the float64 chain rule within 1e-6
  *   relative + 1e-8.
- * - No keys (tk 0, every q_pos -1); no queries (tq 0: dk, dv zeros).
+ * - No keys (tk 0, every q_pos -1: k, v, dk, dv may be NULL); no queries
+ *   (tq 0: dk, dv zeros).
  * - Refusals naming the batch row and query: q_lo outside [0, q_pos + 1],
  *   q_lo falling within a run of positions rising by one; q_lo or q_pos
  *   NULL; a position outside [-1, tk). */
@@ -335,6 +336,12 @@ static void edges(void) {
   for (int i = 0; i < NQ; i++) ok &= out[i] == 0 && dq[i] == 0;
   for (int i = 0; i < NL; i++) ok &= lse[i] == -INFINITY;
   CHECK(ok);
+  /* no keys: k, v, dk, dv unread, may be NULL */
+  float *o2 = ref_poisoned(NQ), *l2 = ref_poisoned(NL), *dq2 = ref_poisoned(NQ);
+  CHECK_OK(fsdp_attention_forward_pos_docs(o2, l2, x, NULL, NULL, pos, lo, B, TQ, 0, H, HKV, D));
+  CHECK_OK(fsdp_attention_backward_pos_docs(dq2, NULL, NULL, x, x, NULL, NULL, o2, l2, pos, lo, B, TQ, 0, H, HKV, D));
+  CHECK(same_bits(o2, out, NQ) && same_bits(l2, lse, NL) && same_bits(dq2, dq, NQ));
+  free(o2), free(l2), free(dq2);
   float *dk = ref_poisoned(NQ), *dv = ref_poisoned(NQ);
   CHECK_OK(fsdp_attention_forward_pos_docs(NULL, NULL, NULL, x, x, NULL, NULL, B, 0, 5, H, HKV, D));
   CHECK_OK(fsdp_attention_backward_pos_docs(NULL, dk, dv, NULL, NULL, x, x, NULL, NULL, NULL, NULL, B, 0, 5, H, HKV, D));
