@@ -17,8 +17,17 @@
 // query loop skips the tiles of queries that all sit before its first key
 // (-1 among them), and masks per row; dk, dv are the whole sequence's,
 // sh.Tk rows.
+// POS_DOCS (POS with a lower bound per query: packed rows under context
+// parallelism; q_pos [T] as `rows`, sh.q_lo [B, T]): query i of row b sees
+// keys q_lo[b, i] .. q_pos[i]; at q_lo = q_pos + 1 none, as POS's -1 (which
+// has q_lo 0). q_lo need not rise along the queries (a rank's two chunks),
+// so a query block's key loop runs from its rows' smallest q_lo to their
+// largest q_pos (those of rows that see a key), skipping the tiles of keys
+// no row of it sees; a key block's query loop skips the tiles of queries
+// none of which sees one of its keys; the keys between are masked per row.
 // The template's ROWS picks the variant: CAUSAL (or false), DOCS_ROWS (or
-// true) or POS_ROWS; CAUSAL compiles to the causal kernels, unchanged.
+// true), POS_ROWS or POS_DOCS_ROWS; CAUSAL compiles to the causal kernels,
+// unchanged.
 //
 // The includer provides ld(p, i) / st(p, i, v) for float and
 // __nv_bfloat16, __expf, __syncthreads, and FSDP_ATTN_SHARED(name), the
@@ -29,12 +38,13 @@
 namespace fsdp_attn {
 
 enum { QROWS = 32, KTILE = 16 };
-enum { CAUSAL = 0, DOCS_ROWS = 1, POS_ROWS = 2 };  // ROWS (a bool DOCS converts to the first two)
+enum { CAUSAL = 0, DOCS_ROWS = 1, POS_ROWS = 2, POS_DOCS_ROWS = 3 };  // ROWS (a bool DOCS converts to the first two)
 
 struct Shape {
   int64_t B, T, H, Hkv, D;
   float scale;
-  int64_t Tk;  // POS: the keys (k, v, dk, dv rows); else T
+  int64_t Tk;                     // POS, POS_DOCS: the keys (k, v, dk, dv rows); else T
+  const int32_t *q_lo = nullptr;  // POS_DOCS: each query's first key [B, T] (device memory); else unused
 };
 
 // rows [r0, r0 + R) of head h of one or two [B, rows, heads, D] tensors
@@ -62,11 +72,40 @@ __device__ inline int64_t last_position(const int32_t *q_pos, int64_t i0, int64_
   return m;
 }
 
-// rows: doc_start [B, T] (DOCS), q_pos [T] (POS), unused (CAUSAL)
+// POS_DOCS: whether one of queries i0 .. i0 + n - 1 (those inside T) sees
+// a key of [a, z]: max(lo[i], a) <= min(q_pos[i], z), lo the batch row's
+// q_lo (every thread the same)
+__device__ inline bool sees_any(const int32_t *q_pos, const int32_t *lo, int64_t i0, int64_t n, int64_t T, int64_t a,
+                                int64_t z) {
+  for (int64_t i = i0; i < i0 + n && i < T; i++)
+    if ((lo[i] > a ? lo[i] : a) <= (q_pos[i] < z ? q_pos[i] : z)) return true;
+  return false;
+}
+
+// the last key a block of QROWS queries from i0 sees (every thread the
+// same); POS_DOCS also sets its first, the smallest q_lo (ds, the batch
+// row's) of the rows that see a key, to the largest q_pos of those (first
+// 0, last -1 where none does)
+template <int ROWS>
+__device__ inline int64_t last_key(const int32_t *rows, const int32_t *ds, int64_t i0, const Shape &sh, int64_t &first) {
+  if (ROWS == POS_ROWS) return last_position(rows, i0, QROWS, sh.T);
+  if (ROWS != POS_DOCS_ROWS) return i0 + QROWS - 1 < sh.T - 1 ? i0 + QROWS - 1 : sh.T - 1;
+  int64_t f = INT64_MAX, l = -1;
+  for (int64_t i = i0; i < i0 + QROWS && i < sh.T; i++)
+    if (ds[i] <= rows[i]) {
+      f = ds[i] < f ? ds[i] : f;
+      l = rows[i] > l ? rows[i] : l;
+    }
+  first = l < 0 ? 0 : f;
+  return l;
+}
+
+// rows: doc_start [B, T] (DOCS), q_pos [T] (POS, POS_DOCS), unused (CAUSAL)
 // smem: QROWS * (D + 1) + 2 * KTILE * D floats
 template <typename T, int MAXD, int ROWS>
 __global__ void attn_fwd(T *out, float *lse, const T *q, const T *k, const T *v, const int32_t *rows, Shape sh) {
-  constexpr bool DOCS = ROWS == DOCS_ROWS, POS = ROWS == POS_ROWS;
+  constexpr bool DOCS = ROWS == DOCS_ROWS, POS = ROWS == POS_ROWS, POS_DOCS = ROWS == POS_DOCS_ROWS;
+  constexpr bool AT = POS || POS_DOCS, FROM = DOCS || POS_DOCS;  // queries at positions; a first key per row
   FSDP_ATTN_SHARED(smem);
   const int D = (int)sh.D, P = D + 1;
   float *qs = smem;                     // [QROWS][P]
@@ -76,16 +115,18 @@ __global__ void attn_fwd(T *out, float *lse, const T *q, const T *k, const T *v,
   int64_t hk = h / (sh.H / sh.Hkv);
   int tid = threadIdx.x;
   int64_t i = i0 + tid;
-  const int32_t *ds = DOCS ? rows + b * sh.T : nullptr;
-  const int64_t first = DOCS ? ds[i0] : 0, lo = DOCS && i < sh.T ? ds[i] : 0;  // the block's, this row's first key
-  const int64_t Tk = POS ? sh.Tk : sh.T, pi = POS && i < sh.T ? rows[i] : i;  // this row's position: its last key
+  const int32_t *ds = DOCS ? rows + b * sh.T : POS_DOCS ? sh.q_lo + b * sh.T : nullptr;  // the rows' first keys
+  int64_t first = DOCS ? ds[i0] : 0;                                                   // the block's first key
+  const int64_t lo = FROM && i < sh.T ? ds[i] : 0;                                     // this row's
+  const int64_t Tk = AT ? sh.Tk : sh.T, pi = AT && i < sh.T ? rows[i] : i;  // this row's position: its last key
   load_rows(qs, q, (float *)nullptr, (const T *)nullptr, P, b, i0, QROWS, sh.H, h, sh.T, sh);
   float acc[MAXD];
 #pragma unroll
   for (int c = 0; c < MAXD; c++) acc[c] = 0;
   float m = -INFINITY, l = 0;
-  int64_t last = POS ? last_position(rows, i0, QROWS, sh.T) : i0 + QROWS - 1 < sh.T - 1 ? i0 + QROWS - 1 : sh.T - 1;
+  const int64_t last = last_key<ROWS>(rows, ds, i0, sh, first);
   for (int64_t j0 = first; j0 <= last; j0 += KTILE) {
+    if (POS_DOCS && !sees_any(rows, ds, i0, QROWS, sh.T, j0, j0 + KTILE - 1)) continue;  // (every thread alike)
     __syncthreads();
     load_rows(ks, k, vs, v, D, b, j0, KTILE, sh.Hkv, hk, Tk, sh);
     __syncthreads();
@@ -93,7 +134,7 @@ __global__ void attn_fwd(T *out, float *lse, const T *q, const T *k, const T *v,
     for (int r = 0; r < KTILE; r++) {
       int64_t j = j0 + r;
       if (j > pi) break;
-      if (DOCS && j < lo) continue;
+      if (FROM && j < lo) continue;
       float sdot = 0;
 #pragma unroll
       for (int c = 0; c < MAXD; c++)
@@ -108,8 +149,9 @@ __global__ void attn_fwd(T *out, float *lse, const T *q, const T *k, const T *v,
     }
   }
   if (i < sh.T) {
-    // POS at -1: no key, l = 0 (acc 0): out 0 and lse -inf, not 0 / 0
-    const bool none = POS && pi < 0;
+    // POS at -1, POS_DOCS at q_lo past q_pos: no key, m -inf and l = 0
+    // (acc 0): out 0 and lse -inf, not 0 / 0
+    const bool none = (POS && pi < 0) || (POS_DOCS && lo > pi);
     float inv = none ? 0.0f : 1.0f / l;
 #pragma unroll
     for (int c = 0; c < MAXD; c++)
@@ -123,7 +165,8 @@ __global__ void attn_fwd(T *out, float *lse, const T *q, const T *k, const T *v,
 template <typename T, int MAXD, int ROWS>
 __global__ void attn_bwd_dq(T *dq, const T *dout, const T *q, const T *k, const T *v, const T *out, const float *lse,
                             const int32_t *rows, Shape sh) {
-  constexpr bool DOCS = ROWS == DOCS_ROWS, POS = ROWS == POS_ROWS;
+  constexpr bool DOCS = ROWS == DOCS_ROWS, POS = ROWS == POS_ROWS, POS_DOCS = ROWS == POS_DOCS_ROWS;
+  constexpr bool AT = POS || POS_DOCS, FROM = DOCS || POS_DOCS;  // queries at positions; a first key per row
   FSDP_ATTN_SHARED(smem);
   const int D = (int)sh.D, P = D + 1;
   float *qs = smem, *dos = qs + QROWS * P, *ks = dos + QROWS * P, *vs = ks + KTILE * D;
@@ -131,9 +174,10 @@ __global__ void attn_bwd_dq(T *dq, const T *dout, const T *q, const T *k, const 
   int64_t hk = h / (sh.H / sh.Hkv);
   int tid = threadIdx.x;
   int64_t i = i0 + tid;
-  const int32_t *ds = DOCS ? rows + b * sh.T : nullptr;
-  const int64_t first = DOCS ? ds[i0] : 0, lo = DOCS && i < sh.T ? ds[i] : 0;  // as in attn_fwd
-  const int64_t Tk = POS ? sh.Tk : sh.T, pi = POS && i < sh.T ? rows[i] : i;
+  const int32_t *ds = DOCS ? rows + b * sh.T : POS_DOCS ? sh.q_lo + b * sh.T : nullptr;  // as in attn_fwd
+  int64_t first = DOCS ? ds[i0] : 0;
+  const int64_t lo = FROM && i < sh.T ? ds[i] : 0;
+  const int64_t Tk = AT ? sh.Tk : sh.T, pi = AT && i < sh.T ? rows[i] : i;
   load_rows(qs, q, dos, dout, P, b, i0, QROWS, sh.H, h, sh.T, sh);
   __syncthreads();
   float Di = 0, L = 0;
@@ -144,8 +188,9 @@ __global__ void attn_bwd_dq(T *dq, const T *dout, const T *q, const T *k, const 
   float acc[MAXD];
 #pragma unroll
   for (int c = 0; c < MAXD; c++) acc[c] = 0;
-  int64_t last = POS ? last_position(rows, i0, QROWS, sh.T) : i0 + QROWS - 1 < sh.T - 1 ? i0 + QROWS - 1 : sh.T - 1;
+  const int64_t last = last_key<ROWS>(rows, ds, i0, sh, first);
   for (int64_t j0 = first; j0 <= last; j0 += KTILE) {
+    if (POS_DOCS && !sees_any(rows, ds, i0, QROWS, sh.T, j0, j0 + KTILE - 1)) continue;  // (every thread alike)
     __syncthreads();
     load_rows(ks, k, vs, v, D, b, j0, KTILE, sh.Hkv, hk, Tk, sh);
     __syncthreads();
@@ -153,7 +198,7 @@ __global__ void attn_bwd_dq(T *dq, const T *dout, const T *q, const T *k, const 
     for (int r = 0; r < KTILE; r++) {
       int64_t j = j0 + r;
       if (j > pi) break;
-      if (DOCS && j < lo) continue;
+      if (FROM && j < lo) continue;
       float sdot = 0, dp = 0;
 #pragma unroll
       for (int c = 0; c < MAXD; c++)
@@ -175,33 +220,40 @@ __global__ void attn_bwd_dq(T *dq, const T *dout, const T *q, const T *k, const 
 }
 
 // dv_j = sum_{h in group, i >= j} p_ij dout_i;  dk_j = scale sum p_ij (dp_ij - Di) q_i
-// (POS: over the queries i whose position is at or past j); a block of
-// QROWS keys (POS: of sh.Tk)
-// smem: 3 * QROWS * (D + 1) + 2 * KTILE * D + 2 * KTILE floats (DOCS, POS: + KTILE)
+// (POS: over the queries i whose position is at or past j; POS_DOCS: also
+// whose q_lo is at or before j); a block of QROWS keys (POS, POS_DOCS: of
+// sh.Tk)
+// smem: 3 * QROWS * (D + 1) + 2 * KTILE * D + 2 * KTILE floats (DOCS, POS,
+// POS_DOCS: + KTILE; POS_DOCS reads q_lo where it tests it, from global
+// memory: the same address across the block, a single warp)
 template <typename T, int MAXD, int ROWS>
 __global__ void attn_bwd_dkv(T *dk, T *dv, const T *dout, const T *q, const T *k, const T *v, const T *out,
                              const float *lse, const int32_t *rows, Shape sh) {
-  constexpr bool DOCS = ROWS == DOCS_ROWS, POS = ROWS == POS_ROWS;
+  constexpr bool DOCS = ROWS == DOCS_ROWS, POS = ROWS == POS_ROWS, POS_DOCS = ROWS == POS_DOCS_ROWS;
+  constexpr bool AT = POS || POS_DOCS;  // queries at positions
   FSDP_ATTN_SHARED(smem);
   const int D = (int)sh.D, P = D + 1;
   float *ks = smem, *vs = ks + QROWS * P, *dks = vs + QROWS * P;  // this block's key rows [QROWS][P]
   float *qt = dks + QROWS * P, *dot = qt + KTILE * D;             // a tile of query rows [KTILE][D]
   float *Lt = dot + KTILE * D, *Dt = Lt + KTILE;                   // their lse and Di
-  int32_t *St = (int32_t *)(Dt + KTILE);                           // DOCS: their doc_start; POS: positions
+  int32_t *St = (int32_t *)(Dt + KTILE);                           // DOCS: their doc_start; POS, POS_DOCS: positions
   int64_t b = blockIdx.z, hk = blockIdx.y, j0 = (int64_t)blockIdx.x * QROWS;
   int64_t group = sh.H / sh.Hkv;
   int tid = threadIdx.x;
   int64_t j = j0 + tid;
-  const int32_t *ds = DOCS ? rows + b * sh.T : nullptr;
-  const int64_t Tk = POS ? sh.Tk : sh.T;
+  const int32_t *ds = DOCS ? rows + b * sh.T : POS_DOCS ? sh.q_lo + b * sh.T : nullptr;
+  const int64_t Tk = AT ? sh.Tk : sh.T;
   // causal: queries j0 .. T - 1; POS: all T, a tile skipped where its
   // positions all lie before j0 (-1, seeing nothing, lies before every
-  // key: such a row is masked below too); DOCS: up to the first whose document
-  // starts past this block's last key (queries i <= that key start at or
-  // before it, doc_start[i] <= i, so the search starts after it)
+  // key: such a row is masked below too); POS_DOCS: all T, a tile skipped
+  // where none of its rows sees a key of this block (a row that sees none
+  // is masked below too: q_pos < j or q_lo > j for every j); DOCS: up to
+  // the first whose document starts past this block's last key (queries
+  // i <= that key start at or before it, doc_start[i] <= i, so the search
+  // starts after it)
   int64_t iend = sh.T;
+  const int64_t jl = j0 + QROWS - 1 < Tk - 1 ? j0 + QROWS - 1 : Tk - 1;  // the block's last key
   if (DOCS) {
-    const int64_t jl = j0 + QROWS - 1 < sh.T - 1 ? j0 + QROWS - 1 : sh.T - 1;
     int64_t a = jl + 1, e = sh.T;
     while (a < e) {
       const int64_t mid = a + (e - a) / 2;
@@ -217,8 +269,9 @@ __global__ void attn_bwd_dkv(T *dk, T *dv, const T *dout, const T *q, const T *k
   for (int c = 0; c < MAXD; c++) dvacc[c] = 0;
   for (int64_t g = 0; g < group; g++) {
     int64_t h = hk * group + g;
-    for (int64_t i0 = POS ? 0 : j0; i0 < iend; i0 += KTILE) {
+    for (int64_t i0 = AT ? 0 : j0; i0 < iend; i0 += KTILE) {
       if (POS && last_position(rows, i0, KTILE, sh.T) < j0) continue;  // (every thread alike)
+      if (POS_DOCS && !sees_any(rows, ds, i0, KTILE, sh.T, j0, jl)) continue;
       __syncthreads();
       load_rows(qt, q, dot, dout, D, b, i0, KTILE, sh.H, h, sh.T, sh);
       if (tid < KTILE) {
@@ -229,15 +282,16 @@ __global__ void attn_bwd_dkv(T *dk, T *dv, const T *dout, const T *q, const T *k
         Dt[tid] = Di;
         Lt[tid] = ii < sh.T ? lse[(b * sh.H + h) * sh.T + ii] : 0.0f;
         if (DOCS) St[tid] = ii < sh.T ? ds[ii] : 0;
-        if (POS) St[tid] = ii < sh.T ? rows[ii] : -1;
+        if (AT) St[tid] = ii < sh.T ? rows[ii] : -1;
       }
       __syncthreads();
       if (j >= Tk) continue;
       for (int r = 0; r < KTILE; r++) {
         int64_t ii = i0 + r;
         if (ii >= sh.T) break;
-        if ((POS ? St[r] : ii) < j) continue;
+        if ((AT ? St[r] : ii) < j) continue;
         if (DOCS && St[r] > j) continue;
+        if (POS_DOCS && ds[ii] > j) continue;
         float sdot = 0, dp = 0;
 #pragma unroll
         for (int c = 0; c < MAXD; c++)

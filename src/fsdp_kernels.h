@@ -103,6 +103,20 @@ int fsdp_cuda_attention_backward_pos(void *dq, void *dk, void *dv, const void *d
                                      const void *v, const void *out, const float *lse, const int32_t *q_pos,
                                      int64_t batch, int64_t tq, int64_t tk, int64_t heads, int64_t kv_heads,
                                      int64_t head_dim, fsdp_dtype dtype, fsdp_stream *s);
+/* queries at given positions from a first key each (packed rows under
+ * context parallelism), as fsdp_attention_forward_pos_docs (fsdp_ops.h):
+ * query i of batch row b sees keys q_lo[b, i] .. q_pos[i]; q_pos [tq] and
+ * q_lo [batch, tq] are device memory, checked by the caller on their host
+ * copies; our fp32 CUDA-core kernels (kernels/attention_pos_docs.cu) run
+ * them whatever the impl setting */
+int fsdp_cuda_attention_forward_pos_docs(void *out, float *lse, const void *q, const void *k, const void *v,
+                                         const int32_t *q_pos, const int32_t *q_lo, int64_t batch, int64_t tq,
+                                         int64_t tk, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                                         fsdp_dtype dtype, fsdp_stream *s);
+int fsdp_cuda_attention_backward_pos_docs(void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
+                                          const void *v, const void *out, const float *lse, const int32_t *q_pos,
+                                          const int32_t *q_lo, int64_t batch, int64_t tq, int64_t tk, int64_t heads,
+                                          int64_t kv_heads, int64_t head_dim, fsdp_dtype dtype, fsdp_stream *s);
 /* ring attention's combine, as fsdp_attention_merge (fsdp_ops.h): out,
  * out_b [B, T, H, D] in dtype; lse, lse_b [B, H, T] fp32; in place on
  * out and lse (kernels/attention_merge.cu) */

@@ -29,6 +29,8 @@ if(CMAKE_CXX_COMPILER AND NOT FSDP_SANITIZE)
   fsdp_emu_test(attention_docs 60) # kernels/attention.cuh, rope.cuh: packed rows (doc_start) and rope at positions
   fsdp_emu_test(attention_pos 60) # kernels/attention.cuh: queries at given positions (context parallelism), vs the CPU op
   target_link_libraries(test_attention_pos_emu PRIVATE fsdp)
+  fsdp_emu_test(attention_pos_docs 60) # kernels/attention.cuh: queries at positions from a first key each (packed rows under cp), vs float64 and the CPU op
+  target_link_libraries(test_attention_pos_docs_emu PRIVATE fsdp)
   fsdp_emu_test(token_logprobs 60) # kernels/token_logprobs.cuh: per-token logp, entropy and their gradient
   fsdp_emu_test(embedding_slice 60) # kernels/embedding.cuh, grad_sums.cuh: the vocab-parallel embedding, vs the CPU op
   target_link_libraries(test_embedding_slice_emu PRIVATE fsdp)

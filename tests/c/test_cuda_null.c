@@ -39,6 +39,14 @@ int main(void) {
   refused(fsdp_cuda_attention_backward_pos(y, NULL, y, a, a, a, a, a, r, (const int32_t *)b, 1, 4, 8, 2, 2, 8,
                                            FSDP_FP32, NULL),
           "cuda attention pos backward: dk is NULL");
+  refused(fsdp_cuda_attention_forward_pos_docs(y, r, a, a, b, (const int32_t *)b, NULL, 1, 4, 8, 2, 2, 8, FSDP_FP32, NULL),
+          "cuda attention pos_docs: q_lo is NULL");
+  refused(fsdp_cuda_attention_backward_pos_docs(y, y, y, a, a, a, a, a, r, NULL, (const int32_t *)b, 1, 4, 8, 2, 2, 8,
+                                                FSDP_FP32, NULL),
+          "cuda attention pos_docs backward: q_pos is NULL");
+  refused(fsdp_cuda_attention_backward_pos_docs(y, y, NULL, a, a, a, a, a, r, (const int32_t *)b, (const int32_t *)b, 1,
+                                                4, 8, 2, 2, 8, FSDP_FP32, NULL),
+          "cuda attention pos_docs backward: dv is NULL");
   refused(fsdp_cuda_rope_forward_at(y, a, b, NULL, 1, 2, 1, 4, FSDP_FP32, NULL), "cuda rope forward_at: pos is NULL");
   refused(fsdp_cuda_rope_backward_at(y, a, b, NULL, 1, 2, 1, 4, FSDP_FP32, NULL), "cuda rope backward_at: pos is NULL");
   refused(fsdp_cuda_cross_entropy((double *)r, (int64_t *)(r + 8), y, a, NULL, 2, 4, -1, 1.0f, FSDP_FP32, NULL),
