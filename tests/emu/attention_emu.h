@@ -125,4 +125,57 @@ static bool same_bits(const Attn<T> &a, const Attn<T> &b) {
          same_bits(a.dv, b.dv);
 }
 
+struct Want {
+  std::vector<double> out, lse, dq, dk, dv;
+};
+
+/* float64 attention and its backward for dout: query i of batch row b sees
+ * keys keys(b, i) = {first, last} of sh.Tk (first > last: none, its out and
+ * dq rows 0, its lse -inf) */
+template <typename T, typename Keys>
+static Want reference_keys(const std::vector<T> &q, const std::vector<T> &k, const std::vector<T> &v,
+                           const std::vector<T> &dout, const Shape &sh, Keys keys) {
+  const int64_t B = sh.B, Tq = sh.T, Tk = sh.Tk, H = sh.H, Hkv = sh.Hkv, D = sh.D, G = H / Hkv;
+  const double scale = 1.0 / std::sqrt((double)D);
+  Want w{std::vector<double>(q.size()), std::vector<double>((size_t)(B * H * Tq), -INFINITY),
+         std::vector<double>(q.size()), std::vector<double>(k.size()), std::vector<double>(k.size())};
+  std::vector<double> p((size_t)Tk), dp((size_t)Tk);
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t h = 0; h < H; h++)
+      for (int64_t i = 0; i < Tq; i++) {
+        int64_t j0, j1;
+        keys(b, i, j0, j1);
+        if (j0 > j1) continue;
+        const int64_t qo = ((b * Tq + i) * H + h) * D;
+        auto ko = [&](int64_t j) { return ((b * Tk + j) * Hkv + h / G) * D; };
+        double m = -INFINITY, z = 0, Di = 0;
+        for (int64_t j = j0; j <= j1; j++) {
+          double s = 0;
+          for (int64_t c = 0; c < D; c++) s += (double)ld(q.data(), qo + c) * ld(k.data(), ko(j) + c);
+          p[(size_t)j] = s * scale;
+          m = std::fmax(m, p[(size_t)j]);
+        }
+        for (int64_t j = j0; j <= j1; j++) z += (p[(size_t)j] = std::exp(p[(size_t)j] - m));
+        w.lse[(size_t)((b * H + h) * Tq + i)] = m + std::log(z);
+        for (int64_t j = j0; j <= j1; j++) {
+          p[(size_t)j] /= z;
+          dp[(size_t)j] = 0;
+          for (int64_t c = 0; c < D; c++) {
+            w.out[(size_t)(qo + c)] += p[(size_t)j] * ld(v.data(), ko(j) + c);
+            dp[(size_t)j] += (double)ld(dout.data(), qo + c) * ld(v.data(), ko(j) + c);
+          }
+          Di += p[(size_t)j] * dp[(size_t)j];
+        }
+        for (int64_t j = j0; j <= j1; j++) {
+          const double dsc = p[(size_t)j] * (dp[(size_t)j] - Di) * scale;
+          for (int64_t c = 0; c < D; c++) {
+            w.dq[(size_t)(qo + c)] += dsc * ld(k.data(), ko(j) + c);
+            w.dk[(size_t)(ko(j) + c)] += dsc * ld(q.data(), qo + c);
+            w.dv[(size_t)(ko(j) + c)] += p[(size_t)j] * ld(dout.data(), qo + c);
+          }
+        }
+      }
+  return w;
+}
+
 #endif

@@ -38,53 +38,15 @@ static void doc_starts(int32_t *ds, const std::vector<int> &lens) {
   }
 }
 
-struct Want {
-  std::vector<double> out, lse, dq, dk, dv;
-};
 
 /* float64: query i of row b sees keys ds[b, i] .. i */
 template <typename T>
 static Want reference(const std::vector<T> &q, const std::vector<T> &k, const std::vector<T> &v,
                       const std::vector<T> &dout, const std::vector<int32_t> &ds, const Shape &sh) {
-  const int64_t B = sh.B, Tn = sh.T, H = sh.H, Hkv = sh.Hkv, D = sh.D, G = H / Hkv;
-  const double scale = 1.0 / std::sqrt((double)D);
-  Want w{std::vector<double>(q.size()), std::vector<double>((size_t)(B * H * Tn)), std::vector<double>(q.size()),
-         std::vector<double>(k.size()), std::vector<double>(k.size())};
-  std::vector<double> p(Tn), dp(Tn);
-  for (int64_t b = 0; b < B; b++)
-    for (int64_t h = 0; h < H; h++)
-      for (int64_t i = 0; i < Tn; i++) {
-        const int64_t lo = ds[b * Tn + i], qo = ((b * Tn + i) * H + h) * D;
-        auto ko = [&](int64_t j) { return ((b * Tn + j) * Hkv + h / G) * D; };
-        double m = -INFINITY, z = 0;
-        for (int64_t j = lo; j <= i; j++) {
-          double s = 0;
-          for (int64_t c = 0; c < D; c++) s += (double)ld(q.data(), qo + c) * ld(k.data(), ko(j) + c);
-          p[j] = s * scale;
-          m = std::fmax(m, p[j]);
-        }
-        for (int64_t j = lo; j <= i; j++) z += (p[j] = std::exp(p[j] - m));
-        w.lse[(b * H + h) * Tn + i] = m + std::log(z);
-        double Di = 0;
-        for (int64_t j = lo; j <= i; j++) {
-          p[j] /= z;
-          dp[j] = 0;
-          for (int64_t c = 0; c < D; c++) {
-            w.out[qo + c] += p[j] * ld(v.data(), ko(j) + c);
-            dp[j] += (double)ld(dout.data(), qo + c) * ld(v.data(), ko(j) + c);
-          }
-          Di += p[j] * dp[j];
-        }
-        for (int64_t j = lo; j <= i; j++) {
-          const double dsc = p[j] * (dp[j] - Di) * scale;
-          for (int64_t c = 0; c < D; c++) {
-            w.dq[qo + c] += dsc * ld(k.data(), ko(j) + c);
-            w.dk[ko(j) + c] += dsc * ld(q.data(), qo + c);
-            w.dv[ko(j) + c] += p[j] * ld(dout.data(), qo + c);
-          }
-        }
-      }
-  return w;
+  return reference_keys(q, k, v, dout, sh, [&](int64_t b, int64_t i, int64_t &j0, int64_t &j1) {
+    j0 = ds[(size_t)(b * sh.T + i)];
+    j1 = i;
+  });
 }
 
 template <typename T>

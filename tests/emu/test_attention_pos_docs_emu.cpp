@@ -47,54 +47,16 @@
 
 static EmuKit kit{"test_attention_pos_docs_emu"};
 
-struct Want {
-  std::vector<double> out, lse, dq, dk, dv;
-};
 
 /* float64: query i of row b sees keys lo[b, i] .. pos[i] of sh.Tk (none: out, dq 0, lse -inf) */
 template <typename T>
 static Want reference(const std::vector<T> &q, const std::vector<T> &k, const std::vector<T> &v,
                       const std::vector<T> &dout, const std::vector<int32_t> &pos, const std::vector<int32_t> &lo,
                       const Shape &sh) {
-  const int64_t B = sh.B, Tq = sh.T, Tk = sh.Tk, H = sh.H, Hkv = sh.Hkv, D = sh.D, G = H / Hkv;
-  const double scale = 1.0 / std::sqrt((double)D);
-  Want w{std::vector<double>(q.size()), std::vector<double>((size_t)(B * H * Tq), -INFINITY),
-         std::vector<double>(q.size()), std::vector<double>(k.size()), std::vector<double>(k.size())};
-  std::vector<double> p((size_t)Tk), dp((size_t)Tk);
-  for (int64_t b = 0; b < B; b++)
-    for (int64_t h = 0; h < H; h++)
-      for (int64_t i = 0; i < Tq; i++) {
-        const int64_t j0 = lo[(size_t)(b * Tq + i)], j1 = pos[(size_t)i], qo = ((b * Tq + i) * H + h) * D;
-        if (j0 > j1) continue;
-        auto ko = [&](int64_t j) { return ((b * Tk + j) * Hkv + h / G) * D; };
-        double m = -INFINITY, z = 0, Di = 0;
-        for (int64_t j = j0; j <= j1; j++) {
-          double s = 0;
-          for (int64_t c = 0; c < D; c++) s += (double)ld(q.data(), qo + c) * ld(k.data(), ko(j) + c);
-          p[j] = s * scale;
-          m = std::fmax(m, p[j]);
-        }
-        for (int64_t j = j0; j <= j1; j++) z += (p[j] = std::exp(p[j] - m));
-        w.lse[(size_t)((b * H + h) * Tq + i)] = m + std::log(z);
-        for (int64_t j = j0; j <= j1; j++) {
-          p[j] /= z;
-          dp[j] = 0;
-          for (int64_t c = 0; c < D; c++) {
-            w.out[qo + c] += p[j] * ld(v.data(), ko(j) + c);
-            dp[j] += (double)ld(dout.data(), qo + c) * ld(v.data(), ko(j) + c);
-          }
-          Di += p[j] * dp[j];
-        }
-        for (int64_t j = j0; j <= j1; j++) {
-          const double dsc = p[j] * (dp[j] - Di) * scale;
-          for (int64_t c = 0; c < D; c++) {
-            w.dq[qo + c] += dsc * ld(k.data(), ko(j) + c);
-            w.dk[ko(j) + c] += dsc * ld(q.data(), qo + c);
-            w.dv[ko(j) + c] += p[j] * ld(dout.data(), qo + c);
-          }
-        }
-      }
-  return w;
+  return reference_keys(q, k, v, dout, sh, [&](int64_t b, int64_t i, int64_t &j0, int64_t &j1) {
+    j0 = lo[(size_t)(b * sh.T + i)];
+    j1 = pos[(size_t)i];
+  });
 }
 
 /* the CPU op (fsdp_attention_forward_pos_docs / _backward_pos_docs) on the

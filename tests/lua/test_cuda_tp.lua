@@ -14,7 +14,8 @@
 -- bf16 rank's (bf16 has 8 bits; the tp collectives add in bf16). On
 -- the cp meshes attention is an all-gather (fsdp.cp) and also a ring
 -- (fsdp.cp_ring: NCCL's send/receive shifts), both through the merge
--- kernel and queries that see no key, fp32 and bf16.
+-- kernel and queries that see no key, fp32 and bf16; and with packed rows
+-- (the pos_docs kernels: each query its document's keys alone), fp32.
 -- Then generation (greedy tokens with and without KV caches, the last
 -- logits) and the post-training engine's log-probs and GRPO steps on each
 -- mesh, against one GPU rank.
@@ -51,31 +52,37 @@ local SEQ, MB, STEPS = 16, 2, 10
 local opt = { lr = 5e-4, beta1 = 0.9, beta2 = 0.95, eps = 1e-6, weight_decay = 0.1, clip = 1.0 }
 
 -- step k's batch, the same on every rank: ids and targets' device copies
--- on the GPU, the targets on the host too (counted and checked there)
-local function batch(vocab, k)
+-- on the GPU, the targets on the host too (counted and checked there).
+-- packed: rows of documents of 1 to 6 tokens (doc_start on the host, no
+-- target across a document's end, the count of targets)
+local function batch(vocab, k, packed)
   local rnd = T.lcg(1000 + k)
-  local ids, tg = {}, {}
-  for _ = 0, MB - 1 do
+  local ids, tg, ds, count = {}, {}, {}, 0
+  for r = 0, MB - 1 do
     local row = {}
     for t = 0, SEQ do row[t] = math.floor(rnd(2147483648) / 65536) % vocab end
-    for t = 0, SEQ - 1 do ids[#ids + 1], tg[#tg + 1] = row[t], row[t + 1] end
+    count = count + T.append_row(ids, tg, ds, row, r, k, SEQ, packed)
   end
   local x, y = T.int32(fsdp, ids, { MB, SEQ }), T.int32(fsdp, tg, { MB * SEQ })
   local b = { x = fsdp.tensor({ MB, SEQ }, "int32", "cuda"):copy_from(x), y = y,
     y_dev = fsdp.tensor({ MB * SEQ }, "int32", "cuda"):copy_from(y) }
+  if packed then b.doc_start, b.count = T.int32(fsdp, ds, { MB, SEQ }), count end
   x:free()
   return b
 end
-local function free(b) b.x:free(); b.y:free(); b.y_dev:free() end
+local function free(b)
+  b.x:free(); b.y:free(); b.y_dev:free()
+  if b.doc_start then b.doc_start:free() end
+end
 
 local chunked = llama.step_loss(1 * 2 ^ 20)
 local whole = { loss = function(logits, b, scale) return llama.loss(logits, b.y, scale, nil, b.y_dev) end }
 
 -- trains m for STEPS steps: {k = {loss, norm}}
-local function train(m, cfg, loss)
+local function train(m, cfg, loss, packed)
   local out = {}
   for k = 1, STEPS do
-    local b = batch(cfg.vocab_size, k)
+    local b = batch(cfg.vocab_size, k, packed)
     local o = { forward_loss = loss.forward_loss, loss = loss.loss }
     for key, v in pairs(opt) do o[key] = v end
     local l, n = m:train_step({ b }, o)
@@ -88,12 +95,12 @@ end
 -- one GPU rank alone (each rank its own), once per model and dtype
 local solo_mesh = fsdp.mesh({ { "dp_outer", W }, { "dp_shard", 1 } }, { device = "cuda" })
 local refs = {}
-local function reference(name, cfg, dtype, loss)
-  local key = name .. dtype .. tostring(loss == whole)
+local function reference(name, cfg, dtype, loss, packed)
+  local key = name .. dtype .. tostring(loss == whole) .. tostring(packed)
   if not refs[key] then
     local m = fsdp.fully_shard(llama.model(cfg), { shard = solo_mesh:group("dp_shard"), units = llama.units, zero = 3,
       seed = 7, mixed = { param_dtype = dtype } })
-    refs[key] = train(m, cfg, loss)
+    refs[key] = train(m, cfg, loss, packed)
     m:free()
   end
   return refs[key]
@@ -102,9 +109,9 @@ end
 local function rel(a, b) return math.abs(a - b) / math.max(math.abs(b), 1e-30) end
 
 -- the model on mesh spec, as the trainer builds it (FSDP over dp_shard x cp)
-local function run(label, name, cfg_t, spec, dtype, loss, cp_attention)
+local function run(label, name, cfg_t, spec, dtype, loss, cp_attention, packed)
   local cfg = llama.config(cfg_t)
-  local want = reference(name, cfg, dtype, loss)
+  local want = reference(name, cfg, dtype, loss, packed)
   local mesh = fsdp.mesh(spec, { device = "cuda" })
   local dims = {}
   for _, d in ipairs(spec) do dims[d[1]] = d[2] end
@@ -113,14 +120,14 @@ local function run(label, name, cfg_t, spec, dtype, loss, cp_attention)
     cp_attention = cp_attention }),
     { shard = mesh:group(cpc and "dp_shard,cp" or "dp_shard"), tp = tpc, units = llama.units, zero = 3, seed = 7,
       mixed = { param_dtype = dtype } })
-  local got = train(m, cfg, loss)
+  local got = train(m, cfg, loss, packed)
   local worst_l, worst_n = 0, 0
   for k = 1, STEPS do
     worst_l = math.max(worst_l, rel(got[k][1], want[k][1]))
     worst_n = math.max(worst_n, rel(got[k][2], want[k][2]))
   end
-  local what = string.format("%s, %s, %s%s%s", label, name, dtype, loss == whole and ", whole logits" or "",
-    cp_attention == "ring" and ", ring attention" or "")
+  local what = string.format("%s, %s, %s%s%s%s", label, name, dtype, loss == whole and ", whole logits" or "",
+    cp_attention == "ring" and ", ring attention" or "", packed and ", packed rows" or "")
   if dtype == "fp32" then
     check(worst_l <= 1e-5 and worst_n <= 1e-5, string.format("%s: %d steps' losses and grad norms equal one GPU rank's " ..
       "(worst %.2g and %.2g relative; tolerance 1e-5)", what, STEPS, worst_l, worst_n))
@@ -143,9 +150,11 @@ for _, mm in ipairs(meshes) do
   run(label, "one kv head, tied", shared_kv, spec, "fp32", chunked)
   if not has_cp then run(label, "gqa", gqa, spec, "fp32", whole) end -- (the whole logits: not built with cp)
   run(label, "gqa", gqa, spec, "bf16", chunked)
-  if has_cp then -- (cp's attention as a ring too: comm:shift on NCCL, the merge kernel, queries at -1)
+  if has_cp then -- (cp's attention as a ring too: comm:shift on NCCL, the merge kernel, queries at -1; packed rows)
     run(label, "gqa", gqa, spec, "fp32", chunked, "ring")
     run(label, "gqa", gqa, spec, "bf16", chunked, "ring")
+    run(label, "gqa", gqa, spec, "fp32", chunked, nil, true)
+    run(label, "gqa", gqa, spec, "fp32", chunked, "ring", true)
   end
 end
 -- The post-training engine on the same meshes (fp32): the log-probs and

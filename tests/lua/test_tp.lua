@@ -58,15 +58,7 @@ local function batch(vocab, k, rows, first, packed)
   for r = 0, first + rows - 1 do
     local row = {}
     for t = 0, SEQ do row[t] = math.floor(rnd(2147483648) / 65536) % vocab end -- (the LCG's high bits: its low ones repeat)
-    if r >= first then
-      local start = 0
-      for t = 0, SEQ - 1 do
-        if packed and t > 0 and (t + 3 * r + k) % 6 == 0 then start = t end
-        local last = packed and (t == SEQ - 1 or (t + 1 + 3 * r + k) % 6 == 0)
-        ids[#ids + 1], tg[#tg + 1], ds[#ds + 1] = row[t], last and -100 or row[t + 1], start
-        if not last then count = count + 1 end
-      end
-    end
+    if r >= first then count = count + T.append_row(ids, tg, ds, row, r, k, SEQ, packed) end
   end
   local b = { x = T.int32(fsdp, ids, { rows, SEQ }), y = T.int32(fsdp, tg, { rows * SEQ }) }
   if packed then b.doc_start, b.count = T.int32(fsdp, ds, { rows, SEQ }), count end

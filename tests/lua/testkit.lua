@@ -10,6 +10,9 @@
 --   T.unit_bytes_diff(fsdp, s, p) -> where a sharded model's units hold other bytes than plan p says
 --   T.lcg(seed) -> rnd(n): integers in [0, n) from a small LCG, the same on every rank and machine
 --   T.int32(fsdp, list, shape) -> an int32 CPU tensor of the list's values
+--   T.append_row(ids, tg, ds, row, r, k, seq, packed) -> the targets counted: a row's ids, next-token targets and
+--     doc_start appended to the lists; packed: documents of 1 to 6 tokens (placed by row r and step k), no target
+--     across a document's end
 --   T.engine_grpo(fsdp, E, b, opt) -> {lp, en, steps}: fsdp.engine E's log-probs and entropies of batch b,
 --     then 3 GRPO steps (clip 0.2, KL 0.04 against those log-probs, fixed advantages) and their {loss, norm}
 --   T.engine_compare(got, want, n, label) -> two such runs held to each other (1e-5 absolute, relative)
@@ -131,6 +134,16 @@ return function(label)
       end
     end
     return bad
+  end
+  function T.append_row(ids, tg, ds, row, r, k, seq, packed)
+    local start, count = 0, 0
+    for t = 0, seq - 1 do
+      if packed and t > 0 and (t + 3 * r + k) % 6 == 0 then start = t end
+      local last = packed and (t == seq - 1 or (t + 1 + 3 * r + k) % 6 == 0)
+      ids[#ids + 1], tg[#tg + 1], ds[#ds + 1] = row[t], last and -100 or row[t + 1], start
+      if not last then count = count + 1 end
+    end
+    return count
   end
   function T.engine_grpo(fsdp, E, b, opt)
     local losses = require "fsdp.losses"
