@@ -12,9 +12,8 @@
 // tests/emu/test_attention_docs_emu.cpp runs on the CPU); doc_start NULL
 // runs the causal instances, the code as it was. Queries at given
 // positions (context parallelism: q_pos [T] of Tk keys, each in [-1, Tk):
-// -1 sees no key, out 0, lse -inf) are attention_pos.cu's, and over packed
-// rows (each query from its document's first key, q_lo [B, T])
-// attention_pos_docs.cu's. Each kind's kernels compile in their own file
+// -1 sees no key, out 0, lse -inf) are attention_pos.cu's, over packed
+// rows too (each query from its document's first key, q_lo [B, T]). Each kind's kernels compile in their own file
 // (attention_launch.cuh).
 // Layouts: q, out, dq, dout [B, T, H, D]; k, v, dk, dv [B, T, Hkv, D]; lse
 // [B, H, T]; doc_start [B, T] int32 (POS: k, v, dk, dv [B, Tk, Hkv, D];

@@ -8,26 +8,22 @@
 // along a row), a key block's query loop ends at the first query whose
 // doc_start passes the block's last key, and the keys between are masked
 // per row; so a row of short documents costs less than a causal one.
-// POS (queries at given positions, q_pos [T] not NULL: a context-parallel
-// rank's rows, issue 46): the T queries sit at positions q_pos[i] of the
-// sh.Tk keys, and query i sees keys 0 .. q_pos[i]; at -1 (ring attention's
+// POS_DOCS (queries at given positions, q_pos [T] as `rows`, each from a
+// first key, sh.q_lo [B, T]; context parallelism, issue 46): the T queries
+// sit at positions q_pos[i] of the sh.Tk keys, and query i of row b sees
+// keys q_lo[b, i] .. q_pos[i] (q_lo NULL: 0 .. q_pos[i], the _pos calls; a
+// q_lo: packed rows). At q_pos -1 or q_lo = q_pos + 1 (ring attention's
 // rows that see none of a block) it sees none: out 0, lse -inf, dq 0, and
-// nothing to dk, dv (its dout, out, lse unread). A query block's key loop
-// ends at its rows' last position (none when all are -1); a key block's
-// query loop skips the tiles of queries that all sit before its first key
-// (-1 among them), and masks per row; dk, dv are the whole sequence's,
-// sh.Tk rows.
-// POS_DOCS (POS with a lower bound per query: packed rows under context
-// parallelism; q_pos [T] as `rows`, sh.q_lo [B, T]): query i of row b sees
-// keys q_lo[b, i] .. q_pos[i]; at q_lo = q_pos + 1 none, as POS's -1 (which
-// has q_lo 0). q_lo need not rise along the queries (a rank's two chunks),
-// so a query block's key loop runs from its rows' smallest q_lo to their
-// largest q_pos (those of rows that see a key), skipping the tiles of keys
-// no row of it sees; a key block's query loop skips the tiles of queries
-// none of which sees one of its keys; the keys between are masked per row.
+// nothing to dk, dv (its dout, out, lse unread). q_lo need not rise along
+// the queries (a rank's two chunks), so a query block's key loop runs from
+// its rows' smallest q_lo to their largest q_pos (those of rows that see a
+// key), skipping the tiles of keys no row of it sees; a key block's query
+// loop skips the tiles of queries none of which sees one of its keys; the
+// keys between are masked per row; dk, dv are the whole block's, sh.Tk rows.
+// (The _pos calls once had kernels of their own, without q_lo: the same
+// bits, and as many again for nvcc to build.)
 // The template's ROWS picks the variant: CAUSAL (or false), DOCS_ROWS (or
-// true), POS_ROWS or POS_DOCS_ROWS; CAUSAL compiles to the causal kernels,
-// unchanged.
+// true) or POS_DOCS_ROWS; CAUSAL compiles to the causal kernels, unchanged.
 //
 // The includer provides ld(p, i) / st(p, i, v) for float and
 // __nv_bfloat16, __expf, __syncthreads, and FSDP_ATTN_SHARED(name), the
@@ -38,13 +34,13 @@
 namespace fsdp_attn {
 
 enum { QROWS = 32, KTILE = 16 };
-enum { CAUSAL = 0, DOCS_ROWS = 1, POS_ROWS = 2, POS_DOCS_ROWS = 3 };  // ROWS (a bool DOCS converts to the first two)
+enum { CAUSAL = 0, DOCS_ROWS = 1, POS_DOCS_ROWS = 3 };  // ROWS (a bool DOCS converts to the first two)
 
 struct Shape {
   int64_t B, T, H, Hkv, D;
   float scale;
-  int64_t Tk;                     // POS, POS_DOCS: the keys (k, v, dk, dv rows); else T
-  const int32_t *q_lo = nullptr;  // POS_DOCS: each query's first key [B, T] (device memory); else unused
+  int64_t Tk;                     // POS_DOCS: the keys (k, v, dk, dv rows); else T
+  const int32_t *q_lo = nullptr;  // POS_DOCS: each query's first key [B, T] (device memory), or NULL: 0
 };
 
 // rows [r0, r0 + R) of head h of one or two [B, rows, heads, D] tensors
@@ -63,22 +59,19 @@ __device__ void load_rows(float *d1, const T *s1, float *d2, const T *s2, int pi
   }
 }
 
-// POS: the last key queries i0 .. i0 + n - 1 (those inside T) see, the
-// largest of their positions, -1 where none sees a key (every thread the
-// same)
-__device__ inline int64_t last_position(const int32_t *q_pos, int64_t i0, int64_t n, int64_t T) {
-  int64_t m = -1;
-  for (int64_t i = i0; i < i0 + n && i < T; i++) m = q_pos[i] > m ? q_pos[i] : m;
-  return m;
-}
+// POS_DOCS: query i's first key, q_lo (lo, the batch row's) or 0 where
+// there is none (the _pos calls: every query from the sequence's first key)
+__device__ inline int64_t first_of(const int32_t *lo, int64_t i) { return lo ? lo[i] : 0; }
 
 // POS_DOCS: whether one of queries i0 .. i0 + n - 1 (those inside T) sees
 // a key of [a, z]: max(lo[i], a) <= min(q_pos[i], z), lo the batch row's
 // q_lo (every thread the same)
 __device__ inline bool sees_any(const int32_t *q_pos, const int32_t *lo, int64_t i0, int64_t n, int64_t T, int64_t a,
                                 int64_t z) {
-  for (int64_t i = i0; i < i0 + n && i < T; i++)
-    if ((lo[i] > a ? lo[i] : a) <= (q_pos[i] < z ? q_pos[i] : z)) return true;
+  for (int64_t i = i0; i < i0 + n && i < T; i++) {
+    const int64_t f = first_of(lo, i);
+    if ((f > a ? f : a) <= (q_pos[i] < z ? q_pos[i] : z)) return true;
+  }
   return false;
 }
 
@@ -88,24 +81,23 @@ __device__ inline bool sees_any(const int32_t *q_pos, const int32_t *lo, int64_t
 // 0, last -1 where none does)
 template <int ROWS>
 __device__ inline int64_t last_key(const int32_t *rows, const int32_t *ds, int64_t i0, const Shape &sh, int64_t &first) {
-  if (ROWS == POS_ROWS) return last_position(rows, i0, QROWS, sh.T);
   if (ROWS != POS_DOCS_ROWS) return i0 + QROWS - 1 < sh.T - 1 ? i0 + QROWS - 1 : sh.T - 1;
   int64_t f = INT64_MAX, l = -1;
   for (int64_t i = i0; i < i0 + QROWS && i < sh.T; i++)
-    if (ds[i] <= rows[i]) {
-      f = ds[i] < f ? ds[i] : f;
+    if (first_of(ds, i) <= rows[i]) {
+      f = first_of(ds, i) < f ? first_of(ds, i) : f;
       l = rows[i] > l ? rows[i] : l;
     }
   first = l < 0 ? 0 : f;
   return l;
 }
 
-// rows: doc_start [B, T] (DOCS), q_pos [T] (POS, POS_DOCS), unused (CAUSAL)
+// rows: doc_start [B, T] (DOCS), q_pos [T] (POS_DOCS), unused (CAUSAL)
 // smem: QROWS * (D + 1) + 2 * KTILE * D floats
 template <typename T, int MAXD, int ROWS>
 __global__ void attn_fwd(T *out, float *lse, const T *q, const T *k, const T *v, const int32_t *rows, Shape sh) {
-  constexpr bool DOCS = ROWS == DOCS_ROWS, POS = ROWS == POS_ROWS, POS_DOCS = ROWS == POS_DOCS_ROWS;
-  constexpr bool AT = POS || POS_DOCS, FROM = DOCS || POS_DOCS;  // queries at positions; a first key per row
+  constexpr bool DOCS = ROWS == DOCS_ROWS, POS_DOCS = ROWS == POS_DOCS_ROWS;
+  constexpr bool AT = POS_DOCS, FROM = DOCS || POS_DOCS;  // queries at positions; a first key per row
   FSDP_ATTN_SHARED(smem);
   const int D = (int)sh.D, P = D + 1;
   float *qs = smem;                     // [QROWS][P]
@@ -115,9 +107,9 @@ __global__ void attn_fwd(T *out, float *lse, const T *q, const T *k, const T *v,
   int64_t hk = h / (sh.H / sh.Hkv);
   int tid = threadIdx.x;
   int64_t i = i0 + tid;
-  const int32_t *ds = DOCS ? rows + b * sh.T : POS_DOCS ? sh.q_lo + b * sh.T : nullptr;  // the rows' first keys
+  const int32_t *ds = DOCS ? rows + b * sh.T : POS_DOCS && sh.q_lo ? sh.q_lo + b * sh.T : nullptr;  // the rows' first keys
   int64_t first = DOCS ? ds[i0] : 0;                                                   // the block's first key
-  const int64_t lo = FROM && i < sh.T ? ds[i] : 0;                                     // this row's
+  const int64_t lo = FROM && i < sh.T ? first_of(ds, i) : 0;                           // this row's
   const int64_t Tk = AT ? sh.Tk : sh.T, pi = AT && i < sh.T ? rows[i] : i;  // this row's position: its last key
   load_rows(qs, q, (float *)nullptr, (const T *)nullptr, P, b, i0, QROWS, sh.H, h, sh.T, sh);
   float acc[MAXD];
@@ -149,9 +141,9 @@ __global__ void attn_fwd(T *out, float *lse, const T *q, const T *k, const T *v,
     }
   }
   if (i < sh.T) {
-    // POS at -1, POS_DOCS at q_lo past q_pos: no key, m -inf and l = 0
+    // q_lo past q_pos (q_pos -1 among them): no key, m -inf and l = 0
     // (acc 0): out 0 and lse -inf, not 0 / 0
-    const bool none = (POS && pi < 0) || (POS_DOCS && lo > pi);
+    const bool none = POS_DOCS && lo > pi;
     float inv = none ? 0.0f : 1.0f / l;
 #pragma unroll
     for (int c = 0; c < MAXD; c++)
@@ -165,8 +157,8 @@ __global__ void attn_fwd(T *out, float *lse, const T *q, const T *k, const T *v,
 template <typename T, int MAXD, int ROWS>
 __global__ void attn_bwd_dq(T *dq, const T *dout, const T *q, const T *k, const T *v, const T *out, const float *lse,
                             const int32_t *rows, Shape sh) {
-  constexpr bool DOCS = ROWS == DOCS_ROWS, POS = ROWS == POS_ROWS, POS_DOCS = ROWS == POS_DOCS_ROWS;
-  constexpr bool AT = POS || POS_DOCS, FROM = DOCS || POS_DOCS;  // queries at positions; a first key per row
+  constexpr bool DOCS = ROWS == DOCS_ROWS, POS_DOCS = ROWS == POS_DOCS_ROWS;
+  constexpr bool AT = POS_DOCS, FROM = DOCS || POS_DOCS;  // queries at positions; a first key per row
   FSDP_ATTN_SHARED(smem);
   const int D = (int)sh.D, P = D + 1;
   float *qs = smem, *dos = qs + QROWS * P, *ks = dos + QROWS * P, *vs = ks + KTILE * D;
@@ -174,9 +166,9 @@ __global__ void attn_bwd_dq(T *dq, const T *dout, const T *q, const T *k, const 
   int64_t hk = h / (sh.H / sh.Hkv);
   int tid = threadIdx.x;
   int64_t i = i0 + tid;
-  const int32_t *ds = DOCS ? rows + b * sh.T : POS_DOCS ? sh.q_lo + b * sh.T : nullptr;  // as in attn_fwd
+  const int32_t *ds = DOCS ? rows + b * sh.T : POS_DOCS && sh.q_lo ? sh.q_lo + b * sh.T : nullptr;  // as in attn_fwd
   int64_t first = DOCS ? ds[i0] : 0;
-  const int64_t lo = FROM && i < sh.T ? ds[i] : 0;
+  const int64_t lo = FROM && i < sh.T ? first_of(ds, i) : 0;
   const int64_t Tk = AT ? sh.Tk : sh.T, pi = AT && i < sh.T ? rows[i] : i;
   load_rows(qs, q, dos, dout, P, b, i0, QROWS, sh.H, h, sh.T, sh);
   __syncthreads();
@@ -220,32 +212,29 @@ __global__ void attn_bwd_dq(T *dq, const T *dout, const T *q, const T *k, const 
 }
 
 // dv_j = sum_{h in group, i >= j} p_ij dout_i;  dk_j = scale sum p_ij (dp_ij - Di) q_i
-// (POS: over the queries i whose position is at or past j; POS_DOCS: also
-// whose q_lo is at or before j); a block of QROWS keys (POS, POS_DOCS: of
-// sh.Tk)
-// smem: 3 * QROWS * (D + 1) + 2 * KTILE * D + 2 * KTILE floats (DOCS, POS,
+// (POS_DOCS: over the queries i whose position is at or past j and whose
+// q_lo is at or before j); a block of QROWS keys (POS_DOCS: of sh.Tk)
+// smem: 3 * QROWS * (D + 1) + 2 * KTILE * D + 2 * KTILE floats (DOCS,
 // POS_DOCS: + KTILE; POS_DOCS reads q_lo where it tests it, from global
 // memory: the same address across the block, a single warp)
 template <typename T, int MAXD, int ROWS>
 __global__ void attn_bwd_dkv(T *dk, T *dv, const T *dout, const T *q, const T *k, const T *v, const T *out,
                              const float *lse, const int32_t *rows, Shape sh) {
-  constexpr bool DOCS = ROWS == DOCS_ROWS, POS = ROWS == POS_ROWS, POS_DOCS = ROWS == POS_DOCS_ROWS;
-  constexpr bool AT = POS || POS_DOCS;  // queries at positions
+  constexpr bool DOCS = ROWS == DOCS_ROWS, POS_DOCS = ROWS == POS_DOCS_ROWS;
+  constexpr bool AT = POS_DOCS;  // queries at positions
   FSDP_ATTN_SHARED(smem);
   const int D = (int)sh.D, P = D + 1;
   float *ks = smem, *vs = ks + QROWS * P, *dks = vs + QROWS * P;  // this block's key rows [QROWS][P]
   float *qt = dks + QROWS * P, *dot = qt + KTILE * D;             // a tile of query rows [KTILE][D]
   float *Lt = dot + KTILE * D, *Dt = Lt + KTILE;                   // their lse and Di
-  int32_t *St = (int32_t *)(Dt + KTILE);                           // DOCS: their doc_start; POS, POS_DOCS: positions
+  int32_t *St = (int32_t *)(Dt + KTILE);                           // DOCS: their doc_start; POS_DOCS: positions
   int64_t b = blockIdx.z, hk = blockIdx.y, j0 = (int64_t)blockIdx.x * QROWS;
   int64_t group = sh.H / sh.Hkv;
   int tid = threadIdx.x;
   int64_t j = j0 + tid;
-  const int32_t *ds = DOCS ? rows + b * sh.T : POS_DOCS ? sh.q_lo + b * sh.T : nullptr;
+  const int32_t *ds = DOCS ? rows + b * sh.T : POS_DOCS && sh.q_lo ? sh.q_lo + b * sh.T : nullptr;
   const int64_t Tk = AT ? sh.Tk : sh.T;
-  // causal: queries j0 .. T - 1; POS: all T, a tile skipped where its
-  // positions all lie before j0 (-1, seeing nothing, lies before every
-  // key: such a row is masked below too); POS_DOCS: all T, a tile skipped
+  // causal: queries j0 .. T - 1; POS_DOCS: all T, a tile skipped
   // where none of its rows sees a key of this block (a row that sees none
   // is masked below too: q_pos < j or q_lo > j for every j); DOCS: up to
   // the first whose document starts past this block's last key (queries
@@ -270,7 +259,6 @@ __global__ void attn_bwd_dkv(T *dk, T *dv, const T *dout, const T *q, const T *k
   for (int64_t g = 0; g < group; g++) {
     int64_t h = hk * group + g;
     for (int64_t i0 = AT ? 0 : j0; i0 < iend; i0 += KTILE) {
-      if (POS && last_position(rows, i0, KTILE, sh.T) < j0) continue;  // (every thread alike)
       if (POS_DOCS && !sees_any(rows, ds, i0, KTILE, sh.T, j0, jl)) continue;
       __syncthreads();
       load_rows(qt, q, dot, dout, D, b, i0, KTILE, sh.H, h, sh.T, sh);
@@ -291,7 +279,7 @@ __global__ void attn_bwd_dkv(T *dk, T *dv, const T *dout, const T *q, const T *k
         if (ii >= sh.T) break;
         if ((AT ? St[r] : ii) < j) continue;
         if (DOCS && St[r] > j) continue;
-        if (POS_DOCS && ds[ii] > j) continue;
+        if (POS_DOCS && first_of(ds, ii) > j) continue;
         float sdot = 0, dp = 0;
 #pragma unroll
         for (int c = 0; c < MAXD; c++)

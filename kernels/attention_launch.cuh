@@ -1,8 +1,8 @@
 // attention_launch.cuh: the launches of attention.cuh's kernels, a
-// template per direction over the rows' kind (CAUSAL, DOCS_ROWS, POS_ROWS,
+// template per direction over the rows' kind (CAUSAL, DOCS_ROWS,
 // POS_DOCS_ROWS). Each kind's kernels are compiled in a file of their own
-// (attention_causal.cu, attention_docs.cu, attention_pos.cu,
-// attention_pos_docs.cu: explicit instances) so that nvcc builds them in
+// (attention_causal.cu, attention_docs.cu, attention_pos.cu: explicit
+// instances) so that nvcc builds them in
 // parallel: in one file they were the build's longest step (223 s of its
 // 228 on 2 cores, 2026-11-29). The callers see `extern template`
 // declarations (FSDP_ATTN_INSTANCES below).
@@ -38,7 +38,7 @@ static inline int check_shape(Shape *sh, int64_t B, int64_t T, int64_t H, int64_
     else launch(KERNEL<T, 256, ROWS>);                                                                \
   } while (0)
 
-// rows: doc_start (DOCS_ROWS), q_pos (POS_ROWS, POS_DOCS_ROWS: its q_lo in
+// rows: doc_start (DOCS_ROWS), q_pos (POS_DOCS_ROWS: its q_lo, or NULL, in
 // sh) or NULL (CAUSAL)
 template <int ROWS>
 void launch_forward(void *out, float *lse, const void *q, const void *k, const void *v, const int32_t *rows,

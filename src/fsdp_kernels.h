@@ -107,7 +107,7 @@ int fsdp_cuda_attention_backward_pos(void *dq, void *dk, void *dv, const void *d
  * context parallelism), as fsdp_attention_forward_pos_docs (fsdp_ops.h):
  * query i of batch row b sees keys q_lo[b, i] .. q_pos[i]; q_pos [tq] and
  * q_lo [batch, tq] are device memory, checked by the caller on their host
- * copies; our fp32 CUDA-core kernels (kernels/attention_pos_docs.cu) run
+ * copies; our fp32 CUDA-core kernels (kernels/attention_pos.cu) run
  * them whatever the impl setting */
 int fsdp_cuda_attention_forward_pos_docs(void *out, float *lse, const void *q, const void *k, const void *v,
                                          const int32_t *q_pos, const int32_t *q_lo, int64_t batch, int64_t tq,

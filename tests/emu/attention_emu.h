@@ -24,7 +24,7 @@ struct Attn {
 };
 
 /* dq per query row, dk and dv per key row (sh.Tk of them) into a's, from
- * its out and lse; rows: doc_start (DOCS_ROWS), q_pos (POS_ROWS) or NULL
+ * its out and lse; rows: doc_start (DOCS_ROWS), q_pos (POS_DOCS_ROWS) or NULL
  * (CAUSAL). dq, dk, dv start NaN: every element must be written. */
 template <typename T, int MAXD, int ROWS>
 static void run_backward_kernels(Attn<T> &a, const std::vector<T> &q, const std::vector<T> &k, const std::vector<T> &v,

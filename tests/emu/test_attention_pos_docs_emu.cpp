@@ -10,8 +10,8 @@
 // keeps its contract. B = 2 (rows of different documents), GQA heads 4/2
 // and MHA 2/2, head_dim 16 and 64, fp32 and bf16 storage; layouts:
 //   * q_lo all 0 over the POS test's positions (cp ranks, any order, ring
-//     steps with rows at -1): out, lse, dq, dk, dv bit for bit the
-//     POS_ROWS kernels';
+//     steps with rows at -1): out, lse, dq, dk, dv bit for bit the _pos
+//     calls' (the same kernels with q_lo NULL);
 //   * ring attention's steps under cp = 2 (T = 140, chunks of 35) and cp =
 //     4 (T = 136, chunks of 17): the queries of rank r at their positions
 //     in the block of rank r' (tk = 2c keys of two chunks), each row's
@@ -169,9 +169,11 @@ static void check_pos_docs(const char *name, const std::vector<int32_t> &pos, co
   kit.expect(by_op == vs_op, "the layout within the CPU op's contract", by_op, 1);
   bool from0 = true;
   for (int32_t x : lo) from0 = from0 && x == 0;
-  if (from0) { /* q_lo all 0: the POS instances' bits */
-    const bool same = same_bits(plain, run_any<T, fsdp_attn::POS_ROWS>(q, k, v, dout, pos.data(), sh));
-    strncat(what, ": out, lse, dq, dk, dv bit for bit the POS kernels'", sizeof what - strlen(what) - 1);
+  if (from0) { /* q_lo all 0: the bits of the _pos calls (q_lo NULL: from key 0) */
+    Shape no_lo = sh;
+    no_lo.q_lo = nullptr;
+    const bool same = same_bits(plain, run_any<T, fsdp_attn::POS_DOCS_ROWS>(q, k, v, dout, pos.data(), no_lo));
+    strncat(what, ": out, lse, dq, dk, dv bit for bit the _pos calls' (q_lo NULL)", sizeof what - strlen(what) - 1);
     kit.expect(same, what, same ? 0 : 1, 0);
   }
 }

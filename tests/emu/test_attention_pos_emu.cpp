@@ -1,6 +1,7 @@
 // test_attention_pos_emu: queries at given positions (a context-parallel
 // rank's rows, issue 46) in the fp32 CUDA-core kernels (kernels/attention.cuh,
-// the POS_ROWS instances: forward, dq per query row, dk/dv per key row) run
+// the POS_DOCS_ROWS instances with q_lo NULL, as the _pos calls run them:
+// forward, dq per query row, dk/dv per key row) run
 // on the CPU under tests/emu/cuda_emu.h, against the CPU op
 // (fsdp_attention_forward_pos / _backward_pos, src/ops/attention_pos.c) on
 // the same inputs. B = 2, GQA heads 4/2 and MHA 2/2, head_dim 16 and 64,
@@ -96,7 +97,7 @@ static void check_pos(const char *name, const std::vector<int32_t> &pos, int64_t
   Attn<float> want = cpu_op(q, k, v, dout, pos, sh);
   for (size_t r : unseen)
     for (size_t c = 0; c < (size_t)D; c++) dout[r * D + c] = from<T>(NAN);
-  Attn<T> got = run_any<T, fsdp_attn::POS_ROWS>(q, k, v, dout, pos.data(), sh);
+  Attn<T> got = run_any<T, fsdp_attn::POS_DOCS_ROWS>(q, k, v, dout, pos.data(), sh);
   char what[192];
   snprintf(what, sizeof what, "%s, heads %lld/%lld, head_dim %lld, %s", bf16 ? "bf16" : "fp32", (long long)H,
            (long long)Hkv, (long long)D, name);
@@ -107,7 +108,7 @@ static void check_pos(const char *name, const std::vector<int32_t> &pos, int64_t
       for (size_t c = 0; c < (size_t)D; c++) poisoned.out[r * D + c] = from<T>(NAN);
       poisoned.lse[(b * H + h) * Tq + i] = NAN;
     }
-    run_any_backward<T, fsdp_attn::POS_ROWS>(poisoned, q, k, v, dout, pos.data(), sh);
+    run_any_backward<T, fsdp_attn::POS_DOCS_ROWS>(poisoned, q, k, v, dout, pos.data(), sh);
     got.dq = poisoned.dq, got.dk = poisoned.dk, got.dv = poisoned.dv;
     char u[240];
     snprintf(u, sizeof u, "%s: rows at -1 give out, dq 0 and lse -inf", what);
@@ -129,7 +130,7 @@ static void check_no_keys() {
   const Shape sh{B, Tq, H, Hkv, D, 0.25f, 0};
   const std::vector<int32_t> pos((size_t)Tq, -1);
   std::vector<float> q((size_t)(B * Tq * H * D), 1.0f), dout(q.size(), 1.0f), k, v;
-  Attn<float> got = run_any<float, fsdp_attn::POS_ROWS>(q, k, v, dout, pos.data(), sh);
+  Attn<float> got = run_any<float, fsdp_attn::POS_DOCS_ROWS>(q, k, v, dout, pos.data(), sh);
   bool inf = true;
   for (float l : got.lse) inf = inf && l == -INFINITY;
   kit.expect(inf, "no keys: lse -inf", inf ? 0 : 1, 0);
@@ -142,7 +143,7 @@ static void check_no_queries() {
   const int64_t B = 2, Tk = 40, H = 4, Hkv = 2, D = 16;
   const Shape sh{B, 0, H, Hkv, D, 0.25f, Tk};
   std::vector<float> q, dout, k((size_t)(B * Tk * Hkv * D), 1.0f), v(k.size(), 1.0f);
-  const Attn<float> got = run_any<float, fsdp_attn::POS_ROWS>(q, k, v, dout, nullptr, sh);
+  const Attn<float> got = run_any<float, fsdp_attn::POS_DOCS_ROWS>(q, k, v, dout, nullptr, sh);
   expect_close(kit, "no queries: dk zeros", got.dk.data(), std::vector<double>(k.size()), 0, true);
   expect_close(kit, "no queries: dv zeros", got.dv.data(), std::vector<double>(k.size()), 0, true);
 }
