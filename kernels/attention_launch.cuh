@@ -1,8 +1,8 @@
 // attention_launch.cuh: the launches of attention.cuh's kernels, a
 // template per direction over the rows' kind (CAUSAL, DOCS_ROWS,
 // POS_DOCS_ROWS). Each kind's kernels are compiled in a file of their own
-// (attention_causal.cu, attention_docs.cu, attention_pos.cu: explicit
-// instances) so that nvcc builds them in
+// (attention_causal.cu, attention_docs.cu, attention_pos.cu and
+// attention_pos_backward.cu: explicit instances) so that nvcc builds them in
 // parallel: in one file they were the build's longest step (223 s of its
 // 228 on 2 cores, 2026-11-29). The callers see `extern template`
 // declarations (FSDP_ATTN_INSTANCES below).
@@ -66,12 +66,15 @@ void launch_backward(void *dq, void *dk, void *dv, const void *dout, const void 
 }
 
 // FSDP_ATTN_INSTANCES(extern) declares a kind's launches compiled elsewhere;
-// FSDP_ATTN_INSTANCES() compiles them here
-#define FSDP_ATTN_INSTANCES(EXT, ROWS)                                                                             \
+// FSDP_ATTN_INSTANCES() compiles them here; _FORWARD_ and _BACKWARD_ one
+// direction (a kind whose two directions compile in files of their own)
+#define FSDP_ATTN_FORWARD_INSTANCES(EXT, ROWS)                                                                     \
   EXT template void launch_forward<ROWS>(void *, float *, const void *, const void *, const void *, const int32_t *,  \
-                                         const Shape &, int32_t, cudaStream_t);                                      \
+                                         const Shape &, int32_t, cudaStream_t);
+#define FSDP_ATTN_BACKWARD_INSTANCES(EXT, ROWS)                                                                    \
   EXT template void launch_backward<ROWS>(void *, void *, void *, const void *, const void *, const void *,          \
                                           const void *, const void *, const float *, const int32_t *, const Shape &, \
                                           int32_t, cudaStream_t);
+#define FSDP_ATTN_INSTANCES(EXT, ROWS) FSDP_ATTN_FORWARD_INSTANCES(EXT, ROWS) FSDP_ATTN_BACKWARD_INSTANCES(EXT, ROWS)
 
 #endif

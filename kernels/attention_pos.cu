@@ -5,13 +5,16 @@
 // the _pos_docs calls: packed rows, q_lo [B, tq], q_lo = q_pos + 1 seeing
 // none); a query that sees none: out 0, lse -inf, dq 0, nothing to dk,
 // dv. k, v, dk, dv [B, tk, Hkv, D]. attention.cuh's POS_DOCS_ROWS kernels
-// (q_lo through the Shape), compiled here alone (attention_launch.cuh).
+// (q_lo through the Shape), compiled here alone (attention_launch.cuh),
+// the backward's in attention_pos_backward.cu: the heaviest of the kinds
+// (99 s of nvcc on 2 cores in one file), in two halves nvcc builds side by side.
 // q_pos and q_lo are device memory, checked by the callers on their host
 // copies; the _pos_docs entry points run our fp32 CUDA-core kernels
 // whatever the impl setting (the _pos ones are attention_choice.cu's).
 #include "attention_launch.cuh"
 
-FSDP_ATTN_INSTANCES(, POS_DOCS_ROWS)
+FSDP_ATTN_FORWARD_INSTANCES(, POS_DOCS_ROWS)
+FSDP_ATTN_BACKWARD_INSTANCES(extern, POS_DOCS_ROWS)
 
 // tq queries at positions of tk keys (T tq, Tk tk), each from its q_lo (or NULL: 0)
 static int check_shape_pos(Shape *sh, const int32_t *q_lo, int64_t B, int64_t tq, int64_t tk, int64_t H, int64_t Hkv,
