@@ -2,7 +2,7 @@
 // template per direction over the rows' kind (CAUSAL, DOCS_ROWS,
 // POS_DOCS_ROWS). Each kind's kernels are compiled in a file of their own
 // (attention_causal.cu, attention_docs.cu, attention_pos.cu and
-// attention_pos_backward.cu: explicit instances) so that nvcc builds them in
+// attention_backward_pos.cu: explicit instances) so that nvcc builds them in
 // parallel: in one file they were the build's longest step (223 s of its
 // 228 on 2 cores, 2026-11-29). The callers see `extern template`
 // declarations (FSDP_ATTN_INSTANCES below).

@@ -6,7 +6,7 @@
 // none); a query that sees none: out 0, lse -inf, dq 0, nothing to dk,
 // dv. k, v, dk, dv [B, tk, Hkv, D]. attention.cuh's POS_DOCS_ROWS kernels
 // (q_lo through the Shape), compiled here alone (attention_launch.cuh),
-// the backward's in attention_pos_backward.cu: the heaviest of the kinds
+// the backward's in attention_backward_pos.cu: the heaviest of the kinds
 // (99 s of nvcc on 2 cores in one file), in two halves nvcc builds side by side.
 // q_pos and q_lo are device memory, checked by the callers on their host
 // copies; the _pos_docs entry points run our fp32 CUDA-core kernels

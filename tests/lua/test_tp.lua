@@ -185,6 +185,9 @@ elseif W == 8 then -- (dp_outer, dp_shard, cp, tp): the seed system's own FSDP t
     { "(2,2,1,2)", { { "dp_outer", 2 }, { "dp_shard", 2 }, { "tp", 2 } } } }
 end
 
+-- (FSDP_TEST_QUICK, the sanitizer pass: the packed rows', the engine's and
+-- generation's C is the op tests'; their Lua the normal pass's)
+local quick = os.getenv("FSDP_TEST_QUICK") == "1"
 local packed_ring = false
 for _, mm in ipairs(meshes) do
   local label, spec = mm[1], mm[2]
@@ -193,7 +196,7 @@ for _, mm in ipairs(meshes) do
   for _, d in ipairs(spec) do -- (cp: attention as a ring too, fsdp.cp_ring; the default is an all-gather)
     if d[1] == "cp" then
       run("gqa " .. label .. " zero 3, ring attention", gqa, spec, { model = { cp_attention = "ring" } })
-      if W < 8 then -- packed rows: every cp mesh of 2 and 4 ranks, the first of each also as a ring
+      if W < 8 and not quick then -- packed rows: every cp mesh of 2 and 4 ranks, the first of each also as a ring
         run("gqa " .. label .. " zero 3, packed rows", gqa, spec, { packed = true })
         if not packed_ring then
           run("tiny " .. label .. " zero 3, packed rows, ring attention", tiny, spec, { packed = true,
@@ -209,7 +212,7 @@ for k, v in pairs(gqa) do tied[k] = v end
 tied.tie_word_embeddings = true
 -- (the strategies and options at 2 and 4 ranks; 8 runs the shapes above;
 -- FSDP_TEST_QUICK, the sanitizer pass: the shapes and the checkpoints)
-if W < 8 and os.getenv("FSDP_TEST_QUICK") ~= "1" then
+if W < 8 and not quick then
   local spec = meshes[#meshes][2]
   run("tiny zero 1", tiny, spec, { zero = 1 })
   run("gqa zero 2, tied embeddings", tied, spec, { zero = 2 })
@@ -306,7 +309,7 @@ end
 -- (fsdp.generate over the sharded model, as the trainer's samples): the
 -- prompt's last logits within 1e-5 of one rank's, and 10 greedy tokens,
 -- with the KV caches and without, equal to one rank's.
-if W <= 4 then
+if W <= 4 and not quick then
   local engine = require "fsdp.engine"
   local function engine_run(spec, cfg)
     local m, mesh
