@@ -296,10 +296,10 @@ if W == 2 then
 end
 
 ---------------------------------------------------------------- the post-training engine and generation (W = 2, 4)
--- fsdp.engine at tp = W, cp = W and (W = 4) cp 2 x tp 2, dp_shard 1,
--- against one rank on the same batch (the 4-layer GQA Llama: its kv heads
--- split at tp 2 and 4; at W = 4 also the tiny Llama at tp 4, whose 2 kv
--- heads are each shared by 2 tp ranks): the log-probs and entropies (the vocabulary split
+-- fsdp.engine at tp 2 and cp 2 (W = 2), cp 2 x tp 2 and tp 4 (W = 4),
+-- dp_shard 1, against one rank on the same batch (the 4-layer GQA Llama,
+-- its kv heads split; at tp 4 the tiny Llama, whose 2 kv heads are each
+-- shared by 2 tp ranks): the log-probs and entropies (the vocabulary split
 -- over the tp ranks, fsdp_token_logprobs_vocab_*; each cp rank's tokens
 -- gathered, fsdp.cp.join) within 1e-5 absolute (fp32: other GEMM shapes;
 -- values of -5 or so), 0 at the ignored targets; then 3 GRPO steps (clip
@@ -330,9 +330,9 @@ if W <= 4 and not quick then
     return out
   end
   local shapes = { { "tp " .. W, { { "dp_shard", 1 }, { "tp", W } } }, { "cp " .. W, { { "dp_shard", 1 }, { "cp", W } } } }
-  if W == 4 then -- (and the tiny Llama's 2 kv heads, each shared by 2 of the 4 tp ranks)
-    shapes[3] = { "cp 2 x tp 2", { { "dp_shard", 1 }, { "cp", 2 }, { "tp", 2 } } }
-    shapes[4] = { "tp 4, kv heads shared", { { "dp_shard", 1 }, { "tp", 4 } }, tiny }
+  if W == 4 then -- cp 2 x tp 2, and the tiny Llama's 2 kv heads each shared by 2 of the 4 tp ranks
+    shapes = { { "cp 2 x tp 2", { { "dp_shard", 1 }, { "cp", 2 }, { "tp", 2 } } },
+      { "tp 4, kv heads shared", { { "dp_shard", 1 }, { "tp", 4 } }, tiny } }
   end
   local wants = {}
   for _, sh in ipairs(shapes) do
