@@ -19,4 +19,18 @@ static inline void atomicAdd(unsigned long long *p, unsigned long long v) { *p +
 static std::atomic<long> misaligned;
 #define FSDP_VEC_ALIGNED(p) (void)((uintptr_t)(p) % 16 ? misaligned++ : 0)
 
+/* a case's last checks: its gradient (worst error over the largest
+ * reference value, within tol; grad false: none written) and the 16-byte
+ * accesses, whose count goes back to 0 */
+static inline void expect_grad_aligned(EmuKit &kit, const char *what, bool grad, double worst, double big, double tol) {
+  char line[256];
+  if (grad) {
+    snprintf(line, sizeof line, "%s: dlogits", what);
+    kit.expect(worst / big <= tol, line, worst / big, tol);
+  }
+  snprintf(line, sizeof line, "%s: 16-byte loads and stores aligned", what);
+  kit.expect(misaligned == 0, line, (double)misaligned, 0);
+  misaligned = 0;
+}
+
 #endif

@@ -137,13 +137,7 @@ static void check_case(double tol, int64_t V, int ranks, int offset, int grad) {
   }
   snprintf(line, sizeof line, "%s: every rank's loss and count", what);
   kit.expect(worst_loss <= 1e-5 && counted, line, worst_loss, 1e-5);
-  if (grad) {
-    snprintf(line, sizeof line, "%s: dlogits", what);
-    kit.expect(worst_grad / big <= tol, line, worst_grad / big, tol);
-  }
-  snprintf(line, sizeof line, "%s: 16-byte loads and stores aligned", what);
-  kit.expect(misaligned == 0, line, (double)misaligned, 0);
-  misaligned = 0;
+  expect_grad_aligned(kit, what, grad, worst_grad, big, tol);
 }
 
 template <typename T>

@@ -136,13 +136,7 @@ static void check_case(double tol, int64_t V, int ranks, int offset, int grad, b
   /* |err| <= 1e-5 |ref| + 1e-6 as one number: |err| / (|ref| + 0.1) <= 1e-5 */
   snprintf(line, sizeof line, "%s: every rank's logp%s, ignored rows 0", what, ent ? " and entropy" : "");
   kit.expect(worst_lp <= 1e-5 && zeros, line, worst_lp, 1e-5);
-  if (grad) {
-    snprintf(line, sizeof line, "%s: dlogits", what);
-    kit.expect(worst_grad / big <= tol, line, worst_grad / big, tol);
-  }
-  snprintf(line, sizeof line, "%s: 16-byte loads and stores aligned", what);
-  kit.expect(misaligned == 0, line, (double)misaligned, 0);
-  misaligned = 0;
+  expect_grad_aligned(kit, what, grad, worst_grad, big, tol);
 }
 
 template <typename T>

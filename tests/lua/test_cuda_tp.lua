@@ -162,7 +162,6 @@ end
 -- cp's tokens gathered) within 1e-5 absolute of one GPU rank's, 0 at the
 -- ignored targets, and 3 GRPO steps' losses and grad norms within 1e-5
 -- relative, as tests/lua/test_tp.lua holds them on CPU ranks.
-local engine = require "fsdp.engine"
 local function engine_run(cfg, spec)
   local shard, mesh, tpc, cpc = solo_mesh:group("dp_shard"), nil, nil, nil
   if spec then
@@ -180,10 +179,7 @@ local function engine_run(cfg, spec)
     b.x:set(i, math.floor(rnd(2147483648) / 65536) % cfg.vocab_size)
     b.y:set(i, i % 7 == 3 and -100 or math.floor(rnd(2147483648) / 65536) % cfg.vocab_size)
   end
-  local gen = T.generation(fsdp, m, cfg)
-  local out = T.engine_grpo(fsdp, engine.new(m, cfg), b, opt)
-  out.gen = gen
-  m:free()
+  local out = T.generate_then_grpo(fsdp, m, cfg, b, opt)
   if mesh then mesh:free() end
   return out
 end

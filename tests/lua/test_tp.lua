@@ -310,7 +310,6 @@ end
 -- prompt's last logits within 1e-5 of one rank's, and 10 greedy tokens,
 -- with the KV caches and without, equal to one rank's.
 if W <= 4 and not quick then
-  local engine = require "fsdp.engine"
   local function engine_run(spec, cfg)
     local m, mesh
     if spec then
@@ -322,10 +321,7 @@ if W <= 4 and not quick then
     local b = { x = raw.x, y = fsdp.tensor({ MB, SEQ }, "int32") }
     for i = 0, raw.y:numel() - 1 do b.y:set(i, i % 7 == 3 and -100 or raw.y:get(i)) end
     raw.y:free()
-    local gen = T.generation(fsdp, m, cfg) -- (first: the weights as built)
-    local out = T.engine_grpo(fsdp, engine.new(m, cfg), b, opt)
-    out.gen = gen
-    m:free()
+    local out = T.generate_then_grpo(fsdp, m, cfg, b, opt)
     if mesh then mesh:free() end
     return out
   end

@@ -18,6 +18,8 @@
 --   T.engine_compare(got, want, n, label) -> two such runs held to each other (1e-5 absolute, relative)
 --   T.generation(fsdp, s, cfg) -> a sharded model's 10 greedy tokens after a fixed prompt, with the KV caches
 --     and without, and the prompt's last logits; T.generation_compare(got, want, V, label) holds two to each other
+--   T.generate_then_grpo(fsdp, s, cfg, b, opt) -> T.engine_grpo's record with .gen, T.generation's (first: the
+--     weights as built), the model freed
 return function(label)
   local T = { passed = 0, failed = 0 }
   function T.check(ok, what)
@@ -186,6 +188,13 @@ return function(label)
     T.check(a == d and c == d, string.format("%s: 10 greedy tokens with KV caches (%s) and without (%s) equal one " ..
       "rank's (%s)", what, a, c, d))
     return string.format("generation: logits %.2g", worst)
+  end
+  function T.generate_then_grpo(fsdp, s, cfg, b, opt)
+    local gen = T.generation(fsdp, s, cfg)
+    local out = T.engine_grpo(fsdp, require("fsdp.engine").new(s, cfg), b, opt)
+    out.gen = gen
+    s:free()
+    return out
   end
   -- (positions i % 7 == 3 are the ignored targets: 0 there)
   function T.engine_compare(got, want, n, what)
